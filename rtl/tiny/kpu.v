@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4657$254 (cur[269:254]),
+    .\port$4697$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1065,7 +1065,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$75 (\done$284 ),
+    .\done$83 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1209,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4659$0 (running_exec),
+    .\port$4699$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4925,7 +4925,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4657$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4697$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5068,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4657$254 ;
-  wire [15:0] \port$4657$254 ;
+  input [15:0] \port$4697$254 ;
+  wire [15:0] \port$4697$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4657$254  };
+      \$74  = { 8'h00, \port$4697$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4657$254  };
+      \$77  = { 8'h00, \port$4697$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5315,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4657$254  };
+  assign rd_beats = { 8'h00, \port$4697$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4657$254  };
+  assign wr_beats = { 8'h00, \port$4697$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6125,9 +6125,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5705$0 (\$signal ),
-    .\port$6118$0 (spad__rd0__data),
-    .\port$6120$0 (spad__rd1__data),
+    .\port$5755$0 (\$signal ),
+    .\port$6168$0 (spad__rd0__data),
+    .\port$6170$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10088,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5705$0 , level, \port$6118$0 , \port$6120$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5755$0 , level, \port$6168$0 , \port$6170$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5705$0 ;
-  wire \port$5705$0 ;
-  input [31:0] \port$6118$0 ;
-  wire [31:0] \port$6118$0 ;
-  input [31:0] \port$6120$0 ;
-  wire [31:0] \port$6120$0 ;
+  input \port$5755$0 ;
+  wire \port$5755$0 ;
+  input [31:0] \port$6168$0 ;
+  wire [31:0] \port$6168$0 ;
+  input [31:0] \port$6170$0 ;
+  wire [31:0] \port$6170$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5705$0 , \port$6120$0 , \port$6118$0  };
+      storage[w_port__addr] <= { \port$5755$0 , \port$6170$0 , \port$6168$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5705$0 , \port$6120$0 , \port$6118$0  };
-  assign w_data = { \port$5705$0 , \port$6120$0 , \port$6118$0  };
+  assign w_port__data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
+  assign w_data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -14536,7 +14536,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$75 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$83 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire \$1 ;
@@ -14584,17 +14584,17 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$137 ;
   wire \$138 ;
   wire [23:0] \$139 ;
-  wire [3:0] \$14 ;
+  wire \$14 ;
   wire [23:0] \$140 ;
   wire [23:0] \$141 ;
   wire [23:0] \$142 ;
   wire [23:0] \$143 ;
   wire [23:0] \$144 ;
-  wire \$145 ;
+  wire [13:0] \$145 ;
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire [13:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
@@ -14606,75 +14606,75 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
+  wire [2:0] \$16 ;
   wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
+  wire [13:0] \$161 ;
+  wire [9:0] \$162 ;
   wire \$163 ;
-  wire \$164 ;
-  wire [13:0] \$165 ;
-  wire [9:0] \$166 ;
+  wire [13:0] \$164 ;
+  wire \$165 ;
+  wire \$166 ;
   wire \$167 ;
-  wire [13:0] \$168 ;
+  wire [9:0] \$168 ;
   wire \$169 ;
-  wire [3:0] \$17 ;
+  wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire [9:0] \$172 ;
-  wire \$173 ;
+  wire \$172 ;
+  wire [3:0] \$173 ;
   wire \$174 ;
-  wire [3:0] \$175 ;
-  wire [13:0] \$176 ;
-  wire \$177 ;
-  wire [7:0] \$178 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire [13:0] \$177 ;
+  wire \$178 ;
   wire \$179 ;
-  wire \$18 ;
-  wire [7:0] \$180 ;
-  wire [13:0] \$181 ;
-  wire [13:0] \$182 ;
-  wire [14:0] \$183 ;
-  wire [13:0] \$184 ;
-  wire [14:0] \$185 ;
-  wire [13:0] \$186 ;
-  wire [14:0] \$187 ;
-  wire [2:0] \$188 ;
-  wire [13:0] \$189 ;
+  wire [3:0] \$18 ;
+  wire [3:0] \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  wire \$183 ;
+  wire [7:0] \$184 ;
+  wire \$185 ;
+  wire [7:0] \$186 ;
+  wire [13:0] \$187 ;
+  wire [13:0] \$188 ;
+  wire [14:0] \$189 ;
   wire \$19 ;
-  wire [2:0] \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire [2:0] \$193 ;
-  wire [3:0] \$194 ;
+  wire [13:0] \$190 ;
+  wire [13:0] \$191 ;
+  wire [2:0] \$192 ;
+  wire [13:0] \$193 ;
+  wire [2:0] \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire \$197 ;
-  wire [9:0] \$198 ;
+  wire [2:0] \$197 ;
+  wire [3:0] \$198 ;
   wire \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
-  wire [9:0] \$200 ;
-  wire [13:0] \$201 ;
-  wire [13:0] \$202 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire [9:0] \$202 ;
   wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
-  wire \$206 ;
-  wire [14:0] \$207 ;
-  wire [13:0] \$208 ;
-  wire [13:0] \$209 ;
-  wire \$21 ;
-  wire [14:0] \$210 ;
-  wire \$211 ;
-  wire [14:0] \$212 ;
-  wire \$213 ;
-  wire \$214 ;
+  wire [9:0] \$204 ;
+  wire [13:0] \$205 ;
+  wire [13:0] \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
+  wire [3:0] \$21 ;
+  wire \$210 ;
+  wire [14:0] \$211 ;
+  wire [13:0] \$212 ;
+  wire [13:0] \$213 ;
+  wire [14:0] \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [14:0] \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire [9:0] \$220 ;
+  wire \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
@@ -14682,90 +14682,94 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire [8:0] \$228 ;
-  wire [9:0] \$229 ;
+  wire [9:0] \$228 ;
+  wire \$229 ;
   wire \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire \$232 ;
-  wire \$233 ;
+  wire [8:0] \$232 ;
+  wire [9:0] \$233 ;
   wire \$234 ;
-  wire [9:0] \$235 ;
+  wire \$235 ;
   wire \$236 ;
-  wire [16:0] \$237 ;
-  wire [16:0] \$238 ;
-  wire [17:0] \$239 ;
-  wire \$24 ;
-  wire [9:0] \$240 ;
-  wire \$241 ;
-  wire [3:0] \$242 ;
-  wire [9:0] \$243 ;
-  wire \$244 ;
-  wire [9:0] \$245 ;
-  wire \$246 ;
-  wire \$247 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire [9:0] \$239 ;
+  wire [3:0] \$24 ;
+  wire \$240 ;
+  wire [16:0] \$241 ;
+  wire [16:0] \$242 ;
+  wire [17:0] \$243 ;
+  wire [9:0] \$244 ;
+  wire \$245 ;
+  wire [3:0] \$246 ;
+  wire [9:0] \$247 ;
   wire \$248 ;
-  wire \$249 ;
+  wire [9:0] \$249 ;
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  reg \$252 ;
-  reg \$253 ;
-  reg \$254 ;
-  reg \$255 ;
-  reg \$256 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  reg [2:0] \$256 ;
   reg \$257 ;
-  reg \$258 ;
-  reg [12:0] \$259 ;
-  wire [7:0] \$26 ;
-  reg [8:0] \$260 ;
+  reg [1:0] \$258 ;
+  reg \$259 ;
+  wire \$26 ;
+  reg \$260 ;
   reg \$261 ;
-  reg [15:0] \$262 ;
-  reg [8:0] \$263 ;
-  reg \$264 ;
-  reg [1:0] \$265 ;
-  reg [2:0] \$266 ;
-  reg [12:0] \$267 ;
-  reg [95:0] \$268 ;
-  reg [6:0] \$269 ;
+  reg \$262 ;
+  reg [12:0] \$263 ;
+  reg [8:0] \$264 ;
+  reg \$265 ;
+  reg [15:0] \$266 ;
+  reg [8:0] \$267 ;
+  reg \$268 ;
+  reg [1:0] \$269 ;
   wire \$27 ;
-  reg [12:0] \$270 ;
-  reg [13:0] \$271 ;
-  reg [1:0] \$272 ;
+  reg \$270 ;
+  reg [12:0] \$271 ;
+  reg [6:0] \$272 ;
   reg [12:0] \$273 ;
-  reg \$274 ;
-  reg [8:0] \$275 ;
-  reg [12:0] \$276 ;
-  reg [13:0] \$277 ;
+  reg [13:0] \$274 ;
+  reg [31:0] \$275 ;
+  reg [1:0] \$276 ;
+  reg [12:0] \$277 ;
   reg \$278 ;
-  reg [5:0] \$279 ;
-  wire \$28 ;
-  reg [31:0] \$280 ;
-  reg [5:0] \$281 ;
+  reg [8:0] \$279 ;
+  wire [7:0] \$28 ;
+  reg [12:0] \$280 ;
+  reg [13:0] \$281 ;
   reg \$282 ;
-  reg [3:0] \$283 ;
-  reg [2:0] \$284 ;
+  reg [5:0] \$283 ;
+  reg [31:0] \$284 ;
+  reg [5:0] \$285 ;
+  reg \$286 ;
+  reg [3:0] \$287 ;
+  reg [2:0] \$288 ;
   wire \$29 ;
   wire \$3 ;
   wire \$30 ;
   wire \$31 ;
-  wire [14:0] \$32 ;
-  wire [6:0] \$327 ;
+  wire \$32 ;
   wire \$33 ;
-  wire [14:0] \$34 ;
+  wire [6:0] \$331 ;
+  wire [31:0] \$34 ;
   wire \$35 ;
-  wire \$36 ;
+  wire [31:0] \$36 ;
   wire \$37 ;
-  wire [6:0] \$377 ;
-  wire \$38 ;
+  wire [31:0] \$38 ;
+  wire [6:0] \$381 ;
   wire \$39 ;
   wire [5:0] \$4 ;
-  wire \$40 ;
+  wire [31:0] \$40 ;
   wire \$41 ;
   wire [23:0] \$42 ;
-  wire [6:0] \$429 ;
   wire \$43 ;
-  wire [6:0] \$434 ;
+  wire [6:0] \$433 ;
+  wire [6:0] \$438 ;
   wire \$44 ;
   wire \$45 ;
   wire \$46 ;
@@ -14827,15 +14831,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
+  reg [2:0] \$like ;
   reg \$signal ;
-  reg \$signal$22 ;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
   wire [7:0] \a_in__payload[2] ;
   wire [7:0] \a_in__payload[3] ;
   wire a_in__ready;
-  (* init = 1'h0 *)
   wire a_in__valid;
   input [31:0] b_in__payload;
   wire [31:0] b_in__payload;
@@ -14890,13 +14893,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$75 ;
-  reg \done$75 ;
+  output \done$83 ;
+  reg \done$83 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$77 ;
+  wire \error$85 ;
   reg [2:0] fsm_state = 3'h0;
-  reg full_n;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
   reg gc_last = 1'h0;
@@ -14907,13 +14909,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg gm_afeed_done = 1'h0;
   reg gm_cap = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
-  reg gm_full = 1'h0;
+  reg gm_cap_last = 1'h0;
   reg gm_go = 1'h0;
   reg [6:0] gm_k = 7'h00;
   reg [2:0] gm_lane = 3'h0;
   reg [13:0] gm_left = 14'h0000;
+  reg [1:0] gm_owed = 2'h0;
   reg [12:0] gm_wstart = 13'h0000;
-  reg gm_wvalid = 1'h0;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -14933,11 +14935,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [31:0] mult = 32'd0;
-  reg [95:0] pack = 96'h000000000000000000000000;
-  wire [23:0] \pack[0] ;
-  wire [23:0] \pack[1] ;
-  wire [23:0] \pack[2] ;
-  wire [23:0] \pack[3] ;
+  reg [1:0] owed_n;
+  reg [31:0] pack = 32'd0;
+  wire [7:0] \pack[0] ;
+  wire [7:0] \pack[1] ;
+  wire [7:0] \pack[2] ;
+  wire [7:0] \pack[3] ;
+  wire [31:0] r_data;
+  wire r_en;
+  wire r_rdy;
   input [95:0] rq__i__payload;
   wire [95:0] rq__i__payload;
   wire [23:0] \rq__i__payload[0] ;
@@ -15007,6 +15013,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [3:0] t_step = 4'h0;
   input unit_rst;
   wire unit_rst;
+  reg [31:0] w_data;
+  reg w_en;
   reg [5:0] width = 6'h00;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
@@ -15018,34 +15026,34 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$9  = \$8  ? mult : 32'd1;
   assign \$10  = | width;
   assign \$11  = \$10  ? shift : 6'h00;
-  assign \$14  = gm_lane + 1'h1;
-  assign \$15  = \$14  == 3'h4;
-  assign \$16  = ! gm_left[13:3];
-  assign \$17  = gm_lane + 1'h1;
-  assign \$18  = \$17  >= gm_left[2:0];
-  assign \$19  = \$16  & \$18 ;
-  assign \$20  = \$15  | \$19 ;
-  assign \$21  = ~ gm_wvalid;
-  assign \$22  = ~ gm_afeed_done;
-  assign \$23  = \$21  & \$22 ;
-  assign \$24  = \$23  & gm_full;
-  assign \$25  = gm_wvalid & a_in__ready;
-  assign \$26  = gm_k + 1'h1;
-  assign \$27  = \$26  < ins[99:93];
-  assign \$28  = ! gm_left[13:3];
-  assign \$29  = gm_left[2:0] <= 1'h0;
-  assign \$30  = \$28  & \$29 ;
-  assign \$32  = gm_left - 3'h4;
-  assign \$33  = ! \$32 [13:3];
-  assign \$34  = gm_left - 3'h4;
-  assign \$35  = \$34 [2:0] <= 1'h0;
-  assign \$36  = \$33  & \$35 ;
-  assign \$38  = ! gm_left[13:3];
-  assign \$39  = gm_left[2:0] <= 3'h4;
-  assign \$40  = \$38  & \$39 ;
+  assign \$14  = ! gm_lane;
+  assign \$15  = \$13  & \$14 ;
+  assign \$16  = gm_owed + \$15 ;
+  assign \$17  = a_in__valid & r_en;
+  assign \$18  = \$16  - \$17 ;
+  assign \$21  = gm_lane + 1'h1;
+  assign \$22  = gm_lane == 2'h3;
+  assign \$23  = ! gm_left[13:3];
+  assign \$24  = gm_lane + 1'h1;
+  assign \$25  = \$24  >= gm_left[2:0];
+  assign \$26  = \$23  & \$25 ;
+  assign \$27  = \$22  | \$26 ;
+  assign \$28  = gm_k + 1'h1;
+  assign \$29  = \$28  < ins[99:93];
+  assign \$30  = ! gm_left[13:3];
+  assign \$31  = gm_left[2:0] <= 3'h4;
+  assign \$32  = \$30  & \$31 ;
+  assign \$33  = ! gm_cap_lane;
+  assign \$34  = \$33  ? spad__rd0__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$35  = gm_cap_lane == 1'h1;
+  assign \$36  = \$35  ? spad__rd0__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$37  = gm_cap_lane == 2'h2;
+  assign \$38  = \$37  ? spad__rd0__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$39  = gm_cap_lane == 2'h3;
+  assign \$40  = \$39  ? spad__rd0__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
   assign \$41  = | width;
-  assign \$327  = gc_lane * 5'h18;
-  assign \$42  = c_out__payload >> \$327 ;
+  assign \$331  = gc_lane * 5'h18;
+  assign \$42  = c_out__payload >> \$331 ;
   assign \$43  = width > 1'h1;
   assign \$44  = width > 2'h2;
   assign \$45  = width > 2'h3;
@@ -15093,8 +15101,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$87  = width > 5'h15;
   assign \$88  = width > 5'h16;
   assign \$89  = width > 5'h17;
-  assign \$377  = gc_lane * 5'h18;
-  assign \$90  = c_out__payload >> \$377 ;
+  assign \$381  = gc_lane * 5'h18;
+  assign \$90  = c_out__payload >> \$381 ;
   assign \$91  = width > 1'h1;
   assign \$92  = width > 2'h2;
   assign \$93  = width > 2'h3;
@@ -15144,166 +15152,183 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$137  = width > 5'h16;
   assign \$138  = width > 5'h17;
   assign \$139  = ~ { 1'h0, \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116  };
-  assign \$429  = gc_lane * 5'h18;
-  assign \$140  = c_out__payload >> \$429 ;
+  assign \$433  = gc_lane * 5'h18;
+  assign \$140  = c_out__payload >> \$433 ;
   assign \$141  = \$115  ? \$139  : \$140 ;
   assign \$142  = \$66  ? { 1'h0, \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67  } : \$141 ;
-  assign \$434  = gc_lane * 5'h18;
-  assign \$143  = c_out__payload >> \$434 ;
+  assign \$438  = gc_lane * 5'h18;
+  assign \$143  = c_out__payload >> \$438 ;
   assign \$144  = \$41  ? \$142  : \$143 ;
-  assign \$145  = ! ins[74:64];
-  assign \$146  = ins[63:61] <= 1'h0;
-  assign \$147  = \$145  & \$146 ;
-  assign \$149  = t_addr + 1'h1;
-  assign \$150  = ~ dma__rd_busy;
-  assign \$151  = ! fsm_state;
-  assign \$152  = fsm_state == 1'h1;
-  assign \$153  = fsm_state == 2'h2;
-  assign \$154  = fsm_state == 2'h3;
-  assign \$155  = fsm_state == 3'h4;
-  assign \$156  = fsm_state == 3'h5;
-  assign \$157  = ~ \$signal ;
-  assign \$158  = ~ \$signal$22 ;
-  assign \$159  = \$157  & \$158 ;
-  assign \$160  = ~ full_n;
-  assign \$161  = \$159  & \$160 ;
-  assign \$164  = ~ t_half;
-  assign \$165  = t_addr + t_step;
-  assign \$166  = t_left - 1'h1;
-  assign \$167  = t_left != 1'h1;
-  assign \$168  = t_addr + 1'h1;
-  assign \$169  = ~ t_cap_half;
-  assign \$170  = t_cap & \$169 ;
-  assign \$171  = t_cap & t_cap_half;
-  assign \$172  = t_col + 1'h1;
-  assign \$175  = gm_lane + 1'h1;
-  assign \$176  = gm_addr + ins[99:93];
-  assign \$177  = gm_wvalid & a_in__ready;
-  assign \$178  = gm_k + 1'h1;
-  assign \$179  = \$178  < ins[99:93];
-  assign \$180  = gm_k + 1'h1;
-  assign \$181  = gm_wstart + 1'h1;
-  assign \$182  = gm_wstart + 1'h1;
-  assign \$183  = gm_left - 3'h4;
-  assign \$184  = gm_addr - ins[99:93];
-  assign \$185  = $signed(\$184 ) + $signed(2'h1);
-  assign \$186  = gm_addr - ins[99:93];
-  assign \$187  = $signed(\$186 ) + $signed(2'h1);
-  assign \$188  = gc_lane + 1'h1;
-  assign \$189  = gc_addr + ins[85:77];
-  assign \$190  = gc_lane + 1'h1;
-  assign \$191  = \$190  == 2'h3;
-  assign \$192  = ! gc_left[13:3];
-  assign \$193  = gc_lane + 1'h1;
-  assign \$194  = \$193  + 1'h1;
-  assign \$195  = \$194  >= gc_left[2:0];
-  assign \$196  = \$192  & \$195 ;
-  assign \$197  = \$191  | \$196 ;
-  assign \$198  = gc_n + 1'h1;
-  assign \$199  = \$198  < ins[85:77];
-  assign \$200  = gc_n + 1'h1;
-  assign \$201  = gc_wstart + 1'h1;
-  assign \$202  = gc_wstart + 1'h1;
-  assign \$203  = ! gc_left[13:3];
-  assign \$204  = gc_left[2:0] <= 1'h1;
-  assign \$205  = \$203  & \$204 ;
-  assign \$207  = gc_left - 3'h4;
-  assign \$208  = gc_addr + 1'h1;
-  assign \$209  = gc_addr + 1'h1;
-  assign \$210  = gc_left - 3'h4;
-  assign \$211  = ! \$210 [13:3];
-  assign \$212  = gc_left - 3'h4;
-  assign \$213  = \$212 [2:0] <= 1'h1;
-  assign \$214  = \$211  & \$213 ;
-  assign \$216  = ! ins[74:64];
-  assign \$217  = ins[63:61] <= 1'h1;
-  assign \$218  = \$216  & \$217 ;
-  assign \$222  = | ins[21:16];
-  assign \$223  = \$221  & \$222 ;
+  assign \$145  = t_addr + 1'h1;
+  assign \$146  = ~ dma__rd_busy;
+  assign \$147  = ! fsm_state;
+  assign \$148  = fsm_state == 1'h1;
+  assign \$149  = fsm_state == 2'h2;
+  assign \$150  = fsm_state == 2'h3;
+  assign \$151  = fsm_state == 3'h4;
+  assign \$152  = fsm_state == 3'h5;
+  assign \$153  = ~ \$signal ;
+  assign \$154  = | \$like ;
+  assign \$155  = owed_n < 2'h3;
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = \$153  & \$156 ;
+  assign \$160  = ~ t_half;
+  assign \$161  = t_addr + t_step;
+  assign \$162  = t_left - 1'h1;
+  assign \$163  = t_left != 1'h1;
+  assign \$164  = t_addr + 1'h1;
+  assign \$165  = ~ t_cap_half;
+  assign \$166  = t_cap & \$165 ;
+  assign \$167  = t_cap & t_cap_half;
+  assign \$168  = t_col + 1'h1;
+  assign \$171  = gm_lane == 2'h3;
+  assign \$172  = ! gm_left[13:3];
+  assign \$173  = gm_lane + 1'h1;
+  assign \$174  = \$173  >= gm_left[2:0];
+  assign \$175  = \$172  & \$174 ;
+  assign \$176  = \$171  | \$175 ;
+  assign \$177  = gm_addr + ins[99:93];
+  assign \$178  = gm_lane == 2'h3;
+  assign \$179  = ! gm_left[13:3];
+  assign \$180  = gm_lane + 1'h1;
+  assign \$181  = \$180  >= gm_left[2:0];
+  assign \$182  = \$179  & \$181 ;
+  assign \$183  = \$178  | \$182 ;
+  assign \$184  = gm_k + 1'h1;
+  assign \$185  = \$184  < ins[99:93];
+  assign \$186  = gm_k + 1'h1;
+  assign \$187  = gm_wstart + 1'h1;
+  assign \$188  = gm_wstart + 1'h1;
+  assign \$189  = gm_left - 3'h4;
+  assign \$190  = gm_addr + 1'h1;
+  assign \$191  = gm_addr + 1'h1;
+  assign \$192  = gc_lane + 1'h1;
+  assign \$193  = gc_addr + ins[85:77];
+  assign \$194  = gc_lane + 1'h1;
+  assign \$195  = \$194  == 2'h3;
+  assign \$196  = ! gc_left[13:3];
+  assign \$197  = gc_lane + 1'h1;
+  assign \$198  = \$197  + 1'h1;
+  assign \$199  = \$198  >= gc_left[2:0];
+  assign \$200  = \$196  & \$199 ;
+  assign \$201  = \$195  | \$200 ;
+  assign \$202  = gc_n + 1'h1;
+  assign \$203  = \$202  < ins[85:77];
+  assign \$204  = gc_n + 1'h1;
+  assign \$205  = gc_wstart + 1'h1;
+  assign \$206  = gc_wstart + 1'h1;
+  assign \$207  = ! gc_left[13:3];
+  assign \$208  = gc_left[2:0] <= 1'h1;
+  assign \$209  = \$207  & \$208 ;
+  assign \$211  = gc_left - 3'h4;
+  assign \$212  = gc_addr + 1'h1;
+  assign \$213  = gc_addr + 1'h1;
+  assign \$214  = gc_left - 3'h4;
+  assign \$215  = ! \$214 [13:3];
+  assign \$216  = gc_left - 3'h4;
+  assign \$217  = \$216 [2:0] <= 1'h1;
+  assign \$218  = \$215  & \$217 ;
+  assign \$220  = ! ins[74:64];
+  assign \$221  = ins[63:61] <= 1'h1;
+  assign \$222  = \$220  & \$221 ;
   assign \$226  = | ins[21:16];
   assign \$227  = \$225  & \$226 ;
-  assign \$228  = \$227  ? ins[85:77] : 9'h000;
-  assign \$231  = | ins[21:16];
-  assign \$232  = \$230  & \$231 ;
-  assign \$233  = | ins[85:77];
-  assign \$234  = \$232  & \$233 ;
-  assign \$238  = \$236  ? \$237  : 17'h00000;
-  assign \$239  = ins[47:35] + \$238 ;
-  assign \$242  = \$241  ? 4'hf : 4'h1;
-  assign \$247  = | ins[21:16];
-  assign \$248  = \$246  & \$247 ;
-  assign \$249  = ~ \$248 ;
-  assign \$250  = \$244  & \$249 ;
-  assign \$251  = ~ dma__rd_busy;
+  assign \$230  = | ins[21:16];
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = \$231  ? ins[85:77] : 9'h000;
+  assign \$235  = | ins[21:16];
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = | ins[85:77];
+  assign \$238  = \$236  & \$237 ;
+  assign \$242  = \$240  ? \$241  : 17'h00000;
+  assign \$243  = ins[47:35] + \$242 ;
+  assign \$246  = \$245  ? 4'hf : 4'h1;
+  assign \$251  = | ins[21:16];
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = ~ \$252 ;
+  assign \$254  = \$248  & \$253 ;
+  assign \$255  = ~ dma__rd_busy;
   always @(posedge clk)
-    gm_wvalid <= \$252 ;
+    gm_lane <= \$256 ;
   always @(posedge clk)
-    gm_afeed_done <= \$253 ;
+    gm_afeed_done <= \$257 ;
   always @(posedge clk)
-    gm_full <= \$254 ;
+    gm_owed <= \$258 ;
   always @(posedge clk)
-    gm_go <= \$255 ;
+    gm_go <= \$259 ;
   always @(posedge clk)
-    t_cap <= \$256 ;
+    t_cap <= \$260 ;
   always @(posedge clk)
-    t_cap_half <= \$257 ;
+    t_cap_half <= \$261 ;
   always @(posedge clk)
-    t_half <= \$258 ;
+    t_half <= \$262 ;
   always @(posedge clk)
-    t_addr <= \$259 ;
+    t_addr <= \$263 ;
   always @(posedge clk)
-    t_left <= \$260 ;
+    t_left <= \$264 ;
   always @(posedge clk)
-    t_on <= \$261 ;
+    t_on <= \$265 ;
   always @(posedge clk)
-    t_mult <= \$262 ;
+    t_mult <= \$266 ;
   always @(posedge clk)
-    t_col <= \$263 ;
+    t_col <= \$267 ;
   always @(posedge clk)
-    gm_cap <= \$264 ;
+    gm_cap <= \$268 ;
   always @(posedge clk)
-    gm_cap_lane <= \$265 ;
+    gm_cap_lane <= \$269 ;
   always @(posedge clk)
-    gm_lane <= \$266 ;
+    gm_cap_last <= \$270 ;
   always @(posedge clk)
-    gm_addr <= \$267 ;
+    gm_addr <= \$271 ;
   always @(posedge clk)
-    pack <= \$268 ;
+    gm_k <= \$272 ;
   always @(posedge clk)
-    gm_k <= \$269 ;
+    gm_wstart <= \$273 ;
   always @(posedge clk)
-    gm_wstart <= \$270 ;
+    gm_left <= \$274 ;
   always @(posedge clk)
-    gm_left <= \$271 ;
+    pack <= \$275 ;
   always @(posedge clk)
-    gc_lane <= \$272 ;
+    gc_lane <= \$276 ;
   always @(posedge clk)
-    gc_addr <= \$273 ;
+    gc_addr <= \$277 ;
   always @(posedge clk)
-    gc_last <= \$274 ;
+    gc_last <= \$278 ;
   always @(posedge clk)
-    gc_n <= \$275 ;
+    gc_n <= \$279 ;
   always @(posedge clk)
-    gc_wstart <= \$276 ;
+    gc_wstart <= \$280 ;
   always @(posedge clk)
-    gc_left <= \$277 ;
+    gc_left <= \$281 ;
   always @(posedge clk)
-    busy <= \$278 ;
+    busy <= \$282 ;
   always @(posedge clk)
-    width <= \$279 ;
+    width <= \$283 ;
   always @(posedge clk)
-    mult <= \$280 ;
+    mult <= \$284 ;
   always @(posedge clk)
-    shift <= \$281 ;
+    shift <= \$285 ;
   always @(posedge clk)
-    col_en <= \$282 ;
+    col_en <= \$286 ;
   always @(posedge clk)
-    t_step <= \$283 ;
+    t_step <= \$287 ;
   always @(posedge clk)
-    fsm_state <= \$284 ;
+    fsm_state <= \$288 ;
+  \nanokpu_kpu.gemm.a_queue  a_queue (
+    .clk(clk),
+    .r_data(a_in__payload),
+    .r_en(r_en),
+    .r_rdy(a_in__valid),
+    .rst(rst),
+    .start(start),
+    .unit_rst(unit_rst),
+    .w_en(w_en),
+    .w_port__data(w_data)
+  );
   \nanokpu_kpu.gemm.engine  engine (
-    .a_in__valid(gm_wvalid),
-    .a_loading(a_in__ready),
+    .a_in__payload(a_in__payload),
+    .a_in__valid(a_in__valid),
+    .a_loading(r_en),
     .b_in__payload(b_in__payload),
     .b_in__valid(b_in__valid),
     .b_take(b_in__ready),
@@ -15320,11 +15345,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$77 ),
-    .\port$4920$0 (pack[7:0]),
-    .\port$4920$24 (pack[31:24]),
-    .\port$4920$48 (pack[55:48]),
-    .\port$4920$72 (pack[79:72]),
+    .error(\error$85 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -15414,13 +15435,36 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$signal  = gm_wvalid;
+    \$like  = gm_lane;
     if (running) begin
-      if (\$24 ) begin
-        \$signal  = 1'h1;
+      if (\$20 ) begin
+        \$like  = \$21 [2:0];
+        if (\$27 ) begin
+          \$like  = 3'h0;
+        end
       end
-      if (\$25 ) begin
-        \$signal  = 1'h0;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$like  = 3'h0;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$signal  = gm_afeed_done;
+    if (running) begin
+      if (\$20 ) begin
+        if (\$27 ) begin
+          (* full_case = 32'd1 *)
+          if (\$29 ) begin
+          end else begin
+            if (\$32 ) begin
+              \$signal  = 1'h1;
+            end
+          end
+        end
       end
     end
     casez (fsm_state)
@@ -15432,45 +15476,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$signal$22  = gm_afeed_done;
+    owed_n = gm_owed;
     if (running) begin
-      if (\$25 ) begin
-        (* full_case = 32'd1 *)
-        if (\$27 ) begin
-        end else begin
-          if (\$40 ) begin
-            \$signal$22  = 1'h1;
-          end
-        end
-      end
+      owed_n = \$18 [1:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$signal$22  = 1'h0;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    full_n = gm_full;
-    if (running) begin
-      if (\$13 ) begin
-        full_n = \$20 ;
-      end
-      if (\$25 ) begin
-        (* full_case = 32'd1 *)
-        if (\$27 ) begin
-          full_n = \$31 ;
-        end else begin
-          full_n = \$37 ;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            full_n = \$148 ;
+            owed_n = 2'h0;
           end
     endcase
   end
@@ -15484,7 +15497,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$149 [12:0];
+          spad__rd1__addr = \$145 [12:0];
     endcase
   end
   always @* begin
@@ -15525,7 +15538,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$13 ) begin
+      if (\$20 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -15540,7 +15553,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$13 ) begin
+      if (\$20 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -15550,6 +15563,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h1:
           spad__rd0__en = 1'h1;
     endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    w_data = 32'd0;
+    if (running) begin
+      if (gm_cap) begin
+        if (gm_cap_last) begin
+          w_data = { \$40 [7:0], \$38 [7:0], \$36 [7:0], \$34 [7:0] };
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    w_en = 1'h0;
+    if (running) begin
+      if (gm_cap) begin
+        if (gm_cap_last) begin
+          w_en = 1'h1;
+        end
+      end
+    end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
@@ -15626,7 +15661,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \done$75  = 1'h0;
+    \done$83  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -15638,15 +15673,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$75  = 1'h1;
+            \done$83  = 1'h1;
           end else if (done) begin
-            if (\error$77 ) begin
-              \done$75  = 1'h1;
+            if (\error$85 ) begin
+              \done$83  = 1'h1;
             end
           end
       3'h5:
-          if (\$150 ) begin
-            \done$75  = 1'h1;
+          if (\$146 ) begin
+            \done$83  = 1'h1;
           end
     endcase
   end
@@ -15666,78 +15701,29 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$77 ) begin
+            if (\error$85 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$150 ) begin
+          if (\$146 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$252  = \$signal ;
+    \$256  = \$like ;
     if (unit_rst) begin
-      \$252  = 1'h0;
+      \$256  = 3'h0;
     end
     if (rst) begin
-      \$252  = 1'h0;
+      \$256  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$253  = \$signal$22 ;
-    if (unit_rst) begin
-      \$253  = 1'h0;
-    end
-    if (rst) begin
-      \$253  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$254  = full_n;
-    if (unit_rst) begin
-      \$254  = 1'h0;
-    end
-    if (rst) begin
-      \$254  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$255  = \$161 ;
-    if (unit_rst) begin
-      \$255  = 1'h0;
-    end
-    if (rst) begin
-      \$255  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$256  = 1'h0;
-    if (\$163 ) begin
-      \$256  = 1'h1;
-    end
-    if (\done$75 ) begin
-      \$256  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$256  = 1'h0;
-    end
-    if (rst) begin
-      \$256  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$257  = t_cap_half;
-    if (\$163 ) begin
-      \$257  = t_half;
-    end
+    \$257  = \$signal ;
     if (unit_rst) begin
       \$257  = 1'h0;
     end
@@ -15747,360 +15733,404 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$258  = t_half;
-    if (\$163 ) begin
-      \$258  = \$164 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$258  = 1'h0;
-          end
-    endcase
+    \$258  = owed_n;
     if (unit_rst) begin
-      \$258  = 1'h0;
+      \$258  = 2'h0;
     end
     if (rst) begin
-      \$258  = 1'h0;
+      \$258  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$259  = t_addr;
-    if (\$163 ) begin
+    \$259  = \$157 ;
+    if (unit_rst) begin
+      \$259  = 1'h0;
+    end
+    if (rst) begin
+      \$259  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$260  = 1'h0;
+    if (\$159 ) begin
+      \$260  = 1'h1;
+    end
+    if (\done$83 ) begin
+      \$260  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$260  = 1'h0;
+    end
+    if (rst) begin
+      \$260  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$261  = t_cap_half;
+    if (\$159 ) begin
+      \$261  = t_half;
+    end
+    if (unit_rst) begin
+      \$261  = 1'h0;
+    end
+    if (rst) begin
+      \$261  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$262  = t_half;
+    if (\$159 ) begin
+      \$262  = \$160 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$262  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$262  = 1'h0;
+    end
+    if (rst) begin
+      \$262  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$263  = t_addr;
+    if (\$159 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$259  = \$165 [12:0];
+        \$263  = \$161 [12:0];
       end else begin
-        \$259  = \$168 [12:0];
+        \$263  = \$164 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$259  = \$239 [12:0];
+            \$263  = \$243 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$259  = 13'h0000;
+      \$263  = 13'h0000;
     end
     if (rst) begin
-      \$259  = 13'h0000;
+      \$263  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$260  = t_left;
-    if (\$163 ) begin
+    \$264  = t_left;
+    if (\$159 ) begin
       if (t_half) begin
-        \$260  = \$166 [8:0];
+        \$264  = \$162 [8:0];
       end
     end
-    if (\done$75 ) begin
-      \$260  = 9'h000;
+    if (\done$83 ) begin
+      \$264  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$260  = \$228 ;
+            \$264  = \$232 ;
           end
     endcase
     if (unit_rst) begin
-      \$260  = 9'h000;
+      \$264  = 9'h000;
     end
     if (rst) begin
-      \$260  = 9'h000;
+      \$264  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$261  = t_on;
-    if (\$163 ) begin
+    \$265  = t_on;
+    if (\$159 ) begin
       if (t_half) begin
-        \$261  = \$167 ;
+        \$265  = \$163 ;
       end
     end
-    if (\done$75 ) begin
-      \$261  = 1'h0;
+    if (\done$83 ) begin
+      \$265  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$261  = \$234 ;
+            \$265  = \$238 ;
           end
     endcase
     if (unit_rst) begin
-      \$261  = 1'h0;
+      \$265  = 1'h0;
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$262  = t_mult;
-    if (\$170 ) begin
-      \$262  = spad__rd1__data[15:0];
+    \$266  = t_mult;
+    if (\$166 ) begin
+      \$266  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$262  = 16'h0000;
+      \$266  = 16'h0000;
     end
     if (rst) begin
-      \$262  = 16'h0000;
+      \$266  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$263  = t_col;
-    if (\$171 ) begin
-      \$263  = \$172 [8:0];
+    \$267  = t_col;
+    if (\$167 ) begin
+      \$267  = \$168 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$263  = 9'h000;
+            \$267  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$263  = 9'h000;
+      \$267  = 9'h000;
     end
     if (rst) begin
-      \$263  = 9'h000;
+      \$267  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$264  = gm_cap;
+    \$268  = gm_cap;
     if (running) begin
-      (* full_case = 32'd1 *)
-      if (\$174 ) begin
-        \$264  = 1'h1;
-      end else begin
-        \$264  = 1'h0;
+      \$268  = 1'h0;
+      if (\$170 ) begin
+        \$268  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$268  = 1'h0;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$265  = gm_cap_lane;
+    \$269  = gm_cap_lane;
     if (running) begin
-      if (\$174 ) begin
-        \$265  = gm_lane[1:0];
+      if (\$170 ) begin
+        \$269  = gm_lane[1:0];
       end
     end
     if (unit_rst) begin
-      \$265  = 2'h0;
+      \$269  = 2'h0;
     end
     if (rst) begin
-      \$265  = 2'h0;
+      \$269  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$266  = gm_lane;
+    \$270  = gm_cap_last;
     if (running) begin
-      if (\$174 ) begin
-        \$266  = \$175 [2:0];
-      end
-      if (\$177 ) begin
-        \$266  = 3'h0;
+      if (\$170 ) begin
+        \$270  = \$176 ;
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$266  = 3'h0;
+    if (unit_rst) begin
+      \$270  = 1'h0;
+    end
+    if (rst) begin
+      \$270  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$271  = gm_addr;
+    if (running) begin
+      if (\$170 ) begin
+        \$271  = \$177 [12:0];
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$271  = \$188 [12:0];
+          end else begin
+            \$271  = \$191 [12:0];
           end
-    endcase
-    if (unit_rst) begin
-      \$266  = 3'h0;
-    end
-    if (rst) begin
-      \$266  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$267  = gm_addr;
-    if (running) begin
-      if (\$174 ) begin
-        \$267  = \$176 [12:0];
-      end
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$267  = \$182 [12:0];
-        end else begin
-          \$267  = \$187 [12:0];
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$267  = ins[34:22];
+            \$271  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$267  = 13'h0000;
+      \$271  = 13'h0000;
     end
     if (rst) begin
-      \$267  = 13'h0000;
+      \$271  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$268  = pack;
+    \$272  = gm_k;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$272  = \$186 [6:0];
+          end else begin
+            \$272  = 7'h00;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$272  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$272  = 7'h00;
+    end
+    if (rst) begin
+      \$272  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$273  = gm_wstart;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+            \$273  = \$187 [12:0];
+          end else begin
+            \$273  = \$190 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$273  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$273  = 13'h0000;
+    end
+    if (rst) begin
+      \$273  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$274  = gm_left;
+    if (running) begin
+      if (\$170 ) begin
+        if (\$183 ) begin
+          (* full_case = 32'd1 *)
+          if (\$185 ) begin
+          end else begin
+            \$274  = \$189 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$274  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$274  = 14'h0000;
+    end
+    if (rst) begin
+      \$274  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$275  = pack;
     if (running) begin
       if (gm_cap) begin
         (* full_case = 32'd1 *)
         casez (gm_cap_lane)
           2'h0:
-              \$268 [7:0] = spad__rd0__data[7:0];
+              \$275 [7:0] = spad__rd0__data[7:0];
           2'h1:
-              \$268 [31:24] = spad__rd0__data[7:0];
+              \$275 [15:8] = spad__rd0__data[7:0];
           2'h2:
-              \$268 [55:48] = spad__rd0__data[7:0];
+              \$275 [23:16] = spad__rd0__data[7:0];
           2'h3:
-              \$268 [79:72] = spad__rd0__data[7:0];
+              \$275 [31:24] = spad__rd0__data[7:0];
         endcase
-      end
-      if (\$177 ) begin
-        \$268  = 96'h000000000000000000000000;
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$268  = 96'h000000000000000000000000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$268  = 96'h000000000000000000000000;
-    end
-    if (rst) begin
-      \$268  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$269  = gm_k;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$269  = \$180 [6:0];
-        end else begin
-          \$269  = 7'h00;
+        if (gm_cap_last) begin
+          \$275  = 32'd0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$269  = 7'h00;
+            \$275  = 32'd0;
           end
     endcase
     if (unit_rst) begin
-      \$269  = 7'h00;
+      \$275  = 32'd0;
     end
     if (rst) begin
-      \$269  = 7'h00;
+      \$275  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$270  = gm_wstart;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-          \$270  = \$181 [12:0];
-        end else begin
-          \$270  = \$185 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$270  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$270  = 13'h0000;
-    end
-    if (rst) begin
-      \$270  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$271  = gm_left;
-    if (running) begin
-      if (\$177 ) begin
-        (* full_case = 32'd1 *)
-        if (\$179 ) begin
-        end else begin
-          \$271  = \$183 [13:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$271  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$271  = 14'h0000;
-    end
-    if (rst) begin
-      \$271  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$272  = gc_lane;
+    \$276  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
-        \$272  = \$188 [1:0];
+        \$276  = \$192 [1:0];
         if (gc_last) begin
-          \$272  = 2'h0;
+          \$276  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$272  = 2'h0;
+            \$276  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$272  = 2'h0;
+      \$276  = 2'h0;
     end
     if (rst) begin
-      \$272  = 2'h0;
+      \$276  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$273  = gc_addr;
+    \$277  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
-        \$273  = \$189 [12:0];
+        \$277  = \$193 [12:0];
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$273  = \$202 [12:0];
+          if (\$203 ) begin
+            \$277  = \$206 [12:0];
           end else begin
-            \$273  = \$209 [12:0];
+            \$277  = \$213 [12:0];
           end
         end
       end
@@ -16108,28 +16138,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$273  = ins[60:48];
+            \$277  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$273  = 13'h0000;
+      \$277  = 13'h0000;
     end
     if (rst) begin
-      \$273  = 13'h0000;
+      \$277  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$274  = gc_last;
+    \$278  = gc_last;
     if (running) begin
       if (c_out__valid) begin
-        \$274  = \$197 ;
+        \$278  = \$201 ;
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$274  = \$206 ;
+          if (\$203 ) begin
+            \$278  = \$210 ;
           end else begin
-            \$274  = \$215 ;
+            \$278  = \$219 ;
           end
         end
       end
@@ -16137,27 +16167,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$274  = \$219 ;
+            \$278  = \$223 ;
           end
     endcase
     if (unit_rst) begin
-      \$274  = 1'h0;
+      \$278  = 1'h0;
     end
     if (rst) begin
-      \$274  = 1'h0;
+      \$278  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$275  = gc_n;
+    \$279  = gc_n;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$275  = \$200 [8:0];
+          if (\$203 ) begin
+            \$279  = \$204 [8:0];
           end else begin
-            \$275  = 9'h000;
+            \$279  = 9'h000;
           end
         end
       end
@@ -16165,27 +16195,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$275  = 9'h000;
+            \$279  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$275  = 9'h000;
+      \$279  = 9'h000;
     end
     if (rst) begin
-      \$275  = 9'h000;
+      \$279  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$276  = gc_wstart;
+    \$280  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
-            \$276  = \$201 [12:0];
+          if (\$203 ) begin
+            \$280  = \$205 [12:0];
           end else begin
-            \$276  = \$208 [12:0];
+            \$280  = \$212 [12:0];
           end
         end
       end
@@ -16193,26 +16223,26 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$276  = ins[60:48];
+            \$280  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$276  = 13'h0000;
+      \$280  = 13'h0000;
     end
     if (rst) begin
-      \$276  = 13'h0000;
+      \$280  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$277  = gc_left;
+    \$281  = gc_left;
     if (running) begin
       if (c_out__valid) begin
         if (gc_last) begin
           (* full_case = 32'd1 *)
-          if (\$199 ) begin
+          if (\$203 ) begin
           end else begin
-            \$277  = \$207 [13:0];
+            \$281  = \$211 [13:0];
           end
         end
       end
@@ -16220,23 +16250,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$277  = ins[74:61];
+            \$281  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$277  = 14'h0000;
+      \$281  = 14'h0000;
     end
     if (rst) begin
-      \$277  = 14'h0000;
+      \$281  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$278  = busy;
+    \$282  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$278  = 1'h1;
+            \$282  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -16246,87 +16276,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$278  = 1'h0;
+            \$282  = 1'h0;
           end else if (done) begin
-            if (\error$77 ) begin
-              \$278  = 1'h0;
+            if (\error$85 ) begin
+              \$282  = 1'h0;
             end
           end
       3'h5:
-          if (\$251 ) begin
-            \$278  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$278  = 1'h0;
-    end
-    if (rst) begin
-      \$278  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$279  = width;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$279  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$279  = 6'h00;
-    end
-    if (rst) begin
-      \$279  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$280  = mult;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$280  = ins[168:137];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$280  = { 16'h0000, spad__rd0__data[15:0] };
-    endcase
-    if (unit_rst) begin
-      \$280  = 32'd0;
-    end
-    if (rst) begin
-      \$280  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$281  = shift;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$281  = ins[174:169];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$281  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$281  = 6'h00;
-    end
-    if (rst) begin
-      \$281  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$282  = col_en;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$282  = \$223 ;
+          if (\$255 ) begin
+            \$282  = 1'h0;
           end
     endcase
     if (unit_rst) begin
@@ -16338,69 +16296,142 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$283  = t_step;
+    \$283  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$283  = \$242 ;
+            \$283  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$283  = 4'h0;
+      \$283  = 6'h00;
     end
     if (rst) begin
-      \$283  = 4'h0;
+      \$283  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$284  = fsm_state;
+    \$284  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$284  = ins[168:137];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$284  = { 16'h0000, spad__rd0__data[15:0] };
+    endcase
+    if (unit_rst) begin
+      \$284  = 32'd0;
+    end
+    if (rst) begin
+      \$284  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$285  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$285  = ins[174:169];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$285  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$285  = 6'h00;
+    end
+    if (rst) begin
+      \$285  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$286  = col_en;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$286  = \$227 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$286  = 1'h0;
+    end
+    if (rst) begin
+      \$286  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$287  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$287  = \$246 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$287  = 4'h0;
+    end
+    if (rst) begin
+      \$287  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$288  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$250 ) begin
-              \$284  = 3'h1;
+            if (\$254 ) begin
+              \$288  = 3'h1;
             end else begin
-              \$284  = 3'h2;
+              \$288  = 3'h2;
             end
           end
       3'h1:
-          \$284  = 3'h3;
+          \$288  = 3'h3;
       3'h3:
-          \$284  = 3'h2;
+          \$288  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$284  = 3'h4;
+            \$288  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$284  = 3'h0;
+            \$288  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$77 ) begin
-              \$284  = 3'h0;
+            if (\error$85 ) begin
+              \$288  = 3'h0;
             end else begin
-              \$284  = 3'h5;
+              \$288  = 3'h5;
             end
           end
       3'h5:
-          if (\$251 ) begin
-            \$284  = 3'h0;
+          if (\$255 ) begin
+            \$288  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$284  = 3'h0;
+      \$288  = 3'h0;
     end
     if (rst) begin
-      \$284  = 3'h0;
+      \$288  = 3'h0;
     end
   end
   assign col = col_en;
   assign col_wr__addr = t_col[7:0];
   assign spad__blocked = 1'h0;
-  assign a_in__payload = { pack[79:72], pack[55:48], pack[31:24], pack[7:0] };
-  assign a_in__valid = gm_wvalid;
+  assign r_data = a_in__payload;
+  assign r_rdy = a_in__valid;
+  assign a_in__ready = r_en;
   assign dma__rd_data__payload = b_in__payload;
   assign \rq_in__payload[0]  = rq_in__payload[23:0];
   assign \rq_in__payload[1]  = rq_in__payload[47:24];
@@ -16447,18 +16478,18 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
-  assign \a_in__payload[0]  = pack[7:0];
-  assign \a_in__payload[1]  = pack[31:24];
-  assign \a_in__payload[2]  = pack[55:48];
-  assign \a_in__payload[3]  = pack[79:72];
-  assign \pack[0]  = pack[23:0];
-  assign \pack[1]  = pack[47:24];
-  assign \pack[2]  = pack[71:48];
-  assign \pack[3]  = pack[95:72];
+  assign \a_in__payload[0]  = a_in__payload[7:0];
+  assign \a_in__payload[1]  = a_in__payload[15:8];
+  assign \a_in__payload[2]  = a_in__payload[23:16];
+  assign \a_in__payload[3]  = a_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
+  assign \pack[0]  = pack[7:0];
+  assign \pack[1]  = pack[15:8];
+  assign \pack[2]  = pack[23:16];
+  assign \pack[3]  = pack[31:24];
   assign cmd__payload[78] = 1'h0;
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
@@ -16476,44 +16507,197 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$6  = t_on;
   assign \$12  = 1'h1;
   assign \$13  = gm_go;
-  assign \$31  = \$30 ;
-  assign \$37  = \$36 ;
-  assign \$148  = \$147 ;
-  assign \$162  = 1'h1;
-  assign \$163  = t_on;
-  assign \$173  = 1'h1;
-  assign \$174  = gm_go;
-  assign \$206  = \$205 ;
-  assign \$215  = \$214 ;
+  assign \$19  = 1'h1;
+  assign \$20  = gm_go;
+  assign \$158  = 1'h1;
+  assign \$159  = t_on;
+  assign \$169  = 1'h1;
+  assign \$170  = gm_go;
+  assign \$210  = \$209 ;
   assign \$219  = \$218 ;
-  assign { \$220 [9:4], \$220 [2:0] } = 9'h000;
-  assign \$220 [3] = ins[9];
+  assign \$223  = \$222 ;
   assign { \$224 [9:4], \$224 [2:0] } = 9'h000;
   assign \$224 [3] = ins[9];
-  assign { \$229 [9:4], \$229 [2:0] } = 9'h000;
-  assign \$229 [3] = ins[9];
-  assign { \$235 [9:3], \$235 [1:0] } = 9'h000;
-  assign \$235 [2] = ins[8];
-  assign \$237  = { ins[190:175], 1'h0 };
-  assign { \$240 [9:3], \$240 [1:0] } = 9'h000;
-  assign \$240 [2] = ins[8];
-  assign { \$243 [9:3], \$243 [1:0] } = 9'h000;
-  assign \$243 [2] = ins[8];
-  assign { \$245 [9:4], \$245 [2:0] } = 9'h000;
-  assign \$245 [3] = ins[9];
-  assign \$221  = ins[9];
+  assign { \$228 [9:4], \$228 [2:0] } = 9'h000;
+  assign \$228 [3] = ins[9];
+  assign { \$233 [9:4], \$233 [2:0] } = 9'h000;
+  assign \$233 [3] = ins[9];
+  assign { \$239 [9:3], \$239 [1:0] } = 9'h000;
+  assign \$239 [2] = ins[8];
+  assign \$241  = { ins[190:175], 1'h0 };
+  assign { \$244 [9:3], \$244 [1:0] } = 9'h000;
+  assign \$244 [2] = ins[8];
+  assign { \$247 [9:3], \$247 [1:0] } = 9'h000;
+  assign \$247 [2] = ins[8];
+  assign { \$249 [9:4], \$249 [2:0] } = 9'h000;
+  assign \$249 [3] = ins[9];
   assign \$225  = ins[9];
-  assign \$230  = ins[9];
-  assign \$236  = ins[8];
-  assign \$241  = ins[8];
-  assign \$244  = ins[8];
-  assign \$246  = ins[9];
+  assign \$229  = ins[9];
+  assign \$234  = ins[9];
+  assign \$240  = ins[8];
+  assign \$245  = ins[8];
+  assign \$248  = ins[8];
+  assign \$250  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, a_in__valid, col_wr__addr, \port$4920$0 , \port$4920$24 , \port$4920$48 
-, \port$4920$72 , col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__data, w_en, r_en, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
+  wire \$1 ;
+  wire \$10 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire [2:0] \$13 ;
+  wire \$14 ;
+  wire \$15 ;
+  wire \$16 ;
+  wire \$17 ;
+  wire [2:0] \$18 ;
+  reg [1:0] \$19 ;
+  wire \$2 ;
+  reg [1:0] \$20 ;
+  reg [1:0] \$21 ;
+  wire [2:0] \$3 ;
+  wire [2:0] \$4 ;
+  wire \$5 ;
+  wire \$6 ;
+  wire [2:0] \$7 ;
+  wire [2:0] \$8 ;
+  wire \$9 ;
+  input clk;
+  wire clk;
+  (* init = 2'h0 *)
+  wire [1:0] consume;
+  reg [1:0] level = 2'h0;
+  (* init = 2'h0 *)
+  wire [1:0] produce;
+  output [31:0] r_data;
+  wire [31:0] r_data;
+  input r_en;
+  wire r_en;
+  (* init = 2'h0 *)
+  wire [1:0] r_level;
+  reg [1:0] r_port__addr = 2'h0;
+  wire [31:0] r_port__data;
+  output r_rdy;
+  wire r_rdy;
+  input rst;
+  wire rst;
+  input start;
+  wire start;
+  input unit_rst;
+  wire unit_rst;
+  wire [31:0] w_data;
+  input w_en;
+  wire w_en;
+  (* init = 2'h0 *)
+  wire [1:0] w_level;
+  reg [1:0] w_port__addr = 2'h0;
+  input [31:0] w_port__data;
+  wire [31:0] w_port__data;
+  wire w_port__en;
+  wire w_rdy;
+  reg [31:0] storage [2:0];
+  initial begin
+    storage[0] = 32'd0;
+    storage[1] = 32'd0;
+    storage[2] = 32'd0;
+  end
+  always @(posedge clk) begin
+    if (w_port__en)
+      storage[w_port__addr] <= w_port__data;
+  end
+  assign r_data = storage[r_port__addr];
+  assign w_rdy = level != 2'h3;
+  assign r_rdy = | level;
+  assign w_port__en = w_en & w_rdy;
+  assign \$1  = w_rdy & w_en;
+  assign \$2  = w_port__addr == 2'h2;
+  assign \$3  = w_port__addr + 1'h1;
+  assign \$4  = \$2  ? 3'h0 : \$3 ;
+  assign \$5  = r_rdy & r_en;
+  assign \$6  = r_port__addr == 2'h2;
+  assign \$7  = r_port__addr + 1'h1;
+  assign \$8  = \$6  ? 3'h0 : \$7 ;
+  assign \$9  = w_rdy & w_en;
+  assign \$10  = r_rdy & r_en;
+  assign \$11  = ~ \$10 ;
+  assign \$12  = \$9  & \$11 ;
+  assign \$13  = level + 1'h1;
+  assign \$14  = r_rdy & r_en;
+  assign \$15  = w_rdy & w_en;
+  assign \$16  = ~ \$15 ;
+  assign \$17  = \$14  & \$16 ;
+  assign \$18  = level - 1'h1;
+  always @(posedge clk)
+    w_port__addr <= \$19 ;
+  always @(posedge clk)
+    r_port__addr <= \$20 ;
+  always @(posedge clk)
+    level <= \$21 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$19  = w_port__addr;
+    if (\$1 ) begin
+      \$19  = \$4 [1:0];
+    end
+    if (start) begin
+      \$19  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$19  = 2'h0;
+    end
+    if (rst) begin
+      \$19  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$20  = r_port__addr;
+    if (\$5 ) begin
+      \$20  = \$8 [1:0];
+    end
+    if (start) begin
+      \$20  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$20  = 2'h0;
+    end
+    if (rst) begin
+      \$20  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    \$21  = level;
+    if (\$12 ) begin
+      \$21  = \$13 [1:0];
+    end
+    if (\$17 ) begin
+      \$21  = \$18 [1:0];
+    end
+    if (start) begin
+      \$21  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$21  = 2'h0;
+    end
+    if (rst) begin
+      \$21  = 2'h0;
+    end
+  end
+  assign w_level = level;
+  assign r_level = level;
+  assign produce = w_port__addr;
+  assign w_data = w_port__data;
+  assign consume = r_port__addr;
+  assign r_port__data = r_data;
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in__valid, a_in__payload, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, col_en, a_loading
+, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -16836,6 +17020,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
+  input [31:0] a_in__payload;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -17013,14 +17198,6 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$4920$0 ;
-  wire [7:0] \port$4920$0 ;
-  input [7:0] \port$4920$24 ;
-  wire [7:0] \port$4920$24 ;
-  input [7:0] \port$4920$48 ;
-  wire [7:0] \port$4920$48 ;
-  input [7:0] \port$4920$72 ;
-  wire [7:0] \port$4920$72 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -17643,7 +17820,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
+      spad_a[a_wptr[7:0]] <= a_in__payload;
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -18450,14 +18627,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$220  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$220  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$221  = \$1 [11:0];
     if (unit_rst) begin
       \$221  = 12'h000;
@@ -18467,7 +18644,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$222  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -18488,7 +18665,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$223  = a_wptr;
     if (start) begin
       \$223  = { 5'h00, cmd[44:36] };
@@ -18503,7 +18680,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$224  = a_loading;
     if (start) begin
       \$224  = cmd[76];
@@ -18520,7 +18697,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$225  = \$8 ;
     if (unit_rst) begin
       \$225  = 2'h0;
@@ -18530,7 +18707,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$226  = b_loading;
     if (start) begin
       \$226  = cmd[77];
@@ -18549,7 +18726,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$227  = wbuf;
     if (start) begin
       \$227  = 1'h0;
@@ -18566,7 +18743,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$228  = b_k;
     if (start) begin
       \$228  = 12'h000;
@@ -18584,7 +18761,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$229  = b_cols_left;
     if (start) begin
       \$229  = cmd[35:24];
@@ -18601,7 +18778,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$230  = \$15 ;
@@ -18616,7 +18793,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$231  = 1'h0;
@@ -18637,7 +18814,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$232  = gap;
     if (\$42 ) begin
       \$232  = \$43 [3:0];
@@ -18657,7 +18834,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$233  = step;
     if (unit_rst) begin
       \$233  = 1'h0;
@@ -18667,7 +18844,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$234  = \$44 ;
     if (unit_rst) begin
       \$234  = 1'h0;
@@ -18677,7 +18854,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$235  = last_k;
     if (unit_rst) begin
       \$235  = 1'h0;
@@ -18687,7 +18864,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$236  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$236  = 4'h0;
@@ -18697,7 +18874,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$237  = s_valid;
     if (unit_rst) begin
       \$237  = 1'h0;
@@ -18707,7 +18884,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$238  = s_first;
     if (unit_rst) begin
       \$238  = 1'h0;
@@ -18717,7 +18894,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$239  = s_last;
     if (unit_rst) begin
       \$239  = 1'h0;
@@ -18727,7 +18904,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$240  = spad_b_rd_data;
     if (unit_rst) begin
       \$240  = 32'd0;
@@ -18737,7 +18914,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$241 [7:0] = \$49 ;
     \$241 [15:8] = \$50 ;
     \$241 [23:16] = \$51 ;
@@ -18750,7 +18927,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$242  = issuing;
     if (start) begin
       \$242  = cmd[77];
@@ -18771,7 +18948,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$243  = rbuf;
     if (start) begin
       \$243  = 1'h0;
@@ -18790,7 +18967,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$244  = k;
     if (start) begin
       \$244  = 12'h000;
@@ -18808,7 +18985,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$245  = a_ptr;
     if (start) begin
       \$245  = { 5'h00, cmd[44:36] };
@@ -18828,7 +19005,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$246  = rows_c;
     if (start) begin
       \$246  = cmd[11:0];
@@ -18848,7 +19025,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$247  = cols_c;
     if (start) begin
       \$247  = cmd[35:24];
@@ -18867,7 +19044,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$248  = c_panel;
     if (start) begin
       \$248  = { 5'h00, cmd[53:45] };
@@ -18886,7 +19063,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$249  = c_tile;
     if (start) begin
       \$249  = { 5'h00, cmd[53:45] };
@@ -18906,7 +19083,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$250  = last_k;
     if (start) begin
       \$250  = \$53 ;
@@ -18924,7 +19101,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$251  = last_row;
     if (start) begin
       \$251  = \$54 ;
@@ -18944,7 +19121,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$252  = t_base;
     if (start) begin
     end else if (step) begin
@@ -18960,7 +19137,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$253  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -18976,7 +19153,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$254  = d_col;
     if (done) begin
       \$254  = 3'h1;
@@ -18991,7 +19168,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$255  = d_base;
     if (done) begin
       \$255  = t_base;
@@ -19004,7 +19181,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$256  = d_cols;
     if (done) begin
       \$256  = t_cols;
@@ -19017,7 +19194,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$257  = drain_busy;
     if (done) begin
       \$257  = 1'h1;
@@ -19034,7 +19211,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$258  = \$77 ;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -19044,7 +19221,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$259  = \$78 ;
     if (unit_rst) begin
       \$259  = 1'h0;
@@ -19054,7 +19231,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$260  = \$81 [13:0];
     if (unit_rst) begin
       \$260  = 14'h0000;
@@ -19064,7 +19241,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$261  = col_valid0;
     if (unit_rst) begin
       \$261  = 1'h0;
@@ -19074,7 +19251,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$262  = col_busy0;
     if (unit_rst) begin
       \$262  = 1'h0;
@@ -19084,7 +19261,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$263  = col_addr0;
     if (unit_rst) begin
       \$263  = 14'h0000;
@@ -19094,7 +19271,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$264  = col_valid1;
     if (unit_rst) begin
       \$264  = 1'h0;
@@ -19104,7 +19281,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$265  = col_busy1;
     if (unit_rst) begin
       \$265  = 1'h0;
@@ -19114,7 +19291,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$266  = col_addr1;
     if (unit_rst) begin
       \$266  = 14'h0000;
@@ -19124,7 +19301,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$267  = out;
     if (unit_rst) begin
       \$267  = 96'h000000000000000000000000;
@@ -19134,7 +19311,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$268  = col_word0;
     if (unit_rst) begin
       \$268  = 96'h000000000000000000000000;
@@ -19144,7 +19321,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$269  = col_word1;
     if (unit_rst) begin
       \$269  = 96'h000000000000000000000000;
@@ -19154,7 +19331,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$270  = \$83 [1:0];
     if (unit_rst) begin
       \$270  = 2'h0;
@@ -19164,14 +19341,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$271  = col_rq_rd_data;
     if (spad_c_rd_en) begin
       \$271  = \port__data$77 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$272  = q_rq;
     if (\$85 ) begin
       \$272  = \$86 ;
@@ -19184,7 +19361,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$273  = c_q;
     if (\$88 ) begin
       \$273  = spad_c_rd_data;
@@ -19209,7 +19386,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$274  = q_valid;
     if (\$88 ) begin
       \$274  = r_valid;
@@ -19236,7 +19413,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$275  = storing;
     if (store_start) begin
       \$275  = 1'h1;
@@ -19263,7 +19440,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$276  = s_addr;
     if (store_start) begin
       \$276  = { 5'h00, cmd[53:45] };
@@ -19280,7 +19457,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$277  = s_n;
     if (store_start) begin
       \$277  = 12'h000;
@@ -19300,7 +19477,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$278  = s_rows;
     if (store_start) begin
       \$278  = cmd[11:0];
@@ -19319,7 +19496,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$279  = s_left;
     if (store_start) begin
       \$279  = \$116 [13:0];
@@ -19336,7 +19513,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$280  = out_left;
     if (store_start) begin
       \$280  = \$117 [13:0];
@@ -19352,7 +19529,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$281  = r_valid;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -19380,7 +19557,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$282  = r_mask;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -19396,7 +19573,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$283  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19430,7 +19607,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$284  = cmd;
     casez (fsm_state)
       3'h0:
@@ -19446,7 +19623,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$285  = error;
     casez (fsm_state)
       3'h0:
@@ -19470,7 +19647,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$286  = error_code;
     casez (fsm_state)
       3'h0:
@@ -19494,7 +19671,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$287  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -19536,7 +19713,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$288  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -19556,7 +19733,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$289  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -19576,7 +19753,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$290  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -19596,7 +19773,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$168 ) begin
@@ -19612,7 +19789,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -19622,7 +19799,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -19640,7 +19817,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -19650,7 +19827,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19658,7 +19835,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -19674,7 +19851,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19696,8 +19873,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
-  assign a_in__payload = { \port$4920$72 , \port$4920$48 , \port$4920$24 , \port$4920$0  };
+  assign \$signature__data  = a_in__payload;
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -19793,14 +19969,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, unit_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$4920$0 ;
-  assign \$signature__data[1]  = \port$4920$24 ;
-  assign \$signature__data[2]  = \port$4920$48 ;
-  assign \$signature__data[3]  = \port$4920$72 ;
-  assign \a_in__payload[0]  = \port$4920$0 ;
-  assign \a_in__payload[1]  = \port$4920$24 ;
-  assign \a_in__payload[2]  = \port$4920$48 ;
-  assign \a_in__payload[3]  = \port$4920$72 ;
+  assign \$signature__data[0]  = a_in__payload[7:0];
+  assign \$signature__data[1]  = a_in__payload[15:8];
+  assign \$signature__data[2]  = a_in__payload[23:16];
+  assign \$signature__data[3]  = a_in__payload[31:24];
+  assign \a_in__payload[0]  = a_in__payload[7:0];
+  assign \a_in__payload[1]  = a_in__payload[15:8];
+  assign \a_in__payload[2]  = a_in__payload[23:16];
+  assign \a_in__payload[3]  = a_in__payload[31:24];
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -19843,7 +20019,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -20603,7 +20779,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -20613,7 +20789,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -20623,7 +20799,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -20633,7 +20809,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -20643,7 +20819,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -20653,7 +20829,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -20663,7 +20839,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -20673,7 +20849,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -20683,7 +20859,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -20693,7 +20869,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -20703,7 +20879,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -20713,7 +20889,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -20723,7 +20899,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -20733,7 +20909,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -20743,7 +20919,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -20753,7 +20929,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -20763,7 +20939,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -20773,7 +20949,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -20783,7 +20959,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -20793,7 +20969,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -20803,7 +20979,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -20813,7 +20989,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -20823,7 +20999,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -20833,7 +21009,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -20843,7 +21019,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -20853,7 +21029,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -20863,7 +21039,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -20873,7 +21049,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -20883,7 +21059,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -20893,7 +21069,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -21081,7 +21257,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -21266,7 +21442,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -21276,7 +21452,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -21286,7 +21462,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -21296,7 +21472,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -21306,7 +21482,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -21316,7 +21492,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -21326,7 +21502,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -21336,7 +21512,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -21346,7 +21522,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -21356,7 +21532,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -21366,7 +21542,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -21376,7 +21552,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -21386,7 +21562,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -21396,7 +21572,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -21406,7 +21582,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -21416,7 +21592,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -21430,199 +21606,6 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -21815,7 +21798,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22008,197 +21991,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -22277,6 +22071,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$26 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$27 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -22367,7 +22349,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -22387,10 +22369,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22583,7 +22566,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22776,197 +22759,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  output [7:0] b_out;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -23045,6 +22839,194 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$30 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$31 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -23135,7 +23117,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -23155,10 +23137,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23351,7 +23334,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23544,8 +23527,201 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -23619,199 +23795,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = 24'h000000;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$34 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$35 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
@@ -23902,7 +23885,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -23922,10 +23905,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24117,7 +24101,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24309,7 +24293,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24327,6 +24311,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -24334,13 +24319,14 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
-  output done;
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -24348,6 +24334,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -24358,6 +24345,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -24474,7 +24462,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -24494,12 +24482,200 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  output done;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = 24'h000000;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
   assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
   wire \$100 ;
@@ -26021,13 +26197,13 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1436$0 (mult),
-    .\port$1441$0 (i__payload),
+    .\port$1440$0 (mult),
+    .\port$1445$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$772  = v1;
     if (advance) begin
       \$772  = i__valid;
@@ -26040,7 +26216,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$773  = v2;
     if (advance) begin
       \$773  = v1;
@@ -26053,7 +26229,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$774  = x_valid;
     if (advance) begin
       \$774  = v2;
@@ -26066,7 +26242,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$775  = \$signal ;
     if (advance) begin
       \$775  = shift;
@@ -26079,7 +26255,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$776  = shift_2;
     if (advance) begin
       \$776  = \$signal ;
@@ -26092,7 +26268,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$777  = x0;
     if (advance) begin
       \$777  = \$5 [39:0];
@@ -26105,7 +26281,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$778  = x1;
     if (advance) begin
       \$778  = \$8 [39:0];
@@ -26118,7 +26294,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$779  = x2;
     if (advance) begin
       \$779  = \$11 [39:0];
@@ -26131,7 +26307,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$780  = x3;
     if (advance) begin
       \$780  = \$14 [39:0];
@@ -26144,7 +26320,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$781  = shift_x;
     if (advance) begin
       \$781  = shift_2;
@@ -26157,7 +26333,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$782  = below;
     if (advance) begin
       \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
@@ -26170,7 +26346,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$783  = v_shift;
     if (advance) begin
       \$783  = x_valid;
@@ -26183,7 +26359,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$784  = v_round;
     if (advance) begin
       \$784  = v_shift;
@@ -26196,7 +26372,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$785  = o__valid;
     if (advance) begin
       \$785  = v_round;
@@ -26209,7 +26385,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$786  = y0;
     if (advance) begin
       \$786  = \$345 [24:0];
@@ -26222,7 +26398,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$787  = sticky0;
     if (advance) begin
       \$787  = \$347 ;
@@ -26235,7 +26411,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$788  = over0;
     if (advance) begin
       \$788  = \$350 ;
@@ -26248,7 +26424,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$789  = neg0;
     if (advance) begin
       \$789  = x0[39];
@@ -26261,7 +26437,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$790  = rounded0;
     if (advance) begin
       \$790  = \$353 ;
@@ -26274,7 +26450,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$791  = over2_0;
     if (advance) begin
       \$791  = over0;
@@ -26287,7 +26463,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$792  = neg2_0;
     if (advance) begin
       \$792  = neg0;
@@ -26300,7 +26476,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$793  = o__payload;
     if (advance) begin
       \$793 [23:0] = \$357 [23:0];
@@ -26316,7 +26492,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$794  = y1;
     if (advance) begin
       \$794  = \$483 [24:0];
@@ -26329,7 +26505,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$795  = sticky1;
     if (advance) begin
       \$795  = \$485 ;
@@ -26342,7 +26518,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$796  = over1;
     if (advance) begin
       \$796  = \$488 ;
@@ -26355,7 +26531,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$797  = neg1;
     if (advance) begin
       \$797  = x1[39];
@@ -26368,7 +26544,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$798  = rounded1;
     if (advance) begin
       \$798  = \$491 ;
@@ -26381,7 +26557,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$799  = over2_1;
     if (advance) begin
       \$799  = over1;
@@ -26394,7 +26570,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$800  = neg2_1;
     if (advance) begin
       \$800  = neg1;
@@ -26407,7 +26583,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$801  = y2;
     if (advance) begin
       \$801  = \$621 [24:0];
@@ -26420,7 +26596,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$802  = sticky2;
     if (advance) begin
       \$802  = \$623 ;
@@ -26433,7 +26609,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$803  = over2;
     if (advance) begin
       \$803  = \$626 ;
@@ -26446,7 +26622,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$804  = neg2;
     if (advance) begin
       \$804  = x2[39];
@@ -26459,7 +26635,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$805  = rounded2;
     if (advance) begin
       \$805  = \$629 ;
@@ -26472,7 +26648,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$806  = over2_2;
     if (advance) begin
       \$806  = over2;
@@ -26485,7 +26661,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$807  = neg2_2;
     if (advance) begin
       \$807  = neg2;
@@ -26498,7 +26674,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$808  = y3;
     if (advance) begin
       \$808  = \$759 [24:0];
@@ -26511,7 +26687,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$809  = sticky3;
     if (advance) begin
       \$809  = \$761 ;
@@ -26524,7 +26700,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$810  = over3;
     if (advance) begin
       \$810  = \$764 ;
@@ -26537,7 +26713,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$811  = neg3;
     if (advance) begin
       \$811  = x3[39];
@@ -26550,7 +26726,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$812  = rounded3;
     if (advance) begin
       \$812  = \$767 ;
@@ -26563,7 +26739,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$813  = over2_3;
     if (advance) begin
       \$813  = over3;
@@ -26576,7 +26752,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$814  = neg2_3;
     if (advance) begin
       \$814  = neg3;
@@ -26878,8 +27054,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -26964,10 +27140,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1436$0 ;
-  wire [15:0] \port$1436$0 ;
-  input [95:0] \port$1441$0 ;
-  wire [95:0] \port$1441$0 ;
+  input [15:0] \port$1440$0 ;
+  wire [15:0] \port$1440$0 ;
+  input [95:0] \port$1445$0 ;
+  wire [95:0] \port$1445$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -27029,10 +27205,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1441$0 [16:0] };
+      \$9  = { 1'h0, \port$1445$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -27042,10 +27218,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1436$0  };
+      \$10  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -27055,7 +27231,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -27068,10 +27244,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23:17] };
+      \$12  = { \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -27081,10 +27257,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1436$0  };
+      \$13  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -27094,7 +27270,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -27107,10 +27283,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1441$0 [40:24] };
+      \$15  = { 1'h0, \port$1445$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -27120,10 +27296,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1436$0  };
+      \$16  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -27133,7 +27309,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -27146,10 +27322,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47:41] };
+      \$18  = { \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -27159,10 +27335,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1436$0  };
+      \$19  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -27172,7 +27348,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -27185,10 +27361,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1441$0 [64:48] };
+      \$21  = { 1'h0, \port$1445$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -27198,10 +27374,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1436$0  };
+      \$22  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -27211,7 +27387,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -27224,10 +27400,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71:65] };
+      \$24  = { \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -27237,10 +27413,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1436$0  };
+      \$25  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -27250,7 +27426,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -27263,10 +27439,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1441$0 [88:72] };
+      \$27  = { 1'h0, \port$1445$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -27276,10 +27452,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1436$0  };
+      \$28  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -27289,7 +27465,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -27302,10 +27478,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95:89] };
+      \$30  = { \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -27315,10 +27491,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1436$0  };
+      \$31  = { 2'h0, \port$1440$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -27328,7 +27504,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -27340,28 +27516,28 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1436$0 , \port$1441$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1441$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1436$0  };
-  assign a__1 = { \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23], \port$1441$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1436$0  };
-  assign a__2 = { 1'h0, \port$1441$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1436$0  };
-  assign a__3 = { \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47], \port$1441$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1436$0  };
-  assign a__4 = { 1'h0, \port$1441$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1436$0  };
-  assign a__5 = { \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71], \port$1441$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1436$0  };
-  assign a__6 = { 1'h0, \port$1441$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1436$0  };
-  assign a__7 = { \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95], \port$1441$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1436$0  };
+  assign a__0 = { 1'h0, \port$1445$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1440$0  };
+  assign a__1 = { \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1440$0  };
+  assign a__2 = { 1'h0, \port$1445$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1440$0  };
+  assign a__3 = { \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1440$0  };
+  assign a__4 = { 1'h0, \port$1445$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1440$0  };
+  assign a__5 = { \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1440$0  };
+  assign a__6 = { 1'h0, \port$1445$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1440$0  };
+  assign a__7 = { \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1440$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
 , error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -27693,7 +27869,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -27709,7 +27885,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -27722,7 +27898,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -27747,7 +27923,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -27762,7 +27938,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -27779,7 +27955,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -27799,7 +27975,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -27816,7 +27992,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -27834,7 +28010,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -27852,7 +28028,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -27882,28 +28058,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -27914,7 +28090,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -27925,7 +28101,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -27936,7 +28112,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -27950,28 +28126,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -28003,7 +28179,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire \$1 ;
   wire [15:0] \$10 ;
   wire [12:0] \$11 ;
@@ -28171,7 +28347,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$46  = ra;
     casez (fsm_state)
       3'h0:
@@ -28196,7 +28372,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$47  = wa;
     casez (fsm_state)
       3'h0:
@@ -28218,7 +28394,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -28236,7 +28412,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -28258,7 +28434,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -28280,7 +28456,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -28296,7 +28472,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -28314,7 +28490,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
@@ -28332,7 +28508,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -28350,7 +28526,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       3'h0:
@@ -28368,7 +28544,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       3'h0:
@@ -28386,7 +28562,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -28404,7 +28580,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$38  = spad__rd0__data;
     if (unit_rst) begin
       \$38  = 32'd0;
@@ -28414,7 +28590,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$39  = i;
     casez (fsm_state)
       3'h0:
@@ -28440,7 +28616,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$40  = row_i;
     casez (fsm_state)
       3'h0:
@@ -28466,7 +28642,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$41  = gather;
     casez (fsm_state)
       3'h0:
@@ -28482,7 +28658,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$42  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -28517,7 +28693,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$43  = col;
     casez (fsm_state)
       3'h0:
@@ -28546,7 +28722,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$44  = rv;
     casez (fsm_state)
       3'h0:
@@ -28578,7 +28754,7 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$45  = wv;
     casez (fsm_state)
       3'h0:
@@ -28630,7 +28806,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -28672,7 +28848,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -28687,7 +28863,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -28702,7 +28878,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -28727,7 +28903,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__valid, routes__ready, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg [12:0] \$100 ;
@@ -29102,7 +29278,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   always @(posedge clk)
     pos <= \$116 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -29126,7 +29302,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29150,7 +29326,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29176,7 +29352,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -29202,7 +29378,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29228,7 +29404,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29240,7 +29416,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29252,7 +29428,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -29264,7 +29440,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29286,7 +29462,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -29319,7 +29495,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -29352,7 +29528,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29385,7 +29561,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29413,7 +29589,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -29441,7 +29617,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$92  = j;
     casez (fsm_state)
       4'h0:
@@ -29469,7 +29645,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$93  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -29521,7 +29697,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$94  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -29545,7 +29721,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$95  = route_left;
     casez (fsm_state)
       4'h0:
@@ -29569,7 +29745,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$96  = el;
     casez (fsm_state)
       4'h0:
@@ -29598,7 +29774,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$97  = lane;
     casez (fsm_state)
       4'h0:
@@ -29625,7 +29801,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$98  = scores__valid;
     casez (fsm_state)
       4'h0:
@@ -29654,7 +29830,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$99  = tbase;
     casez (fsm_state)
       4'h0:
@@ -29678,7 +29854,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$100  = tslot;
     casez (fsm_state)
       4'h0:
@@ -29702,7 +29878,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$101  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -29728,7 +29904,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$102  = cap;
     casez (fsm_state)
       4'h0:
@@ -29753,7 +29929,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$103  = s;
     casez (fsm_state)
       4'h0:
@@ -29780,7 +29956,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$104  = hold;
     casez (fsm_state)
       4'h0:
@@ -29807,7 +29983,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$105  = routes__ready;
     casez (fsm_state)
       4'h0:
@@ -29837,7 +30013,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$106  = wphase;
     casez (fsm_state)
       4'h0:
@@ -29864,7 +30040,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$107  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -29884,7 +30060,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$108  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -29904,7 +30080,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$109  = held;
     casez (fsm_state)
       4'h0:
@@ -29924,7 +30100,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$110  = off;
     casez (fsm_state)
       4'h0:
@@ -29948,7 +30124,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$111  = count;
     casez (fsm_state)
       4'h0:
@@ -29970,7 +30146,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$112  = p;
     casez (fsm_state)
       4'h0:
@@ -30006,7 +30182,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$113  = pt;
     casez (fsm_state)
       4'h0:
@@ -30044,7 +30220,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$114  = ps;
     casez (fsm_state)
       4'h0:
@@ -30085,7 +30261,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$115  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -30113,7 +30289,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$116  = pos;
     casez (fsm_state)
       4'h0:
@@ -30183,7 +30359,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -30725,7 +30901,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -30736,7 +30912,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -30745,7 +30921,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -30754,7 +30930,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -30763,7 +30939,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -30776,7 +30952,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -30789,7 +30965,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -30804,7 +30980,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -30817,7 +30993,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -30827,7 +31003,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -30840,7 +31016,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -30855,7 +31031,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -30873,7 +31049,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -30883,7 +31059,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -30896,7 +31072,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -30912,7 +31088,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -30922,7 +31098,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -30932,7 +31108,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -30949,7 +31125,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -30966,7 +31142,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -30983,7 +31159,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -31002,7 +31178,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -31017,7 +31193,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -31032,7 +31208,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -31046,7 +31222,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -31060,7 +31236,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -31074,7 +31250,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -31088,7 +31264,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -31098,7 +31274,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -31108,7 +31284,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -31125,7 +31301,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -31140,7 +31316,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -31155,7 +31331,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -31174,7 +31350,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -31190,7 +31366,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -31206,7 +31382,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -31219,7 +31395,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -31235,7 +31411,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -31324,7 +31500,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$47  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -31372,7 +31548,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -31387,7 +31563,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -31402,7 +31578,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -31417,7 +31593,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -31436,7 +31612,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4659$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4699$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -31614,8 +31790,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4659$0 ;
-  wire [4:0] \port$4659$0 ;
+  input [4:0] \port$4699$0 ;
+  wire [4:0] \port$4699$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -31628,64 +31804,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4659$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4699$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4659$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4699$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4659$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4659$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4699$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4699$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4659$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4699$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4659$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4699$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4659$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4699$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4], \port$4659$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4659$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4699$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4659$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4699$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4659$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4699$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4659$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4699$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4659$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4699$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0], \port$4659$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1], \port$4659$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2], \port$4659$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3], \port$4659$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -31700,7 +31876,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4659$0 , \port$2$0  };
+  assign select = { \port$4699$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
@@ -31757,7 +31933,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$47  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$48  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -40010,21 +40186,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin

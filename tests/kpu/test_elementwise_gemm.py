@@ -185,6 +185,25 @@ def test_streaming_ops_take_one_cycle_per_element(op):
     assert cycles[1] - cycles[0] == 72 - 24, (op, cycles)
 
 
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_gemm_a_feed_takes_m_cycles_per_word(m):
+    """A word of A costs its M real rows' reads and nothing more (the feed reads ahead of the
+    engine): 16 more columns of A are 16*M more cycles (one tile, no bus stalls), results
+    still FuncSim's. Waiting for the engine to take each word before reading the next costs
+    M + 2 per word (the test fails with 48, 64, 96)."""
+    cycles = []
+    for k in (16, 32):
+        rng = np.random.default_rng(m * 100 + k)
+        A = rng.integers(-128, 128, (m, k))
+        W = rng.integers(-128, 128, (CFG.cols, k))
+        host = weight_panels(W, CFG).astype(np.int8).tobytes()
+        ins = Instr(Op.GEMM, m=m, k=k, n=CFG.cols, a=8, c=400, host=0, mult=20000, shift=12, width=8)
+        got, want, err, c = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host, stall=0)
+        assert got == want and err == Err.NONE, (m, k)
+        cycles.append(c)
+    assert cycles[1] - cycles[0] == 16 * m, (m, cycles)
+
+
 @pytest.mark.parametrize("flags, expert", [(F_RQ_CHANNEL, None), (F_RQ_CHANNEL | F_RQ_EXPERT, 5)],
                          ids=["channel", "channel-expert"])
 @pytest.mark.parametrize("width", [0, 8, 24])

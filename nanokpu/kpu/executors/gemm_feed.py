@@ -3,8 +3,9 @@ operand packed from the scratchpad, B streamed from the bus, the results unpacke
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
@@ -20,6 +21,9 @@ from nanokpu.units.gemm import kpu_engine
 
 __all__ = ["GemmFeed"]
 
+#: Words of A the feed reads ahead of the engine (see GemmFeed.elaborate)
+A_WORDS = 3
+
 
 class GemmFeed(wiring.Component):
     """``GEMM`` (:mod:`nanokpu.isa`): ``c = requant(a @ W^T)`` (or raw accumulators with
@@ -31,7 +35,8 @@ class GemmFeed(wiring.Component):
     the engine's requantiser lent to the element-wise executor while no ``GEMM`` runs.
 
     A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes one scratchpad read
-    per real row, pipelined; each result word is written back one real row per cycle (then
+    per real row, pipelined, up to :data:`A_WORDS` words ahead of the engine (so ``M`` real
+    rows give a word every ``M`` cycles, back to back); each result word is written back one real row per cycle (then
     saturated to ``width``). With :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are
     first read from ``b + 2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width !=
     0``) the ``n`` table entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the
@@ -60,7 +65,8 @@ class GemmFeed(wiring.Component):
         mult = Signal(32)
         shift = Signal(6)
         width = Signal(6)
-        pack = Signal(data.ArrayLayout(signed(accw), R))   # the A word being filled
+        iw = cfg.in_width
+        pack = Signal(data.ArrayLayout(signed(iw), R))   # the A word being filled
         busy = Signal()
         # the engine's requantiser: this instruction's, or lent out (rq) while idle
         with m.If(busy):
@@ -86,10 +92,10 @@ class GemmFeed(wiring.Component):
         gm_wstart = Signal(AW)
         gm_cap = Signal()
         gm_cap_lane = Signal(range(R))
-        gm_wvalid = Signal()
+        gm_cap_last = Signal()  # the lane captured is its word's last
         gm_afeed_done = Signal()
-        gm_full = Signal()      # the word's real lanes are all read (gm_lane == R or row M reached)
-        gm_go = Signal()        # ~gm_wvalid & ~gm_afeed_done & ~gm_full: a lane of A is read unless blocked
+        gm_owed = Signal(range(A_WORDS + 1))   # words begun and not yet taken by the engine
+        gm_go = Signal()        # a lane of A is read unless blocked (see below)
         gc_left = Signal(SW)
         gc_n = Signal(NW)
         gc_lane = Signal(range(R))
@@ -102,18 +108,19 @@ class GemmFeed(wiring.Component):
             """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
             return (left[LB:] == 0) & (lanes >= left[:LB])
 
-        def full_of(left, lane):
-            """A word of A with ``left`` rows left has its real lanes read once ``lane`` are."""
-            return (lane == R) | reached(left, lane)
-
-        # The A feed's flags as they will be after this edge (held unless assigned below), so
-        # that its read enable is a flip-flop (gm_go) and ~blocked: on a large ECP5 the
+        # The A feed reads the lanes of word after word without waiting for the engine to take
+        # them: a word begins only while fewer than A_WORDS are owed (begun, not taken), and a
+        # word whose last lane is captured goes into a queue of A_WORDS words the engine takes
+        # from (a read captured in the next cycle, queued in the one after: A_WORDS = 3 keeps
+        # one word per cycle). Its flags as they will be after this edge (held unless assigned
+        # below) make its read enable a flip-flop (gm_go) and ~blocked: on a large ECP5 the
         # scratchpad's blocks span the die, and the paths to their enables leave no time for
         # the word's bookkeeping
-        wvalid_n, afeed_done_n, full_n = Signal(), Signal(), Signal()
-        m.d.comb += [wvalid_n.eq(gm_wvalid), afeed_done_n.eq(gm_afeed_done), full_n.eq(gm_full)]
-        m.d.sync += [gm_wvalid.eq(wvalid_n), gm_afeed_done.eq(afeed_done_n), gm_full.eq(full_n),
-                     gm_go.eq(~wvalid_n & ~afeed_done_n & ~full_n)]
+        lane_n, afeed_done_n, owed_n = Signal.like(gm_lane), Signal(), Signal.like(gm_owed)
+        m.d.comb += [lane_n.eq(gm_lane), afeed_done_n.eq(gm_afeed_done), owed_n.eq(gm_owed)]
+        m.d.sync += [gm_lane.eq(lane_n), gm_afeed_done.eq(afeed_done_n), gm_owed.eq(owed_n),
+                     gm_go.eq(~afeed_done_n & ((lane_n != 0) | (owed_n < A_WORDS)))]
+        m.submodules.a_queue = a_queue = ResetInserter(self.start)(SyncFIFO(width=R * iw, depth=A_WORDS))
 
         def gc_last_of(left, lane):
             """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
@@ -161,37 +168,38 @@ class GemmFeed(wiring.Component):
             gemm.cmd.payload.shift.eq(Mux(width != 0, shift, 0)),
             gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
-            gemm.a_in.payload.eq(Cat(pack[i][:8] for i in range(R))), gemm.a_in.valid.eq(gm_wvalid),
+            gemm.a_in.payload.eq(a_queue.r_data), gemm.a_in.valid.eq(a_queue.r_rdy),
+            a_queue.r_en.eq(gemm.a_in.ready),
             gemm.b_in.payload.eq(dma.rd_data.payload),
         ]
         with m.If(running):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
             # (lanes of rows >= M are not read: the word was cleared, they stay 0)
+            begins = gm_go & ~blocked & (gm_lane == 0)
+            taken = gemm.a_in.valid & gemm.a_in.ready
+            m.d.comb += owed_n.eq(gm_owed + begins - taken)
+            m.d.sync += gm_cap.eq(0)
             with m.If(gm_go & ~blocked):
-                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), full_n.eq(full_of(gm_left, gm_lane + 1))]
-                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_lane.eq(gm_lane + 1),
+                last = (gm_lane == R - 1) | reached(gm_left, gm_lane + 1)
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), lane_n.eq(gm_lane + 1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_cap_last.eq(last),
                              gm_addr.eq(gm_addr + k_g)]
-            with m.Else():
-                m.d.sync += gm_cap.eq(0)
+                with m.If(last):    # the next word: column k + 1, or the next row block
+                    m.d.comb += lane_n.eq(0)
+                    with m.If(gm_k + 1 < k_g):
+                        m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
+                    with m.Else():
+                        m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(gm_addr + 1),
+                                     gm_addr.eq(gm_addr + 1)]
+                        with m.If(reached(gm_left, R)):
+                            m.d.comb += afeed_done_n.eq(1)
             with m.If(gm_cap):
-                m.d.sync += pack.as_value().word_select(gm_cap_lane, accw)[:8].eq(rd0.data[:8])
-            with m.If(~gm_wvalid & ~gm_afeed_done & gm_full):
-                m.d.comb += wvalid_n.eq(1)  # the capture in flight (if any) lands on this edge
-            with m.If(gemm.a_in.valid & gemm.a_in.ready):
-                m.d.comb += wvalid_n.eq(0)
-                m.d.sync += [gm_lane.eq(0), pack.eq(0)]
-                with m.If(gm_k + 1 < k_g):
-                    m.d.comb += full_n.eq(full_of(gm_left, 0))
-                    m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
-                with m.Else():
-                    next_block = gm_addr - k_g + 1
-                    next_left = (gm_left - R)[:SW]
-                    m.d.comb += full_n.eq(full_of(next_left, 0))
-                    m.d.sync += [gm_k.eq(0), gm_left.eq(next_left), gm_wstart.eq(next_block),
-                                 gm_addr.eq(next_block)]
-                    with m.If(reached(gm_left, R)):
-                        m.d.comb += afeed_done_n.eq(1)
+                word = Cat(Mux(gm_cap_lane == i, rd0.data, pack[i])[:iw] for i in range(R))
+                m.d.sync += pack.as_value().word_select(gm_cap_lane, iw).eq(rd0.data[:iw])
+                with m.If(gm_cap_last):
+                    m.d.comb += [a_queue.w_data.eq(word), a_queue.w_en.eq(1)]
+                    m.d.sync += pack.eq(0)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
             # (rows >= M are skipped: the word is taken after its last real row)
             with m.If(gemm.c_out.valid):
@@ -214,10 +222,9 @@ class GemmFeed(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.comb += [wvalid_n.eq(0), afeed_done_n.eq(0), full_n.eq(full_of(m_s, 0))]
+                    m.d.comb += [lane_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 gm_left.eq(m_s), gm_k.eq(0), gm_lane.eq(0),
-                                 pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
+                                 gm_left.eq(m_s), gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                  gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
