@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from amaranth.lib import wiring
 
+from golden.fidelity import AFTER, scheme
 from nanokpu.config import KpuConfig
 from nanokpu.kpu.top import NanoKPU
 from nanokpu.units.gemm import GemmEngine
@@ -19,7 +20,7 @@ from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 
-__all__ = ["UNITS", "TOP_UNIT", "resolve_unit", "top_name"]
+__all__ = ["UNITS", "TOP_UNIT", "kpu_after", "resolve_unit", "top_name"]
 
 Factory = Callable[[KpuConfig], wiring.Component]
 
@@ -34,6 +35,13 @@ UNITS: dict[str, Factory] = {
 
 #: The unit that is the whole design (the nano-KPU top level).
 TOP_UNIT = "kpu"
+
+
+def kpu_after(cfg: KpuConfig) -> NanoKPU:
+    """The whole nano-KPU at issue 26's after scheme over ``cfg`` (:data:`golden.fidelity.AFTER`:
+    the 16-bit router, Q20.16 logits, 16-bit scores, 20-bit bias, per-channel scales), for its
+    cost: ``nanokpu synth --unit nanokpu.designs:kpu_after``."""
+    return NanoKPU(scheme(cfg, AFTER))
 
 
 def resolve_unit(unit: str) -> Factory:

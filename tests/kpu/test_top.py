@@ -92,6 +92,12 @@ def test_small_block_end_to_end():
     _bench("small", "test_block", tokens=16, seed=5, seeds=1, pause=0.1)
 
 
+def test_small_block_after_scheme():
+    """Issue 26's after scheme on small (16 tokens, 8x8 array, 48-bit router accumulator, bus
+    stalls): RTL == latent_moe_int == FuncSim bit for bit."""
+    _bench("small", "test_block", tag="_after", tokens=16, seed=6, seeds=1, pause=0.1, overrides=fidelity.AFTER)
+
+
 def test_block_cycles_are_exact(tmp_path):
     """The block benchmark's cycle count of tiny (docs/bench/block.md, seed 1, no bus stalls),
     exact: a change that costs or saves a cycle anywhere in a block shows here."""
