@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4697$254 (cur[269:254]),
+    .\port$4892$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1065,7 +1065,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$83 (\done$284 ),
+    .\done$85 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1209,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4699$0 (running_exec),
+    .\port$4894$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4925,7 +4925,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4697$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4892$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5068,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4697$254 ;
-  wire [15:0] \port$4697$254 ;
+  input [15:0] \port$4892$254 ;
+  wire [15:0] \port$4892$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4697$254  };
+      \$74  = { 8'h00, \port$4892$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4697$254  };
+      \$77  = { 8'h00, \port$4892$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5315,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4697$254  };
+  assign rd_beats = { 8'h00, \port$4892$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4697$254  };
+  assign wr_beats = { 8'h00, \port$4892$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6125,9 +6125,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5755$0 (\$signal ),
-    .\port$6168$0 (spad__rd0__data),
-    .\port$6170$0 (spad__rd1__data),
+    .\port$5954$0 (\$signal ),
+    .\port$6367$0 (spad__rd0__data),
+    .\port$6369$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10088,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5755$0 , level, \port$6168$0 , \port$6170$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5954$0 , level, \port$6367$0 , \port$6369$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5755$0 ;
-  wire \port$5755$0 ;
-  input [31:0] \port$6168$0 ;
-  wire [31:0] \port$6168$0 ;
-  input [31:0] \port$6170$0 ;
-  wire [31:0] \port$6170$0 ;
+  input \port$5954$0 ;
+  wire \port$5954$0 ;
+  input [31:0] \port$6367$0 ;
+  wire [31:0] \port$6367$0 ;
+  input [31:0] \port$6369$0 ;
+  wire [31:0] \port$6369$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5755$0 , \port$6170$0 , \port$6168$0  };
+      storage[w_port__addr] <= { \port$5954$0 , \port$6369$0 , \port$6367$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
-  assign w_data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
+  assign w_port__data = { \port$5954$0 , \port$6369$0 , \port$6367$0  };
+  assign w_data = { \port$5954$0 , \port$6369$0 , \port$6367$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -14536,13 +14536,13 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$83 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$85 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire \$101 ;
+  wire [23:0] \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
@@ -14556,7 +14556,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$111 ;
   wire \$112 ;
   wire \$113 ;
-  wire [23:0] \$114 ;
+  wire \$114 ;
   wire \$115 ;
   wire \$116 ;
   wire \$117 ;
@@ -14583,18 +14583,18 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$136 ;
   wire \$137 ;
   wire \$138 ;
-  wire [23:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [23:0] \$140 ;
-  wire [23:0] \$141 ;
-  wire [23:0] \$142 ;
-  wire [23:0] \$143 ;
-  wire [23:0] \$144 ;
-  wire [13:0] \$145 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [23:0] \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
@@ -14608,229 +14608,429 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$159 ;
   wire [2:0] \$16 ;
   wire \$160 ;
-  wire [13:0] \$161 ;
-  wire [9:0] \$162 ;
+  wire \$161 ;
+  wire \$162 ;
   wire \$163 ;
-  wire [13:0] \$164 ;
+  wire \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire [9:0] \$168 ;
+  wire \$168 ;
   wire \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
-  wire [3:0] \$173 ;
+  wire [23:0] \$173 ;
   wire \$174 ;
   wire \$175 ;
   wire \$176 ;
-  wire [13:0] \$177 ;
+  wire \$177 ;
   wire \$178 ;
   wire \$179 ;
   wire [3:0] \$18 ;
-  wire [3:0] \$180 ;
+  wire \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
-  wire [7:0] \$184 ;
+  wire \$184 ;
   wire \$185 ;
-  wire [7:0] \$186 ;
-  wire [13:0] \$187 ;
-  wire [13:0] \$188 ;
-  wire [14:0] \$189 ;
+  wire \$186 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [13:0] \$190 ;
-  wire [13:0] \$191 ;
-  wire [2:0] \$192 ;
-  wire [13:0] \$193 ;
-  wire [2:0] \$194 ;
+  wire \$190 ;
+  wire \$191 ;
+  wire \$192 ;
+  wire \$193 ;
+  wire \$194 ;
   wire \$195 ;
   wire \$196 ;
-  wire [2:0] \$197 ;
-  wire [3:0] \$198 ;
-  wire \$199 ;
+  wire \$197 ;
+  wire [23:0] \$198 ;
+  wire [23:0] \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire [9:0] \$202 ;
-  wire \$203 ;
-  wire [9:0] \$204 ;
-  wire [13:0] \$205 ;
-  wire [13:0] \$206 ;
+  wire [23:0] \$200 ;
+  wire [23:0] \$201 ;
+  wire [23:0] \$202 ;
+  wire [23:0] \$203 ;
+  wire [13:0] \$204 ;
+  wire \$205 ;
+  wire \$206 ;
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
   wire [3:0] \$21 ;
   wire \$210 ;
-  wire [14:0] \$211 ;
-  wire [13:0] \$212 ;
-  wire [13:0] \$213 ;
-  wire [14:0] \$214 ;
+  wire \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
   wire \$215 ;
-  wire [14:0] \$216 ;
+  wire \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire \$220 ;
-  wire \$221 ;
+  wire [13:0] \$220 ;
+  wire [9:0] \$221 ;
   wire \$222 ;
-  wire \$223 ;
-  wire [9:0] \$224 ;
+  wire [13:0] \$223 ;
+  wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire \$227 ;
-  wire [9:0] \$228 ;
+  wire [9:0] \$227 ;
+  wire \$228 ;
   wire \$229 ;
   wire \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire [8:0] \$232 ;
-  wire [9:0] \$233 ;
+  wire [3:0] \$232 ;
+  wire \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
-  wire [9:0] \$239 ;
+  wire \$239 ;
   wire [3:0] \$24 ;
   wire \$240 ;
-  wire [16:0] \$241 ;
-  wire [16:0] \$242 ;
-  wire [17:0] \$243 ;
-  wire [9:0] \$244 ;
+  wire [3:0] \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
   wire \$245 ;
-  wire [3:0] \$246 ;
-  wire [9:0] \$247 ;
+  wire \$246 ;
+  wire \$247 ;
   wire \$248 ;
-  wire [9:0] \$249 ;
+  wire \$249 ;
   wire \$25 ;
-  wire \$250 ;
+  wire [3:0] \$250 ;
   wire \$251 ;
   wire \$252 ;
   wire \$253 ;
-  wire \$254 ;
+  wire [3:0] \$254 ;
   wire \$255 ;
-  reg [2:0] \$256 ;
-  reg \$257 ;
-  reg [1:0] \$258 ;
-  reg \$259 ;
+  wire \$256 ;
+  wire [3:0] \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire \$26 ;
-  reg \$260 ;
-  reg \$261 ;
-  reg \$262 ;
-  reg [12:0] \$263 ;
-  reg [8:0] \$264 ;
-  reg \$265 ;
-  reg [15:0] \$266 ;
-  reg [8:0] \$267 ;
-  reg \$268 ;
-  reg [1:0] \$269 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire [3:0] \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  reg \$270 ;
-  reg [12:0] \$271 ;
-  reg [6:0] \$272 ;
-  reg [12:0] \$273 ;
-  reg [13:0] \$274 ;
-  reg [31:0] \$275 ;
-  reg [1:0] \$276 ;
-  reg [12:0] \$277 ;
-  reg \$278 ;
-  reg [8:0] \$279 ;
-  wire [7:0] \$28 ;
-  reg [12:0] \$280 ;
-  reg [13:0] \$281 ;
-  reg \$282 ;
-  reg [5:0] \$283 ;
-  reg [31:0] \$284 ;
-  reg [5:0] \$285 ;
-  reg \$286 ;
-  reg [3:0] \$287 ;
-  reg [2:0] \$288 ;
+  wire \$270 ;
+  wire [3:0] \$271 ;
+  wire \$272 ;
+  wire \$273 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire [7:0] \$278 ;
+  wire [7:0] \$279 ;
+  wire \$28 ;
+  wire [13:0] \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire [3:0] \$283 ;
+  wire \$284 ;
+  wire \$285 ;
+  wire \$286 ;
+  wire \$287 ;
+  wire \$288 ;
+  wire \$289 ;
   wire \$29 ;
+  wire [7:0] \$290 ;
+  wire [7:0] \$291 ;
+  wire [13:0] \$292 ;
+  wire \$293 ;
+  wire \$294 ;
+  wire [3:0] \$295 ;
+  wire \$296 ;
+  wire \$297 ;
+  wire \$298 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$31 ;
+  wire \$300 ;
+  wire \$301 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire [3:0] \$304 ;
+  wire \$305 ;
+  wire \$306 ;
+  wire \$307 ;
+  wire [3:0] \$308 ;
+  wire \$309 ;
+  wire [4:0] \$31 ;
+  wire \$310 ;
+  wire [3:0] \$311 ;
+  wire \$312 ;
+  wire \$313 ;
+  wire \$314 ;
+  wire \$315 ;
+  wire \$316 ;
+  wire \$317 ;
+  wire [3:0] \$318 ;
+  wire \$319 ;
   wire \$32 ;
+  wire \$320 ;
+  wire \$321 ;
+  wire \$322 ;
+  wire [7:0] \$323 ;
+  wire \$324 ;
+  wire [7:0] \$325 ;
+  wire [13:0] \$326 ;
+  wire [13:0] \$327 ;
+  wire [13:0] \$328 ;
+  wire [14:0] \$329 ;
   wire \$33 ;
-  wire [6:0] \$331 ;
-  wire [31:0] \$34 ;
+  wire [14:0] \$330 ;
+  wire \$331 ;
+  wire \$332 ;
+  wire [3:0] \$333 ;
+  wire \$334 ;
+  wire \$335 ;
+  wire \$336 ;
+  wire \$337 ;
+  wire \$338 ;
+  wire \$339 ;
+  wire [3:0] \$34 ;
+  wire [12:0] \$340 ;
+  wire [13:0] \$341 ;
+  wire \$342 ;
+  wire \$343 ;
+  wire [3:0] \$344 ;
+  wire \$345 ;
+  wire \$346 ;
+  wire \$347 ;
+  wire \$348 ;
+  wire \$349 ;
   wire \$35 ;
-  wire [31:0] \$36 ;
+  wire \$350 ;
+  wire [12:0] \$351 ;
+  wire [13:0] \$352 ;
+  wire \$353 ;
+  wire \$354 ;
+  wire [3:0] \$355 ;
+  wire \$356 ;
+  wire \$357 ;
+  wire \$358 ;
+  wire \$359 ;
+  wire \$36 ;
+  wire \$360 ;
+  wire \$361 ;
+  wire [12:0] \$362 ;
+  wire [13:0] \$363 ;
+  wire [14:0] \$364 ;
+  wire \$365 ;
+  wire [2:0] \$366 ;
+  wire \$367 ;
+  wire \$368 ;
+  wire [31:0] \$369 ;
   wire \$37 ;
-  wire [31:0] \$38 ;
-  wire [6:0] \$381 ;
+  wire [31:0] \$370 ;
+  wire \$371 ;
+  wire [2:0] \$372 ;
+  wire \$373 ;
+  wire \$374 ;
+  wire [31:0] \$375 ;
+  wire [31:0] \$376 ;
+  wire \$377 ;
+  wire [2:0] \$378 ;
+  wire \$379 ;
+  wire \$38 ;
+  wire \$380 ;
+  wire [31:0] \$381 ;
+  wire [31:0] \$382 ;
+  wire \$383 ;
+  wire [2:0] \$384 ;
+  wire \$385 ;
+  wire \$386 ;
+  wire [31:0] \$387 ;
+  wire [31:0] \$388 ;
+  wire [2:0] \$389 ;
   wire \$39 ;
+  wire [13:0] \$390 ;
+  wire [2:0] \$391 ;
+  wire \$392 ;
+  wire \$393 ;
+  wire [2:0] \$394 ;
+  wire [3:0] \$395 ;
+  wire \$396 ;
+  wire \$397 ;
+  wire \$398 ;
+  wire [9:0] \$399 ;
   wire [5:0] \$4 ;
-  wire [31:0] \$40 ;
+  wire \$40 ;
+  wire \$400 ;
+  wire [9:0] \$401 ;
+  wire [13:0] \$402 ;
+  wire [13:0] \$403 ;
+  wire \$404 ;
+  wire \$405 ;
+  wire \$406 ;
+  wire \$407 ;
+  wire [14:0] \$408 ;
+  wire [13:0] \$409 ;
   wire \$41 ;
-  wire [23:0] \$42 ;
-  wire \$43 ;
-  wire [6:0] \$433 ;
-  wire [6:0] \$438 ;
+  wire [13:0] \$410 ;
+  wire [14:0] \$411 ;
+  wire \$412 ;
+  wire [14:0] \$413 ;
+  wire \$414 ;
+  wire \$415 ;
+  wire \$416 ;
+  wire [13:0] \$417 ;
+  wire \$418 ;
+  wire \$419 ;
+  wire \$42 ;
+  wire \$420 ;
+  wire \$421 ;
+  wire [9:0] \$422 ;
+  wire \$423 ;
+  wire \$424 ;
+  wire \$425 ;
+  wire [9:0] \$426 ;
+  wire \$427 ;
+  wire \$428 ;
+  wire \$429 ;
+  wire [3:0] \$43 ;
+  wire [8:0] \$430 ;
+  wire [9:0] \$431 ;
+  wire \$432 ;
+  wire \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire [9:0] \$437 ;
+  wire \$438 ;
+  wire [16:0] \$439 ;
   wire \$44 ;
+  wire [16:0] \$440 ;
+  wire [17:0] \$441 ;
+  wire [9:0] \$442 ;
+  wire \$443 ;
+  wire [3:0] \$444 ;
+  wire [9:0] \$445 ;
+  wire \$446 ;
+  wire [9:0] \$447 ;
+  wire \$448 ;
+  wire \$449 ;
   wire \$45 ;
+  wire \$450 ;
+  wire \$451 ;
+  wire \$452 ;
+  wire \$453 ;
+  reg [2:0] \$454 ;
+  reg \$455 ;
+  reg [1:0] \$456 ;
+  reg \$457 ;
+  reg \$458 ;
+  reg \$459 ;
   wire \$46 ;
+  reg \$460 ;
+  reg [12:0] \$461 ;
+  reg [8:0] \$462 ;
+  reg \$463 ;
+  reg [15:0] \$464 ;
+  reg [8:0] \$465 ;
+  reg \$466 ;
+  reg \$467 ;
+  reg [1:0] \$468 ;
+  reg \$469 ;
   wire \$47 ;
+  reg [12:0] \$470 ;
+  reg [12:0] \$471 ;
+  reg [6:0] \$472 ;
+  reg [12:0] \$473 ;
+  reg [13:0] \$474 ;
+  reg [31:0] \$475 ;
+  reg [1:0] \$476 ;
+  reg [12:0] \$477 ;
+  reg \$478 ;
+  reg [8:0] \$479 ;
   wire \$48 ;
+  reg [12:0] \$480 ;
+  reg [13:0] \$481 ;
+  reg \$482 ;
+  reg [5:0] \$483 ;
+  reg [31:0] \$484 ;
+  reg [5:0] \$485 ;
+  reg \$486 ;
+  reg [3:0] \$487 ;
+  reg [2:0] \$488 ;
   wire \$49 ;
   wire \$5 ;
   wire \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [3:0] \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
-  wire \$56 ;
+  wire [3:0] \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire \$59 ;
+  wire [3:0] \$59 ;
+  wire [6:0] \$590 ;
   wire \$6 ;
   wire \$60 ;
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
   wire \$64 ;
+  wire [6:0] \$640 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [3:0] \$66 ;
   wire \$67 ;
   wire \$68 ;
   wire \$69 ;
+  wire [6:0] \$692 ;
+  wire [6:0] \$697 ;
   wire \$7 ;
   wire \$70 ;
-  wire \$71 ;
+  wire [7:0] \$71 ;
   wire \$72 ;
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
-  wire \$77 ;
+  wire [2:0] \$77 ;
   wire \$78 ;
   wire \$79 ;
   wire \$8 ;
-  wire \$80 ;
-  wire \$81 ;
+  wire [31:0] \$80 ;
+  wire [31:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
+  wire [2:0] \$83 ;
   wire \$84 ;
   wire \$85 ;
-  wire \$86 ;
-  wire \$87 ;
+  wire [31:0] \$86 ;
+  wire [31:0] \$87 ;
   wire \$88 ;
-  wire \$89 ;
+  wire [2:0] \$89 ;
   wire [31:0] \$9 ;
-  wire [23:0] \$90 ;
+  wire \$90 ;
   wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
+  wire [31:0] \$92 ;
+  wire [31:0] \$93 ;
   wire \$94 ;
-  wire \$95 ;
+  wire [2:0] \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire \$98 ;
-  wire \$99 ;
+  wire [31:0] \$98 ;
+  wire [31:0] \$99 ;
   reg [2:0] \$like ;
   reg \$signal ;
   wire [31:0] a_in__payload;
@@ -14893,11 +15093,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$83 ;
-  reg \done$83 ;
+  output \done$85 ;
+  reg \done$85 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$85 ;
+  wire \error$87 ;
   reg [2:0] fsm_state = 3'h0;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
@@ -14906,8 +15106,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [8:0] gc_n = 9'h000;
   reg [12:0] gc_wstart = 13'h0000;
   reg [12:0] gm_addr = 13'h0000;
+  reg [12:0] gm_addr1 = 13'h0000;
   reg gm_afeed_done = 1'h0;
   reg gm_cap = 1'h0;
+  reg gm_cap2 = 1'h0;
   reg [1:0] gm_cap_lane = 2'h0;
   reg gm_cap_last = 1'h0;
   reg gm_go = 1'h0;
@@ -15016,6 +15218,58 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [31:0] w_data;
   reg w_en;
   reg [5:0] width = 6'h00;
+  always @(posedge clk)
+    t_on <= \$463 ;
+  always @(posedge clk)
+    t_mult <= \$464 ;
+  always @(posedge clk)
+    t_col <= \$465 ;
+  always @(posedge clk)
+    gm_cap <= \$466 ;
+  always @(posedge clk)
+    gm_cap2 <= \$467 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$468 ;
+  always @(posedge clk)
+    gm_cap_last <= \$469 ;
+  always @(posedge clk)
+    gm_addr <= \$470 ;
+  always @(posedge clk)
+    gm_addr1 <= \$471 ;
+  always @(posedge clk)
+    gm_k <= \$472 ;
+  always @(posedge clk)
+    gm_wstart <= \$473 ;
+  always @(posedge clk)
+    gm_left <= \$474 ;
+  always @(posedge clk)
+    pack <= \$475 ;
+  always @(posedge clk)
+    gc_lane <= \$476 ;
+  always @(posedge clk)
+    gc_addr <= \$477 ;
+  always @(posedge clk)
+    gc_last <= \$478 ;
+  always @(posedge clk)
+    gc_n <= \$479 ;
+  always @(posedge clk)
+    gc_wstart <= \$480 ;
+  always @(posedge clk)
+    gc_left <= \$481 ;
+  always @(posedge clk)
+    busy <= \$482 ;
+  always @(posedge clk)
+    width <= \$483 ;
+  always @(posedge clk)
+    mult <= \$484 ;
+  always @(posedge clk)
+    shift <= \$485 ;
+  always @(posedge clk)
+    col_en <= \$486 ;
+  always @(posedge clk)
+    t_step <= \$487 ;
+  always @(posedge clk)
+    fsm_state <= \$488 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -15038,282 +15292,430 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$25  = \$24  >= gm_left[2:0];
   assign \$26  = \$23  & \$25 ;
   assign \$27  = \$22  | \$26 ;
-  assign \$28  = gm_k + 1'h1;
-  assign \$29  = \$28  < ins[99:93];
-  assign \$30  = ! gm_left[13:3];
-  assign \$31  = gm_left[2:0] <= 3'h4;
-  assign \$32  = \$30  & \$31 ;
-  assign \$33  = ! gm_cap_lane;
-  assign \$34  = \$33  ? spad__rd0__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$35  = gm_cap_lane == 1'h1;
-  assign \$36  = \$35  ? spad__rd0__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$37  = gm_cap_lane == 2'h2;
-  assign \$38  = \$37  ? spad__rd0__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$39  = gm_cap_lane == 2'h3;
-  assign \$40  = \$39  ? spad__rd0__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$41  = | width;
-  assign \$331  = gc_lane * 5'h18;
-  assign \$42  = c_out__payload >> \$331 ;
-  assign \$43  = width > 1'h1;
-  assign \$44  = width > 2'h2;
-  assign \$45  = width > 2'h3;
-  assign \$46  = width > 3'h4;
-  assign \$47  = width > 3'h5;
-  assign \$48  = width > 3'h6;
-  assign \$49  = width > 3'h7;
-  assign \$50  = width > 4'h8;
-  assign \$51  = width > 4'h9;
-  assign \$52  = width > 4'ha;
-  assign \$53  = width > 4'hb;
-  assign \$54  = width > 4'hc;
-  assign \$55  = width > 4'hd;
-  assign \$56  = width > 4'he;
-  assign \$57  = width > 4'hf;
-  assign \$58  = width > 5'h10;
-  assign \$59  = width > 5'h11;
-  assign \$60  = width > 5'h12;
-  assign \$61  = width > 5'h13;
-  assign \$62  = width > 5'h14;
-  assign \$63  = width > 5'h15;
-  assign \$64  = width > 5'h16;
-  assign \$65  = width > 5'h17;
-  assign \$66  = $signed(\$42 ) > $signed({ 1'h0, \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56 , \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43  });
-  assign \$67  = width > 1'h1;
-  assign \$68  = width > 2'h2;
-  assign \$69  = width > 2'h3;
-  assign \$70  = width > 3'h4;
-  assign \$71  = width > 3'h5;
-  assign \$72  = width > 3'h6;
-  assign \$73  = width > 3'h7;
-  assign \$74  = width > 4'h8;
-  assign \$75  = width > 4'h9;
-  assign \$76  = width > 4'ha;
-  assign \$77  = width > 4'hb;
-  assign \$78  = width > 4'hc;
-  assign \$79  = width > 4'hd;
-  assign \$80  = width > 4'he;
-  assign \$81  = width > 4'hf;
-  assign \$82  = width > 5'h10;
-  assign \$83  = width > 5'h11;
-  assign \$84  = width > 5'h12;
-  assign \$85  = width > 5'h13;
-  assign \$86  = width > 5'h14;
-  assign \$87  = width > 5'h15;
-  assign \$88  = width > 5'h16;
-  assign \$89  = width > 5'h17;
-  assign \$381  = gc_lane * 5'h18;
-  assign \$90  = c_out__payload >> \$381 ;
-  assign \$91  = width > 1'h1;
-  assign \$92  = width > 2'h2;
-  assign \$93  = width > 2'h3;
-  assign \$94  = width > 3'h4;
-  assign \$95  = width > 3'h5;
-  assign \$96  = width > 3'h6;
-  assign \$97  = width > 3'h7;
-  assign \$98  = width > 4'h8;
-  assign \$99  = width > 4'h9;
-  assign \$100  = width > 4'ha;
-  assign \$101  = width > 4'hb;
-  assign \$102  = width > 4'hc;
-  assign \$103  = width > 4'hd;
-  assign \$104  = width > 4'he;
-  assign \$105  = width > 4'hf;
-  assign \$106  = width > 5'h10;
-  assign \$107  = width > 5'h11;
-  assign \$108  = width > 5'h12;
-  assign \$109  = width > 5'h13;
-  assign \$110  = width > 5'h14;
-  assign \$111  = width > 5'h15;
-  assign \$112  = width > 5'h16;
-  assign \$113  = width > 5'h17;
-  assign \$114  = ~ { 1'h0, \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91  };
-  assign \$115  = $signed(\$90 ) < $signed(\$114 );
-  assign \$116  = width > 1'h1;
-  assign \$117  = width > 2'h2;
-  assign \$118  = width > 2'h3;
-  assign \$119  = width > 3'h4;
-  assign \$120  = width > 3'h5;
-  assign \$121  = width > 3'h6;
-  assign \$122  = width > 3'h7;
-  assign \$123  = width > 4'h8;
-  assign \$124  = width > 4'h9;
-  assign \$125  = width > 4'ha;
-  assign \$126  = width > 4'hb;
-  assign \$127  = width > 4'hc;
-  assign \$128  = width > 4'hd;
-  assign \$129  = width > 4'he;
-  assign \$130  = width > 4'hf;
-  assign \$131  = width > 5'h10;
-  assign \$132  = width > 5'h11;
-  assign \$133  = width > 5'h12;
-  assign \$134  = width > 5'h13;
-  assign \$135  = width > 5'h14;
-  assign \$136  = width > 5'h15;
-  assign \$137  = width > 5'h16;
-  assign \$138  = width > 5'h17;
-  assign \$139  = ~ { 1'h0, \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116  };
-  assign \$433  = gc_lane * 5'h18;
-  assign \$140  = c_out__payload >> \$433 ;
-  assign \$141  = \$115  ? \$139  : \$140 ;
-  assign \$142  = \$66  ? { 1'h0, \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67  } : \$141 ;
-  assign \$438  = gc_lane * 5'h18;
-  assign \$143  = c_out__payload >> \$438 ;
-  assign \$144  = \$41  ? \$142  : \$143 ;
-  assign \$145  = t_addr + 1'h1;
-  assign \$146  = ~ dma__rd_busy;
-  assign \$147  = ! fsm_state;
-  assign \$148  = fsm_state == 1'h1;
-  assign \$149  = fsm_state == 2'h2;
-  assign \$150  = fsm_state == 2'h3;
-  assign \$151  = fsm_state == 3'h4;
-  assign \$152  = fsm_state == 3'h5;
-  assign \$153  = ~ \$signal ;
-  assign \$154  = | \$like ;
-  assign \$155  = owed_n < 2'h3;
-  assign \$156  = \$154  | \$155 ;
-  assign \$157  = \$153  & \$156 ;
-  assign \$160  = ~ t_half;
-  assign \$161  = t_addr + t_step;
-  assign \$162  = t_left - 1'h1;
-  assign \$163  = t_left != 1'h1;
-  assign \$164  = t_addr + 1'h1;
-  assign \$165  = ~ t_cap_half;
-  assign \$166  = t_cap & \$165 ;
-  assign \$167  = t_cap & t_cap_half;
-  assign \$168  = t_col + 1'h1;
-  assign \$171  = gm_lane == 2'h3;
-  assign \$172  = ! gm_left[13:3];
-  assign \$173  = gm_lane + 1'h1;
-  assign \$174  = \$173  >= gm_left[2:0];
-  assign \$175  = \$172  & \$174 ;
-  assign \$176  = \$171  | \$175 ;
-  assign \$177  = gm_addr + ins[99:93];
-  assign \$178  = gm_lane == 2'h3;
-  assign \$179  = ! gm_left[13:3];
-  assign \$180  = gm_lane + 1'h1;
-  assign \$181  = \$180  >= gm_left[2:0];
-  assign \$182  = \$179  & \$181 ;
-  assign \$183  = \$178  | \$182 ;
-  assign \$184  = gm_k + 1'h1;
-  assign \$185  = \$184  < ins[99:93];
-  assign \$186  = gm_k + 1'h1;
-  assign \$187  = gm_wstart + 1'h1;
-  assign \$188  = gm_wstart + 1'h1;
-  assign \$189  = gm_left - 3'h4;
-  assign \$190  = gm_addr + 1'h1;
-  assign \$191  = gm_addr + 1'h1;
-  assign \$192  = gc_lane + 1'h1;
-  assign \$193  = gc_addr + ins[85:77];
-  assign \$194  = gc_lane + 1'h1;
-  assign \$195  = \$194  == 2'h3;
-  assign \$196  = ! gc_left[13:3];
-  assign \$197  = gc_lane + 1'h1;
-  assign \$198  = \$197  + 1'h1;
-  assign \$199  = \$198  >= gc_left[2:0];
-  assign \$200  = \$196  & \$199 ;
-  assign \$201  = \$195  | \$200 ;
-  assign \$202  = gc_n + 1'h1;
-  assign \$203  = \$202  < ins[85:77];
-  assign \$204  = gc_n + 1'h1;
-  assign \$205  = gc_wstart + 1'h1;
-  assign \$206  = gc_wstart + 1'h1;
-  assign \$207  = ! gc_left[13:3];
-  assign \$208  = gc_left[2:0] <= 1'h1;
-  assign \$209  = \$207  & \$208 ;
-  assign \$211  = gc_left - 3'h4;
-  assign \$212  = gc_addr + 1'h1;
-  assign \$213  = gc_addr + 1'h1;
-  assign \$214  = gc_left - 3'h4;
-  assign \$215  = ! \$214 [13:3];
-  assign \$216  = gc_left - 3'h4;
-  assign \$217  = \$216 [2:0] <= 1'h1;
-  assign \$218  = \$215  & \$217 ;
-  assign \$220  = ! ins[74:64];
-  assign \$221  = ins[63:61] <= 1'h1;
-  assign \$222  = \$220  & \$221 ;
-  assign \$226  = | ins[21:16];
-  assign \$227  = \$225  & \$226 ;
-  assign \$230  = | ins[21:16];
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = \$231  ? ins[85:77] : 9'h000;
-  assign \$235  = | ins[21:16];
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = | ins[85:77];
+  assign \$28  = ~ \$27 ;
+  assign \$29  = ~ t_on;
+  assign \$30  = \$28  & \$29 ;
+  assign \$31  = \$21  + \$30 ;
+  assign \$32  = gm_lane == 2'h3;
+  assign \$33  = ! gm_left[13:3];
+  assign \$34  = gm_lane + 1'h1;
+  assign \$35  = \$34  >= gm_left[2:0];
+  assign \$36  = \$33  & \$35 ;
+  assign \$37  = \$32  | \$36 ;
+  assign \$38  = ~ \$37 ;
+  assign \$39  = ~ t_on;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = gm_lane == 2'h3;
+  assign \$42  = ! gm_left[13:3];
+  assign \$43  = gm_lane + 1'h1;
+  assign \$44  = \$43  >= gm_left[2:0];
+  assign \$45  = \$42  & \$44 ;
+  assign \$46  = \$41  | \$45 ;
+  assign \$47  = ~ \$46 ;
+  assign \$48  = ~ t_on;
+  assign \$49  = \$47  & \$48 ;
+  assign \$50  = gm_lane == 2'h3;
+  assign \$51  = ! gm_left[13:3];
+  assign \$52  = gm_lane + 1'h1;
+  assign \$53  = \$52  >= gm_left[2:0];
+  assign \$54  = \$51  & \$53 ;
+  assign \$55  = \$50  | \$54 ;
+  assign \$56  = gm_lane + 1'h1;
+  assign \$57  = \$56  == 2'h3;
+  assign \$58  = ! gm_left[13:3];
+  assign \$59  = gm_lane + 2'h2;
+  assign \$60  = \$59  >= gm_left[2:0];
+  assign \$61  = \$58  & \$60 ;
+  assign \$62  = \$57  | \$61 ;
+  assign \$63  = \$55  | \$62 ;
+  assign \$64  = gm_lane == 2'h3;
+  assign \$65  = ! gm_left[13:3];
+  assign \$66  = gm_lane + 1'h1;
+  assign \$67  = \$66  >= gm_left[2:0];
+  assign \$68  = \$65  & \$67 ;
+  assign \$69  = \$64  | \$68 ;
+  assign \$70  = \$49  ? \$63  : \$69 ;
+  assign \$71  = gm_k + 1'h1;
+  assign \$72  = \$71  < ins[99:93];
+  assign \$73  = ! gm_left[13:3];
+  assign \$74  = gm_left[2:0] <= 3'h4;
+  assign \$75  = \$73  & \$74 ;
+  assign \$76  = ! gm_cap_lane;
+  assign \$77  = gm_cap_lane + 1'h1;
+  assign \$78  = ! \$77 ;
+  assign \$79  = gm_cap2 & \$78 ;
+  assign \$80  = \$79  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$81  = \$76  ? spad__rd0__data : \$80 ;
+  assign \$82  = gm_cap_lane == 1'h1;
+  assign \$83  = gm_cap_lane + 1'h1;
+  assign \$84  = \$83  == 1'h1;
+  assign \$85  = gm_cap2 & \$84 ;
+  assign \$86  = \$85  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$87  = \$82  ? spad__rd0__data : \$86 ;
+  assign \$88  = gm_cap_lane == 2'h2;
+  assign \$89  = gm_cap_lane + 1'h1;
+  assign \$90  = \$89  == 2'h2;
+  assign \$91  = gm_cap2 & \$90 ;
+  assign \$92  = \$91  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$93  = \$88  ? spad__rd0__data : \$92 ;
+  assign \$94  = gm_cap_lane == 2'h3;
+  assign \$95  = gm_cap_lane + 1'h1;
+  assign \$96  = \$95  == 2'h3;
+  assign \$97  = gm_cap2 & \$96 ;
+  assign \$98  = \$97  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$99  = \$94  ? spad__rd0__data : \$98 ;
+  assign \$100  = | width;
+  assign \$590  = gc_lane * 5'h18;
+  assign \$101  = c_out__payload >> \$590 ;
+  assign \$102  = width > 1'h1;
+  assign \$103  = width > 2'h2;
+  assign \$104  = width > 2'h3;
+  assign \$105  = width > 3'h4;
+  assign \$106  = width > 3'h5;
+  assign \$107  = width > 3'h6;
+  assign \$108  = width > 3'h7;
+  assign \$109  = width > 4'h8;
+  assign \$110  = width > 4'h9;
+  assign \$111  = width > 4'ha;
+  assign \$112  = width > 4'hb;
+  assign \$113  = width > 4'hc;
+  assign \$114  = width > 4'hd;
+  assign \$115  = width > 4'he;
+  assign \$116  = width > 4'hf;
+  assign \$117  = width > 5'h10;
+  assign \$118  = width > 5'h11;
+  assign \$119  = width > 5'h12;
+  assign \$120  = width > 5'h13;
+  assign \$121  = width > 5'h14;
+  assign \$122  = width > 5'h15;
+  assign \$123  = width > 5'h16;
+  assign \$124  = width > 5'h17;
+  assign \$125  = $signed(\$101 ) > $signed({ 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  });
+  assign \$126  = width > 1'h1;
+  assign \$127  = width > 2'h2;
+  assign \$128  = width > 2'h3;
+  assign \$129  = width > 3'h4;
+  assign \$130  = width > 3'h5;
+  assign \$131  = width > 3'h6;
+  assign \$132  = width > 3'h7;
+  assign \$133  = width > 4'h8;
+  assign \$134  = width > 4'h9;
+  assign \$135  = width > 4'ha;
+  assign \$136  = width > 4'hb;
+  assign \$137  = width > 4'hc;
+  assign \$138  = width > 4'hd;
+  assign \$139  = width > 4'he;
+  assign \$140  = width > 4'hf;
+  assign \$141  = width > 5'h10;
+  assign \$142  = width > 5'h11;
+  assign \$143  = width > 5'h12;
+  assign \$144  = width > 5'h13;
+  assign \$145  = width > 5'h14;
+  assign \$146  = width > 5'h15;
+  assign \$147  = width > 5'h16;
+  assign \$148  = width > 5'h17;
+  assign \$640  = gc_lane * 5'h18;
+  assign \$149  = c_out__payload >> \$640 ;
+  assign \$150  = width > 1'h1;
+  assign \$151  = width > 2'h2;
+  assign \$152  = width > 2'h3;
+  assign \$153  = width > 3'h4;
+  assign \$154  = width > 3'h5;
+  assign \$155  = width > 3'h6;
+  assign \$156  = width > 3'h7;
+  assign \$157  = width > 4'h8;
+  assign \$158  = width > 4'h9;
+  assign \$159  = width > 4'ha;
+  assign \$160  = width > 4'hb;
+  assign \$161  = width > 4'hc;
+  assign \$162  = width > 4'hd;
+  assign \$163  = width > 4'he;
+  assign \$164  = width > 4'hf;
+  assign \$165  = width > 5'h10;
+  assign \$166  = width > 5'h11;
+  assign \$167  = width > 5'h12;
+  assign \$168  = width > 5'h13;
+  assign \$169  = width > 5'h14;
+  assign \$170  = width > 5'h15;
+  assign \$171  = width > 5'h16;
+  assign \$172  = width > 5'h17;
+  assign \$173  = ~ { 1'h0, \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150  };
+  assign \$174  = $signed(\$149 ) < $signed(\$173 );
+  assign \$175  = width > 1'h1;
+  assign \$176  = width > 2'h2;
+  assign \$177  = width > 2'h3;
+  assign \$178  = width > 3'h4;
+  assign \$179  = width > 3'h5;
+  assign \$180  = width > 3'h6;
+  assign \$181  = width > 3'h7;
+  assign \$182  = width > 4'h8;
+  assign \$183  = width > 4'h9;
+  assign \$184  = width > 4'ha;
+  assign \$185  = width > 4'hb;
+  assign \$186  = width > 4'hc;
+  assign \$187  = width > 4'hd;
+  assign \$188  = width > 4'he;
+  assign \$189  = width > 4'hf;
+  assign \$190  = width > 5'h10;
+  assign \$191  = width > 5'h11;
+  assign \$192  = width > 5'h12;
+  assign \$193  = width > 5'h13;
+  assign \$194  = width > 5'h14;
+  assign \$195  = width > 5'h15;
+  assign \$196  = width > 5'h16;
+  assign \$197  = width > 5'h17;
+  assign \$198  = ~ { 1'h0, \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175  };
+  assign \$692  = gc_lane * 5'h18;
+  assign \$199  = c_out__payload >> \$692 ;
+  assign \$200  = \$174  ? \$198  : \$199 ;
+  assign \$201  = \$125  ? { 1'h0, \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126  } : \$200 ;
+  assign \$697  = gc_lane * 5'h18;
+  assign \$202  = c_out__payload >> \$697 ;
+  assign \$203  = \$100  ? \$201  : \$202 ;
+  assign \$204  = t_addr + 1'h1;
+  assign \$205  = ~ dma__rd_busy;
+  assign \$206  = ! fsm_state;
+  assign \$207  = fsm_state == 1'h1;
+  assign \$208  = fsm_state == 2'h2;
+  assign \$209  = fsm_state == 2'h3;
+  assign \$210  = fsm_state == 3'h4;
+  assign \$211  = fsm_state == 3'h5;
+  assign \$212  = ~ \$signal ;
+  assign \$213  = | \$like ;
+  assign \$214  = owed_n < 2'h3;
+  assign \$215  = \$213  | \$214 ;
+  assign \$216  = \$212  & \$215 ;
+  assign \$219  = ~ t_half;
+  assign \$220  = t_addr + t_step;
+  assign \$221  = t_left - 1'h1;
+  assign \$222  = t_left != 1'h1;
+  assign \$223  = t_addr + 1'h1;
+  assign \$224  = ~ t_cap_half;
+  assign \$225  = t_cap & \$224 ;
+  assign \$226  = t_cap & t_cap_half;
+  assign \$227  = t_col + 1'h1;
+  assign \$230  = gm_lane == 2'h3;
+  assign \$231  = ! gm_left[13:3];
+  assign \$232  = gm_lane + 1'h1;
+  assign \$233  = \$232  >= gm_left[2:0];
+  assign \$234  = \$231  & \$233 ;
+  assign \$235  = \$230  | \$234 ;
+  assign \$236  = ~ \$235 ;
+  assign \$237  = ~ t_on;
   assign \$238  = \$236  & \$237 ;
-  assign \$242  = \$240  ? \$241  : 17'h00000;
-  assign \$243  = ins[47:35] + \$242 ;
-  assign \$246  = \$245  ? 4'hf : 4'h1;
-  assign \$251  = | ins[21:16];
-  assign \$252  = \$250  & \$251 ;
-  assign \$253  = ~ \$252 ;
-  assign \$254  = \$248  & \$253 ;
-  assign \$255  = ~ dma__rd_busy;
+  assign \$239  = gm_lane == 2'h3;
+  assign \$240  = ! gm_left[13:3];
+  assign \$241  = gm_lane + 1'h1;
+  assign \$242  = \$241  >= gm_left[2:0];
+  assign \$243  = \$240  & \$242 ;
+  assign \$244  = \$239  | \$243 ;
+  assign \$245  = ~ \$244 ;
+  assign \$246  = ~ t_on;
+  assign \$247  = \$245  & \$246 ;
+  assign \$248  = gm_lane == 2'h3;
+  assign \$249  = ! gm_left[13:3];
+  assign \$250  = gm_lane + 1'h1;
+  assign \$251  = \$250  >= gm_left[2:0];
+  assign \$252  = \$249  & \$251 ;
+  assign \$253  = \$248  | \$252 ;
+  assign \$254  = gm_lane + 1'h1;
+  assign \$255  = \$254  == 2'h3;
+  assign \$256  = ! gm_left[13:3];
+  assign \$257  = gm_lane + 2'h2;
+  assign \$258  = \$257  >= gm_left[2:0];
+  assign \$259  = \$256  & \$258 ;
+  assign \$260  = \$255  | \$259 ;
+  assign \$261  = \$253  | \$260 ;
+  assign \$262  = gm_lane == 2'h3;
+  assign \$263  = ! gm_left[13:3];
+  assign \$264  = gm_lane + 1'h1;
+  assign \$265  = \$264  >= gm_left[2:0];
+  assign \$266  = \$263  & \$265 ;
+  assign \$267  = \$262  | \$266 ;
+  assign \$268  = \$247  ? \$261  : \$267 ;
+  assign \$269  = gm_lane == 2'h3;
+  assign \$270  = ! gm_left[13:3];
+  assign \$271  = gm_lane + 1'h1;
+  assign \$272  = \$271  >= gm_left[2:0];
+  assign \$273  = \$270  & \$272 ;
+  assign \$274  = \$269  | \$273 ;
+  assign \$275  = ~ \$274 ;
+  assign \$276  = ~ t_on;
+  assign \$277  = \$275  & \$276 ;
+  assign \$279  = \$277  ? \$278  : { 1'h0, ins[99:93] };
+  assign \$280  = gm_addr + \$279 ;
+  assign \$281  = gm_lane == 2'h3;
+  assign \$282  = ! gm_left[13:3];
+  assign \$283  = gm_lane + 1'h1;
+  assign \$284  = \$283  >= gm_left[2:0];
+  assign \$285  = \$282  & \$284 ;
+  assign \$286  = \$281  | \$285 ;
+  assign \$287  = ~ \$286 ;
+  assign \$288  = ~ t_on;
+  assign \$289  = \$287  & \$288 ;
+  assign \$291  = \$289  ? \$290  : { 1'h0, ins[99:93] };
+  assign \$292  = gm_addr1 + \$291 ;
+  assign \$293  = gm_lane == 2'h3;
+  assign \$294  = ! gm_left[13:3];
+  assign \$295  = gm_lane + 1'h1;
+  assign \$296  = \$295  >= gm_left[2:0];
+  assign \$297  = \$294  & \$296 ;
+  assign \$298  = \$293  | \$297 ;
+  assign \$299  = ~ \$298 ;
+  assign \$300  = ~ t_on;
+  assign \$301  = \$299  & \$300 ;
+  assign \$302  = gm_lane == 2'h3;
+  assign \$303  = ! gm_left[13:3];
+  assign \$304  = gm_lane + 1'h1;
+  assign \$305  = \$304  >= gm_left[2:0];
+  assign \$306  = \$303  & \$305 ;
+  assign \$307  = \$302  | \$306 ;
+  assign \$308  = gm_lane + 1'h1;
+  assign \$309  = \$308  == 2'h3;
+  assign \$310  = ! gm_left[13:3];
+  assign \$311  = gm_lane + 2'h2;
+  assign \$312  = \$311  >= gm_left[2:0];
+  assign \$313  = \$310  & \$312 ;
+  assign \$314  = \$309  | \$313 ;
+  assign \$315  = \$307  | \$314 ;
+  assign \$316  = gm_lane == 2'h3;
+  assign \$317  = ! gm_left[13:3];
+  assign \$318  = gm_lane + 1'h1;
+  assign \$319  = \$318  >= gm_left[2:0];
+  assign \$320  = \$317  & \$319 ;
+  assign \$321  = \$316  | \$320 ;
+  assign \$322  = \$301  ? \$315  : \$321 ;
+  assign \$323  = gm_k + 1'h1;
+  assign \$324  = \$323  < ins[99:93];
+  assign \$325  = gm_k + 1'h1;
+  assign \$326  = gm_wstart + 1'h1;
+  assign \$327  = gm_wstart + 1'h1;
+  assign \$328  = gm_wstart + 1'h1;
+  assign \$329  = \$328  + ins[99:93];
+  assign \$330  = gm_left - 3'h4;
+  assign \$331  = gm_lane == 2'h3;
+  assign \$332  = ! gm_left[13:3];
+  assign \$333  = gm_lane + 1'h1;
+  assign \$334  = \$333  >= gm_left[2:0];
+  assign \$335  = \$332  & \$334 ;
+  assign \$336  = \$331  | \$335 ;
+  assign \$337  = ~ \$336 ;
+  assign \$338  = ~ t_on;
+  assign \$339  = \$337  & \$338 ;
+  assign \$340  = \$339  ? gm_addr1 : gm_addr;
+  assign \$341  = \$340  + 1'h1;
+  assign \$342  = gm_lane == 2'h3;
+  assign \$343  = ! gm_left[13:3];
+  assign \$344  = gm_lane + 1'h1;
+  assign \$345  = \$344  >= gm_left[2:0];
+  assign \$346  = \$343  & \$345 ;
+  assign \$347  = \$342  | \$346 ;
+  assign \$348  = ~ \$347 ;
+  assign \$349  = ~ t_on;
+  assign \$350  = \$348  & \$349 ;
+  assign \$351  = \$350  ? gm_addr1 : gm_addr;
+  assign \$352  = \$351  + 1'h1;
+  assign \$353  = gm_lane == 2'h3;
+  assign \$354  = ! gm_left[13:3];
+  assign \$355  = gm_lane + 1'h1;
+  assign \$356  = \$355  >= gm_left[2:0];
+  assign \$357  = \$354  & \$356 ;
+  assign \$358  = \$353  | \$357 ;
+  assign \$359  = ~ \$358 ;
+  assign \$360  = ~ t_on;
+  assign \$361  = \$359  & \$360 ;
+  assign \$362  = \$361  ? gm_addr1 : gm_addr;
+  assign \$363  = \$362  + 1'h1;
+  assign \$364  = \$363  + ins[99:93];
+  assign \$365  = ! gm_cap_lane;
+  assign \$366  = gm_cap_lane + 1'h1;
+  assign \$367  = ! \$366 ;
+  assign \$368  = gm_cap2 & \$367 ;
+  assign \$369  = \$368  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$370  = \$365  ? spad__rd0__data : \$369 ;
+  assign \$371  = gm_cap_lane == 1'h1;
+  assign \$372  = gm_cap_lane + 1'h1;
+  assign \$373  = \$372  == 1'h1;
+  assign \$374  = gm_cap2 & \$373 ;
+  assign \$375  = \$374  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$376  = \$371  ? spad__rd0__data : \$375 ;
+  assign \$377  = gm_cap_lane == 2'h2;
+  assign \$378  = gm_cap_lane + 1'h1;
+  assign \$379  = \$378  == 2'h2;
+  assign \$380  = gm_cap2 & \$379 ;
+  assign \$381  = \$380  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$382  = \$377  ? spad__rd0__data : \$381 ;
+  assign \$383  = gm_cap_lane == 2'h3;
+  assign \$384  = gm_cap_lane + 1'h1;
+  assign \$385  = \$384  == 2'h3;
+  assign \$386  = gm_cap2 & \$385 ;
+  assign \$387  = \$386  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$388  = \$383  ? spad__rd0__data : \$387 ;
+  assign \$389  = gc_lane + 1'h1;
+  assign \$390  = gc_addr + ins[85:77];
+  assign \$391  = gc_lane + 1'h1;
+  assign \$392  = \$391  == 2'h3;
+  assign \$393  = ! gc_left[13:3];
+  assign \$394  = gc_lane + 1'h1;
+  assign \$395  = \$394  + 1'h1;
+  assign \$396  = \$395  >= gc_left[2:0];
+  assign \$397  = \$393  & \$396 ;
+  assign \$398  = \$392  | \$397 ;
+  assign \$399  = gc_n + 1'h1;
+  assign \$400  = \$399  < ins[85:77];
+  assign \$401  = gc_n + 1'h1;
+  assign \$402  = gc_wstart + 1'h1;
+  assign \$403  = gc_wstart + 1'h1;
+  assign \$404  = ! gc_left[13:3];
+  assign \$405  = gc_left[2:0] <= 1'h1;
+  assign \$406  = \$404  & \$405 ;
+  assign \$408  = gc_left - 3'h4;
+  assign \$409  = gc_addr + 1'h1;
+  assign \$410  = gc_addr + 1'h1;
+  assign \$411  = gc_left - 3'h4;
+  assign \$412  = ! \$411 [13:3];
+  assign \$413  = gc_left - 3'h4;
+  assign \$414  = \$413 [2:0] <= 1'h1;
+  assign \$415  = \$412  & \$414 ;
+  assign \$417  = ins[34:22] + ins[99:93];
+  assign \$418  = ! ins[74:64];
+  assign \$419  = ins[63:61] <= 1'h1;
+  assign \$420  = \$418  & \$419 ;
+  assign \$424  = | ins[21:16];
+  assign \$425  = \$423  & \$424 ;
+  assign \$428  = | ins[21:16];
+  assign \$429  = \$427  & \$428 ;
+  assign \$430  = \$429  ? ins[85:77] : 9'h000;
+  assign \$433  = | ins[21:16];
+  assign \$434  = \$432  & \$433 ;
+  assign \$435  = | ins[85:77];
+  assign \$436  = \$434  & \$435 ;
+  assign \$440  = \$438  ? \$439  : 17'h00000;
+  assign \$441  = ins[47:35] + \$440 ;
+  assign \$444  = \$443  ? 4'hf : 4'h1;
+  assign \$449  = | ins[21:16];
+  assign \$450  = \$448  & \$449 ;
+  assign \$451  = ~ \$450 ;
+  assign \$452  = \$446  & \$451 ;
+  assign \$453  = ~ dma__rd_busy;
   always @(posedge clk)
-    gm_lane <= \$256 ;
+    gm_lane <= \$454 ;
   always @(posedge clk)
-    gm_afeed_done <= \$257 ;
+    gm_afeed_done <= \$455 ;
   always @(posedge clk)
-    gm_owed <= \$258 ;
+    gm_owed <= \$456 ;
   always @(posedge clk)
-    gm_go <= \$259 ;
+    gm_go <= \$457 ;
   always @(posedge clk)
-    t_cap <= \$260 ;
+    t_cap <= \$458 ;
   always @(posedge clk)
-    t_cap_half <= \$261 ;
+    t_cap_half <= \$459 ;
   always @(posedge clk)
-    t_half <= \$262 ;
+    t_half <= \$460 ;
   always @(posedge clk)
-    t_addr <= \$263 ;
+    t_addr <= \$461 ;
   always @(posedge clk)
-    t_left <= \$264 ;
-  always @(posedge clk)
-    t_on <= \$265 ;
-  always @(posedge clk)
-    t_mult <= \$266 ;
-  always @(posedge clk)
-    t_col <= \$267 ;
-  always @(posedge clk)
-    gm_cap <= \$268 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$269 ;
-  always @(posedge clk)
-    gm_cap_last <= \$270 ;
-  always @(posedge clk)
-    gm_addr <= \$271 ;
-  always @(posedge clk)
-    gm_k <= \$272 ;
-  always @(posedge clk)
-    gm_wstart <= \$273 ;
-  always @(posedge clk)
-    gm_left <= \$274 ;
-  always @(posedge clk)
-    pack <= \$275 ;
-  always @(posedge clk)
-    gc_lane <= \$276 ;
-  always @(posedge clk)
-    gc_addr <= \$277 ;
-  always @(posedge clk)
-    gc_last <= \$278 ;
-  always @(posedge clk)
-    gc_n <= \$279 ;
-  always @(posedge clk)
-    gc_wstart <= \$280 ;
-  always @(posedge clk)
-    gc_left <= \$281 ;
-  always @(posedge clk)
-    busy <= \$282 ;
-  always @(posedge clk)
-    width <= \$283 ;
-  always @(posedge clk)
-    mult <= \$284 ;
-  always @(posedge clk)
-    shift <= \$285 ;
-  always @(posedge clk)
-    col_en <= \$286 ;
-  always @(posedge clk)
-    t_step <= \$287 ;
-  always @(posedge clk)
-    fsm_state <= \$288 ;
+    t_left <= \$462 ;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(a_in__payload),
@@ -15345,7 +15747,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$85 ),
+    .error(\error$87 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -15354,6 +15756,598 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .rst(rst),
     .unit_rst(unit_rst)
   );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$464  = t_mult;
+    if (\$225 ) begin
+      \$464  = spad__rd1__data[15:0];
+    end
+    if (unit_rst) begin
+      \$464  = 16'h0000;
+    end
+    if (rst) begin
+      \$464  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$465  = t_col;
+    if (\$226 ) begin
+      \$465  = \$227 [8:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$465  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$465  = 9'h000;
+    end
+    if (rst) begin
+      \$465  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$466  = gm_cap;
+    if (running) begin
+      \$466  = 1'h0;
+      if (\$229 ) begin
+        \$466  = 1'h1;
+      end
+    end
+    if (unit_rst) begin
+      \$466  = 1'h0;
+    end
+    if (rst) begin
+      \$466  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$467  = gm_cap2;
+    if (running) begin
+      if (\$229 ) begin
+        \$467  = \$238 ;
+      end
+    end
+    if (unit_rst) begin
+      \$467  = 1'h0;
+    end
+    if (rst) begin
+      \$467  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$468  = gm_cap_lane;
+    if (running) begin
+      if (\$229 ) begin
+        \$468  = gm_lane[1:0];
+      end
+    end
+    if (unit_rst) begin
+      \$468  = 2'h0;
+    end
+    if (rst) begin
+      \$468  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$469  = gm_cap_last;
+    if (running) begin
+      if (\$229 ) begin
+        \$469  = \$268 ;
+      end
+    end
+    if (unit_rst) begin
+      \$469  = 1'h0;
+    end
+    if (rst) begin
+      \$469  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$470  = gm_addr;
+    if (running) begin
+      if (\$229 ) begin
+        \$470  = \$280 [12:0];
+        if (\$322 ) begin
+          (* full_case = 32'd1 *)
+          if (\$324 ) begin
+            \$470  = \$327 [12:0];
+          end else begin
+            \$470  = \$352 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$470  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$470  = 13'h0000;
+    end
+    if (rst) begin
+      \$470  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$471  = gm_addr1;
+    if (running) begin
+      if (\$229 ) begin
+        \$471  = \$292 [12:0];
+        if (\$322 ) begin
+          (* full_case = 32'd1 *)
+          if (\$324 ) begin
+            \$471  = \$329 [12:0];
+          end else begin
+            \$471  = \$364 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$471  = \$417 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$471  = 13'h0000;
+    end
+    if (rst) begin
+      \$471  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$472  = gm_k;
+    if (running) begin
+      if (\$229 ) begin
+        if (\$322 ) begin
+          (* full_case = 32'd1 *)
+          if (\$324 ) begin
+            \$472  = \$325 [6:0];
+          end else begin
+            \$472  = 7'h00;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$472  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$472  = 7'h00;
+    end
+    if (rst) begin
+      \$472  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$473  = gm_wstart;
+    if (running) begin
+      if (\$229 ) begin
+        if (\$322 ) begin
+          (* full_case = 32'd1 *)
+          if (\$324 ) begin
+            \$473  = \$326 [12:0];
+          end else begin
+            \$473  = \$341 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$473  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$473  = 13'h0000;
+    end
+    if (rst) begin
+      \$473  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$474  = gm_left;
+    if (running) begin
+      if (\$229 ) begin
+        if (\$322 ) begin
+          (* full_case = 32'd1 *)
+          if (\$324 ) begin
+          end else begin
+            \$474  = \$330 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$474  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$474  = 14'h0000;
+    end
+    if (rst) begin
+      \$474  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$475  = pack;
+    if (running) begin
+      if (gm_cap) begin
+        \$475 [7:0] = \$370 [7:0];
+        \$475 [15:8] = \$376 [7:0];
+        \$475 [23:16] = \$382 [7:0];
+        \$475 [31:24] = \$388 [7:0];
+        if (gm_cap_last) begin
+          \$475  = 32'd0;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$475  = 32'd0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$475  = 32'd0;
+    end
+    if (rst) begin
+      \$475  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$476  = gc_lane;
+    if (running) begin
+      if (c_out__valid) begin
+        \$476  = \$389 [1:0];
+        if (gc_last) begin
+          \$476  = 2'h0;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$476  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$476  = 2'h0;
+    end
+    if (rst) begin
+      \$476  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$477  = gc_addr;
+    if (running) begin
+      if (c_out__valid) begin
+        \$477  = \$390 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$400 ) begin
+            \$477  = \$403 [12:0];
+          end else begin
+            \$477  = \$410 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$477  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$477  = 13'h0000;
+    end
+    if (rst) begin
+      \$477  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$478  = gc_last;
+    if (running) begin
+      if (c_out__valid) begin
+        \$478  = \$398 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$400 ) begin
+            \$478  = \$407 ;
+          end else begin
+            \$478  = \$416 ;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$478  = \$421 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$478  = 1'h0;
+    end
+    if (rst) begin
+      \$478  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$479  = gc_n;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$400 ) begin
+            \$479  = \$401 [8:0];
+          end else begin
+            \$479  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$479  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$479  = 9'h000;
+    end
+    if (rst) begin
+      \$479  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$480  = gc_wstart;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$400 ) begin
+            \$480  = \$402 [12:0];
+          end else begin
+            \$480  = \$409 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$480  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$480  = 13'h0000;
+    end
+    if (rst) begin
+      \$480  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$481  = gc_left;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$400 ) begin
+          end else begin
+            \$481  = \$408 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$481  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$481  = 14'h0000;
+    end
+    if (rst) begin
+      \$481  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$482  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$482  = 1'h1;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          if (dma__error) begin
+            \$482  = 1'h0;
+          end else if (done) begin
+            if (\error$87 ) begin
+              \$482  = 1'h0;
+            end
+          end
+      3'h5:
+          if (\$453 ) begin
+            \$482  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$482  = 1'h0;
+    end
+    if (rst) begin
+      \$482  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$483  = width;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$483  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$483  = 6'h00;
+    end
+    if (rst) begin
+      \$483  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$484  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$484  = ins[168:137];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$484  = { 16'h0000, spad__rd0__data[15:0] };
+    endcase
+    if (unit_rst) begin
+      \$484  = 32'd0;
+    end
+    if (rst) begin
+      \$484  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$485  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$485  = ins[174:169];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$485  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$485  = 6'h00;
+    end
+    if (rst) begin
+      \$485  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$486  = col_en;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$486  = \$425 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$486  = 1'h0;
+    end
+    if (rst) begin
+      \$486  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$487  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$487  = \$444 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$487  = 4'h0;
+    end
+    if (rst) begin
+      \$487  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$488  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            (* full_case = 32'd1 *)
+            if (\$452 ) begin
+              \$488  = 3'h1;
+            end else begin
+              \$488  = 3'h2;
+            end
+          end
+      3'h1:
+          \$488  = 3'h3;
+      3'h3:
+          \$488  = 3'h2;
+      3'h2:
+          if (cmd__ready) begin
+            \$488  = 3'h4;
+          end
+      3'h4:
+          if (dma__error) begin
+            \$488  = 3'h0;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$87 ) begin
+              \$488  = 3'h0;
+            end else begin
+              \$488  = 3'h5;
+            end
+          end
+      3'h5:
+          if (\$453 ) begin
+            \$488  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$488  = 3'h0;
+    end
+    if (rst) begin
+      \$488  = 3'h0;
+    end
+  end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
@@ -15438,8 +16432,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     \$like  = gm_lane;
     if (running) begin
       if (\$20 ) begin
-        \$like  = \$21 [2:0];
-        if (\$27 ) begin
+        \$like  = \$31 [2:0];
+        if (\$70 ) begin
           \$like  = 3'h0;
         end
       end
@@ -15456,11 +16450,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     \$signal  = gm_afeed_done;
     if (running) begin
       if (\$20 ) begin
-        if (\$27 ) begin
+        if (\$70 ) begin
           (* full_case = 32'd1 *)
-          if (\$29 ) begin
+          if (\$72 ) begin
           end else begin
-            if (\$32 ) begin
+            if (\$75 ) begin
               \$signal  = 1'h1;
             end
           end
@@ -15493,11 +16487,18 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (\$6 ) begin
       spad__rd1__addr = t_addr;
     end
+    if (running) begin
+      if (\$20 ) begin
+        if (\$40 ) begin
+          spad__rd1__addr = gm_addr1;
+        end
+      end
+    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$145 [12:0];
+          spad__rd1__addr = \$204 [12:0];
     endcase
   end
   always @* begin
@@ -15505,6 +16506,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     spad__rd1__en = 1'h0;
     if (\$6 ) begin
       spad__rd1__en = 1'h1;
+    end
+    if (running) begin
+      if (\$20 ) begin
+        if (\$40 ) begin
+          spad__rd1__en = 1'h1;
+        end
+      end
     end
     casez (fsm_state)
       3'h0:
@@ -15570,7 +16578,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (running) begin
       if (gm_cap) begin
         if (gm_cap_last) begin
-          w_data = { \$40 [7:0], \$38 [7:0], \$36 [7:0], \$34 [7:0] };
+          w_data = { \$99 [7:0], \$93 [7:0], \$87 [7:0], \$81 [7:0] };
         end
       end
     end
@@ -15609,7 +16617,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
-        spad__wr__data = { \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144 [23], \$144  };
+        spad__wr__data = { \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203  };
       end
     end
   end
@@ -15661,7 +16669,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \done$83  = 1'h0;
+    \done$85  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -15673,15 +16681,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$83  = 1'h1;
+            \done$85  = 1'h1;
           end else if (done) begin
-            if (\error$85 ) begin
-              \done$83  = 1'h1;
+            if (\error$87 ) begin
+              \done$85  = 1'h1;
             end
           end
       3'h5:
-          if (\$146 ) begin
-            \done$83  = 1'h1;
+          if (\$205 ) begin
+            \done$85  = 1'h1;
           end
     endcase
   end
@@ -15701,729 +16709,174 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$85 ) begin
+            if (\error$87 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$146 ) begin
+          if (\$205 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$256  = \$like ;
+    \$454  = \$like ;
     if (unit_rst) begin
-      \$256  = 3'h0;
+      \$454  = 3'h0;
     end
     if (rst) begin
-      \$256  = 3'h0;
+      \$454  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$257  = \$signal ;
+    \$455  = \$signal ;
     if (unit_rst) begin
-      \$257  = 1'h0;
+      \$455  = 1'h0;
     end
     if (rst) begin
-      \$257  = 1'h0;
+      \$455  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$258  = owed_n;
+    \$456  = owed_n;
     if (unit_rst) begin
-      \$258  = 2'h0;
+      \$456  = 2'h0;
     end
     if (rst) begin
-      \$258  = 2'h0;
+      \$456  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$259  = \$157 ;
+    \$457  = \$216 ;
     if (unit_rst) begin
-      \$259  = 1'h0;
+      \$457  = 1'h0;
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$457  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$260  = 1'h0;
-    if (\$159 ) begin
-      \$260  = 1'h1;
+    \$458  = 1'h0;
+    if (\$218 ) begin
+      \$458  = 1'h1;
     end
-    if (\done$83 ) begin
-      \$260  = 1'h0;
+    if (\done$85 ) begin
+      \$458  = 1'h0;
     end
     if (unit_rst) begin
-      \$260  = 1'h0;
+      \$458  = 1'h0;
     end
     if (rst) begin
-      \$260  = 1'h0;
+      \$458  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$261  = t_cap_half;
-    if (\$159 ) begin
-      \$261  = t_half;
+    \$459  = t_cap_half;
+    if (\$218 ) begin
+      \$459  = t_half;
     end
     if (unit_rst) begin
-      \$261  = 1'h0;
+      \$459  = 1'h0;
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$459  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$262  = t_half;
-    if (\$159 ) begin
-      \$262  = \$160 ;
+    \$460  = t_half;
+    if (\$218 ) begin
+      \$460  = \$219 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$262  = 1'h0;
+            \$460  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$262  = 1'h0;
+      \$460  = 1'h0;
     end
     if (rst) begin
-      \$262  = 1'h0;
+      \$460  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$263  = t_addr;
-    if (\$159 ) begin
+    \$461  = t_addr;
+    if (\$218 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$263  = \$161 [12:0];
+        \$461  = \$220 [12:0];
       end else begin
-        \$263  = \$164 [12:0];
+        \$461  = \$223 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$263  = \$243 [12:0];
+            \$461  = \$441 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$263  = 13'h0000;
+      \$461  = 13'h0000;
     end
     if (rst) begin
-      \$263  = 13'h0000;
+      \$461  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$264  = t_left;
-    if (\$159 ) begin
+    \$462  = t_left;
+    if (\$218 ) begin
       if (t_half) begin
-        \$264  = \$162 [8:0];
+        \$462  = \$221 [8:0];
       end
     end
-    if (\done$83 ) begin
-      \$264  = 9'h000;
+    if (\done$85 ) begin
+      \$462  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$264  = \$232 ;
+            \$462  = \$430 ;
           end
     endcase
     if (unit_rst) begin
-      \$264  = 9'h000;
+      \$462  = 9'h000;
     end
     if (rst) begin
-      \$264  = 9'h000;
+      \$462  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$265  = t_on;
-    if (\$159 ) begin
+    \$463  = t_on;
+    if (\$218 ) begin
       if (t_half) begin
-        \$265  = \$163 ;
+        \$463  = \$222 ;
       end
     end
-    if (\done$83 ) begin
-      \$265  = 1'h0;
+    if (\done$85 ) begin
+      \$463  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$265  = \$238 ;
+            \$463  = \$436 ;
           end
     endcase
     if (unit_rst) begin
-      \$265  = 1'h0;
+      \$463  = 1'h0;
     end
     if (rst) begin
-      \$265  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$266  = t_mult;
-    if (\$166 ) begin
-      \$266  = spad__rd1__data[15:0];
-    end
-    if (unit_rst) begin
-      \$266  = 16'h0000;
-    end
-    if (rst) begin
-      \$266  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$267  = t_col;
-    if (\$167 ) begin
-      \$267  = \$168 [8:0];
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$267  = 9'h000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$267  = 9'h000;
-    end
-    if (rst) begin
-      \$267  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$268  = gm_cap;
-    if (running) begin
-      \$268  = 1'h0;
-      if (\$170 ) begin
-        \$268  = 1'h1;
-      end
-    end
-    if (unit_rst) begin
-      \$268  = 1'h0;
-    end
-    if (rst) begin
-      \$268  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$269  = gm_cap_lane;
-    if (running) begin
-      if (\$170 ) begin
-        \$269  = gm_lane[1:0];
-      end
-    end
-    if (unit_rst) begin
-      \$269  = 2'h0;
-    end
-    if (rst) begin
-      \$269  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$270  = gm_cap_last;
-    if (running) begin
-      if (\$170 ) begin
-        \$270  = \$176 ;
-      end
-    end
-    if (unit_rst) begin
-      \$270  = 1'h0;
-    end
-    if (rst) begin
-      \$270  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$271  = gm_addr;
-    if (running) begin
-      if (\$170 ) begin
-        \$271  = \$177 [12:0];
-        if (\$183 ) begin
-          (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$271  = \$188 [12:0];
-          end else begin
-            \$271  = \$191 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$271  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$271  = 13'h0000;
-    end
-    if (rst) begin
-      \$271  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$272  = gm_k;
-    if (running) begin
-      if (\$170 ) begin
-        if (\$183 ) begin
-          (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$272  = \$186 [6:0];
-          end else begin
-            \$272  = 7'h00;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$272  = 7'h00;
-          end
-    endcase
-    if (unit_rst) begin
-      \$272  = 7'h00;
-    end
-    if (rst) begin
-      \$272  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$273  = gm_wstart;
-    if (running) begin
-      if (\$170 ) begin
-        if (\$183 ) begin
-          (* full_case = 32'd1 *)
-          if (\$185 ) begin
-            \$273  = \$187 [12:0];
-          end else begin
-            \$273  = \$190 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$273  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$273  = 13'h0000;
-    end
-    if (rst) begin
-      \$273  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$274  = gm_left;
-    if (running) begin
-      if (\$170 ) begin
-        if (\$183 ) begin
-          (* full_case = 32'd1 *)
-          if (\$185 ) begin
-          end else begin
-            \$274  = \$189 [13:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$274  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$274  = 14'h0000;
-    end
-    if (rst) begin
-      \$274  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$275  = pack;
-    if (running) begin
-      if (gm_cap) begin
-        (* full_case = 32'd1 *)
-        casez (gm_cap_lane)
-          2'h0:
-              \$275 [7:0] = spad__rd0__data[7:0];
-          2'h1:
-              \$275 [15:8] = spad__rd0__data[7:0];
-          2'h2:
-              \$275 [23:16] = spad__rd0__data[7:0];
-          2'h3:
-              \$275 [31:24] = spad__rd0__data[7:0];
-        endcase
-        if (gm_cap_last) begin
-          \$275  = 32'd0;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$275  = 32'd0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$275  = 32'd0;
-    end
-    if (rst) begin
-      \$275  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$276  = gc_lane;
-    if (running) begin
-      if (c_out__valid) begin
-        \$276  = \$192 [1:0];
-        if (gc_last) begin
-          \$276  = 2'h0;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$276  = 2'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$276  = 2'h0;
-    end
-    if (rst) begin
-      \$276  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$277  = gc_addr;
-    if (running) begin
-      if (c_out__valid) begin
-        \$277  = \$193 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$203 ) begin
-            \$277  = \$206 [12:0];
-          end else begin
-            \$277  = \$213 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$277  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$277  = 13'h0000;
-    end
-    if (rst) begin
-      \$277  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$278  = gc_last;
-    if (running) begin
-      if (c_out__valid) begin
-        \$278  = \$201 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$203 ) begin
-            \$278  = \$210 ;
-          end else begin
-            \$278  = \$219 ;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$278  = \$223 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$278  = 1'h0;
-    end
-    if (rst) begin
-      \$278  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$279  = gc_n;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$203 ) begin
-            \$279  = \$204 [8:0];
-          end else begin
-            \$279  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$279  = 9'h000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$279  = 9'h000;
-    end
-    if (rst) begin
-      \$279  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$280  = gc_wstart;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$203 ) begin
-            \$280  = \$205 [12:0];
-          end else begin
-            \$280  = \$212 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$280  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$280  = 13'h0000;
-    end
-    if (rst) begin
-      \$280  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$281  = gc_left;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$203 ) begin
-          end else begin
-            \$281  = \$211 [13:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$281  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$281  = 14'h0000;
-    end
-    if (rst) begin
-      \$281  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$282  = busy;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$282  = 1'h1;
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h4:
-          if (dma__error) begin
-            \$282  = 1'h0;
-          end else if (done) begin
-            if (\error$85 ) begin
-              \$282  = 1'h0;
-            end
-          end
-      3'h5:
-          if (\$255 ) begin
-            \$282  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$282  = 1'h0;
-    end
-    if (rst) begin
-      \$282  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$283  = width;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$283  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$283  = 6'h00;
-    end
-    if (rst) begin
-      \$283  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$284  = mult;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$284  = ins[168:137];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$284  = { 16'h0000, spad__rd0__data[15:0] };
-    endcase
-    if (unit_rst) begin
-      \$284  = 32'd0;
-    end
-    if (rst) begin
-      \$284  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$285  = shift;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$285  = ins[174:169];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$285  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$285  = 6'h00;
-    end
-    if (rst) begin
-      \$285  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$286  = col_en;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$286  = \$227 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$286  = 1'h0;
-    end
-    if (rst) begin
-      \$286  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$287  = t_step;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$287  = \$246 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$287  = 4'h0;
-    end
-    if (rst) begin
-      \$287  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$288  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            (* full_case = 32'd1 *)
-            if (\$254 ) begin
-              \$288  = 3'h1;
-            end else begin
-              \$288  = 3'h2;
-            end
-          end
-      3'h1:
-          \$288  = 3'h3;
-      3'h3:
-          \$288  = 3'h2;
-      3'h2:
-          if (cmd__ready) begin
-            \$288  = 3'h4;
-          end
-      3'h4:
-          if (dma__error) begin
-            \$288  = 3'h0;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$85 ) begin
-              \$288  = 3'h0;
-            end else begin
-              \$288  = 3'h5;
-            end
-          end
-      3'h5:
-          if (\$255 ) begin
-            \$288  = 3'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$288  = 3'h0;
-    end
-    if (rst) begin
-      \$288  = 3'h0;
+      \$463  = 1'h0;
     end
   end
   assign col = col_en;
@@ -16509,35 +16962,37 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$13  = gm_go;
   assign \$19  = 1'h1;
   assign \$20  = gm_go;
-  assign \$158  = 1'h1;
-  assign \$159  = t_on;
-  assign \$169  = 1'h1;
-  assign \$170  = gm_go;
-  assign \$210  = \$209 ;
-  assign \$219  = \$218 ;
-  assign \$223  = \$222 ;
-  assign { \$224 [9:4], \$224 [2:0] } = 9'h000;
-  assign \$224 [3] = ins[9];
-  assign { \$228 [9:4], \$228 [2:0] } = 9'h000;
-  assign \$228 [3] = ins[9];
-  assign { \$233 [9:4], \$233 [2:0] } = 9'h000;
-  assign \$233 [3] = ins[9];
-  assign { \$239 [9:3], \$239 [1:0] } = 9'h000;
-  assign \$239 [2] = ins[8];
-  assign \$241  = { ins[190:175], 1'h0 };
-  assign { \$244 [9:3], \$244 [1:0] } = 9'h000;
-  assign \$244 [2] = ins[8];
-  assign { \$247 [9:3], \$247 [1:0] } = 9'h000;
-  assign \$247 [2] = ins[8];
-  assign { \$249 [9:4], \$249 [2:0] } = 9'h000;
-  assign \$249 [3] = ins[9];
-  assign \$225  = ins[9];
-  assign \$229  = ins[9];
-  assign \$234  = ins[9];
-  assign \$240  = ins[8];
-  assign \$245  = ins[8];
-  assign \$248  = ins[8];
-  assign \$250  = ins[9];
+  assign \$217  = 1'h1;
+  assign \$218  = t_on;
+  assign \$228  = 1'h1;
+  assign \$229  = gm_go;
+  assign \$278  = { ins[99:93], 1'h0 };
+  assign \$290  = { ins[99:93], 1'h0 };
+  assign \$407  = \$406 ;
+  assign \$416  = \$415 ;
+  assign \$421  = \$420 ;
+  assign { \$422 [9:4], \$422 [2:0] } = 9'h000;
+  assign \$422 [3] = ins[9];
+  assign { \$426 [9:4], \$426 [2:0] } = 9'h000;
+  assign \$426 [3] = ins[9];
+  assign { \$431 [9:4], \$431 [2:0] } = 9'h000;
+  assign \$431 [3] = ins[9];
+  assign { \$437 [9:3], \$437 [1:0] } = 9'h000;
+  assign \$437 [2] = ins[8];
+  assign \$439  = { ins[190:175], 1'h0 };
+  assign { \$442 [9:3], \$442 [1:0] } = 9'h000;
+  assign \$442 [2] = ins[8];
+  assign { \$445 [9:3], \$445 [1:0] } = 9'h000;
+  assign \$445 [2] = ins[8];
+  assign { \$447 [9:4], \$447 [2:0] } = 9'h000;
+  assign \$447 [3] = ins[9];
+  assign \$423  = ins[9];
+  assign \$427  = ins[9];
+  assign \$432  = ins[9];
+  assign \$438  = ins[8];
+  assign \$443  = ins[8];
+  assign \$446  = ins[8];
+  assign \$448  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -26197,8 +26652,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1440$0 (mult),
-    .\port$1445$0 (i__payload),
+    .\port$1635$0 (mult),
+    .\port$1640$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -27054,7 +27509,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -27140,10 +27595,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1440$0 ;
-  wire [15:0] \port$1440$0 ;
-  input [95:0] \port$1445$0 ;
-  wire [95:0] \port$1445$0 ;
+  input [15:0] \port$1635$0 ;
+  wire [15:0] \port$1635$0 ;
+  input [95:0] \port$1640$0 ;
+  wire [95:0] \port$1640$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -27208,7 +27663,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1445$0 [16:0] };
+      \$9  = { 1'h0, \port$1640$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -27221,7 +27676,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1440$0  };
+      \$10  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -27247,7 +27702,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23:17] };
+      \$12  = { \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -27260,7 +27715,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1440$0  };
+      \$13  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -27286,7 +27741,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1445$0 [40:24] };
+      \$15  = { 1'h0, \port$1640$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -27299,7 +27754,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1440$0  };
+      \$16  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -27325,7 +27780,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47:41] };
+      \$18  = { \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -27338,7 +27793,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1440$0  };
+      \$19  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -27364,7 +27819,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1445$0 [64:48] };
+      \$21  = { 1'h0, \port$1640$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -27377,7 +27832,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1440$0  };
+      \$22  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -27403,7 +27858,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71:65] };
+      \$24  = { \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -27416,7 +27871,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1440$0  };
+      \$25  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -27442,7 +27897,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1445$0 [88:72] };
+      \$27  = { 1'h0, \port$1640$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -27455,7 +27910,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1440$0  };
+      \$28  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -27481,7 +27936,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95:89] };
+      \$30  = { \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -27494,7 +27949,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1440$0  };
+      \$31  = { 2'h0, \port$1635$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -27516,22 +27971,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1440$0 , \port$1445$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1445$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1440$0  };
-  assign a__1 = { \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23], \port$1445$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1440$0  };
-  assign a__2 = { 1'h0, \port$1445$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1440$0  };
-  assign a__3 = { \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47], \port$1445$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1440$0  };
-  assign a__4 = { 1'h0, \port$1445$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1440$0  };
-  assign a__5 = { \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71], \port$1445$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1440$0  };
-  assign a__6 = { 1'h0, \port$1445$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1440$0  };
-  assign a__7 = { \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95], \port$1445$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1440$0  };
+  assign a__0 = { 1'h0, \port$1640$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1635$0  };
+  assign a__1 = { \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1635$0  };
+  assign a__2 = { 1'h0, \port$1640$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1635$0  };
+  assign a__3 = { \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1635$0  };
+  assign a__4 = { 1'h0, \port$1640$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1635$0  };
+  assign a__5 = { \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1635$0  };
+  assign a__6 = { 1'h0, \port$1640$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1635$0  };
+  assign a__7 = { \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1635$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -31612,7 +32067,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4699$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4894$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -31790,8 +32245,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4699$0 ;
-  wire [4:0] \port$4699$0 ;
+  input [4:0] \port$4894$0 ;
+  wire [4:0] \port$4894$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -31804,64 +32259,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4699$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4894$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4699$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4894$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4699$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4699$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4894$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4894$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4699$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4894$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4699$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4894$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4699$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4894$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4699$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4894$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4699$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4894$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4699$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4894$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4699$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4894$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4699$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4894$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -31876,7 +32331,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4699$0 , \port$2$0  };
+  assign select = { \port$4894$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

@@ -34,18 +34,19 @@ class GemmFeed(wiring.Component):
     with the command) and ``rq`` (:func:`~nanokpu.kpu.executors.requantiser_signature`, flipped):
     the engine's requantiser lent to the element-wise executor while no ``GEMM`` runs.
 
-    A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes one scratchpad read
-    per real row, pipelined, up to :data:`A_WORDS` words ahead of the engine (so ``M`` real
-    rows give a word every ``M`` cycles, back to back); each result word is written back one real row per cycle (then
-    saturated to ``width``). With :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are
-    first read from ``b + 2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width !=
-    0``) the ``n`` table entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the
-    engine's per-column table under the compute, one scratchpad read a cycle on ``rd1`` (2
-    per entry; ``rd0`` packs A meanwhile); the engine's store waits for the copy (``col_hold``).
-    The compute outlasts the copy whenever ``tile_gap >= 2*cols`` (``ceil(n/cols)`` tiles of
-    at least ``tile_gap`` cycles against ``2*n`` reads: every profile), so the cycles of a
-    ``GEMM`` are those without the flag; the hold is the interlock otherwise. A bus error ends
-    the instruction at once with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
+    A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes a scratchpad read per
+    real row, two a cycle (``rd0`` and ``rd1``), pipelined, up to :data:`A_WORDS` words ahead of
+    the engine: ``M`` real rows give a word every ``ceil(M/2)`` cycles, back to back. Each
+    result word is written back one real row per cycle (then saturated to ``width``). With
+    :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are first read from ``b +
+    2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width != 0``) the ``n`` table
+    entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the engine's per-column
+    table under the compute, one scratchpad read a cycle on ``rd1`` (2 per entry; the A feed
+    reads one lane a cycle on ``rd0`` meanwhile); the engine's store waits for the copy
+    (``col_hold``). The compute outlasts the copy whenever ``tile_gap >= 2*cols``
+    (``ceil(n/cols)`` tiles of at least ``tile_gap`` cycles against ``2*n`` reads: every
+    profile); the hold is the interlock otherwise. A bus error ends the instruction at once
+    with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
     :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
     """
 
@@ -89,10 +90,12 @@ class GemmFeed(wiring.Component):
         gm_k = Signal(KW)
         gm_lane = Signal(range(R + 1))
         gm_addr = Signal(AW)
+        gm_addr1 = Signal(AW)   # gm_addr + k: the next lane's address (rd1's)
         gm_wstart = Signal(AW)
         gm_cap = Signal()
+        gm_cap2 = Signal()      # rd1's lane (gm_cap_lane + 1) was read too
         gm_cap_lane = Signal(range(R))
-        gm_cap_last = Signal()  # the lane captured is its word's last
+        gm_cap_last = Signal()  # the (last) lane captured is its word's last
         gm_afeed_done = Signal()
         gm_owed = Signal(range(A_WORDS + 1))   # words begun and not yet taken by the engine
         gm_go = Signal()        # a lane of A is read unless blocked (see below)
@@ -181,24 +184,36 @@ class GemmFeed(wiring.Component):
             m.d.comb += owed_n.eq(gm_owed + begins - taken)
             m.d.sync += gm_cap.eq(0)
             with m.If(gm_go & ~blocked):
-                last = (gm_lane == R - 1) | reached(gm_left, gm_lane + 1)
-                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), lane_n.eq(gm_lane + 1)]
-                m.d.sync += [gm_cap.eq(1), gm_cap_lane.eq(gm_lane), gm_cap_last.eq(last),
-                             gm_addr.eq(gm_addr + k_g)]
-                with m.If(last):    # the next word: column k + 1, or the next row block
+                last0 = (gm_lane == R - 1) | reached(gm_left, gm_lane + 1)
+                # rd1 reads the next lane too, unless the lane on rd0 is the word's last or the
+                # per-column table copy has rd1
+                two = ~last0 & ~t_on
+                last = last0 | ((gm_lane + 1 == R - 1) | reached(gm_left, gm_lane + 2))
+                step = Mux(two, k_g << 1, k_g)[:AW]
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), lane_n.eq(gm_lane + 1 + two)]
+                with m.If(two):
+                    m.d.comb += [spad.rd1.addr.eq(gm_addr1), spad.rd1.en.eq(1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap2.eq(two), gm_cap_lane.eq(gm_lane),
+                             gm_cap_last.eq(Mux(two, last, last0)),
+                             gm_addr.eq(gm_addr + step), gm_addr1.eq(gm_addr1 + step)]
+                with m.If(Mux(two, last, last0)):    # the next word: column k + 1, or the next row block
                     m.d.comb += lane_n.eq(0)
                     with m.If(gm_k + 1 < k_g):
-                        m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1)]
+                        m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1),
+                                     gm_addr1.eq(gm_wstart + 1 + k_g)]
                     with m.Else():
-                        m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(gm_addr + 1),
-                                     gm_addr.eq(gm_addr + 1)]
+                        nxt = Mux(two, gm_addr1, gm_addr) + 1     # one past the word's last lane
+                        m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(nxt),
+                                     gm_addr.eq(nxt), gm_addr1.eq(nxt + k_g)]
                         with m.If(reached(gm_left, R)):
                             m.d.comb += afeed_done_n.eq(1)
             with m.If(gm_cap):
-                word = Cat(Mux(gm_cap_lane == i, rd0.data, pack[i])[:iw] for i in range(R))
-                m.d.sync += pack.as_value().word_select(gm_cap_lane, iw).eq(rd0.data[:iw])
+                hit0 = [gm_cap_lane == i for i in range(R)]
+                hit1 = [gm_cap2 & (gm_cap_lane + 1 == i) for i in range(R)]
+                lanes = [Mux(hit0[i], rd0.data, Mux(hit1[i], spad.rd1.data, pack[i]))[:iw] for i in range(R)]
+                m.d.sync += [pack[i].eq(lanes[i]) for i in range(R)]
                 with m.If(gm_cap_last):
-                    m.d.comb += [a_queue.w_data.eq(word), a_queue.w_en.eq(1)]
+                    m.d.comb += [a_queue.w_data.eq(Cat(lanes)), a_queue.w_en.eq(1)]
                     m.d.sync += pack.eq(0)
             # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
             # (rows >= M are skipped: the word is taken after its last real row)
@@ -225,6 +240,7 @@ class GemmFeed(wiring.Component):
                     m.d.comb += [lane_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  gm_left.eq(m_s), gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
+                                 gm_addr1.eq(ins.a + k_g),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                  gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
