@@ -320,8 +320,7 @@ class KpuConfig:
         need(rw is None or rw <= 2 * self.in_width, "router_width",
              f"at most 2*in_width = {2 * self.in_width}: a router operand is two in_width-bit digits "
              f"(byte-sliced passes on the array)")
-        wide = self.router_operand_width > self.in_width
-        need(not wide or self.router_acc_width + self.mult_width <= 64, "router_width",
+        need(not self.wide_router or self.router_acc_width + self.mult_width <= 64, "router_width",
              f"at most {self.in_width + (64 - self.mult_width - self.acc_width) // 2}: the router accumulator "
              f"(acc_width + 2 * (router_width - in_width) bits) times the requantiser multiplier "
              f"(mult_width = {self.mult_width} bits) must fit 64 bits")
@@ -356,6 +355,13 @@ class KpuConfig:
     def router_operand_width(self) -> int:
         """Operand width of the router GEMM: ``router_width``, or ``in_width`` when it is None."""
         return self.in_width if self.router_width is None else self.router_width
+
+    @property
+    def wide_router(self) -> bool:
+        """``router_operand_width > in_width``: the router GEMM's operands are two ``in_width``-bit
+        digits, and the nano-KPU builds ``SPLIT`` and ``REQUANT_WIDE`` (:data:`nanokpu.isa.WIDE_ROUTER_OPS`;
+        without, they are :attr:`~nanokpu.isa.Err.BAD_OPCODE`)."""
+        return self.router_operand_width > self.in_width
 
     @property
     def router_acc_width(self) -> int:

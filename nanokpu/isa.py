@@ -129,7 +129,8 @@ from amaranth.lib import data
 
 from nanokpu.config import KpuConfig
 
-__all__ = ["Op", "Err", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT", "F_RQ_CHANNEL", "FIELDS", "INSTR_BITS",
+__all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
+           "F_RQ_CHANNEL", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -158,11 +159,20 @@ class Op(enum.IntEnum):
     REQUANT_WIDE = 16
 
 
+#: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
+WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
+
+
+def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
+    """The ops the nano-KPU of ``cfg`` executes; any other opcode is :attr:`Err.BAD_OPCODE`."""
+    return tuple(o for o in Op if cfg.wide_router or o not in WIDE_ROUTER_OPS)
+
+
 class Err(enum.IntEnum):
     """Error codes in ``STATUS[15:8]``; the controller stops on the first."""
 
     NONE = 0
-    BAD_OPCODE = 1      # opcode not in :class:`Op`
+    BAD_OPCODE = 1      # opcode not in :func:`built_ops` (:class:`Op`, less WIDE_ROUTER_OPS without a wide router)
     SPAD_RANGE = 2      # a scratchpad region (or a gathered/scattered row) out of range
     BAD_SHAPE = 3       # a zero or inconsistent dimension, bad width, k != top_k, n != n_experts,
     #                     a GEMM beyond the GEMM engine's scratchpads

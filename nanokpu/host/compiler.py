@@ -16,7 +16,7 @@ scratchpad map. The program follows the dataflow of :mod:`golden.block` step by 
     COMBINE; NORM; GEMM W_up_lat -> y_r
     shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
 
-With a wide router (``router_operand_width > in_width``) the first steps are instead::
+With a wide router (``cfg.wide_router``) the first steps are instead::
 
     LOAD x_r (2 bytes an element); REQUANT x_r -> x (mult 1, shift r - in_width, width in_width:
     golden.block.input_int8); SPLIT x_r -> [Xh; Xl] [2T, d]; (LOAD rq tables); GEMM W_down_lat -> z
@@ -185,7 +185,7 @@ def _rq_words(rqs) -> np.ndarray:
 SPAD_BUFFERS = ("x", "z", "logit", "scores", "bias", "rq", "route", "zg", "g", "u", "h", "h8", "eo", "e",
                 "combined", "norm", "y_r", "y_s", "y")
 
-#: The wide router's buffers (``router_operand_width > in_width``; empty otherwise), in address
+#: The wide router's buffers (``cfg.wide_router``; empty otherwise), in address
 #: order from ``zg`` on: its input ``x_r``, its digits ``[Xh; Xl]`` and the digit GEMMs' sums. All
 #: are read before ``ROUTE`` and the buffers from ``zg`` on are first written after it, so they share
 #: those words.
@@ -205,17 +205,12 @@ def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
     for name in SPAD_BUFFERS:
         sp.alloc(name, words[name])
     top, sp.top = sp.top, sp.map["zg"]
-    wide = _wide_router(cfg)
+    wide = cfg.wide_router
     for name, size in zip(WIDE_BUFFERS, (T * d, 2 * T * d, 4 * T * E), strict=True):
         sp.alloc(name, wide * size)
     sp.top = max(top, sp.top)
     sp.map["end"] = sp.top
     return sp
-
-
-def _wide_router(cfg: KpuConfig) -> bool:
-    """Whether the router GEMM's operands are two ``in_width``-bit digits (byte-sliced passes)."""
-    return cfg.router_operand_width > cfg.in_width
 
 
 def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
@@ -226,7 +221,7 @@ def block_gemms(cfg: KpuConfig, tokens: int) -> list[tuple[str, int, int, int]]:
     per_expert = max(1, tokens * cfg.top_k // cfg.n_experts)
     d, lat = cfg.d_model, cfg.d_latent
     return [
-        ("router x W_r^T", tokens * (2 if _wide_router(cfg) else 1), d, cfg.n_experts),
+        ("router x W_r^T", tokens * (2 if cfg.wide_router else 1), d, cfg.n_experts),
         ("down-projection to latent", tokens, d, lat),
         ("expert gate / up", per_expert, lat, cfg.d_expert),
         ("expert down", per_expert, cfg.d_expert, lat),
@@ -286,7 +281,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     if x_r.ndim != 2 or x_r.shape[1] != d or x_r.shape[0] < 1:
         raise ValueError(f"x_r: shape {x_r.shape} must be [T, d_model={d}] with T >= 1")
     T = x_r.shape[0]
-    wide = _wide_router(cfg)
+    wide = cfg.wide_router
     if wide:    # two in_width-bit digits each
         lim = router_qmax(cfg)
         for name, v in (("x_r", x_r), ("Q.W_r", Q.W_r)):

@@ -27,6 +27,7 @@ from nanokpu.isa import (
     Instr,
     Op,
     SizeArgs,
+    built_ops,
     bus_bytes,
     word_width,
 )
@@ -91,6 +92,7 @@ class FuncSim:
     def __init__(self, cfg: KpuConfig, host=b"", host_base: int = 0, host_size: int | None = None,
                  gemm=None):
         self.cfg = cfg
+        self.ops = {int(o) for o in built_ops(cfg)}
         self.gemm = gemm or self._gemm
         self.host = bytearray(host)
         self.host_base = host_base
@@ -133,10 +135,8 @@ class FuncSim:
             try:
                 check(pc < self.cfg.imem_depth, Err.PC_RANGE, f"pc {pc}")
                 ins = instrs[pc] if pc < len(instrs) else Instr(Op.HALT)
-                try:
-                    op = Op(ins.op)
-                except ValueError:
-                    raise KpuError(Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}") from None
+                check(ins.op in self.ops, Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}")
+                op = Op(ins.op)
                 if op == Op.HALT:
                     return RunResult(Err.NONE, pc, retired, counts, self.macs, self.gemms)
                 nxt = self.step(ins, op, pc)

@@ -18,6 +18,7 @@ from nanokpu.isa import (
     RQ_WIDTHS,
     Err,
     Op,
+    built_ops,
     bus_bytes,
 )
 from nanokpu.kpu.decoded import decoded_layout, widths
@@ -190,7 +191,7 @@ class Decode(wiring.Component):
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | any_op(lambda r: r.expert)
         needs_route = needs_expert | any_op(lambda r: r.route)
-        valid_op = op <= max(Op)
+        valid_op = Cat(Const(0), *(op == o for o in built_ops(cfg))).any()
         letters = {"m": m_eff, "n": ins.n, "k": ins.k}
 
         def shape_rule(r):

@@ -16,6 +16,7 @@ from nanokpu.isa import (
     OP_RULES,
     RQ_WIDTHS,
     SIZES,
+    WIDE_ROUTER_OPS,
     Err,
     Instr,
     Op,
@@ -105,7 +106,7 @@ def test_split_writes_balanced_digits():
     """SPLIT: a[i] (its low 2*in_width bits) = c[i] * 256 + c[len + i], c[len + i] in [-128, 128);
     the high digit fits int8 up to router_qmax = 127 * 256."""
     from golden import intops as I
-    cfg = profile("tiny")
+    cfg = profile("tiny", router_width=16)
     a = np.array([0, 1, -1, 127, 128, -128, -129, 255, 256, 32512, -32512, 32767, -32768, 0x12345, -70000])
     sim = FuncSim(cfg)
     sim.spad[:a.size] = a
@@ -262,9 +263,24 @@ def _code(instrs, cfg):
     return res.error
 
 
+def _cfg(op):
+    """tiny, with a wide router for the ops only it builds."""
+    return profile("tiny", router_width=16) if op in WIDE_ROUTER_OPS else profile("tiny")
+
+
+@pytest.mark.parametrize("op", WIDE_ROUTER_OPS, ids=lambda op: op.name)
+def test_wide_router_ops_are_bad_opcodes_without_a_wide_router(op):
+    """SPLIT and REQUANT_WIDE are built only with router_width > in_width: otherwise the same
+    valid instruction stops with BAD_OPCODE, and nothing is written."""
+    tiny = profile("tiny")
+    res, sim, _ = _run(_valid(op, _cfg(op)) + [Instr(Op.HALT)], tiny, host=bytes(256))
+    assert (res.error, res.pc, res.retired) == (Err.BAD_OPCODE, 0, 0)
+    assert not sim.spad.any()
+
+
 @pytest.mark.parametrize("op", _RULED, ids=lambda op: op.name)
 def test_each_shape_rule_is_checked(op):
-    cfg = profile("tiny")
+    cfg = _cfg(op)
     r = OP_RULES[op]
     assert _code(_valid(op, cfg), cfg) == Err.NONE
     for letter in r.positive:
@@ -282,7 +298,7 @@ def test_each_shape_rule_is_checked(op):
 def test_each_region_is_checked(op):
     """Every region OP_RULES names ends inside the scratchpad or stops with SPAD_RANGE; the result
     may lie on an operand only exactly and only for the in-place ops."""
-    cfg = profile("tiny")
+    cfg = _cfg(op)
     r = OP_RULES[op]
     D = cfg.dmem_depth
     probe = _valid(op, cfg)[-1]

@@ -41,21 +41,18 @@ def _per_column_gemms():
         [Instr(**gemm | {"flags": 0}, b=D)]
 
 
-def _expected(ins):
+def _expected(ins, cfg=CFG):
     """FuncSim's error for ``ins`` as the first instruction (NONE once it retired)."""
     try:
-        res = FuncSim(CFG, host=bytes(HOST)).run([ins], max_steps=2)
+        res = FuncSim(cfg, host=bytes(HOST)).run([ins], max_steps=2)
     except RuntimeError:        # a JUMP back to itself: it retired
         return Err.NONE
     return res.error if res.retired == 0 and res.pc == 0 else Err.NONE
 
 
-def test_decode_matches_funcsim_checks_and_latency():
-    rng = np.random.default_rng(3)
-    instrs = [_random_instr(rng) for _ in range(120)]
-    instrs += [Instr(Op.JUMP, target=1), Instr(Op.ADD, m=3, n=5, a=0, b=15, c=30),
-               Instr(Op.LOAD, m=2, n=8, c=40, host=16, width=1), *_per_column_gemms()]
-    dut = Decode(CFG)
+def _decode(cfg, instrs):
+    """(error, cycles from start to done, decoded len, beats) of each of ``instrs`` on a fresh Decode."""
+    dut = Decode(cfg)
     got = []
 
     async def bench(ctx):
@@ -76,6 +73,19 @@ def test_decode_matches_funcsim_checks_and_latency():
     sim.add_clock(1e-8)
     sim.add_testbench(bench)
     sim.run()
+    return got
+
+
+#: SPLIT and REQUANT_WIDE with fields that pass every check
+_WIDE_OPS = [Instr(Op.SPLIT, m=2, n=4, a=0, c=100), Instr(Op.REQUANT_WIDE, m=1, n=4, a=0, c=100, width=8, mult=3)]
+
+
+def test_decode_matches_funcsim_checks_and_latency():
+    rng = np.random.default_rng(3)
+    instrs = [_random_instr(rng) for _ in range(120)]
+    instrs += [Instr(Op.JUMP, target=1), Instr(Op.ADD, m=3, n=5, a=0, b=15, c=30),
+               Instr(Op.LOAD, m=2, n=8, c=40, host=16, width=1), *_per_column_gemms(), *_WIDE_OPS]
+    got = _decode(CFG, instrs)
 
     checked = 0
     for ins, (err, cycles, ln, beats) in zip(instrs, got, strict=True):
@@ -93,6 +103,7 @@ def test_decode_matches_funcsim_checks_and_latency():
     assert checked >= 2
     errs = [e for (e, *_), ins in zip(got, instrs, strict=True) if ins in _per_column_gemms()]
     assert errs == [Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.OVERLAP, Err.NONE, Err.NONE, Err.NONE]
+    assert [e for e, *_ in got[-len(_WIDE_OPS):]] == [Err.BAD_OPCODE] * 2     # not built without a wide router
     assert sum(e == Err.NONE for e, *_ in got) >= 3 and len({e for e, *_ in got}) >= 5
 
 
@@ -135,3 +146,10 @@ def test_error_follows_the_context_after_done():
         assert set(errors[Decode.settle_latency:]) == {err_after}, (ins, errors)
     # the host window check is the slow one: the bound is tight
     assert seen[1][Decode.settle_latency - 1] == Err.NONE
+
+
+def test_wide_router_ops_decode_with_a_wide_router():
+    """With router_width = 16 the same SPLIT and REQUANT_WIDE pass (FuncSim agrees both ways)."""
+    wide = profile("tiny", router_width=16)
+    got = _decode(wide, _WIDE_OPS)
+    assert [e for e, *_ in got] == [Err.NONE, Err.NONE] == [_expected(i, wide) for i in _WIDE_OPS]

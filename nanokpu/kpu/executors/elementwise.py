@@ -30,7 +30,8 @@ class Elementwise(wiring.Component):
     :class:`~nanokpu.units.situ.Situ`, :class:`~nanokpu.units.vector.VectorUnit` (its own) and
     the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`);
     ``REQUANT_WIDE`` on its :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`, which has the
-    scratchpad port while it runs.
+    scratchpad port while it runs (it and ``SPLIT`` built only with
+    :attr:`~nanokpu.config.KpuConfig.wide_router`).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
@@ -63,7 +64,10 @@ class Elementwise(wiring.Component):
         m.submodules.sigmoid = sig = Sigmoid(cfg)
         m.submodules.situ = situ = Situ(cfg)
         m.submodules.vector = vec = VectorUnit(cfg)
-        m.submodules.wide = wide = WideRequant(cfg)
+        # SPLIT and REQUANT_WIDE only with a wide router (nanokpu.isa.built_ops: decode refuses them otherwise)
+        built_wide = cfg.wide_router
+        if built_wide:
+            m.submodules.wide = wide = WideRequant(cfg)
         D = cfg.in_width
 
         # the walk: rem[j] counts the steps of level j left, this one included, down from cnt[j]
@@ -187,11 +191,12 @@ class Elementwise(wiring.Component):
                 m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
                              out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
             with m.Elif(is_split):  # golden.intops.split_digits of the low 2*D bits, a beat a cycle
-                two = a_word[:2 * D]
-                m.d.comb += [unit_ready.eq(1), out_valid.eq(h_valid),
-                             out_data.eq(Mux(low, two[:D].as_signed(), two[D:].as_signed() + two[D - 1]))]
-                with m.If(h_valid & h_last):
-                    m.d.sync += low.eq(1)
+                if built_wide:
+                    two = a_word[:2 * D]
+                    m.d.comb += [unit_ready.eq(1), out_valid.eq(h_valid),
+                                 out_data.eq(Mux(low, two[:D].as_signed(), two[D:].as_signed() + two[D - 1]))]
+                    with m.If(h_valid & h_last):
+                        m.d.sync += low.eq(1)
             with m.Else():
                 m.d.comb += [vec.i.valid.eq(h_valid), unit_ready.eq(vec.i.ready),
                              out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
@@ -202,8 +207,8 @@ class Elementwise(wiring.Component):
                 with m.If(self.start):
                     op = ins.op
                     m.d.sync += [is_rq.eq(op == Op.REQUANT), is_sig.eq(op == Op.SIGMOID),
-                                 is_situ.eq(op == Op.SITU), is_split.eq(op == Op.SPLIT), low.eq(0),
-                                 results.eq(Mux(op == Op.SPLIT, ln << 1, ln)),
+                                 is_situ.eq(op == Op.SITU), is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
+                                 results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1, ln)),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
                                                Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
@@ -219,9 +224,10 @@ class Elementwise(wiring.Component):
                             m.d.sync += walk(ins.n, 2, ins.m, 1, 0, ins.n, 0, 0, 0)
                         with m.Case(Op.SPLIT):
                             m.d.sync += walk(ln, 2, 1, 1, 0, 0, 0, 0, 0)
-                    with m.If(op == Op.REQUANT_WIDE):
-                        m.d.comb += wide.start.eq(1)
-                        m.next = "WIDE"
+                    with m.If(built_wide & (op == Op.REQUANT_WIDE)):
+                        if built_wide:
+                            m.d.comb += wide.start.eq(1)
+                            m.next = "WIDE"
                     with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
                         m.next = "RQ_TABLE"
                     with m.Else():
@@ -241,14 +247,16 @@ class Elementwise(wiring.Component):
                 with m.If(el >= results):
                     m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.next = "IDLE"
-            with m.State("WIDE"):   # the scratchpad port is WideRequant's
-                m.d.comb += [self.done.eq(wide.done), self.error.eq(wide.error)]
-                for port in ("rd0", "rd1"):
-                    ours, its = getattr(spad, port), getattr(wide.spad, port)
-                    m.d.comb += [ours.en.eq(its.en), ours.addr.eq(its.addr)]
-                m.d.comb += [wr.en.eq(wide.spad.wr.en), wr.addr.eq(wide.spad.wr.addr), wr.data.eq(wide.spad.wr.data)]
-                with m.If(wide.done):
-                    m.next = "IDLE"
-        m.d.comb += [wide.ins.eq(ins), wide.spad.rd0.data.eq(rd0.data), wide.spad.rd1.data.eq(rd1.data),
-                     wide.spad.blocked.eq(blocked)]
+            if built_wide:
+                with m.State("WIDE"):   # the scratchpad port is WideRequant's
+                    m.d.comb += [self.done.eq(wide.done), self.error.eq(wide.error)]
+                    for port in ("rd0", "rd1"):
+                        ours, its = getattr(spad, port), getattr(wide.spad, port)
+                        m.d.comb += [ours.en.eq(its.en), ours.addr.eq(its.addr)]
+                    m.d.comb += [wr.en.eq(wide.spad.wr.en), wr.addr.eq(wide.spad.wr.addr),
+                                 wr.data.eq(wide.spad.wr.data)]
+                    with m.If(wide.done):
+                        m.next = "IDLE"
+                m.d.comb += [wide.ins.eq(ins), wide.spad.rd0.data.eq(rd0.data), wide.spad.rd1.data.eq(rd1.data),
+                             wide.spad.blocked.eq(blocked)]
         return m
