@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4892$254 (cur[269:254]),
+    .\port$4247$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1022,7 +1022,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   );
   \nanokpu_kpu.elementwise  elementwise (
     .clk(clk),
-    .\done$96 (\done$288 ),
+    .done(\done$288 ),
     .error(\error$289 ),
     .ins(cur[220:0]),
     .mult(rq__mult),
@@ -1124,6 +1124,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .spad__rd0__addr(clients__5__rd0__addr),
     .spad__rd0__data(spad__rd0__data),
     .spad__rd0__en(clients__5__rd0__en),
+    .spad__rd1__addr(clients__5__rd1__addr),
+    .spad__rd1__data(spad__rd1__data),
+    .spad__rd1__en(clients__5__rd1__en),
     .spad__wr__addr(clients__5__wr__addr),
     .spad__wr__data(clients__5__wr__data),
     .spad__wr__en(clients__5__wr__en),
@@ -1204,12 +1207,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__4__wr__en(clients__4__wr__en),
     .clients__5__rd0__addr(clients__5__rd0__addr),
     .clients__5__rd0__en(clients__5__rd0__en),
+    .clients__5__rd1__addr(clients__5__rd1__addr),
+    .clients__5__rd1__en(clients__5__rd1__en),
     .clients__5__wr__addr(clients__5__wr__addr),
     .clients__5__wr__data(clients__5__wr__data),
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4894$0 (running_exec),
+    .\port$4249$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -2541,12 +2546,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \spad__rd0__data$225  = spad__rd0__data;
   assign clients__5__rd0__data = spad__rd0__data;
   assign \spad__rd0__en$228  = clients__5__rd0__en;
-  assign clients__5__rd1__addr = 13'h0000;
-  assign \spad__rd1__addr$230  = 13'h0000;
+  assign \spad__rd1__addr$230  = clients__5__rd1__addr;
   assign \spad__rd1__data$231  = spad__rd1__data;
   assign clients__5__rd1__data = spad__rd1__data;
-  assign clients__5__rd1__en = 1'h0;
-  assign \spad__rd1__en$234  = 1'h0;
+  assign \spad__rd1__en$234  = clients__5__rd1__en;
   assign \spad__wr__addr$236  = clients__5__wr__addr;
   assign \spad__wr__data$238  = clients__5__wr__data;
   assign \spad__wr__en$240  = clients__5__wr__en;
@@ -3491,7 +3494,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [13:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
-  wire [9:0] \$163 ;
+  wire \$163 ;
   wire \$164 ;
   wire \$165 ;
   wire \$166 ;
@@ -3503,11 +3506,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire [9:0] \$174 ;
+  wire \$174 ;
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
-  wire \$178 ;
+  wire [9:0] \$178 ;
   wire \$179 ;
   wire [1:0] \$18 ;
   wire \$180 ;
@@ -3519,7 +3522,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
-  wire \$189 ;
+  wire [9:0] \$189 ;
   wire [18:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
@@ -3550,10 +3553,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire [14:0] \$216 ;
+  wire \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire [14:0] \$219 ;
+  wire \$219 ;
   wire [15:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
@@ -3567,17 +3570,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$229 ;
   wire \$23 ;
   wire \$230 ;
-  wire \$231 ;
+  wire [14:0] \$231 ;
   wire \$232 ;
   wire \$233 ;
-  wire \$234 ;
+  wire [14:0] \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire [14:0] \$237 ;
+  wire \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire \$24 ;
-  wire [14:0] \$240 ;
+  wire \$240 ;
   wire \$241 ;
   wire \$242 ;
   wire \$243 ;
@@ -3590,20 +3593,20 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  wire \$252 ;
+  wire [14:0] \$252 ;
   wire \$253 ;
   wire \$254 ;
-  wire \$255 ;
+  wire [14:0] \$255 ;
   wire \$256 ;
   wire \$257 ;
-  wire [14:0] \$258 ;
+  wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire [14:0] \$264 ;
+  wire \$264 ;
   wire \$265 ;
   wire \$266 ;
   wire \$267 ;
@@ -3611,56 +3614,71 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
-  wire [14:0] \$271 ;
+  wire \$271 ;
   wire \$272 ;
-  wire \$273 ;
+  wire [14:0] \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
   wire \$278 ;
-  wire [33:0] \$279 ;
+  wire [14:0] \$279 ;
   wire \$28 ;
-  wire [32:0] \$280 ;
+  wire \$280 ;
   wire \$281 ;
   wire \$282 ;
   wire \$283 ;
   wire \$284 ;
   wire \$285 ;
-  wire \$286 ;
+  wire [14:0] \$286 ;
   wire \$287 ;
   wire \$288 ;
   wire \$289 ;
   wire \$29 ;
-  wire [13:0] \$290 ;
+  wire \$290 ;
   wire \$291 ;
-  wire [13:0] \$292 ;
+  wire \$292 ;
   wire \$293 ;
-  wire [13:0] \$294 ;
-  wire \$295 ;
-  wire [13:0] \$296 ;
+  wire [33:0] \$294 ;
+  wire [32:0] \$295 ;
+  wire \$296 ;
   wire \$297 ;
-  wire [17:0] \$298 ;
-  wire [3:0] \$299 ;
+  wire \$298 ;
+  wire \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
-  wire [2:0] \$300 ;
-  reg \$301 ;
-  reg \$302 ;
-  reg \$303 ;
-  reg \$304 ;
-  reg [7:0] \$305 ;
-  reg \$306 ;
-  reg [2:0] \$307 ;
-  reg [1:0] \$308 ;
-  reg [13:0] \$309 ;
+  wire \$300 ;
+  wire \$301 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire \$304 ;
+  wire [13:0] \$305 ;
+  wire \$306 ;
+  wire [13:0] \$307 ;
+  wire \$308 ;
+  wire [13:0] \$309 ;
   wire \$31 ;
-  reg [13:0] \$310 ;
-  reg [13:0] \$311 ;
-  reg [13:0] \$312 ;
-  reg [17:0] \$313 ;
-  reg [32:0] \$314 ;
+  wire \$310 ;
+  wire [13:0] \$311 ;
+  wire \$312 ;
+  wire [17:0] \$313 ;
+  wire [3:0] \$314 ;
+  wire [2:0] \$315 ;
+  reg \$316 ;
+  reg \$317 ;
+  reg \$318 ;
+  reg \$319 ;
   wire \$32 ;
+  reg [7:0] \$320 ;
+  reg \$321 ;
+  reg [2:0] \$322 ;
+  reg [1:0] \$323 ;
+  reg [13:0] \$324 ;
+  reg [13:0] \$325 ;
+  reg [13:0] \$326 ;
+  reg [13:0] \$327 ;
+  reg [17:0] \$328 ;
+  reg [32:0] \$329 ;
   wire \$33 ;
   wire \$34 ;
   wire \$35 ;
@@ -3942,170 +3960,185 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$155  = \$148  ? 14'h3fff : \$154 [13:0];
   assign \$158  = \$157  ? 5'h10 : 5'h00;
   assign \$160  = \$159  ? \$155  : { 9'h000, \$158  };
-  assign \$161  = ins[5:0] <= 5'h10;
-  assign \$162  = ~ \$161 ;
-  assign \$164  = | \$163 ;
-  assign \$165  = ins[5:0] == 4'ha;
-  assign \$166  = ins[5:0] == 4'hb;
-  assign \$167  = | { \$166 , \$165 , 1'h0 };
-  assign \$168  = \$164  | \$167 ;
-  assign \$169  = ins[5:0] == 4'h9;
-  assign \$171  = \$168  | \$170 ;
-  assign \$172  = ~ \context [0];
-  assign \$173  = \$171  & \$172 ;
-  assign \$175  = | \$174 ;
-  assign \$176  = ins[5:0] == 4'ha;
-  assign \$177  = ins[5:0] == 4'hb;
-  assign \$178  = | { \$177 , \$176 , 1'h0 };
-  assign \$179  = \$175  | \$178 ;
-  assign \$180  = ~ \context [1];
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \$173  | \$181 ;
-  assign \$183  = ins[5:0] == 4'h9;
-  assign \$184  = ins[5:0] == 4'he;
-  assign \$185  = | { \$184 , \$183 , 1'h0 };
-  assign \$186  = ins[255:244] < 7'h40;
-  assign \$187  = ~ \$186 ;
-  assign \$188  = \$185  & \$187 ;
-  assign \$189  = ~ shape_q;
-  assign \$190  = ins[5:0] == 4'h8;
-  assign \$192  = ! ins[87:77];
-  assign \$193  = \context [48] & \$192 ;
-  assign \$194  = \context [61:49] == ins[76:64];
-  assign \$195  = \$193  & \$194 ;
-  assign \$196  = \context [75:62] == ln;
-  assign \$197  = \$195  & \$196 ;
-  assign \$198  = ~ \$197 ;
-  assign \$199  = \$191  & \$198 ;
-  assign \$200  = ~ spad_ok;
-  assign \$201  = ins[5:0] == 1'h1;
-  assign \$202  = ins[5:0] == 2'h2;
-  assign \$203  = ins[5:0] == 2'h3;
-  assign \$204  = | { \$203 , \$202 , \$201 , 1'h0 };
-  assign \$205  = ~ host_ok;
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = ~ busy;
-  assign \$208  = active & \$207 ;
-  assign \$209  = step != 3'h7;
-  assign \$210  = ! ins[5:0];
-  assign \$211  = settle == 2'h2;
-  assign \$212  = \$210  | \$211 ;
-  assign \$213  = | wa;
-  assign \$214  = | wc;
-  assign \$215  = \$213  & \$214 ;
-  assign \$216  = ins[125:112] + wc;
-  assign \$217  = ins[77:64] < \$216 ;
-  assign \$218  = \$215  & \$217 ;
-  assign \$219  = ins[77:64] + wa;
-  assign \$220  = ins[125:112] < \$219 ;
-  assign \$221  = \$218  & \$220 ;
-  assign \$222  = ins[5:0] == 3'h4;
-  assign \$223  = ins[5:0] == 3'h5;
-  assign \$224  = ins[5:0] == 3'h6;
-  assign \$225  = ins[5:0] == 3'h7;
-  assign \$226  = ins[5:0] == 4'hd;
-  assign \$227  = | { \$226 , \$225 , \$224 , \$223 , \$222 , 1'h0 };
-  assign \$228  = ins[77:64] == ins[125:112];
-  assign \$229  = \$227  & \$228 ;
-  assign \$230  = wa == wc;
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = ~ \$231 ;
-  assign \$233  = \$221  & \$232 ;
-  assign \$234  = | wb;
-  assign \$235  = | wc;
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = ins[125:112] + wc;
-  assign \$238  = ins[101:88] < \$237 ;
-  assign \$239  = \$236  & \$238 ;
-  assign \$240  = ins[101:88] + wb;
-  assign \$241  = ins[125:112] < \$240 ;
-  assign \$242  = \$239  & \$241 ;
-  assign \$243  = ins[5:0] == 3'h4;
-  assign \$244  = ins[5:0] == 3'h5;
-  assign \$245  = ins[5:0] == 3'h6;
-  assign \$246  = ins[5:0] == 3'h7;
-  assign \$247  = ins[5:0] == 4'hd;
-  assign \$248  = | { \$247 , \$246 , \$245 , \$244 , \$243 , 1'h0 };
-  assign \$249  = ins[101:88] == ins[125:112];
-  assign \$250  = \$248  & \$249 ;
-  assign \$251  = wb == wc;
-  assign \$252  = \$250  & \$251 ;
-  assign \$253  = ~ \$252 ;
-  assign \$254  = \$242  & \$253 ;
-  assign \$255  = \$233  | \$254 ;
-  assign \$256  = ! wa;
-  assign \$257  = ! ins[87:78];
-  assign \$258  = ins[77:64] + wa;
-  assign \$259  = \$258  <= 14'h2000;
-  assign \$260  = \$257  & \$259 ;
-  assign \$261  = \$256  | \$260 ;
-  assign \$262  = ! wb;
-  assign \$263  = ! ins[111:102];
-  assign \$264  = ins[101:88] + wb;
-  assign \$265  = \$264  <= 14'h2000;
-  assign \$266  = \$263  & \$265 ;
-  assign \$267  = \$262  | \$266 ;
-  assign \$268  = \$261  & \$267 ;
-  assign \$269  = ! wc;
-  assign \$270  = ! ins[135:126];
-  assign \$271  = ins[125:112] + wc;
-  assign \$272  = \$271  <= 14'h2000;
-  assign \$273  = \$270  & \$272 ;
-  assign \$274  = \$269  | \$273 ;
-  assign \$275  = \$268  & \$274 ;
-  assign \$276  = ! host[1:0];
-  assign \$277  = host >= \context [107:76];
-  assign \$278  = \$276  & \$277 ;
-  assign \$279  = host + { l4[17:2], 2'h0 };
-  assign \$280  = \context [107:76] + \context [139:108];
-  assign \$281  = \$279  <= \$280 ;
-  assign \$282  = \$278  & \$281 ;
-  assign \$283  = ~ busy;
-  assign \$284  = active & \$283 ;
-  assign \$285  = step != 3'h7;
-  assign \$286  = ! ins[5:0];
-  assign \$287  = settle == 2'h2;
-  assign \$288  = \$286  | \$287 ;
-  assign \$289  = | acc[32:14];
-  assign \$290  = \$289  ? 14'h3fff : acc[13:0];
-  assign \$291  = | acc[32:14];
-  assign \$292  = \$291  ? 14'h3fff : acc[13:0];
-  assign \$293  = | acc[32:14];
-  assign \$294  = \$293  ? 14'h3fff : acc[13:0];
-  assign \$295  = | acc[32:14];
-  assign \$296  = \$295  ? 14'h3fff : acc[13:0];
-  assign \$297  = | acc[32:18];
-  assign \$298  = \$297  ? 18'h3ffff : acc[17:0];
-  assign \$299  = step + 1'h1;
-  assign \$300  = settle + 1'h1;
+  assign \$161  = ! ins[5:0];
+  assign \$162  = ins[5:0] == 1'h1;
+  assign \$163  = ins[5:0] == 2'h2;
+  assign \$164  = ins[5:0] == 2'h3;
+  assign \$165  = ins[5:0] == 3'h4;
+  assign \$166  = ins[5:0] == 3'h5;
+  assign \$167  = ins[5:0] == 3'h6;
+  assign \$168  = ins[5:0] == 3'h7;
+  assign \$169  = ins[5:0] == 4'h8;
+  assign \$170  = ins[5:0] == 4'h9;
+  assign \$171  = ins[5:0] == 4'ha;
+  assign \$172  = ins[5:0] == 4'hb;
+  assign \$173  = ins[5:0] == 4'hc;
+  assign \$174  = ins[5:0] == 4'hd;
+  assign \$175  = ins[5:0] == 4'he;
+  assign \$176  = | { \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , 1'h0 };
+  assign \$177  = ~ \$176 ;
+  assign \$179  = | \$178 ;
+  assign \$180  = ins[5:0] == 4'ha;
+  assign \$181  = ins[5:0] == 4'hb;
+  assign \$182  = | { \$181 , \$180 , 1'h0 };
+  assign \$183  = \$179  | \$182 ;
+  assign \$184  = ins[5:0] == 4'h9;
+  assign \$186  = \$183  | \$185 ;
+  assign \$187  = ~ \context [0];
+  assign \$188  = \$186  & \$187 ;
+  assign \$190  = | \$189 ;
+  assign \$191  = ins[5:0] == 4'ha;
+  assign \$192  = ins[5:0] == 4'hb;
+  assign \$193  = | { \$192 , \$191 , 1'h0 };
+  assign \$194  = \$190  | \$193 ;
+  assign \$195  = ~ \context [1];
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = \$188  | \$196 ;
+  assign \$198  = ins[5:0] == 4'h9;
+  assign \$199  = ins[5:0] == 4'he;
+  assign \$200  = | { \$199 , \$198 , 1'h0 };
+  assign \$201  = ins[255:244] < 7'h40;
+  assign \$202  = ~ \$201 ;
+  assign \$203  = \$200  & \$202 ;
+  assign \$204  = ~ shape_q;
+  assign \$205  = ins[5:0] == 4'h8;
+  assign \$207  = ! ins[87:77];
+  assign \$208  = \context [48] & \$207 ;
+  assign \$209  = \context [61:49] == ins[76:64];
+  assign \$210  = \$208  & \$209 ;
+  assign \$211  = \context [75:62] == ln;
+  assign \$212  = \$210  & \$211 ;
+  assign \$213  = ~ \$212 ;
+  assign \$214  = \$206  & \$213 ;
+  assign \$215  = ~ spad_ok;
+  assign \$216  = ins[5:0] == 1'h1;
+  assign \$217  = ins[5:0] == 2'h2;
+  assign \$218  = ins[5:0] == 2'h3;
+  assign \$219  = | { \$218 , \$217 , \$216 , 1'h0 };
+  assign \$220  = ~ host_ok;
+  assign \$221  = \$219  & \$220 ;
+  assign \$222  = ~ busy;
+  assign \$223  = active & \$222 ;
+  assign \$224  = step != 3'h7;
+  assign \$225  = ! ins[5:0];
+  assign \$226  = settle == 2'h2;
+  assign \$227  = \$225  | \$226 ;
+  assign \$228  = | wa;
+  assign \$229  = | wc;
+  assign \$230  = \$228  & \$229 ;
+  assign \$231  = ins[125:112] + wc;
+  assign \$232  = ins[77:64] < \$231 ;
+  assign \$233  = \$230  & \$232 ;
+  assign \$234  = ins[77:64] + wa;
+  assign \$235  = ins[125:112] < \$234 ;
+  assign \$236  = \$233  & \$235 ;
+  assign \$237  = ins[5:0] == 3'h4;
+  assign \$238  = ins[5:0] == 3'h5;
+  assign \$239  = ins[5:0] == 3'h6;
+  assign \$240  = ins[5:0] == 3'h7;
+  assign \$241  = ins[5:0] == 4'hd;
+  assign \$242  = | { \$241 , \$240 , \$239 , \$238 , \$237 , 1'h0 };
+  assign \$243  = ins[77:64] == ins[125:112];
+  assign \$244  = \$242  & \$243 ;
+  assign \$245  = wa == wc;
+  assign \$246  = \$244  & \$245 ;
+  assign \$247  = ~ \$246 ;
+  assign \$248  = \$236  & \$247 ;
+  assign \$249  = | wb;
+  assign \$250  = | wc;
+  assign \$251  = \$249  & \$250 ;
+  assign \$252  = ins[125:112] + wc;
+  assign \$253  = ins[101:88] < \$252 ;
+  assign \$254  = \$251  & \$253 ;
+  assign \$255  = ins[101:88] + wb;
+  assign \$256  = ins[125:112] < \$255 ;
+  assign \$257  = \$254  & \$256 ;
+  assign \$258  = ins[5:0] == 3'h4;
+  assign \$259  = ins[5:0] == 3'h5;
+  assign \$260  = ins[5:0] == 3'h6;
+  assign \$261  = ins[5:0] == 3'h7;
+  assign \$262  = ins[5:0] == 4'hd;
+  assign \$263  = | { \$262 , \$261 , \$260 , \$259 , \$258 , 1'h0 };
+  assign \$264  = ins[101:88] == ins[125:112];
+  assign \$265  = \$263  & \$264 ;
+  assign \$266  = wb == wc;
+  assign \$267  = \$265  & \$266 ;
+  assign \$268  = ~ \$267 ;
+  assign \$269  = \$257  & \$268 ;
+  assign \$270  = \$248  | \$269 ;
+  assign \$271  = ! wa;
+  assign \$272  = ! ins[87:78];
+  assign \$273  = ins[77:64] + wa;
+  assign \$274  = \$273  <= 14'h2000;
+  assign \$275  = \$272  & \$274 ;
+  assign \$276  = \$271  | \$275 ;
+  assign \$277  = ! wb;
+  assign \$278  = ! ins[111:102];
+  assign \$279  = ins[101:88] + wb;
+  assign \$280  = \$279  <= 14'h2000;
+  assign \$281  = \$278  & \$280 ;
+  assign \$282  = \$277  | \$281 ;
+  assign \$283  = \$276  & \$282 ;
+  assign \$284  = ! wc;
+  assign \$285  = ! ins[135:126];
+  assign \$286  = ins[125:112] + wc;
+  assign \$287  = \$286  <= 14'h2000;
+  assign \$288  = \$285  & \$287 ;
+  assign \$289  = \$284  | \$288 ;
+  assign \$290  = \$283  & \$289 ;
+  assign \$291  = ! host[1:0];
+  assign \$292  = host >= \context [107:76];
+  assign \$293  = \$291  & \$292 ;
+  assign \$294  = host + { l4[17:2], 2'h0 };
+  assign \$295  = \context [107:76] + \context [139:108];
+  assign \$296  = \$294  <= \$295 ;
+  assign \$297  = \$293  & \$296 ;
+  assign \$298  = ~ busy;
+  assign \$299  = active & \$298 ;
+  assign \$300  = step != 3'h7;
+  assign \$301  = ! ins[5:0];
+  assign \$302  = settle == 2'h2;
+  assign \$303  = \$301  | \$302 ;
+  assign \$304  = | acc[32:14];
+  assign \$305  = \$304  ? 14'h3fff : acc[13:0];
+  assign \$306  = | acc[32:14];
+  assign \$307  = \$306  ? 14'h3fff : acc[13:0];
+  assign \$308  = | acc[32:14];
+  assign \$309  = \$308  ? 14'h3fff : acc[13:0];
+  assign \$310  = | acc[32:14];
+  assign \$311  = \$310  ? 14'h3fff : acc[13:0];
+  assign \$312  = | acc[32:18];
+  assign \$313  = \$312  ? 18'h3ffff : acc[17:0];
+  assign \$314  = step + 1'h1;
+  assign \$315  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$301 ;
+    shape_q <= \$316 ;
   always @(posedge clk)
-    overlap_q <= \$302 ;
+    overlap_q <= \$317 ;
   always @(posedge clk)
-    spad_ok <= \$303 ;
+    spad_ok <= \$318 ;
   always @(posedge clk)
-    host_ok <= \$304 ;
+    host_ok <= \$319 ;
   always @(posedge clk)
-    error <= \$305 ;
+    error <= \$320 ;
   always @(posedge clk)
-    active <= \$306 ;
+    active <= \$321 ;
   always @(posedge clk)
-    step <= \$307 ;
+    step <= \$322 ;
   always @(posedge clk)
-    settle <= \$308 ;
+    settle <= \$323 ;
   always @(posedge clk)
-    ln <= \$309 ;
+    ln <= \$324 ;
   always @(posedge clk)
-    mk <= \$310 ;
+    mk <= \$325 ;
   always @(posedge clk)
-    p2 <= \$311 ;
+    p2 <= \$326 ;
   always @(posedge clk)
-    p3 <= \$312 ;
+    p3 <= \$327 ;
   always @(posedge clk)
-    l4 <= \$313 ;
+    l4 <= \$328 ;
   always @(posedge clk)
-    host <= \$314 ;
+    host <= \$329 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4385,21 +4418,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$162 ) begin
+    if (\$177 ) begin
       decode_err = 8'h01;
-    end else if (\$182 ) begin
+    end else if (\$197 ) begin
       decode_err = 8'h08;
-    end else if (\$188 ) begin
+    end else if (\$203 ) begin
       decode_err = 8'h06;
-    end else if (\$189 ) begin
+    end else if (\$204 ) begin
       decode_err = 8'h03;
-    end else if (\$199 ) begin
+    end else if (\$214 ) begin
       decode_err = 8'h04;
-    end else if (\$200 ) begin
+    end else if (\$215 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$206 ) begin
+    end else if (\$221 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4407,8 +4440,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$208 ) begin
-      if (\$209 ) begin
+    end else if (\$223 ) begin
+      if (\$224 ) begin
         load = 1'h1;
       end
     end
@@ -4417,8 +4450,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$208 ) begin
-      if (\$209 ) begin
+    end else if (\$223 ) begin
+      if (\$224 ) begin
         y = st_y;
       end
     end
@@ -4427,8 +4460,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$208 ) begin
-      if (\$209 ) begin
+    end else if (\$223 ) begin
+      if (\$224 ) begin
         x = st_x;
       end
     end
@@ -4437,8 +4470,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$208 ) begin
-      if (\$209 ) begin
+    end else if (\$223 ) begin
+      if (\$224 ) begin
         acc_in = st_acc;
       end
     end
@@ -4447,187 +4480,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$208 ) begin
-      if (\$209 ) begin
-      end else if (\$212 ) begin
+    end else if (\$223 ) begin
+      if (\$224 ) begin
+      end else if (\$227 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$301  = shape_ok;
+    \$316  = shape_ok;
     if (unit_rst) begin
-      \$301  = 1'h0;
+      \$316  = 1'h0;
     end
     if (rst) begin
-      \$301  = 1'h0;
+      \$316  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$302  = \$255 ;
+    \$317  = \$270 ;
     if (unit_rst) begin
-      \$302  = 1'h0;
+      \$317  = 1'h0;
     end
     if (rst) begin
-      \$302  = 1'h0;
+      \$317  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$303  = \$275 ;
+    \$318  = \$290 ;
     if (unit_rst) begin
-      \$303  = 1'h0;
+      \$318  = 1'h0;
     end
     if (rst) begin
-      \$303  = 1'h0;
+      \$318  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$304  = \$282 ;
+    \$319  = \$297 ;
     if (unit_rst) begin
-      \$304  = 1'h0;
+      \$319  = 1'h0;
     end
     if (rst) begin
-      \$304  = 1'h0;
+      \$319  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$305  = decode_err;
+    \$320  = decode_err;
     if (unit_rst) begin
-      \$305  = 8'h00;
+      \$320  = 8'h00;
     end
     if (rst) begin
-      \$305  = 8'h00;
+      \$320  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$306  = active;
+    \$321  = active;
     if (start) begin
-      \$306  = 1'h1;
-    end else if (\$284 ) begin
-      if (\$285 ) begin
-      end else if (\$288 ) begin
-        \$306  = 1'h0;
+      \$321  = 1'h1;
+    end else if (\$299 ) begin
+      if (\$300 ) begin
+      end else if (\$303 ) begin
+        \$321  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$306  = 1'h0;
+      \$321  = 1'h0;
     end
     if (rst) begin
-      \$306  = 1'h0;
+      \$321  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$307  = step;
+    \$322  = step;
     if (start) begin
-      \$307  = 3'h0;
-    end else if (\$284 ) begin
-      if (\$285 ) begin
-        \$307  = \$299 [2:0];
+      \$322  = 3'h0;
+    end else if (\$299 ) begin
+      if (\$300 ) begin
+        \$322  = \$314 [2:0];
       end
     end
     if (unit_rst) begin
-      \$307  = 3'h0;
+      \$322  = 3'h0;
     end
     if (rst) begin
-      \$307  = 3'h0;
+      \$322  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$308  = settle;
+    \$323  = settle;
     if (start) begin
-      \$308  = 2'h0;
-    end else if (\$284 ) begin
+      \$323  = 2'h0;
+    end else if (\$299 ) begin
       (* full_case = 32'd1 *)
-      if (\$285 ) begin
-      end else if (\$288 ) begin
+      if (\$300 ) begin
+      end else if (\$303 ) begin
       end else begin
-        \$308  = \$300 [1:0];
+        \$323  = \$315 [1:0];
       end
     end
     if (unit_rst) begin
-      \$308  = 2'h0;
+      \$323  = 2'h0;
     end
     if (rst) begin
-      \$308  = 2'h0;
+      \$323  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$309  = ln;
+    \$324  = ln;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
-              \$309  = \$290 ;
+              \$324  = \$305 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$309  = 14'h0000;
+      \$324  = 14'h0000;
     end
     if (rst) begin
-      \$309  = 14'h0000;
+      \$324  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$310  = mk;
+    \$325  = mk;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$310  = \$292 ;
+              \$325  = \$307 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$310  = 14'h0000;
+      \$325  = 14'h0000;
     end
     if (rst) begin
-      \$310  = 14'h0000;
+      \$325  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$311  = p2;
+    \$326  = p2;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$311  = \$294 ;
+              \$326  = \$309 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$311  = 14'h0000;
+      \$326  = 14'h0000;
     end
     if (rst) begin
-      \$311  = 14'h0000;
+      \$326  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$312  = p3;
+    \$327  = p3;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4636,23 +4669,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$312  = \$296 ;
+              \$327  = \$311 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$312  = 14'h0000;
+      \$327  = 14'h0000;
     end
     if (rst) begin
-      \$312  = 14'h0000;
+      \$327  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$313  = l4;
+    \$328  = l4;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4663,23 +4696,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$313  = \$298 ;
+              \$328  = \$313 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$313  = 18'h00000;
+      \$328  = 18'h00000;
     end
     if (rst) begin
-      \$313  = 18'h00000;
+      \$328  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$314  = host;
+    \$329  = host;
     if (start) begin
-    end else if (\$284 ) begin
-      if (\$285 ) begin
+    end else if (\$299 ) begin
+      if (\$300 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4692,15 +4725,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$314  = acc;
+              \$329  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$314  = 33'h000000000;
+      \$329  = 33'h000000000;
     end
     if (rst) begin
-      \$314  = 33'h000000000;
+      \$329  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -4818,12 +4851,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$156 [2] = ins[8];
   assign \$157  = ins[8];
   assign \$159  = ins[9];
-  assign \$163 [9:3] = 7'h00;
-  assign \$163 [2:0] = ins[8:6];
-  assign \$170  = \$169 ;
-  assign \$174 [9:3] = 7'h00;
-  assign \$174 [2:0] = ins[8:6];
-  assign \$191  = \$190 ;
+  assign \$178 [9:3] = 7'h00;
+  assign \$178 [2:0] = ins[8:6];
+  assign \$185  = \$184 ;
+  assign \$189 [9:3] = 7'h00;
+  assign \$189 [2:0] = ins[8:6];
+  assign \$206  = \$205 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -4925,7 +4958,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4892$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4247$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5101,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4892$254 ;
-  wire [15:0] \port$4892$254 ;
+  input [15:0] \port$4247$254 ;
+  wire [15:0] \port$4247$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5267,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4892$254  };
+      \$74  = { 8'h00, \port$4247$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5303,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4892$254  };
+      \$77  = { 8'h00, \port$4247$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5348,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4892$254  };
+  assign rd_beats = { 8'h00, \port$4247$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4892$254  };
+  assign wr_beats = { 8'h00, \port$4247$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5333,13 +5366,13 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, \done$96 , error
+module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, error
 , spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire \$101 ;
+  wire [23:0] \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
@@ -5389,9 +5422,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire [23:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
+  wire [23:0] \$149 ;
   wire [3:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
@@ -5416,9 +5449,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$169 ;
   wire \$17 ;
   wire \$170 ;
-  wire [23:0] \$171 ;
+  wire \$171 ;
   wire \$172 ;
-  wire \$173 ;
+  wire [23:0] \$173 ;
   wire \$174 ;
   wire \$175 ;
   wire \$176 ;
@@ -5443,82 +5476,76 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire [23:0] \$196 ;
-  wire [23:0] \$197 ;
+  wire \$196 ;
+  wire \$197 ;
   wire [23:0] \$198 ;
   wire [23:0] \$199 ;
   wire \$2 ;
   wire [14:0] \$20 ;
-  wire \$200 ;
-  wire \$201 ;
+  wire [23:0] \$200 ;
+  wire [23:0] \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire [8:0] \$204 ;
-  wire [8:0] \$205 ;
-  wire \$206 ;
-  wire \$207 ;
-  wire [9:0] \$208 ;
-  wire \$209 ;
+  wire \$204 ;
+  wire \$205 ;
+  wire [16:0] \$206 ;
+  wire [17:0] \$207 ;
+  wire [16:0] \$208 ;
+  wire [17:0] \$209 ;
   wire [13:0] \$21 ;
-  wire \$210 ;
-  wire [16:0] \$211 ;
-  wire [17:0] \$212 ;
-  wire [16:0] \$213 ;
-  wire [17:0] \$214 ;
-  wire [18:0] \$215 ;
-  wire [14:0] \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
+  wire [18:0] \$210 ;
+  wire [14:0] \$211 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  reg [64:0] \$217 ;
+  reg \$218 ;
+  reg \$219 ;
   wire [13:0] \$22 ;
-  wire \$220 ;
-  wire \$221 ;
-  wire \$222 ;
-  reg [64:0] \$223 ;
-  reg \$224 ;
-  reg \$225 ;
-  reg \$226 ;
+  reg \$220 ;
+  reg [13:0] \$221 ;
+  reg [12:0] \$222 ;
+  reg [12:0] \$223 ;
+  reg [13:0] \$224 ;
+  reg [12:0] \$225 ;
+  reg [12:0] \$226 ;
   reg [13:0] \$227 ;
   reg [12:0] \$228 ;
   reg [12:0] \$229 ;
   wire [14:0] \$23 ;
-  reg [13:0] \$230 ;
-  reg [12:0] \$231 ;
-  reg [12:0] \$232 ;
-  reg [13:0] \$233 ;
-  reg [12:0] \$234 ;
-  reg [12:0] \$235 ;
-  reg \$236 ;
+  reg \$230 ;
+  reg \$231 ;
+  reg [2:0] \$232 ;
+  reg [95:0] \$233 ;
+  reg [1:0] \$234 ;
+  reg \$235 ;
+  reg [95:0] \$236 ;
   reg \$237 ;
-  reg [2:0] \$238 ;
-  reg [95:0] \$239 ;
+  reg \$238 ;
+  reg \$239 ;
   wire [13:0] \$24 ;
-  reg [1:0] \$240 ;
+  reg \$240 ;
   reg \$241 ;
-  reg [95:0] \$242 ;
-  reg \$243 ;
-  reg \$244 ;
-  reg \$245 ;
-  reg \$246 ;
+  reg [14:0] \$242 ;
+  reg [1:0] \$243 ;
+  reg [5:0] \$244 ;
+  reg [15:0] \$245 ;
+  reg [5:0] \$246 ;
   reg \$247 ;
-  reg [14:0] \$248 ;
-  reg [1:0] \$249 ;
+  reg [13:0] \$248 ;
+  reg [13:0] \$249 ;
   wire [13:0] \$25 ;
-  reg [5:0] \$250 ;
-  reg [15:0] \$251 ;
-  reg [5:0] \$252 ;
+  reg [12:0] \$250 ;
+  reg \$251 ;
+  reg [12:0] \$252 ;
   reg \$253 ;
-  reg [13:0] \$254 ;
-  reg [13:0] \$255 ;
-  reg [12:0] \$256 ;
-  reg \$257 ;
-  reg [12:0] \$258 ;
-  reg \$259 ;
+  reg \$254 ;
+  reg [12:0] \$255 ;
+  reg [13:0] \$256 ;
+  reg [1:0] \$257 ;
   wire [13:0] \$26 ;
-  reg \$260 ;
-  reg [12:0] \$261 ;
-  reg [13:0] \$262 ;
-  reg [2:0] \$263 ;
   wire [13:0] \$27 ;
   wire [14:0] \$28 ;
   wire [13:0] \$29 ;
@@ -5530,20 +5557,20 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire [13:0] \$34 ;
   wire \$35 ;
   wire \$36 ;
-  wire [6:0] \$364 ;
+  wire [6:0] \$360 ;
   wire \$37 ;
   wire \$38 ;
   wire \$39 ;
   wire \$4 ;
   wire [2:0] \$40 ;
   wire \$41 ;
-  wire [6:0] \$414 ;
+  wire [6:0] \$410 ;
   wire [2:0] \$42 ;
   wire [3:0] \$43 ;
   wire \$44 ;
   wire [2:0] \$45 ;
   wire \$46 ;
-  wire [6:0] \$466 ;
+  wire [6:0] \$462 ;
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
@@ -5560,23 +5587,23 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire [14:0] \$61 ;
+  wire \$61 ;
   wire [14:0] \$62 ;
-  wire \$63 ;
+  wire [14:0] \$63 ;
   wire \$64 ;
-  wire [1:0] \$65 ;
+  wire \$65 ;
   wire [1:0] \$66 ;
-  wire \$67 ;
+  wire [1:0] \$67 ;
   wire \$68 ;
   wire \$69 ;
   wire [2:0] \$7 ;
-  wire [9:0] \$70 ;
+  wire \$70 ;
   wire \$71 ;
-  wire \$72 ;
-  wire [14:0] \$73 ;
-  wire [14:0] \$74 ;
-  wire \$75 ;
-  wire \$76 ;
+  wire [9:0] \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire [14:0] \$75 ;
+  wire [14:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
@@ -5586,22 +5613,22 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire \$82 ;
   wire \$83 ;
   wire \$84 ;
-  wire [2:0] \$85 ;
-  wire [3:0] \$86 ;
-  wire \$87 ;
-  wire \$88 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire [2:0] \$87 ;
+  wire [3:0] \$88 ;
   wire \$89 ;
   wire \$9 ;
   wire \$90 ;
-  wire [2:0] \$91 ;
-  wire [3:0] \$92 ;
-  wire \$93 ;
-  wire \$94 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire [2:0] \$93 ;
+  wire [3:0] \$94 ;
   wire \$95 ;
-  wire [16:0] \$96 ;
+  wire \$96 ;
   wire \$97 ;
-  wire \$98 ;
-  wire [23:0] \$99 ;
+  wire [16:0] \$98 ;
+  wire \$99 ;
   reg \$signal  = 1'h0;
   reg \$signal$10  = 1'h0;
   reg [12:0] \$signal$17  = 13'h0000;
@@ -5623,15 +5650,13 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire clk;
   reg [13:0] cnt0 = 14'h0000;
   reg [13:0] cnt1 = 14'h0000;
-  wire done;
-  output \done$96 ;
-  reg \done$96 ;
+  output done;
+  reg done;
   reg [13:0] el = 14'h0000;
   output [7:0] error;
   reg [7:0] error;
-  wire [7:0] \error$98 ;
   reg [2:0] fill = 3'h0;
-  reg [2:0] fsm_state = 3'h0;
+  reg [1:0] fsm_state = 2'h0;
   reg h_valid = 1'h0;
   reg [95:0] hold = 96'h000000000000000000000000;
   wire [23:0] \hold[0] ;
@@ -5640,40 +5665,23 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$71 ;
-  wire [31:0] \i__payload$71[0] ;
-  wire [15:0] \i__payload$71[0].g ;
-  wire [15:0] \i__payload$71[0].u ;
-  wire [33:0] \i__payload$72 ;
-  wire [15:0] \i__payload$72.a ;
-  wire [16:0] \i__payload$72.b ;
-  wire \i__payload$72.last ;
+  wire [31:0] \i__payload$70 ;
+  wire [31:0] \i__payload$70[0] ;
+  wire [15:0] \i__payload$70[0].g ;
+  wire [15:0] \i__payload$70[0].u ;
+  wire [33:0] \i__payload$71 ;
+  wire [15:0] \i__payload$71.a ;
+  wire [16:0] \i__payload$71.b ;
+  wire \i__payload$71.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$85 ;
-  wire \i__ready$89 ;
+  wire \i__ready$84 ;
+  wire \i__ready$88 ;
   reg i__valid;
-  reg \i__valid$84 ;
-  reg \i__valid$88 ;
+  reg \i__valid$83 ;
+  reg \i__valid$87 ;
   input [220:0] ins;
   wire [220:0] ins;
-  wire [220:0] \ins$106 ;
-  wire [12:0] \ins$106.a ;
-  wire [12:0] \ins$106.b ;
-  wire [12:0] \ins$106.c ;
-  wire [15:0] \ins$106.count ;
-  wire [15:0] \ins$106.expert ;
-  wire [9:0] \ins$106.flags ;
-  wire [15:0] \ins$106.k ;
-  wire [13:0] \ins$106.len ;
-  wire [15:0] \ins$106.m ;
-  wire [31:0] \ins$106.mult ;
-  wire [15:0] \ins$106.n ;
-  wire [13:0] \ins$106.offset ;
-  wire [5:0] \ins$106.op ;
-  wire [13:0] \ins$106.p2 ;
-  wire [5:0] \ins$106.shift ;
-  wire [5:0] \ins$106.width ;
   wire [12:0] \ins.a ;
   wire [12:0] \ins.b ;
   wire [12:0] \ins.c ;
@@ -5698,16 +5706,16 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$87 ;
-  wire [15:0] \o__payload$87[0] ;
-  wire [15:0] \o__payload$91 ;
+  wire [15:0] \o__payload$86 ;
+  wire [15:0] \o__payload$86[0] ;
+  wire [15:0] \o__payload$90 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
+  wire \o__ready$75 ;
   wire \o__ready$76 ;
-  wire \o__ready$77 ;
   wire o__valid;
-  wire \o__valid$86 ;
-  wire \o__valid$90 ;
+  wire \o__valid$85 ;
+  wire \o__valid$89 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -5765,37 +5773,26 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   output [5:0] shift;
   reg [5:0] shift = 6'h00;
   wire spad__blocked;
-  wire \spad__blocked$109 ;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
-  wire [12:0] \spad__rd0__addr$100 ;
   input [31:0] spad__rd0__data;
   wire [31:0] spad__rd0__data;
-  wire [31:0] \spad__rd0__data$107 ;
   output spad__rd0__en;
   reg spad__rd0__en;
-  wire \spad__rd0__en$99 ;
   output [12:0] spad__rd1__addr;
   reg [12:0] spad__rd1__addr;
-  wire [12:0] \spad__rd1__addr$102 ;
   input [31:0] spad__rd1__data;
   wire [31:0] spad__rd1__data;
-  wire [31:0] \spad__rd1__data$108 ;
   output spad__rd1__en;
   reg spad__rd1__en;
-  wire \spad__rd1__en$101 ;
   output [12:0] spad__wr__addr;
   reg [12:0] spad__wr__addr;
-  wire [12:0] \spad__wr__addr$104 ;
   output [31:0] spad__wr__data;
   reg [31:0] spad__wr__data;
-  wire [31:0] \spad__wr__data$105 ;
   output spad__wr__en;
   reg spad__wr__en;
-  wire \spad__wr__en$103 ;
   input start;
   wire start;
-  reg \start$92 ;
   reg unit_ready;
   input unit_rst;
   wire unit_rst;
@@ -5858,250 +5855,242 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign \$52  = lane == 2'h3;
   assign \$53  = \$52  | at_last;
   assign \$54  = rq__o__valid & rq__o__ready;
-  assign \$55  = h_valid & beat[64];
-  assign \$56  = ins[5:0] == 3'h4;
-  assign \$57  = ins[5:0] == 3'h5;
-  assign \$58  = ins[5:0] == 3'h6;
-  assign \$59  = ins[5:0] == 4'hf;
+  assign \$55  = ins[5:0] == 3'h4;
+  assign \$56  = ins[5:0] == 3'h5;
+  assign \$57  = ins[5:0] == 3'h6;
+  assign \$58  = ins[5:0] == 4'hf;
   assign \$60  = ins[5:0] == 4'hf;
-  assign \$62  = \$60  ? \$61  : { 1'h0, ins[122:109] };
-  assign \$63  = ins[5:0] == 4'hd;
-  assign \$64  = ins[5:0] == 4'hc;
-  assign \$65  = \$64  ? 2'h1 : 2'h0;
-  assign \$66  = \$63  ? 2'h2 : \$65 ;
-  assign \$67  = ins[122:109] == 1'h1;
-  assign \$68  = ins[5:0] == 5'h10;
-  assign \$69  = ins[5:0] == 3'h4;
-  assign \$72  = \$69  & \$71 ;
-  assign \$73  = el + 1'h1;
-  assign \$74  = el + 2'h2;
-  assign \$75  = \$74  == ins[122:109];
-  assign \$76  = el >= results;
-  assign \$77  = ~ h_valid;
-  assign r_en = \$77  | unit_ready;
-  assign \$78  = ~ h_valid;
-  assign \$79  = \$78  | unit_ready;
-  assign \$80  = ~ r_rdy;
-  assign \$81  = \$79  & \$80 ;
-  assign \$82  = ~ \$81 ;
-  assign w_en = \$signal$10  & \$82 ;
-  assign \$85  = \$signal$10  + level;
-  assign \$86  = \$85  + h_valid;
-  assign \$87  = \$86  < 2'h3;
-  assign \$88  = \$84  & \$87 ;
-  assign \$91  = \$signal$10  + level;
-  assign \$92  = \$91  + h_valid;
-  assign \$93  = \$92  < 2'h3;
-  assign \$94  = \$90  & \$93 ;
-  assign \$95  = vec_op == 1'h1;
-  assign \$96  = \$95  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$97  = ~ wvalid;
-  assign \$98  = \$97  | rq__i__ready;
-  assign \$364  = lane * 5'h18;
-  assign \$99  = hold >> \$364 ;
-  assign \$100  = width > 1'h1;
-  assign \$101  = width > 2'h2;
-  assign \$102  = width > 2'h3;
-  assign \$103  = width > 3'h4;
-  assign \$104  = width > 3'h5;
-  assign \$105  = width > 3'h6;
-  assign \$106  = width > 3'h7;
-  assign \$107  = width > 4'h8;
-  assign \$108  = width > 4'h9;
-  assign \$109  = width > 4'ha;
-  assign \$110  = width > 4'hb;
-  assign \$111  = width > 4'hc;
-  assign \$112  = width > 4'hd;
-  assign \$113  = width > 4'he;
-  assign \$114  = width > 4'hf;
-  assign \$115  = width > 5'h10;
-  assign \$116  = width > 5'h11;
-  assign \$117  = width > 5'h12;
-  assign \$118  = width > 5'h13;
-  assign \$119  = width > 5'h14;
-  assign \$120  = width > 5'h15;
-  assign \$121  = width > 5'h16;
-  assign \$122  = width > 5'h17;
-  assign \$123  = $signed(\$99 ) > $signed({ 1'h0, \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100  });
-  assign \$124  = width > 1'h1;
-  assign \$125  = width > 2'h2;
-  assign \$126  = width > 2'h3;
-  assign \$127  = width > 3'h4;
-  assign \$128  = width > 3'h5;
-  assign \$129  = width > 3'h6;
-  assign \$130  = width > 3'h7;
-  assign \$131  = width > 4'h8;
-  assign \$132  = width > 4'h9;
-  assign \$133  = width > 4'ha;
-  assign \$134  = width > 4'hb;
-  assign \$135  = width > 4'hc;
-  assign \$136  = width > 4'hd;
-  assign \$137  = width > 4'he;
-  assign \$138  = width > 4'hf;
-  assign \$139  = width > 5'h10;
-  assign \$140  = width > 5'h11;
-  assign \$141  = width > 5'h12;
-  assign \$142  = width > 5'h13;
-  assign \$143  = width > 5'h14;
-  assign \$144  = width > 5'h15;
-  assign \$145  = width > 5'h16;
-  assign \$146  = width > 5'h17;
-  assign \$414  = lane * 5'h18;
-  assign \$147  = hold >> \$414 ;
-  assign \$148  = width > 1'h1;
-  assign \$149  = width > 2'h2;
-  assign \$150  = width > 2'h3;
-  assign \$151  = width > 3'h4;
-  assign \$152  = width > 3'h5;
-  assign \$153  = width > 3'h6;
-  assign \$154  = width > 3'h7;
-  assign \$155  = width > 4'h8;
-  assign \$156  = width > 4'h9;
-  assign \$157  = width > 4'ha;
-  assign \$158  = width > 4'hb;
-  assign \$159  = width > 4'hc;
-  assign \$160  = width > 4'hd;
-  assign \$161  = width > 4'he;
-  assign \$162  = width > 4'hf;
-  assign \$163  = width > 5'h10;
-  assign \$164  = width > 5'h11;
-  assign \$165  = width > 5'h12;
-  assign \$166  = width > 5'h13;
-  assign \$167  = width > 5'h14;
-  assign \$168  = width > 5'h15;
-  assign \$169  = width > 5'h16;
-  assign \$170  = width > 5'h17;
-  assign \$171  = ~ { 1'h0, \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148  };
-  assign \$172  = $signed(\$147 ) < $signed(\$171 );
-  assign \$173  = width > 1'h1;
-  assign \$174  = width > 2'h2;
-  assign \$175  = width > 2'h3;
-  assign \$176  = width > 3'h4;
-  assign \$177  = width > 3'h5;
-  assign \$178  = width > 3'h6;
-  assign \$179  = width > 3'h7;
-  assign \$180  = width > 4'h8;
-  assign \$181  = width > 4'h9;
-  assign \$182  = width > 4'ha;
-  assign \$183  = width > 4'hb;
-  assign \$184  = width > 4'hc;
-  assign \$185  = width > 4'hd;
-  assign \$186  = width > 4'he;
-  assign \$187  = width > 4'hf;
-  assign \$188  = width > 5'h10;
-  assign \$189  = width > 5'h11;
-  assign \$190  = width > 5'h12;
-  assign \$191  = width > 5'h13;
-  assign \$192  = width > 5'h14;
-  assign \$193  = width > 5'h15;
-  assign \$194  = width > 5'h16;
-  assign \$195  = width > 5'h17;
-  assign \$196  = ~ { 1'h0, \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173  };
-  assign \$466  = lane * 5'h18;
-  assign \$197  = hold >> \$466 ;
-  assign \$198  = \$172  ? \$196  : \$197 ;
-  assign \$199  = \$123  ? { 1'h0, \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124  } : \$198 ;
-  assign \$200  = ~ hold_valid;
-  assign \$201  = lane == 2'h3;
-  assign \$202  = \$201  | at_last;
-  assign \$203  = \$200  | \$202 ;
-  assign \$204  = $signed(beat[15:8]) + $signed({ 1'h0, beat[7] });
-  assign \$205  = low ? { beat[7], beat[7:0] } : \$204 ;
-  assign \$206  = ins[5:0] == 5'h10;
-  assign \$207  = ins[5:0] == 3'h4;
-  assign \$210  = \$207  & \$209 ;
-  assign \$212  = ins[47:35] + \$211 ;
-  assign \$214  = ins[47:35] + \$213 ;
-  assign \$215  = \$214  + 1'h1;
-  assign \$216  = ins[60:48] + el;
-  assign \$217  = el >= results;
-  assign \$218  = ! fsm_state;
-  assign \$219  = fsm_state == 1'h1;
-  assign \$220  = fsm_state == 2'h2;
-  assign \$221  = fsm_state == 2'h3;
-  assign \$222  = fsm_state == 3'h4;
+  assign \$64  = ins[5:0] == 4'hd;
+  assign \$65  = ins[5:0] == 4'hc;
+  assign \$66  = \$65  ? 2'h1 : 2'h0;
+  assign \$67  = \$64  ? 2'h2 : \$66 ;
+  assign \$68  = ins[122:109] == 1'h1;
+  assign \$69  = ins[5:0] == 5'h10;
+  assign \$71  = ins[5:0] == 3'h4;
+  assign \$74  = \$71  & \$73 ;
+  assign \$75  = el + 1'h1;
+  assign \$76  = el + 2'h2;
+  assign \$77  = \$76  == ins[122:109];
+  assign \$78  = el >= results;
+  assign \$79  = ~ h_valid;
+  assign r_en = \$79  | unit_ready;
+  assign \$80  = ~ h_valid;
+  assign \$81  = \$80  | unit_ready;
+  assign \$82  = ~ r_rdy;
+  assign \$83  = \$81  & \$82 ;
+  assign \$84  = ~ \$83 ;
+  assign w_en = \$signal$10  & \$84 ;
+  assign \$87  = \$signal$10  + level;
+  assign \$88  = \$87  + h_valid;
+  assign \$89  = \$88  < 2'h3;
+  assign \$90  = \$86  & \$89 ;
+  assign \$93  = \$signal$10  + level;
+  assign \$94  = \$93  + h_valid;
+  assign \$95  = \$94  < 2'h3;
+  assign \$96  = \$92  & \$95 ;
+  assign \$97  = vec_op == 1'h1;
+  assign \$98  = \$97  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$99  = ~ wvalid;
+  assign \$100  = \$99  | rq__i__ready;
+  assign \$360  = lane * 5'h18;
+  assign \$101  = hold >> \$360 ;
+  assign \$102  = width > 1'h1;
+  assign \$103  = width > 2'h2;
+  assign \$104  = width > 2'h3;
+  assign \$105  = width > 3'h4;
+  assign \$106  = width > 3'h5;
+  assign \$107  = width > 3'h6;
+  assign \$108  = width > 3'h7;
+  assign \$109  = width > 4'h8;
+  assign \$110  = width > 4'h9;
+  assign \$111  = width > 4'ha;
+  assign \$112  = width > 4'hb;
+  assign \$113  = width > 4'hc;
+  assign \$114  = width > 4'hd;
+  assign \$115  = width > 4'he;
+  assign \$116  = width > 4'hf;
+  assign \$117  = width > 5'h10;
+  assign \$118  = width > 5'h11;
+  assign \$119  = width > 5'h12;
+  assign \$120  = width > 5'h13;
+  assign \$121  = width > 5'h14;
+  assign \$122  = width > 5'h15;
+  assign \$123  = width > 5'h16;
+  assign \$124  = width > 5'h17;
+  assign \$125  = $signed(\$101 ) > $signed({ 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  });
+  assign \$126  = width > 1'h1;
+  assign \$127  = width > 2'h2;
+  assign \$128  = width > 2'h3;
+  assign \$129  = width > 3'h4;
+  assign \$130  = width > 3'h5;
+  assign \$131  = width > 3'h6;
+  assign \$132  = width > 3'h7;
+  assign \$133  = width > 4'h8;
+  assign \$134  = width > 4'h9;
+  assign \$135  = width > 4'ha;
+  assign \$136  = width > 4'hb;
+  assign \$137  = width > 4'hc;
+  assign \$138  = width > 4'hd;
+  assign \$139  = width > 4'he;
+  assign \$140  = width > 4'hf;
+  assign \$141  = width > 5'h10;
+  assign \$142  = width > 5'h11;
+  assign \$143  = width > 5'h12;
+  assign \$144  = width > 5'h13;
+  assign \$145  = width > 5'h14;
+  assign \$146  = width > 5'h15;
+  assign \$147  = width > 5'h16;
+  assign \$148  = width > 5'h17;
+  assign \$410  = lane * 5'h18;
+  assign \$149  = hold >> \$410 ;
+  assign \$150  = width > 1'h1;
+  assign \$151  = width > 2'h2;
+  assign \$152  = width > 2'h3;
+  assign \$153  = width > 3'h4;
+  assign \$154  = width > 3'h5;
+  assign \$155  = width > 3'h6;
+  assign \$156  = width > 3'h7;
+  assign \$157  = width > 4'h8;
+  assign \$158  = width > 4'h9;
+  assign \$159  = width > 4'ha;
+  assign \$160  = width > 4'hb;
+  assign \$161  = width > 4'hc;
+  assign \$162  = width > 4'hd;
+  assign \$163  = width > 4'he;
+  assign \$164  = width > 4'hf;
+  assign \$165  = width > 5'h10;
+  assign \$166  = width > 5'h11;
+  assign \$167  = width > 5'h12;
+  assign \$168  = width > 5'h13;
+  assign \$169  = width > 5'h14;
+  assign \$170  = width > 5'h15;
+  assign \$171  = width > 5'h16;
+  assign \$172  = width > 5'h17;
+  assign \$173  = ~ { 1'h0, \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150  };
+  assign \$174  = $signed(\$149 ) < $signed(\$173 );
+  assign \$175  = width > 1'h1;
+  assign \$176  = width > 2'h2;
+  assign \$177  = width > 2'h3;
+  assign \$178  = width > 3'h4;
+  assign \$179  = width > 3'h5;
+  assign \$180  = width > 3'h6;
+  assign \$181  = width > 3'h7;
+  assign \$182  = width > 4'h8;
+  assign \$183  = width > 4'h9;
+  assign \$184  = width > 4'ha;
+  assign \$185  = width > 4'hb;
+  assign \$186  = width > 4'hc;
+  assign \$187  = width > 4'hd;
+  assign \$188  = width > 4'he;
+  assign \$189  = width > 4'hf;
+  assign \$190  = width > 5'h10;
+  assign \$191  = width > 5'h11;
+  assign \$192  = width > 5'h12;
+  assign \$193  = width > 5'h13;
+  assign \$194  = width > 5'h14;
+  assign \$195  = width > 5'h15;
+  assign \$196  = width > 5'h16;
+  assign \$197  = width > 5'h17;
+  assign \$198  = ~ { 1'h0, \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175  };
+  assign \$462  = lane * 5'h18;
+  assign \$199  = hold >> \$462 ;
+  assign \$200  = \$174  ? \$198  : \$199 ;
+  assign \$201  = \$125  ? { 1'h0, \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126  } : \$200 ;
+  assign \$202  = ~ hold_valid;
+  assign \$203  = lane == 2'h3;
+  assign \$204  = \$203  | at_last;
+  assign \$205  = \$202  | \$204 ;
+  assign \$207  = ins[47:35] + \$206 ;
+  assign \$209  = ins[47:35] + \$208 ;
+  assign \$210  = \$209  + 1'h1;
+  assign \$211  = ins[60:48] + el;
+  assign \$212  = el >= results;
+  assign \$213  = ! fsm_state;
+  assign \$214  = fsm_state == 1'h1;
+  assign \$215  = fsm_state == 2'h2;
+  assign \$216  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$223 ;
+    beat <= \$217 ;
   always @(posedge clk)
-    h_valid <= \$224 ;
+    h_valid <= \$218 ;
   always @(posedge clk)
-    \$signal$10  <= \$225 ;
+    \$signal$10  <= \$219 ;
   always @(posedge clk)
-    \$signal  <= \$226 ;
+    \$signal  <= \$220 ;
   always @(posedge clk)
-    rem0 <= \$227 ;
+    rem0 <= \$221 ;
   always @(posedge clk)
-    \$signal$17  <= \$228 ;
+    \$signal$17  <= \$222 ;
   always @(posedge clk)
-    \$signal$19  <= \$229 ;
+    \$signal$19  <= \$223 ;
   always @(posedge clk)
-    rem1 <= \$230 ;
+    rem1 <= \$224 ;
   always @(posedge clk)
-    \$signal$22  <= \$231 ;
+    \$signal$22  <= \$225 ;
   always @(posedge clk)
-    \$signal$24  <= \$232 ;
+    \$signal$24  <= \$226 ;
   always @(posedge clk)
-    rem2 <= \$233 ;
+    rem2 <= \$227 ;
   always @(posedge clk)
-    \$signal$28  <= \$234 ;
+    \$signal$28  <= \$228 ;
   always @(posedge clk)
-    \$signal$30  <= \$235 ;
+    \$signal$30  <= \$229 ;
   always @(posedge clk)
-    issuing <= \$236 ;
+    issuing <= \$230 ;
   always @(posedge clk)
-    wvalid <= \$237 ;
+    wvalid <= \$231 ;
   always @(posedge clk)
-    fill <= \$238 ;
+    fill <= \$232 ;
   always @(posedge clk)
-    pack <= \$239 ;
+    pack <= \$233 ;
   always @(posedge clk)
-    lane <= \$240 ;
+    lane <= \$234 ;
   always @(posedge clk)
-    hold_valid <= \$241 ;
+    hold_valid <= \$235 ;
   always @(posedge clk)
-    hold <= \$242 ;
+    hold <= \$236 ;
   always @(posedge clk)
-    low <= \$243 ;
+    \$signal$32  <= \$237 ;
   always @(posedge clk)
-    \$signal$32  <= \$244 ;
+    \$signal$33  <= \$238 ;
   always @(posedge clk)
-    \$signal$33  <= \$245 ;
+    \$signal$34  <= \$239 ;
   always @(posedge clk)
-    \$signal$34  <= \$246 ;
+    \$signal$35  <= \$240 ;
   always @(posedge clk)
-    \$signal$35  <= \$247 ;
+    low <= \$241 ;
   always @(posedge clk)
-    results <= \$248 ;
+    results <= \$242 ;
   always @(posedge clk)
-    vec_op <= \$249 ;
+    vec_op <= \$243 ;
   always @(posedge clk)
-    width <= \$250 ;
+    width <= \$244 ;
   always @(posedge clk)
-    mult <= \$251 ;
+    mult <= \$245 ;
   always @(posedge clk)
-    shift <= \$252 ;
+    shift <= \$246 ;
   always @(posedge clk)
-    at_last <= \$253 ;
+    at_last <= \$247 ;
   always @(posedge clk)
-    cnt0 <= \$254 ;
+    cnt0 <= \$248 ;
   always @(posedge clk)
-    cnt1 <= \$255 ;
+    cnt1 <= \$249 ;
   always @(posedge clk)
-    sa0 <= \$256 ;
+    sa0 <= \$250 ;
   always @(posedge clk)
-    sa1 <= \$257 ;
+    sa1 <= \$251 ;
   always @(posedge clk)
-    sa2 <= \$258 ;
+    sa2 <= \$252 ;
   always @(posedge clk)
-    sb0 <= \$259 ;
+    sb0 <= \$253 ;
   always @(posedge clk)
-    sb1 <= \$260 ;
+    sb1 <= \$254 ;
   always @(posedge clk)
-    sb2 <= \$261 ;
+    sb2 <= \$255 ;
   always @(posedge clk)
-    el <= \$262 ;
+    el <= \$256 ;
   always @(posedge clk)
-    fsm_state <= \$263 ;
+    fsm_state <= \$257 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -6113,21 +6102,21 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$85 ),
+    .advance(\i__ready$84 ),
     .clk(clk),
-    .i__payload(\i__payload$71 ),
-    .i__valid(\i__valid$84 ),
-    .o__payload(\o__payload$87 ),
-    .o__valid(\o__valid$86 ),
+    .i__payload(\i__payload$70 ),
+    .i__valid(\i__valid$83 ),
+    .o__payload(\o__payload$86 ),
+    .o__valid(\o__valid$85 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5954$0 (\$signal ),
-    .\port$6367$0 (spad__rd0__data),
-    .\port$6369$0 (spad__rd1__data),
+    .\port$5309$0 (\$signal ),
+    .\port$5647$0 (spad__rd0__data),
+    .\port$5649$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -6137,149 +6126,360 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$72 ),
-    .i__ready(\i__ready$89 ),
-    .i__valid(\i__valid$88 ),
+    .i__payload(\i__payload$71 ),
+    .i__ready(\i__ready$88 ),
+    .i__valid(\i__valid$87 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$91 ),
-    .o__valid(\o__valid$90 ),
+    .o__payload(\o__payload$90 ),
+    .o__valid(\o__valid$89 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
   );
-  \nanokpu_kpu.elementwise.wide  wide (
-    .clk(clk),
-    .done(done),
-    .error(\error$98 ),
-    .ins(ins),
-    .rst(rst),
-    .spad__rd0__addr(\spad__rd0__addr$100 ),
-    .spad__rd0__data(spad__rd0__data),
-    .spad__rd0__en(\spad__rd0__en$99 ),
-    .spad__rd1__addr(\spad__rd1__addr$102 ),
-    .spad__rd1__data(spad__rd1__data),
-    .spad__rd1__en(\spad__rd1__en$101 ),
-    .spad__wr__addr(\spad__wr__addr$104 ),
-    .spad__wr__data(\spad__wr__data$105 ),
-    .spad__wr__en(\spad__wr__en$103 ),
-    .start(\start$92 ),
-    .unit_rst(unit_rst)
-  );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$223  = beat;
+    \$217  = beat;
     if (\$2 ) begin
-      \$223  = \$3 ;
+      \$217  = \$3 ;
     end
     if (unit_rst) begin
-      \$223  = 65'h00000000000000000;
+      \$217  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$223  = 65'h00000000000000000;
+      \$217  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$224  = h_valid;
+    \$218  = h_valid;
     if (\$2 ) begin
-      \$224  = \$4 ;
+      \$218  = \$4 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$224  = 1'h0;
+                  \$218  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$224  = 1'h0;
+                  \$218  = 1'h0;
               6'h0c:
-                  \$224  = 1'h0;
+                  \$218  = 1'h0;
               6'h0d:
-                  \$224  = 1'h0;
+                  \$218  = 1'h0;
               6'h0f:
-                  \$224  = 1'h0;
+                  \$218  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$224  = 1'h0;
+      \$218  = 1'h0;
     end
     if (rst) begin
-      \$224  = 1'h0;
+      \$218  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$225  = \$signal$10 ;
+    \$219  = \$signal$10 ;
     if (run) begin
-      \$225  = \$10 ;
+      \$219  = \$10 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$225  = 1'h0;
+                  \$219  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$225  = 1'h0;
+                  \$219  = 1'h0;
               6'h0c:
-                  \$225  = 1'h0;
+                  \$219  = 1'h0;
               6'h0d:
-                  \$225  = 1'h0;
+                  \$219  = 1'h0;
               6'h0f:
-                  \$225  = 1'h0;
+                  \$219  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$225  = 1'h0;
+      \$219  = 1'h0;
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$219  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$226  = \$signal ;
+    \$220  = \$signal ;
     if (run) begin
-      \$226  = \$11 ;
+      \$220  = \$11 ;
     end
     if (unit_rst) begin
-      \$226  = 1'h0;
+      \$220  = 1'h0;
     end
     if (rst) begin
-      \$226  = 1'h0;
+      \$220  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$227  = rem0;
+    \$221  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$227  = \$20 [13:0];
+          \$221  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$227  = cnt0;
+          \$221  = cnt0;
         end else begin
-          \$227  = cnt0;
+          \$221  = cnt0;
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$227  = ins[122:109];
+                  \$221  = ins[122:109];
               6'h05, 6'h06, 6'h07:
-                  \$227  = ins[122:109];
+                  \$221  = ins[122:109];
               6'h0c:
-                  \$227  = ins[106:93];
+                  \$221  = ins[106:93];
               6'h0d:
-                  \$227  = ins[90:77];
+                  \$221  = ins[90:77];
               6'h0f:
-                  \$227  = ins[122:109];
+                  \$221  = ins[122:109];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$221  = 14'h0000;
+    end
+    if (rst) begin
+      \$221  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$222  = \$signal$17 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$222  = \$21 [12:0];
+        end else if (\$19 ) begin
+          \$222  = \$25 [12:0];
+        end else begin
+          \$222  = \$31 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$222  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$222  = ins[34:22];
+              6'h0c:
+                  \$222  = ins[34:22];
+              6'h0d:
+                  \$222  = ins[34:22];
+              6'h0f:
+                  \$222  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$222  = 13'h0000;
+    end
+    if (rst) begin
+      \$222  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$223  = \$signal$19 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$223  = \$22 [12:0];
+        end else if (\$19 ) begin
+          \$223  = \$27 [12:0];
+        end else begin
+          \$223  = \$34 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$223  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$223  = ins[47:35];
+              6'h0c:
+                  \$223  = ins[47:35];
+              6'h0d:
+                  \$223  = ins[47:35];
+              6'h0f:
+                  \$223  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$223  = 13'h0000;
+    end
+    if (rst) begin
+      \$223  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$224  = rem1;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$224  = \$23 [13:0];
+        end else begin
+          \$224  = cnt1;
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$224  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$224  = 14'h0001;
+              6'h0c:
+                  \$224  = ins[90:77];
+              6'h0d:
+                  \$224  = 14'h0002;
+              6'h0f:
+                  \$224  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$224  = 14'h0000;
+    end
+    if (rst) begin
+      \$224  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$225  = \$signal$22 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$225  = \$24 [12:0];
+        end else begin
+          \$225  = \$30 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$225  = ins[34:22];
+              6'h05, 6'h06, 6'h07:
+                  \$225  = ins[34:22];
+              6'h0c:
+                  \$225  = ins[34:22];
+              6'h0d:
+                  \$225  = ins[34:22];
+              6'h0f:
+                  \$225  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$225  = 13'h0000;
+    end
+    if (rst) begin
+      \$225  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$226  = \$signal$24 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$226  = \$26 [12:0];
+        end else begin
+          \$226  = \$33 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$226  = ins[47:35];
+              6'h05, 6'h06, 6'h07:
+                  \$226  = ins[47:35];
+              6'h0c:
+                  \$226  = ins[47:35];
+              6'h0d:
+                  \$226  = ins[47:35];
+              6'h0f:
+                  \$226  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$226  = 13'h0000;
+    end
+    if (rst) begin
+      \$226  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$227  = rem2;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$227  = \$28 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$227  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$227  = 14'h0001;
+              6'h0c:
+                  \$227  = ins[74:61];
+              6'h0d:
+                  \$227  = ins[74:61];
+              6'h0f:
+                  \$227  = 14'h0001;
             endcase
           end
     endcase
@@ -6292,21 +6492,19 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$228  = \$signal$17 ;
+    \$228  = \$signal$28 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$228  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$228  = \$25 [12:0];
         end else begin
-          \$228  = \$31 [12:0];
+          \$228  = \$29 [12:0];
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
@@ -6331,21 +6529,19 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$229  = \$signal$19 ;
+    \$229  = \$signal$30 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$229  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$229  = \$27 [12:0];
         end else begin
-          \$229  = \$34 [12:0];
+          \$229  = \$32 [12:0];
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
@@ -6370,232 +6566,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$230  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$230  = \$23 [13:0];
-        end else begin
-          \$230  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$230  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$230  = 14'h0001;
-              6'h0c:
-                  \$230  = ins[90:77];
-              6'h0d:
-                  \$230  = 14'h0002;
-              6'h0f:
-                  \$230  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$230  = 14'h0000;
-    end
-    if (rst) begin
-      \$230  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$231  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$231  = \$24 [12:0];
-        end else begin
-          \$231  = \$30 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$231  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
-                  \$231  = ins[34:22];
-              6'h0c:
-                  \$231  = ins[34:22];
-              6'h0d:
-                  \$231  = ins[34:22];
-              6'h0f:
-                  \$231  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$231  = 13'h0000;
-    end
-    if (rst) begin
-      \$231  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$232  = \$signal$24 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$232  = \$26 [12:0];
-        end else begin
-          \$232  = \$33 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$232  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
-                  \$232  = ins[47:35];
-              6'h0c:
-                  \$232  = ins[47:35];
-              6'h0d:
-                  \$232  = ins[47:35];
-              6'h0f:
-                  \$232  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$232  = 13'h0000;
-    end
-    if (rst) begin
-      \$232  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$233  = rem2;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$233  = \$28 [13:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$233  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$233  = 14'h0001;
-              6'h0c:
-                  \$233  = ins[74:61];
-              6'h0d:
-                  \$233  = ins[74:61];
-              6'h0f:
-                  \$233  = 14'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$233  = 14'h0000;
-    end
-    if (rst) begin
-      \$233  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$234  = \$signal$28 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$234  = \$29 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$234  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
-                  \$234  = ins[34:22];
-              6'h0c:
-                  \$234  = ins[34:22];
-              6'h0d:
-                  \$234  = ins[34:22];
-              6'h0f:
-                  \$234  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$234  = 13'h0000;
-    end
-    if (rst) begin
-      \$234  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$235  = \$signal$30 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$235  = \$32 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$235  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
-                  \$235  = ins[47:35];
-              6'h0c:
-                  \$235  = ins[47:35];
-              6'h0d:
-                  \$235  = ins[47:35];
-              6'h0f:
-                  \$235  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$235  = 13'h0000;
-    end
-    if (rst) begin
-      \$235  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$236  = issuing;
+    \$230  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -6603,155 +6574,252 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$236  = 1'h0;
+            \$230  = 1'h0;
           end
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$236  = 1'h1;
+                  \$230  = 1'h1;
               6'h05, 6'h06, 6'h07:
-                  \$236  = 1'h1;
+                  \$230  = 1'h1;
               6'h0c:
-                  \$236  = 1'h1;
+                  \$230  = 1'h1;
               6'h0d:
-                  \$236  = 1'h1;
+                  \$230  = 1'h1;
               6'h0f:
-                  \$236  = 1'h1;
+                  \$230  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$236  = 1'h0;
+      \$230  = 1'h0;
     end
     if (rst) begin
-      \$236  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$237  = wvalid;
+    \$231  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$37 ) begin
-          \$237  = 1'h0;
+          \$231  = 1'h0;
         end
         if (\$38 ) begin
           if (\$47 ) begin
-            \$237  = 1'h1;
+            \$231  = 1'h1;
           end
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$237  = 1'h0;
+            \$231  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$237  = 1'h0;
+      \$231  = 1'h0;
     end
     if (rst) begin
-      \$237  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$238  = fill;
+    \$232  = fill;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$37 ) begin
-          \$238  = 3'h0;
+          \$232  = 3'h0;
         end
         if (\$38 ) begin
-          \$238  = \$43 [2:0];
+          \$232  = \$43 [2:0];
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$238  = 3'h0;
+            \$232  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$238  = 3'h0;
+      \$232  = 3'h0;
     end
     if (rst) begin
-      \$238  = 3'h0;
+      \$232  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$239  = pack;
+    \$233  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$38 ) begin
           casez (\$40 )
             3'h0:
-                \$239 [23:0] = beat[23:0];
+                \$233 [23:0] = beat[23:0];
             3'h1:
-                \$239 [47:24] = beat[23:0];
+                \$233 [47:24] = beat[23:0];
             3'h2:
-                \$239 [71:48] = beat[23:0];
+                \$233 [71:48] = beat[23:0];
             3'h3:
-                \$239 [95:72] = beat[23:0];
+                \$233 [95:72] = beat[23:0];
           endcase
         end
       end
     end
     if (unit_rst) begin
-      \$239  = 96'h000000000000000000000000;
+      \$233  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$239  = 96'h000000000000000000000000;
+      \$233  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$240  = lane;
+    \$234  = lane;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$240  = \$51 [1:0];
+          \$234  = \$51 [1:0];
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$240  = 2'h0;
+            \$234  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$240  = 2'h0;
+      \$234  = 2'h0;
     end
     if (rst) begin
-      \$240  = 2'h0;
+      \$234  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$241  = hold_valid;
+    \$235  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$53 ) begin
-            \$241  = 1'h0;
+            \$235  = 1'h0;
           end
         end
         if (\$54 ) begin
-          \$241  = 1'h1;
+          \$235  = 1'h1;
         end
       end
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
+          if (start) begin
+            \$235  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$235  = 1'h0;
+    end
+    if (rst) begin
+      \$235  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$236  = hold;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$54 ) begin
+          \$236  = rq__o__payload;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$236  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$236  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$237  = \$signal$32 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$237  = \$55 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$237  = 1'h0;
+    end
+    if (rst) begin
+      \$237  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$238  = \$signal$33 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$238  = \$56 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$238  = 1'h0;
+    end
+    if (rst) begin
+      \$238  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$239  = \$signal$34 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$239  = \$57 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$239  = 1'h0;
+    end
+    if (rst) begin
+      \$239  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$240  = \$signal$35 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$240  = \$59 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$240  = 1'h0;
+    end
+    if (rst) begin
+      \$240  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$241  = low;
+    casez (fsm_state)
+      2'h0:
           if (start) begin
             \$241  = 1'h0;
           end
@@ -6765,102 +6833,108 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$242  = hold;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$54 ) begin
-          \$242  = rq__o__payload;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$242  = 96'h000000000000000000000000;
-    end
-    if (rst) begin
-      \$242  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$243  = low;
-    if (run) begin
-      if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
-      end else if (\$signal$34 ) begin
-      end else if (\$signal$35 ) begin
-        if (\$55 ) begin
-          \$243  = 1'h1;
-        end
-      end
-    end
+    \$242  = results;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$243  = 1'h0;
+            \$242  = \$63 ;
           end
     endcase
     if (unit_rst) begin
-      \$243  = 1'h0;
+      \$242  = 15'h0000;
     end
     if (rst) begin
-      \$243  = 1'h0;
+      \$242  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$244  = \$signal$32 ;
+    \$243  = vec_op;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$244  = \$56 ;
+            \$243  = \$67 ;
           end
     endcase
     if (unit_rst) begin
-      \$244  = 1'h0;
+      \$243  = 2'h0;
     end
     if (rst) begin
-      \$244  = 1'h0;
+      \$243  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$245  = \$signal$33 ;
+    \$244  = width;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$245  = \$57 ;
+            \$244  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$245  = 1'h0;
+      \$244  = 6'h00;
     end
     if (rst) begin
-      \$245  = 1'h0;
+      \$244  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$246  = \$signal$34 ;
+    \$245  = mult;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$246  = \$58 ;
+            \$245  = ins[152:137];
           end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$245  = spad__rd0__data[15:0];
     endcase
     if (unit_rst) begin
-      \$246  = 1'h0;
+      \$245  = 16'h0000;
     end
     if (rst) begin
-      \$246  = 1'h0;
+      \$245  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$247  = \$signal$35 ;
+    \$246  = shift;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$247  = \$59 ;
+            \$246  = ins[174:169];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$246  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$246  = 6'h00;
+    end
+    if (rst) begin
+      \$246  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$247  = at_last;
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$247  = \$68 ;
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            \$247  = \$77 ;
           end
     endcase
     if (unit_rst) begin
@@ -6872,107 +6946,157 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$248  = results;
+    \$248  = cnt0;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$248  = \$62 ;
+            casez (ins[5:0])
+              6'h04:
+                  \$248  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$248  = ins[122:109];
+              6'h0c:
+                  \$248  = ins[106:93];
+              6'h0d:
+                  \$248  = ins[90:77];
+              6'h0f:
+                  \$248  = ins[122:109];
+            endcase
           end
     endcase
     if (unit_rst) begin
-      \$248  = 15'h0000;
+      \$248  = 14'h0000;
     end
     if (rst) begin
-      \$248  = 15'h0000;
+      \$248  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$249  = vec_op;
+    \$249  = cnt1;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$249  = \$66 ;
+            casez (ins[5:0])
+              6'h04:
+                  \$249  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$249  = 14'h0001;
+              6'h0c:
+                  \$249  = ins[90:77];
+              6'h0d:
+                  \$249  = 14'h0002;
+              6'h0f:
+                  \$249  = 14'h0002;
+            endcase
           end
     endcase
     if (unit_rst) begin
-      \$249  = 2'h0;
+      \$249  = 14'h0000;
     end
     if (rst) begin
-      \$249  = 2'h0;
+      \$249  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$250  = width;
+    \$250  = sa0;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$250  = ins[21:16];
+            casez (ins[5:0])
+              6'h04:
+                  \$250  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$250  = 13'h0001;
+              6'h0c:
+                  \$250  = ins[89:77];
+              6'h0d:
+                  \$250  = 13'h0001;
+              6'h0f:
+                  \$250  = 13'h0001;
+            endcase
           end
     endcase
     if (unit_rst) begin
-      \$250  = 6'h00;
+      \$250  = 13'h0000;
     end
     if (rst) begin
-      \$250  = 6'h00;
+      \$250  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$251  = mult;
+    \$251  = sa1;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$251  = ins[152:137];
+            casez (ins[5:0])
+              6'h04:
+                  \$251  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$251  = 1'h0;
+              6'h0c:
+                  \$251  = 1'h1;
+              6'h0d:
+                  \$251  = 1'h0;
+              6'h0f:
+                  \$251  = 1'h0;
+            endcase
           end
-      3'h2:
-          /* empty */;
-      3'h4:
-          \$251  = spad__rd0__data[15:0];
     endcase
     if (unit_rst) begin
-      \$251  = 16'h0000;
+      \$251  = 1'h0;
     end
     if (rst) begin
-      \$251  = 16'h0000;
+      \$251  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$252  = shift;
+    \$252  = sa2;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$252  = ins[174:169];
+            casez (ins[5:0])
+              6'h04:
+                  \$252  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$252  = 13'h0000;
+              6'h0c:
+                  \$252  = ins[135:123];
+              6'h0d:
+                  \$252  = ins[89:77];
+              6'h0f:
+                  \$252  = 13'h0000;
+            endcase
           end
-      3'h2:
-          /* empty */;
-      3'h4:
-          \$252  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$252  = 6'h00;
+      \$252  = 13'h0000;
     end
     if (rst) begin
-      \$252  = 6'h00;
+      \$252  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$253  = at_last;
+    \$253  = sb0;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
-            \$253  = \$67 ;
-          end
-      3'h2:
-          /* empty */;
-      3'h4:
-          /* empty */;
-      3'h3:
-          if (out_valid) begin
-            \$253  = \$75 ;
+            casez (ins[5:0])
+              6'h04:
+                  \$253  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$253  = 1'h1;
+              6'h0c:
+                  \$253  = 1'h1;
+              6'h0d:
+                  \$253  = 1'h0;
+              6'h0f:
+                  \$253  = 1'h0;
+            endcase
           end
     endcase
     if (unit_rst) begin
@@ -6984,288 +7108,123 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$254  = cnt0;
+    \$254  = sb1;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$254  = ins[122:109];
+                  \$254  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$254  = ins[122:109];
+                  \$254  = 1'h0;
               6'h0c:
-                  \$254  = ins[106:93];
+                  \$254  = 1'h0;
               6'h0d:
-                  \$254  = ins[90:77];
+                  \$254  = 1'h0;
               6'h0f:
-                  \$254  = ins[122:109];
+                  \$254  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$254  = 14'h0000;
+      \$254  = 1'h0;
     end
     if (rst) begin
-      \$254  = 14'h0000;
+      \$254  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$255  = cnt1;
+    \$255  = sb2;
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$255  = 14'h0001;
+                  \$255  = 13'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$255  = 14'h0001;
+                  \$255  = 13'h0000;
               6'h0c:
-                  \$255  = ins[90:77];
+                  \$255  = ins[105:93];
               6'h0d:
-                  \$255  = 14'h0002;
+                  \$255  = 13'h0000;
               6'h0f:
-                  \$255  = 14'h0002;
+                  \$255  = 13'h0000;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$255  = 14'h0000;
+      \$255  = 13'h0000;
     end
     if (rst) begin
-      \$255  = 14'h0000;
+      \$255  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$256  = sa0;
+    \$256  = el;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$256  = 13'h0001;
+                  \$256  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$256  = 13'h0001;
+                  \$256  = 14'h0000;
               6'h0c:
-                  \$256  = ins[89:77];
+                  \$256  = 14'h0000;
               6'h0d:
-                  \$256  = 13'h0001;
+                  \$256  = 14'h0000;
               6'h0f:
-                  \$256  = 13'h0001;
+                  \$256  = 14'h0000;
             endcase
           end
-    endcase
-    if (unit_rst) begin
-      \$256  = 13'h0000;
-    end
-    if (rst) begin
-      \$256  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$257  = sa1;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$257  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$257  = 1'h0;
-              6'h0c:
-                  \$257  = 1'h1;
-              6'h0d:
-                  \$257  = 1'h0;
-              6'h0f:
-                  \$257  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$257  = 1'h0;
-    end
-    if (rst) begin
-      \$257  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$258  = sa2;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$258  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$258  = 13'h0000;
-              6'h0c:
-                  \$258  = ins[135:123];
-              6'h0d:
-                  \$258  = ins[89:77];
-              6'h0f:
-                  \$258  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$258  = 13'h0000;
-    end
-    if (rst) begin
-      \$258  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$259  = sb0;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$259  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$259  = 1'h1;
-              6'h0c:
-                  \$259  = 1'h1;
-              6'h0d:
-                  \$259  = 1'h0;
-              6'h0f:
-                  \$259  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$259  = 1'h0;
-    end
-    if (rst) begin
-      \$259  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$260  = sb1;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$260  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$260  = 1'h0;
-              6'h0c:
-                  \$260  = 1'h0;
-              6'h0d:
-                  \$260  = 1'h0;
-              6'h0f:
-                  \$260  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$260  = 1'h0;
-    end
-    if (rst) begin
-      \$260  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$261  = sb2;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$261  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$261  = 13'h0000;
-              6'h0c:
-                  \$261  = ins[105:93];
-              6'h0d:
-                  \$261  = 13'h0000;
-              6'h0f:
-                  \$261  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$261  = 13'h0000;
-    end
-    if (rst) begin
-      \$261  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$262  = el;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$262  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$262  = 14'h0000;
-              6'h0c:
-                  \$262  = 14'h0000;
-              6'h0d:
-                  \$262  = 14'h0000;
-              6'h0f:
-                  \$262  = 14'h0000;
-            endcase
-          end
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
+      2'h2:
           if (out_valid) begin
-            \$262  = \$73 [13:0];
+            \$256  = \$75 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$262  = 14'h0000;
+      \$256  = 14'h0000;
     end
     if (rst) begin
-      \$262  = 14'h0000;
+      \$256  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$263  = fsm_state;
+    \$257  = fsm_state;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$68 ) begin
-              \$263  = 3'h1;
-            end else if (\$72 ) begin
-              \$263  = 3'h2;
+            if (\$70 ) begin
+            end else if (\$74 ) begin
+              \$257  = 2'h1;
             end else begin
-              \$263  = 3'h3;
+              \$257  = 2'h2;
             end
           end
-      3'h2:
-          \$263  = 3'h4;
-      3'h4:
-          \$263  = 3'h3;
-      3'h3:
-          if (\$76 ) begin
-            \$263  = 3'h0;
-          end
-      3'h1:
-          if (done) begin
-            \$263  = 3'h0;
+      2'h1:
+          \$257  = 2'h3;
+      2'h3:
+          \$257  = 2'h2;
+      2'h2:
+          if (\$78 ) begin
+            \$257  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$263  = 3'h0;
+      \$257  = 2'h0;
     end
     if (rst) begin
-      \$263  = 3'h0;
+      \$257  = 2'h0;
     end
   end
   always @* begin
@@ -7275,16 +7234,10 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       spad__rd0__addr = \$signal$17 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
-          spad__rd0__addr = \$212 [12:0];
-      3'h4:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h1:
-          spad__rd0__addr = \spad__rd0__addr$100 ;
+      2'h1:
+          spad__rd0__addr = \$207 [12:0];
     endcase
   end
   always @* begin
@@ -7294,54 +7247,36 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       spad__rd1__addr = \$signal$19 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
-          spad__rd1__addr = \$215 [12:0];
-      3'h4:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h1:
-          spad__rd1__addr = \spad__rd1__addr$102 ;
+      2'h1:
+          spad__rd1__addr = \$210 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$88 ;
+      spad__rd0__en = \$90 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           spad__rd0__en = 1'h1;
-      3'h4:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h1:
-          spad__rd0__en = \spad__rd0__en$99 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$94 ;
+      spad__rd1__en = \$96 ;
     end
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           spad__rd1__en = 1'h1;
-      3'h4:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h1:
-          spad__rd1__en = \spad__rd1__en$101 ;
     endcase
   end
   always @* begin
@@ -7359,15 +7294,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        unit_ready = \$98 ;
+        unit_ready = \$100 ;
       end else if (\$signal$33 ) begin
         unit_ready = i__ready;
       end else if (\$signal$34 ) begin
-        unit_ready = \i__ready$85 ;
+        unit_ready = \i__ready$84 ;
       end else if (\$signal$35 ) begin
-        unit_ready = 1'h1;
       end else begin
-        unit_ready = \i__ready$89 ;
+        unit_ready = \i__ready$88 ;
       end
     end
   end
@@ -7381,11 +7315,10 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       end else if (\$signal$33 ) begin
         out_valid = o__valid;
       end else if (\$signal$34 ) begin
-        out_valid = \o__valid$86 ;
+        out_valid = \o__valid$85 ;
       end else if (\$signal$35 ) begin
-        out_valid = h_valid;
       end else begin
-        out_valid = \o__valid$90 ;
+        out_valid = \o__valid$89 ;
       end
     end
   end
@@ -7395,15 +7328,14 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        out_data = { \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199 [23], \$199  };
+        out_data = { \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201  };
       end else if (\$signal$33 ) begin
         out_data = { 19'h00000, o__payload };
       end else if (\$signal$34 ) begin
-        out_data = { \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87 [15], \o__payload$87  };
+        out_data = { \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86  };
       end else if (\$signal$35 ) begin
-        out_data = { \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205 [8], \$205  };
       end else begin
-        out_data = { \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91 [15], \o__payload$91  };
+        out_data = { \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90  };
       end
     end
   end
@@ -7412,7 +7344,7 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$203 ;
+        rq__o__ready = \$205 ;
       end
     end
   end
@@ -7428,18 +7360,18 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$84  = 1'h0;
+    \i__valid$83  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
       end else if (\$signal$33 ) begin
       end else if (\$signal$34 ) begin
-        \i__valid$84  = h_valid;
+        \i__valid$83  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$88  = 1'h0;
+    \i__valid$87  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
@@ -7447,124 +7379,108 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
       end else if (\$signal$34 ) begin
       end else if (\$signal$35 ) begin
       end else begin
-        \i__valid$88  = h_valid;
+        \i__valid$87  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \start$92  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            if (\$206 ) begin
-              \start$92  = 1'h1;
-            end
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     run = 1'h0;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
+      2'h2:
           run = 1'h1;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__addr = 13'h0000;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
+      2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$216 [12:0];
+            spad__wr__addr = \$211 [12:0];
           end
-      3'h1:
-          spad__wr__addr = \spad__wr__addr$104 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__data = 32'd0;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
+      2'h2:
           if (out_valid) begin
             spad__wr__data = out_data;
           end
-      3'h1:
-          spad__wr__data = \spad__wr__data$105 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__wr__en = 1'h0;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
+      2'h2:
           if (out_valid) begin
             spad__wr__en = 1'h1;
           end
-      3'h1:
-          spad__wr__en = \spad__wr__en$103 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \done$96  = 1'h0;
+    done = 1'h0;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
-          if (\$217 ) begin
-            \done$96  = 1'h1;
+      2'h2:
+          if (\$212 ) begin
+            done = 1'h1;
           end
-      3'h1:
-          \done$96  = done;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     error = 8'h00;
+    (* full_case = 32'd1 *)
     casez (fsm_state)
-      3'h0:
+      2'h0:
           /* empty */;
-      3'h2:
+      2'h1:
           /* empty */;
-      3'h4:
+      2'h3:
           /* empty */;
-      3'h3:
-          if (\$217 ) begin
+      2'h2:
+          if (\$212 ) begin
             error = 8'h00;
           end
-      3'h1:
-          error = \error$98 ;
     endcase
   end
   assign spad__blocked = 1'h0;
@@ -7576,12 +7492,8 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
+  assign \o__ready$75  = 1'h1;
   assign \o__ready$76  = 1'h1;
-  assign \o__ready$77  = 1'h1;
-  assign \ins$106  = ins;
-  assign \spad__rd0__data$107  = spad__rd0__data;
-  assign \spad__rd1__data$108  = spad__rd1__data;
-  assign \spad__blocked$109  = 1'h0;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
@@ -7618,52 +7530,37 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$71[0]  = \i__payload$71 ;
-  assign \i__payload$71[0].g  = \i__payload$71 [15:0];
-  assign \i__payload$71[0].u  = \i__payload$71 [31:16];
-  assign \i__payload$72.a  = \i__payload$72 [15:0];
-  assign \i__payload$72.b  = \i__payload$72 [32:16];
-  assign \i__payload$72.last  = \i__payload$72 [33];
+  assign \i__payload$70[0]  = \i__payload$70 ;
+  assign \i__payload$70[0].g  = \i__payload$70 [15:0];
+  assign \i__payload$70[0].u  = \i__payload$70 [31:16];
+  assign \i__payload$71.a  = \i__payload$71 [15:0];
+  assign \i__payload$71.b  = \i__payload$71 [32:16];
+  assign \i__payload$71.last  = \i__payload$71 [33];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$87[0]  = \o__payload$87 ;
-  assign \ins$106.op  = ins[5:0];
-  assign \ins$106.flags  = ins[15:6];
-  assign \ins$106.width  = ins[21:16];
-  assign \ins$106.a  = ins[34:22];
-  assign \ins$106.b  = ins[47:35];
-  assign \ins$106.c  = ins[60:48];
-  assign \ins$106.m  = ins[76:61];
-  assign \ins$106.n  = ins[92:77];
-  assign \ins$106.k  = ins[108:93];
-  assign \ins$106.len  = ins[122:109];
-  assign \ins$106.p2  = ins[136:123];
-  assign \ins$106.mult  = ins[168:137];
-  assign \ins$106.shift  = ins[174:169];
-  assign \ins$106.expert  = ins[190:175];
-  assign \ins$106.count  = ins[206:191];
-  assign \ins$106.offset  = ins[220:207];
-  assign \i__payload$72 [33] = beat[64];
-  assign \i__payload$72 [32:16] = \$96 ;
-  assign \i__payload$72 [15:0] = beat[15:0];
-  assign \i__payload$71 [31:16] = beat[47:32];
+  assign \o__payload$86[0]  = \o__payload$86 ;
+  assign \i__payload$71 [33] = beat[64];
+  assign \i__payload$71 [32:16] = \$98 ;
   assign \i__payload$71 [15:0] = beat[15:0];
+  assign \i__payload$70 [31:16] = beat[47:32];
+  assign \i__payload$70 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
   assign \$13  = issuing;
-  assign \$61  = { ins[122:109], 1'h0 };
-  assign { \$70 [9:3], \$70 [1:0] } = 9'h000;
-  assign \$70 [2] = ins[8];
-  assign \$83  = 1'h1;
-  assign \$84  = issuing;
-  assign \$89  = 1'h1;
-  assign \$90  = issuing;
-  assign { \$208 [9:3], \$208 [1:0] } = 9'h000;
-  assign \$208 [2] = ins[8];
-  assign \$211  = { ins[190:175], 1'h0 };
-  assign \$213  = { ins[190:175], 1'h0 };
-  assign \$71  = ins[8];
-  assign \$209  = ins[8];
+  assign \$59  = 1'h0;
+  assign \$61  = 1'h0;
+  assign \$62  = { ins[122:109], 1'h0 };
+  assign \$63  = { 1'h0, ins[122:109] };
+  assign \$70  = 1'h0;
+  assign { \$72 [9:3], \$72 [1:0] } = 9'h000;
+  assign \$72 [2] = ins[8];
+  assign \$85  = 1'h1;
+  assign \$86  = issuing;
+  assign \$91  = 1'h1;
+  assign \$92  = issuing;
+  assign \$206  = { ins[190:175], 1'h0 };
+  assign \$208  = { ins[190:175], 1'h0 };
+  assign \$73  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -10088,7 +9985,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5954$0 , level, \port$6367$0 , \port$6369$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5309$0 , level, \port$5647$0 , \port$5649$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10010,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5954$0 ;
-  wire \port$5954$0 ;
-  input [31:0] \port$6367$0 ;
-  wire [31:0] \port$6367$0 ;
-  input [31:0] \port$6369$0 ;
-  wire [31:0] \port$6369$0 ;
+  input \port$5309$0 ;
+  wire \port$5309$0 ;
+  input [31:0] \port$5647$0 ;
+  wire [31:0] \port$5647$0 ;
+  input [31:0] \port$5649$0 ;
+  wire [31:0] \port$5649$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10048,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5954$0 , \port$6369$0 , \port$6367$0  };
+      storage[w_port__addr] <= { \port$5309$0 , \port$5649$0 , \port$5647$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10119,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5954$0 , \port$6369$0 , \port$6367$0  };
-  assign w_data = { \port$5954$0 , \port$6369$0 , \port$6367$0  };
+  assign w_port__data = { \port$5309$0 , \port$5649$0 , \port$5647$0  };
+  assign w_data = { \port$5309$0 , \port$5649$0 , \port$5647$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -11497,2376 +11394,8 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, spad__wr__en, spad__wr__addr, spad__wr__data, done, error, spad__rd0__data, spad__rd1__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire [14:0] \$1 ;
-  wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire \$108 ;
-  wire \$109 ;
-  wire [9:0] \$11 ;
-  wire \$110 ;
-  wire \$111 ;
-  wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
-  wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire \$119 ;
-  wire [16:0] \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
-  wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
-  wire [16:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire [23:0] \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire \$149 ;
-  wire [17:0] \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
-  wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire [9:0] \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
-  wire \$166 ;
-  wire [23:0] \$167 ;
-  wire [23:0] \$168 ;
-  wire [23:0] \$169 ;
-  wire [16:0] \$17 ;
-  wire \$170 ;
-  wire \$171 ;
-  reg \$172 ;
-  reg [13:0] \$173 ;
-  reg [13:0] \$174 ;
-  reg [12:0] \$175 ;
-  reg [12:0] \$176 ;
-  reg [12:0] \$177 ;
-  reg [12:0] \$178 ;
-  reg [12:0] \$179 ;
-  wire \$18 ;
-  reg \$180 ;
-  reg \$181 ;
-  reg [12:0] \$182 ;
-  reg [12:0] \$183 ;
-  reg [12:0] \$184 ;
-  reg [15:0] \$185 ;
-  reg [1:0] \$186 ;
-  reg \$187 ;
-  reg [15:0] \$188 ;
-  reg [5:0] \$189 ;
-  wire [16:0] \$19 ;
-  reg [2:0] \$190 ;
-  reg [23:0] \$191 ;
-  reg [23:0] \$192 ;
-  reg [23:0] \$193 ;
-  reg [23:0] \$194 ;
-  wire [14:0] \$2 ;
-  wire [17:0] \$20 ;
-  wire [9:0] \$21 ;
-  wire \$22 ;
-  wire [4:0] \$23 ;
-  wire \$24 ;
-  wire \$25 ;
-  wire \$26 ;
-  wire \$27 ;
-  wire \$28 ;
-  wire \$29 ;
-  wire [15:0] \$3 ;
-  wire \$30 ;
-  wire [1:0] \$31 ;
-  wire \$32 ;
-  wire \$33 ;
-  wire \$34 ;
-  wire [1:0] \$35 ;
-  wire \$36 ;
-  wire \$37 ;
-  wire \$38 ;
-  wire [1:0] \$39 ;
-  wire [14:0] \$4 ;
-  wire [14:0] \$40 ;
-  wire [13:0] \$41 ;
-  wire [13:0] \$42 ;
-  wire [13:0] \$43 ;
-  wire [13:0] \$44 ;
-  wire [16:0] \$45 ;
-  wire \$46 ;
-  wire [16:0] \$47 ;
-  wire [16:0] \$48 ;
-  wire [16:0] \$49 ;
-  wire [14:0] \$5 ;
-  wire \$50 ;
-  wire [13:0] \$51 ;
-  wire [13:0] \$52 ;
-  wire [13:0] \$53 ;
-  wire \$54 ;
-  wire [13:0] \$55 ;
-  wire [14:0] \$56 ;
-  wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire [15:0] \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire [13:0] \$66 ;
-  wire [54:0] \$67 ;
-  wire [24:0] \$68 ;
-  wire [39:0] \$69 ;
-  wire [9:0] \$7 ;
-  wire [55:0] \$70 ;
-  wire [56:0] \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire \$74 ;
-  wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
-  wire \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire \$87 ;
-  wire \$88 ;
-  wire \$89 ;
-  wire [9:0] \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
-  wire \$98 ;
-  wire \$99 ;
-  reg [15:0] \$like  = 16'h0000;
-  reg \$signal  = 1'h0;
-  reg [12:0] \$signal$14  = 13'h0000;
-  reg [12:0] \$signal$15  = 13'h0000;
-  reg [2:0] cap = 3'h0;
-  input clk;
-  wire clk;
-  reg [15:0] col = 16'h0000;
-  output done;
-  reg done;
-  output [7:0] error;
-  reg [7:0] error;
-  wire [23:0] i__payload;
-  wire [23:0] \i__payload[0] ;
-  wire i__ready;
-  (* init = 1'h0 *)
-  wire i__valid;
-  input [220:0] ins;
-  wire [220:0] ins;
-  wire [12:0] \ins.a ;
-  wire [12:0] \ins.b ;
-  wire [12:0] \ins.c ;
-  wire [15:0] \ins.count ;
-  wire [15:0] \ins.expert ;
-  wire [9:0] \ins.flags ;
-  wire [15:0] \ins.k ;
-  wire [13:0] \ins.len ;
-  wire [15:0] \ins.m ;
-  wire [31:0] \ins.mult ;
-  wire [15:0] \ins.n ;
-  wire [13:0] \ins.offset ;
-  wire [5:0] \ins.op ;
-  wire [13:0] \ins.p2 ;
-  wire [5:0] \ins.shift ;
-  wire [5:0] \ins.width ;
-  reg [13:0] left = 14'h0000;
-  (* init = 16'h0000 *)
-  wire [15:0] mult;
-  wire [23:0] o__payload;
-  wire [23:0] \o__payload[0] ;
-  wire o__ready;
-  wire o__valid;
-  reg [23:0] p0 = 24'h000000;
-  reg [23:0] p1 = 24'h000000;
-  reg [23:0] p2 = 24'h000000;
-  reg [23:0] p3 = 24'h000000;
-  reg per_col = 1'h0;
-  reg [1:0] phase = 2'h0;
-  reg [12:0] ptr0 = 13'h0000;
-  reg [12:0] ptr1 = 13'h0000;
-  reg [12:0] ptr2 = 13'h0000;
-  reg [12:0] ptr3 = 13'h0000;
-  input rst;
-  wire rst;
-  reg running = 1'h0;
-  reg [5:0] shift = 6'h00;
-  (* init = 6'h00 *)
-  wire [5:0] \shift$40 ;
-  wire spad__blocked;
-  output [12:0] spad__rd0__addr;
-  reg [12:0] spad__rd0__addr;
-  input [31:0] spad__rd0__data;
-  wire [31:0] spad__rd0__data;
-  output spad__rd0__en;
-  reg spad__rd0__en;
-  output [12:0] spad__rd1__addr;
-  reg [12:0] spad__rd1__addr;
-  input [31:0] spad__rd1__data;
-  wire [31:0] spad__rd1__data;
-  output spad__rd1__en;
-  reg spad__rd1__en;
-  output [12:0] spad__wr__addr;
-  reg [12:0] spad__wr__addr;
-  output [31:0] spad__wr__data;
-  reg [31:0] spad__wr__data;
-  output spad__wr__en;
-  reg spad__wr__en;
-  input start;
-  wire start;
-  reg [12:0] tab_step = 13'h0000;
-  input unit_rst;
-  wire unit_rst;
-  reg v_valid = 1'h0;
-  reg [12:0] wr_ptr = 13'h0000;
-  reg [13:0] written = 14'h0000;
-  assign \$1  = ins[34:22] + ins[122:109];
-  assign \$3  = ins[34:22] + \$2 ;
-  assign \$4  = ins[34:22] + ins[122:109];
-  assign \$6  = \$4  + \$5 ;
-  assign \$8  = | \$7 ;
-  assign \$14  = \$13  ? \$12  : 17'h00000;
-  assign \$15  = ins[47:35] + \$14 ;
-  assign \$19  = \$18  ? \$17  : 17'h00000;
-  assign \$20  = ins[47:35] + \$19 ;
-  assign \$23  = \$22  ? 5'h10 : 5'h02;
-  assign \$24  = | left;
-  assign \$25  = running & \$24 ;
-  assign \$26  = ~ v_valid;
-  assign \$27  = \$25  & \$26 ;
-  assign \$29  = ~ \$signal ;
-  assign \$33  = ~ \$signal ;
-  assign \$35  = \$signal  ? 2'h2 : 2'h3;
-  assign \$37  = ~ \$signal ;
-  assign \$40  = left - 1'h1;
-  assign \$41  = ptr0 + 1'h1;
-  assign \$42  = ptr1 + 1'h1;
-  assign \$43  = ptr2 + 1'h1;
-  assign \$44  = ptr3 + 1'h1;
-  assign \$45  = ins[92:77] - 1'h1;
-  assign \$46  = col == \$45 ;
-  assign \$47  = col + 1'h1;
-  assign \$48  = \$46  ? 17'h00000 : \$47 ;
-  assign \$49  = ins[92:77] - 1'h1;
-  assign \$50  = col == \$49 ;
-  assign \$51  = \$signal$15  + tab_step;
-  assign \$52  = \$50  ? { 1'h0, \$signal$14  } : \$51 ;
-  assign \$53  = per_col ? \$52  : { 1'h0, \$signal$15  };
-  assign \$54  = v_valid & i__ready;
-  assign \$55  = wr_ptr + 1'h1;
-  assign \$56  = written + 1'h1;
-  assign \$57  = written == ins[122:109];
-  assign \$58  = running & \$57 ;
-  assign \$59  = | left;
-  assign \$60  = running & \$59 ;
-  assign \$61  = ~ v_valid;
-  assign \$62  = \$60  & \$61 ;
-  assign \$66  = \$signal$15  + 1'h1;
-  assign \$68  = $signed(p1) + $signed(p2);
-  assign \$70  = $signed(\$67 ) + $signed(\$69 );
-  assign \$71  = $signed(\$70 ) + $signed(p3);
-  assign \$72  = ins[21:16] > 1'h1;
-  assign \$73  = ins[21:16] > 2'h2;
-  assign \$74  = ins[21:16] > 2'h3;
-  assign \$75  = ins[21:16] > 3'h4;
-  assign \$76  = ins[21:16] > 3'h5;
-  assign \$77  = ins[21:16] > 3'h6;
-  assign \$78  = ins[21:16] > 3'h7;
-  assign \$79  = ins[21:16] > 4'h8;
-  assign \$80  = ins[21:16] > 4'h9;
-  assign \$81  = ins[21:16] > 4'ha;
-  assign \$82  = ins[21:16] > 4'hb;
-  assign \$83  = ins[21:16] > 4'hc;
-  assign \$84  = ins[21:16] > 4'hd;
-  assign \$85  = ins[21:16] > 4'he;
-  assign \$86  = ins[21:16] > 4'hf;
-  assign \$87  = ins[21:16] > 5'h10;
-  assign \$88  = ins[21:16] > 5'h11;
-  assign \$89  = ins[21:16] > 5'h12;
-  assign \$90  = ins[21:16] > 5'h13;
-  assign \$91  = ins[21:16] > 5'h14;
-  assign \$92  = ins[21:16] > 5'h15;
-  assign \$93  = ins[21:16] > 5'h16;
-  assign \$94  = ins[21:16] > 5'h17;
-  assign \$95  = $signed(o__payload) > $signed({ 1'h0, \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72  });
-  assign \$96  = ins[21:16] > 1'h1;
-  assign \$97  = ins[21:16] > 2'h2;
-  assign \$98  = ins[21:16] > 2'h3;
-  assign \$99  = ins[21:16] > 3'h4;
-  assign \$100  = ins[21:16] > 3'h5;
-  assign \$101  = ins[21:16] > 3'h6;
-  assign \$102  = ins[21:16] > 3'h7;
-  assign \$103  = ins[21:16] > 4'h8;
-  assign \$104  = ins[21:16] > 4'h9;
-  assign \$105  = ins[21:16] > 4'ha;
-  assign \$106  = ins[21:16] > 4'hb;
-  assign \$107  = ins[21:16] > 4'hc;
-  assign \$108  = ins[21:16] > 4'hd;
-  assign \$109  = ins[21:16] > 4'he;
-  assign \$110  = ins[21:16] > 4'hf;
-  assign \$111  = ins[21:16] > 5'h10;
-  assign \$112  = ins[21:16] > 5'h11;
-  assign \$113  = ins[21:16] > 5'h12;
-  assign \$114  = ins[21:16] > 5'h13;
-  assign \$115  = ins[21:16] > 5'h14;
-  assign \$116  = ins[21:16] > 5'h15;
-  assign \$117  = ins[21:16] > 5'h16;
-  assign \$118  = ins[21:16] > 5'h17;
-  assign \$119  = ins[21:16] > 1'h1;
-  assign \$120  = ins[21:16] > 2'h2;
-  assign \$121  = ins[21:16] > 2'h3;
-  assign \$122  = ins[21:16] > 3'h4;
-  assign \$123  = ins[21:16] > 3'h5;
-  assign \$124  = ins[21:16] > 3'h6;
-  assign \$125  = ins[21:16] > 3'h7;
-  assign \$126  = ins[21:16] > 4'h8;
-  assign \$127  = ins[21:16] > 4'h9;
-  assign \$128  = ins[21:16] > 4'ha;
-  assign \$129  = ins[21:16] > 4'hb;
-  assign \$130  = ins[21:16] > 4'hc;
-  assign \$131  = ins[21:16] > 4'hd;
-  assign \$132  = ins[21:16] > 4'he;
-  assign \$133  = ins[21:16] > 4'hf;
-  assign \$134  = ins[21:16] > 5'h10;
-  assign \$135  = ins[21:16] > 5'h11;
-  assign \$136  = ins[21:16] > 5'h12;
-  assign \$137  = ins[21:16] > 5'h13;
-  assign \$138  = ins[21:16] > 5'h14;
-  assign \$139  = ins[21:16] > 5'h15;
-  assign \$140  = ins[21:16] > 5'h16;
-  assign \$141  = ins[21:16] > 5'h17;
-  assign \$142  = ~ { 1'h0, \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119  };
-  assign \$143  = $signed(o__payload) < $signed(\$142 );
-  assign \$144  = ins[21:16] > 1'h1;
-  assign \$145  = ins[21:16] > 2'h2;
-  assign \$146  = ins[21:16] > 2'h3;
-  assign \$147  = ins[21:16] > 3'h4;
-  assign \$148  = ins[21:16] > 3'h5;
-  assign \$149  = ins[21:16] > 3'h6;
-  assign \$150  = ins[21:16] > 3'h7;
-  assign \$151  = ins[21:16] > 4'h8;
-  assign \$152  = ins[21:16] > 4'h9;
-  assign \$153  = ins[21:16] > 4'ha;
-  assign \$154  = ins[21:16] > 4'hb;
-  assign \$155  = ins[21:16] > 4'hc;
-  assign \$156  = ins[21:16] > 4'hd;
-  assign \$157  = ins[21:16] > 4'he;
-  assign \$158  = ins[21:16] > 4'hf;
-  assign \$159  = ins[21:16] > 5'h10;
-  assign \$160  = ins[21:16] > 5'h11;
-  assign \$161  = ins[21:16] > 5'h12;
-  assign \$162  = ins[21:16] > 5'h13;
-  assign \$163  = ins[21:16] > 5'h14;
-  assign \$164  = ins[21:16] > 5'h15;
-  assign \$165  = ins[21:16] > 5'h16;
-  assign \$166  = ins[21:16] > 5'h17;
-  assign \$167  = ~ { 1'h0, \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144  };
-  assign \$168  = \$143  ? \$167  : o__payload;
-  assign \$169  = \$95  ? { 1'h0, \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96  } : \$168 ;
-  assign \$170  = written == ins[122:109];
-  assign \$171  = running & \$170 ;
-  always @(posedge clk)
-    running <= \$172 ;
-  always @(posedge clk)
-    left <= \$173 ;
-  always @(posedge clk)
-    written <= \$174 ;
-  always @(posedge clk)
-    wr_ptr <= \$175 ;
-  always @(posedge clk)
-    ptr0 <= \$176 ;
-  always @(posedge clk)
-    ptr1 <= \$177 ;
-  always @(posedge clk)
-    ptr2 <= \$178 ;
-  always @(posedge clk)
-    ptr3 <= \$179 ;
-  always @(posedge clk)
-    \$signal  <= \$180 ;
-  always @(posedge clk)
-    per_col <= \$181 ;
-  always @(posedge clk)
-    \$signal$14  <= \$182 ;
-  always @(posedge clk)
-    \$signal$15  <= \$183 ;
-  always @(posedge clk)
-    tab_step <= \$184 ;
-  always @(posedge clk)
-    col <= \$185 ;
-  always @(posedge clk)
-    phase <= \$186 ;
-  always @(posedge clk)
-    v_valid <= \$187 ;
-  always @(posedge clk)
-    \$like  <= \$188 ;
-  always @(posedge clk)
-    shift <= \$189 ;
-  always @(posedge clk)
-    cap <= \$190 ;
-  always @(posedge clk)
-    p0 <= \$191 ;
-  always @(posedge clk)
-    p1 <= \$192 ;
-  always @(posedge clk)
-    p2 <= \$193 ;
-  always @(posedge clk)
-    p3 <= \$194 ;
-  \nanokpu_kpu.elementwise.wide.rq  rq (
-    .clk(clk),
-    .i__payload(\$71 [23:0]),
-    .i__ready(i__ready),
-    .i__valid(v_valid),
-    .mult(\$like ),
-    .o__payload(o__payload),
-    .o__valid(o__valid),
-    .rst(rst),
-    .shift(shift),
-    .unit_rst(unit_rst)
-  );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$172  = running;
-    if (start) begin
-      \$172  = 1'h1;
-    end
-    if (\$58 ) begin
-      \$172  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$172  = 1'h0;
-    end
-    if (rst) begin
-      \$172  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$173  = left;
-    if (start) begin
-      \$173  = ins[122:109];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$173  = \$40 [13:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$173  = 14'h0000;
-    end
-    if (rst) begin
-      \$173  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$174  = written;
-    if (start) begin
-      \$174  = 14'h0000;
-    end
-    if (o__valid) begin
-      \$174  = \$56 [13:0];
-    end
-    if (unit_rst) begin
-      \$174  = 14'h0000;
-    end
-    if (rst) begin
-      \$174  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$175  = wr_ptr;
-    if (start) begin
-      \$175  = ins[60:48];
-    end
-    if (o__valid) begin
-      \$175  = \$55 [12:0];
-    end
-    if (unit_rst) begin
-      \$175  = 13'h0000;
-    end
-    if (rst) begin
-      \$175  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$176  = ptr0;
-    if (start) begin
-      \$176  = ins[34:22];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$176  = \$41 [12:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$176  = 13'h0000;
-    end
-    if (rst) begin
-      \$176  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$177  = ptr1;
-    if (start) begin
-      \$177  = \$1 [12:0];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$177  = \$42 [12:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$177  = 13'h0000;
-    end
-    if (rst) begin
-      \$177  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$178  = ptr2;
-    if (start) begin
-      \$178  = \$3 [12:0];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$178  = \$43 [12:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$178  = 13'h0000;
-    end
-    if (rst) begin
-      \$178  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$179  = ptr3;
-    if (start) begin
-      \$179  = \$6 [12:0];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$179  = \$44 [12:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$179  = 13'h0000;
-    end
-    if (rst) begin
-      \$179  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$180  = \$signal ;
-    if (start) begin
-      \$180  = \$8 ;
-    end
-    if (unit_rst) begin
-      \$180  = 1'h0;
-    end
-    if (rst) begin
-      \$180  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$181  = per_col;
-    if (start) begin
-      \$181  = \$10 ;
-    end
-    if (unit_rst) begin
-      \$181  = 1'h0;
-    end
-    if (rst) begin
-      \$181  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$182  = \$signal$14 ;
-    if (start) begin
-      \$182  = \$15 [12:0];
-    end
-    if (unit_rst) begin
-      \$182  = 13'h0000;
-    end
-    if (rst) begin
-      \$182  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$183  = \$signal$15 ;
-    if (start) begin
-      \$183  = \$20 [12:0];
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$183  = \$53 [12:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$183  = 13'h0000;
-    end
-    if (rst) begin
-      \$183  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$184  = tab_step;
-    if (start) begin
-      \$184  = { 8'h00, \$23  };
-    end
-    if (unit_rst) begin
-      \$184  = 13'h0000;
-    end
-    if (rst) begin
-      \$184  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$185  = col;
-    if (start) begin
-      \$185  = 16'h0000;
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$185  = \$48 [15:0];
-      endcase
-    end
-    if (unit_rst) begin
-      \$185  = 16'h0000;
-    end
-    if (rst) begin
-      \$185  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$186  = phase;
-    if (start) begin
-      \$186  = 2'h0;
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            if (\$28 ) begin
-              \$186  = \$31 ;
-            end
-        2'h1:
-            if (\$32 ) begin
-              \$186  = \$35 ;
-            end
-        2'h2:
-            if (\$36 ) begin
-              \$186  = \$39 ;
-            end
-        2'h3:
-            \$186  = 2'h0;
-      endcase
-    end
-    if (unit_rst) begin
-      \$186  = 2'h0;
-    end
-    if (rst) begin
-      \$186  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$187  = v_valid;
-    if (start) begin
-      \$187  = 1'h0;
-    end
-    if (\$27 ) begin
-      (* full_case = 32'd1 *)
-      casez (phase)
-        2'h0:
-            /* empty */;
-        2'h1:
-            /* empty */;
-        2'h2:
-            /* empty */;
-        2'h3:
-            \$187  = 1'h1;
-      endcase
-    end
-    if (\$54 ) begin
-      \$187  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$187  = 1'h0;
-    end
-    if (rst) begin
-      \$187  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$188  = \$like ;
-    if (start) begin
-      \$188  = ins[152:137];
-    end
-    if (cap[2]) begin
-      \$188  = spad__rd0__data[15:0];
-    end
-    if (unit_rst) begin
-      \$188  = 16'h0000;
-    end
-    if (rst) begin
-      \$188  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$189  = shift;
-    if (start) begin
-      \$189  = ins[174:169];
-    end
-    if (cap[2]) begin
-      \$189  = spad__rd1__data[5:0];
-    end
-    if (unit_rst) begin
-      \$189  = 6'h00;
-    end
-    if (rst) begin
-      \$189  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$190  = 3'h0;
-    if (\$27 ) begin
-      casez (phase)
-        2'h0:
-            if (\$28 ) begin
-              \$190  = 3'h1;
-            end
-        2'h1:
-            if (\$32 ) begin
-              \$190  = 3'h2;
-            end
-        2'h2:
-            if (\$36 ) begin
-              \$190  = 3'h4;
-            end
-      endcase
-    end
-    if (unit_rst) begin
-      \$190  = 3'h0;
-    end
-    if (rst) begin
-      \$190  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$191  = p0;
-    if (cap[0]) begin
-      \$191  = spad__rd0__data[23:0];
-    end
-    if (unit_rst) begin
-      \$191  = 24'h000000;
-    end
-    if (rst) begin
-      \$191  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$192  = p1;
-    if (cap[0]) begin
-      \$192  = spad__rd1__data[23:0];
-    end
-    if (unit_rst) begin
-      \$192  = 24'h000000;
-    end
-    if (rst) begin
-      \$192  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$193  = p2;
-    if (cap[1]) begin
-      \$193  = spad__rd0__data[23:0];
-    end
-    if (unit_rst) begin
-      \$193  = 24'h000000;
-    end
-    if (rst) begin
-      \$193  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$194  = p3;
-    if (cap[1]) begin
-      \$194  = spad__rd1__data[23:0];
-    end
-    if (unit_rst) begin
-      \$194  = 24'h000000;
-    end
-    if (rst) begin
-      \$194  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__rd0__addr = 13'h0000;
-    if (\$62 ) begin
-      casez (phase)
-        2'h0:
-            if (\$63 ) begin
-              spad__rd0__addr = ptr0;
-            end
-        2'h1:
-            if (\$64 ) begin
-              spad__rd0__addr = ptr2;
-            end
-        2'h2:
-            if (\$65 ) begin
-              spad__rd0__addr = \$signal$15 ;
-            end
-      endcase
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__rd1__addr = 13'h0000;
-    if (\$62 ) begin
-      casez (phase)
-        2'h0:
-            if (\$63 ) begin
-              spad__rd1__addr = ptr1;
-            end
-        2'h1:
-            if (\$64 ) begin
-              spad__rd1__addr = ptr3;
-            end
-        2'h2:
-            if (\$65 ) begin
-              spad__rd1__addr = \$66 [12:0];
-            end
-      endcase
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__rd0__en = 1'h0;
-    if (\$62 ) begin
-      casez (phase)
-        2'h0:
-            if (\$63 ) begin
-              spad__rd0__en = 1'h1;
-            end
-        2'h1:
-            if (\$64 ) begin
-              spad__rd0__en = 1'h1;
-            end
-        2'h2:
-            if (\$65 ) begin
-              spad__rd0__en = 1'h1;
-            end
-      endcase
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__rd1__en = 1'h0;
-    if (\$62 ) begin
-      casez (phase)
-        2'h0:
-            if (\$63 ) begin
-              spad__rd1__en = 1'h1;
-            end
-        2'h1:
-            if (\$64 ) begin
-              spad__rd1__en = 1'h1;
-            end
-        2'h2:
-            if (\$65 ) begin
-              spad__rd1__en = 1'h1;
-            end
-      endcase
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__wr__en = 1'h0;
-    if (o__valid) begin
-      spad__wr__en = 1'h1;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__wr__addr = 13'h0000;
-    if (o__valid) begin
-      spad__wr__addr = wr_ptr;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    spad__wr__data = 32'd0;
-    if (o__valid) begin
-      spad__wr__data = { \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169  };
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    done = 1'h0;
-    if (\$171 ) begin
-      done = 1'h1;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    error = 8'h00;
-    if (\$171 ) begin
-      error = 8'h00;
-    end
-  end
-  assign spad__blocked = 1'h0;
-  assign i__valid = v_valid;
-  assign i__payload = \$71 [23:0];
-  assign mult = \$like ;
-  assign \shift$40  = shift;
-  assign o__ready = 1'h1;
-  assign \ins.op  = ins[5:0];
-  assign \ins.flags  = ins[15:6];
-  assign \ins.width  = ins[21:16];
-  assign \ins.a  = ins[34:22];
-  assign \ins.b  = ins[47:35];
-  assign \ins.c  = ins[60:48];
-  assign \ins.m  = ins[76:61];
-  assign \ins.n  = ins[92:77];
-  assign \ins.k  = ins[108:93];
-  assign \ins.len  = ins[122:109];
-  assign \ins.p2  = ins[136:123];
-  assign \ins.mult  = ins[168:137];
-  assign \ins.shift  = ins[174:169];
-  assign \ins.expert  = ins[190:175];
-  assign \ins.count  = ins[206:191];
-  assign \ins.offset  = ins[220:207];
-  assign \i__payload[0]  = \$71 [23:0];
-  assign \o__payload[0]  = o__payload;
-  assign \$2  = { ins[122:109], 1'h0 };
-  assign \$5  = { ins[122:109], 1'h0 };
-  assign { \$7 [9:4], \$7 [1:0] } = 8'h00;
-  assign \$7 [3:2] = ins[9:8];
-  assign { \$9 [9:4], \$9 [2:0] } = 9'h000;
-  assign \$9 [3] = ins[9];
-  assign { \$11 [9:3], \$11 [1:0] } = 9'h000;
-  assign \$11 [2] = ins[8];
-  assign \$12  = { ins[190:175], 1'h0 };
-  assign \$13  = ins[8];
-  assign { \$16 [9:3], \$16 [1:0] } = 9'h000;
-  assign \$16 [2] = ins[8];
-  assign \$17  = { ins[190:175], 1'h0 };
-  assign \$18  = ins[8];
-  assign { \$21 [9:3], \$21 [1:0] } = 9'h000;
-  assign \$21 [2] = ins[8];
-  assign \$22  = ins[8];
-  assign \$28  = 1'h1;
-  assign \$30  = 1'h0;
-  assign \$31  = 2'h1;
-  assign \$32  = 1'h1;
-  assign \$34  = \$33 ;
-  assign \$36  = 1'h1;
-  assign \$38  = 1'h0;
-  assign \$39  = 2'h3;
-  assign \$63  = 1'h1;
-  assign \$64  = 1'h1;
-  assign \$65  = 1'h1;
-  assign \$67  = { p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0, 16'h0000 };
-  assign \$69  = { \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 , 8'h00 };
-  assign \$10  = ins[9];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.wide.rq (rst, i__payload, i__ready, unit_rst, i__valid, mult, shift, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
-  wire \$1 ;
-  wire [4:0] \$10 ;
-  wire \$100 ;
-  wire \$101 ;
-  wire \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire \$108 ;
-  wire \$109 ;
-  wire [17:0] \$11 ;
-  wire \$110 ;
-  wire \$111 ;
-  wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
-  wire \$115 ;
-  wire \$116 ;
-  wire \$117 ;
-  wire \$118 ;
-  wire \$119 ;
-  wire [23:0] \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
-  wire \$129 ;
-  wire [39:0] \$13 ;
-  wire \$130 ;
-  wire \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
-  wire [40:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
-  wire \$149 ;
-  wire [23:0] \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
-  wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
-  wire \$157 ;
-  wire \$158 ;
-  wire \$159 ;
-  wire [41:0] \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
-  wire \$17 ;
-  wire \$170 ;
-  wire \$171 ;
-  wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire \$179 ;
-  wire \$18 ;
-  wire \$180 ;
-  wire \$181 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
-  wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire \$198 ;
-  wire \$199 ;
-  wire [16:0] \$2 ;
-  wire \$20 ;
-  wire \$200 ;
-  wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
-  wire \$205 ;
-  wire \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  wire \$209 ;
-  wire \$21 ;
-  wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire \$213 ;
-  wire \$214 ;
-  wire \$215 ;
-  wire \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire \$219 ;
-  wire \$22 ;
-  wire \$220 ;
-  wire \$221 ;
-  wire [39:0] \$222 ;
-  wire [40:0] \$223 ;
-  wire [39:0] \$224 ;
-  wire [40:0] \$225 ;
-  wire [40:0] \$226 ;
-  wire [39:0] \$227 ;
-  wire [40:0] \$228 ;
-  wire [39:0] \$229 ;
-  wire \$23 ;
-  wire [40:0] \$230 ;
-  wire [40:0] \$231 ;
-  wire [39:0] \$232 ;
-  wire [39:0] \$233 ;
-  wire [40:0] \$234 ;
-  wire [39:0] \$235 ;
-  wire [40:0] \$236 ;
-  wire [40:0] \$237 ;
-  wire [39:0] \$238 ;
-  wire [40:0] \$239 ;
-  wire \$24 ;
-  wire [39:0] \$240 ;
-  wire [40:0] \$241 ;
-  wire [40:0] \$242 ;
-  wire [39:0] \$243 ;
-  wire [31:0] \$244 ;
-  wire [39:0] \$245 ;
-  wire [40:0] \$246 ;
-  wire [39:0] \$247 ;
-  wire [40:0] \$248 ;
-  wire [40:0] \$249 ;
-  wire \$25 ;
-  wire [39:0] \$250 ;
-  wire [40:0] \$251 ;
-  wire [39:0] \$252 ;
-  wire [40:0] \$253 ;
-  wire [40:0] \$254 ;
-  wire [39:0] \$255 ;
-  wire [39:0] \$256 ;
-  wire [40:0] \$257 ;
-  wire [39:0] \$258 ;
-  wire [40:0] \$259 ;
-  wire \$26 ;
-  wire [40:0] \$260 ;
-  wire [39:0] \$261 ;
-  wire [40:0] \$262 ;
-  wire [39:0] \$263 ;
-  wire [40:0] \$264 ;
-  wire [40:0] \$265 ;
-  wire [39:0] \$266 ;
-  wire [31:0] \$267 ;
-  wire [27:0] \$268 ;
-  wire [39:0] \$269 ;
-  wire \$27 ;
-  wire [40:0] \$270 ;
-  wire [39:0] \$271 ;
-  wire [40:0] \$272 ;
-  wire [40:0] \$273 ;
-  wire [39:0] \$274 ;
-  wire [40:0] \$275 ;
-  wire [39:0] \$276 ;
-  wire [40:0] \$277 ;
-  wire [40:0] \$278 ;
-  wire [39:0] \$279 ;
-  wire \$28 ;
-  wire [39:0] \$280 ;
-  wire [40:0] \$281 ;
-  wire [39:0] \$282 ;
-  wire [40:0] \$283 ;
-  wire [40:0] \$284 ;
-  wire [39:0] \$285 ;
-  wire [40:0] \$286 ;
-  wire [39:0] \$287 ;
-  wire [40:0] \$288 ;
-  wire [40:0] \$289 ;
-  wire \$29 ;
-  wire [39:0] \$290 ;
-  wire [31:0] \$291 ;
-  wire [39:0] \$292 ;
-  wire [40:0] \$293 ;
-  wire [39:0] \$294 ;
-  wire [40:0] \$295 ;
-  wire [40:0] \$296 ;
-  wire [39:0] \$297 ;
-  wire [40:0] \$298 ;
-  wire [39:0] \$299 ;
-  wire \$3 ;
-  wire \$30 ;
-  wire [40:0] \$300 ;
-  wire [40:0] \$301 ;
-  wire [39:0] \$302 ;
-  wire [39:0] \$303 ;
-  wire [40:0] \$304 ;
-  wire [39:0] \$305 ;
-  wire [40:0] \$306 ;
-  wire [40:0] \$307 ;
-  wire [39:0] \$308 ;
-  wire [40:0] \$309 ;
-  wire \$31 ;
-  wire [39:0] \$310 ;
-  wire [40:0] \$311 ;
-  wire [40:0] \$312 ;
-  wire [39:0] \$313 ;
-  wire [31:0] \$314 ;
-  wire [27:0] \$315 ;
-  wire [25:0] \$316 ;
-  wire [39:0] \$317 ;
-  wire [40:0] \$318 ;
-  wire [39:0] \$319 ;
-  wire \$32 ;
-  wire [40:0] \$320 ;
-  wire [40:0] \$321 ;
-  wire [39:0] \$322 ;
-  wire [40:0] \$323 ;
-  wire [39:0] \$324 ;
-  wire [40:0] \$325 ;
-  wire [40:0] \$326 ;
-  wire [39:0] \$327 ;
-  wire [39:0] \$328 ;
-  wire [40:0] \$329 ;
-  wire \$33 ;
-  wire [39:0] \$330 ;
-  wire [40:0] \$331 ;
-  wire [40:0] \$332 ;
-  wire [39:0] \$333 ;
-  wire [40:0] \$334 ;
-  wire [39:0] \$335 ;
-  wire [40:0] \$336 ;
-  wire [40:0] \$337 ;
-  wire [39:0] \$338 ;
-  wire [31:0] \$339 ;
-  wire \$34 ;
-  wire [39:0] \$340 ;
-  wire [40:0] \$341 ;
-  wire [39:0] \$342 ;
-  wire [40:0] \$343 ;
-  wire [40:0] \$344 ;
-  wire [39:0] \$345 ;
-  wire [40:0] \$346 ;
-  wire [39:0] \$347 ;
-  wire [40:0] \$348 ;
-  wire [40:0] \$349 ;
-  wire \$35 ;
-  wire [39:0] \$350 ;
-  wire [39:0] \$351 ;
-  wire [40:0] \$352 ;
-  wire [39:0] \$353 ;
-  wire [40:0] \$354 ;
-  wire [40:0] \$355 ;
-  wire [39:0] \$356 ;
-  wire [40:0] \$357 ;
-  wire [39:0] \$358 ;
-  wire [40:0] \$359 ;
-  wire \$36 ;
-  wire [40:0] \$360 ;
-  wire [39:0] \$361 ;
-  wire [31:0] \$362 ;
-  wire [27:0] \$363 ;
-  wire [39:0] \$364 ;
-  wire [40:0] \$365 ;
-  wire [39:0] \$366 ;
-  wire [40:0] \$367 ;
-  wire [40:0] \$368 ;
-  wire [39:0] \$369 ;
-  wire \$37 ;
-  wire [40:0] \$370 ;
-  wire [39:0] \$371 ;
-  wire [40:0] \$372 ;
-  wire [40:0] \$373 ;
-  wire [39:0] \$374 ;
-  wire [39:0] \$375 ;
-  wire [40:0] \$376 ;
-  wire [39:0] \$377 ;
-  wire [40:0] \$378 ;
-  wire [40:0] \$379 ;
-  wire \$38 ;
-  wire [39:0] \$380 ;
-  wire [40:0] \$381 ;
-  wire [39:0] \$382 ;
-  wire [40:0] \$383 ;
-  wire [40:0] \$384 ;
-  wire [39:0] \$385 ;
-  wire [31:0] \$386 ;
-  wire [39:0] \$387 ;
-  wire [40:0] \$388 ;
-  wire [39:0] \$389 ;
-  wire \$39 ;
-  wire [40:0] \$390 ;
-  wire [40:0] \$391 ;
-  wire [39:0] \$392 ;
-  wire [40:0] \$393 ;
-  wire [39:0] \$394 ;
-  wire [40:0] \$395 ;
-  wire [40:0] \$396 ;
-  wire [39:0] \$397 ;
-  wire [39:0] \$398 ;
-  wire [40:0] \$399 ;
-  wire \$4 ;
-  wire \$40 ;
-  wire [39:0] \$400 ;
-  wire [40:0] \$401 ;
-  wire [40:0] \$402 ;
-  wire [39:0] \$403 ;
-  wire [40:0] \$404 ;
-  wire [39:0] \$405 ;
-  wire [40:0] \$406 ;
-  wire [40:0] \$407 ;
-  wire [39:0] \$408 ;
-  wire [31:0] \$409 ;
-  wire \$41 ;
-  wire [27:0] \$410 ;
-  wire [25:0] \$411 ;
-  wire [39:0] \$412 ;
-  wire [40:0] \$413 ;
-  wire \$414 ;
-  wire [39:0] \$415 ;
-  wire [39:0] \$416 ;
-  wire [39:0] \$417 ;
-  wire [39:0] \$418 ;
-  wire [39:0] \$419 ;
-  wire \$42 ;
-  wire [39:0] \$420 ;
-  wire [39:0] \$421 ;
-  wire [39:0] \$422 ;
-  wire [39:0] \$423 ;
-  wire [39:0] \$424 ;
-  wire [39:0] \$425 ;
-  wire [39:0] \$426 ;
-  wire [39:0] \$427 ;
-  wire [39:0] \$428 ;
-  wire [39:0] \$429 ;
-  wire \$43 ;
-  wire [39:0] \$430 ;
-  wire [39:0] \$431 ;
-  wire [39:0] \$432 ;
-  wire [39:0] \$433 ;
-  wire [39:0] \$434 ;
-  wire [39:0] \$435 ;
-  wire [39:0] \$436 ;
-  wire [39:0] \$437 ;
-  wire [39:0] \$438 ;
-  wire [39:0] \$439 ;
-  wire \$44 ;
-  wire [39:0] \$440 ;
-  wire [39:0] \$441 ;
-  wire [39:0] \$442 ;
-  wire [39:0] \$443 ;
-  wire [39:0] \$444 ;
-  wire [39:0] \$445 ;
-  wire [39:0] \$446 ;
-  wire [39:0] \$447 ;
-  wire [39:0] \$448 ;
-  wire [39:0] \$449 ;
-  wire \$45 ;
-  wire [39:0] \$450 ;
-  wire [39:0] \$451 ;
-  wire [39:0] \$452 ;
-  wire [39:0] \$453 ;
-  wire [39:0] \$454 ;
-  wire [39:0] \$455 ;
-  wire [39:0] \$456 ;
-  wire [40:0] \$457 ;
-  wire [40:0] \$458 ;
-  wire \$459 ;
-  wire \$46 ;
-  wire [39:0] \$460 ;
-  wire [23:0] \$461 ;
-  wire \$462 ;
-  wire \$463 ;
-  wire [24:0] \$464 ;
-  wire \$465 ;
-  wire \$466 ;
-  wire \$467 ;
-  wire [24:0] \$468 ;
-  wire [24:0] \$469 ;
-  wire \$47 ;
-  wire [24:0] \$470 ;
-  reg \$471 ;
-  reg \$472 ;
-  reg \$473 ;
-  reg \$474 ;
-  reg [3:0] \$475 ;
-  reg [23:0] \$476 ;
-  reg [16:0] \$477 ;
-  reg [5:0] \$478 ;
-  reg [39:0] \$479 ;
-  wire \$48 ;
-  reg \$480 ;
-  reg [5:0] \$481 ;
-  reg [40:0] \$482 ;
-  reg [24:0] \$483 ;
-  reg \$484 ;
-  reg \$485 ;
-  reg \$486 ;
-  reg [23:0] \$487 ;
-  wire \$49 ;
-  wire \$5 ;
-  wire \$50 ;
-  wire \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire \$54 ;
-  wire \$55 ;
-  wire \$56 ;
-  wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire \$6 ;
-  wire \$60 ;
-  wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire \$66 ;
-  wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
-  wire \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire \$74 ;
-  wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
-  wire \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire \$87 ;
-  wire \$88 ;
-  wire \$89 ;
-  wire [16:0] \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
-  wire \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
-  wire \$98 ;
-  wire \$99 ;
-  wire [40:0] above;
-  wire advance;
-  reg [40:0] below = 41'h00000000000;
-  reg [16:0] bits = 17'h00000;
-  reg busy = 1'h0;
-  input clk;
-  wire clk;
-  reg [3:0] count = 4'h0;
-  reg first = 1'h0;
-  reg [23:0] held = 24'h000000;
-  wire [23:0] \held[0] ;
-  reg [5:0] held_shift = 6'h00;
-  input [23:0] i__payload;
-  wire [23:0] i__payload;
-  wire [23:0] \i__payload[0] ;
-  output i__ready;
-  wire i__ready;
-  input i__valid;
-  wire i__valid;
-  reg last = 1'h0;
-  input [15:0] mult;
-  wire [15:0] mult;
-  reg neg0 = 1'h0;
-  output [23:0] o__payload;
-  reg [23:0] o__payload = 24'h000000;
-  wire [23:0] \o__payload[0] ;
-  wire o__ready;
-  output o__valid;
-  reg o__valid = 1'h0;
-  reg odd = 1'h0;
-  reg over0 = 1'h0;
-  input rst;
-  wire rst;
-  input [5:0] shift;
-  wire [5:0] shift;
-  reg [5:0] shift_x = 6'h00;
-  reg sticky0 = 1'h0;
-  wire take;
-  input unit_rst;
-  wire unit_rst;
-  reg [39:0] x0 = 40'h0000000000;
-  reg [24:0] y0 = 25'h0000000;
-  assign \$1  = ~ o__valid;
-  assign \$2  = ~ below[16:0];
-  assign \$3  = ! count;
-  assign \$4  = busy & \$3 ;
-  assign \$5  = ~ busy;
-  assign i__ready = \$5  | take;
-  assign \$6  = i__valid & i__ready;
-  assign \$7  = | count;
-  assign \$8  = busy & \$7 ;
-  assign \$10  = count - 1'h1;
-  assign \$12  = bits[16] ? held : 24'h000000;
-  assign \$13  = first ? { \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12 [23], \$12  } : x0;
-  assign \$15  = bits[15] ? held : 24'h000000;
-  assign \$16  = $signed(\$14 ) + $signed(\$15 );
-  assign \$17  = held_shift[5:3] > 1'h0;
-  assign \$18  = ! held_shift[5:3];
-  assign \$19  = held_shift[2:0] > 1'h0;
-  assign \$20  = \$18  & \$19 ;
-  assign \$21  = \$17  | \$20 ;
-  assign \$22  = held_shift[5:3] > 1'h0;
-  assign \$23  = ! held_shift[5:3];
-  assign \$24  = held_shift[2:0] > 1'h1;
-  assign \$25  = \$23  & \$24 ;
-  assign \$26  = \$22  | \$25 ;
-  assign \$27  = held_shift[5:3] > 1'h0;
-  assign \$28  = ! held_shift[5:3];
-  assign \$29  = held_shift[2:0] > 2'h2;
-  assign \$30  = \$28  & \$29 ;
-  assign \$31  = \$27  | \$30 ;
-  assign \$32  = held_shift[5:3] > 1'h0;
-  assign \$33  = ! held_shift[5:3];
-  assign \$34  = held_shift[2:0] > 2'h3;
-  assign \$35  = \$33  & \$34 ;
-  assign \$36  = \$32  | \$35 ;
-  assign \$37  = held_shift[5:3] > 1'h0;
-  assign \$38  = ! held_shift[5:3];
-  assign \$39  = held_shift[2:0] > 3'h4;
-  assign \$40  = \$38  & \$39 ;
-  assign \$41  = \$37  | \$40 ;
-  assign \$42  = held_shift[5:3] > 1'h0;
-  assign \$43  = ! held_shift[5:3];
-  assign \$44  = held_shift[2:0] > 3'h5;
-  assign \$45  = \$43  & \$44 ;
-  assign \$46  = \$42  | \$45 ;
-  assign \$47  = held_shift[5:3] > 1'h0;
-  assign \$48  = ! held_shift[5:3];
-  assign \$49  = held_shift[2:0] > 3'h6;
-  assign \$50  = \$48  & \$49 ;
-  assign \$51  = \$47  | \$50 ;
-  assign \$52  = held_shift[5:3] > 1'h0;
-  assign \$53  = ! held_shift[5:3];
-  assign \$54  = held_shift[2:0] > 3'h7;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = \$52  | \$55 ;
-  assign \$57  = held_shift[5:3] > 1'h1;
-  assign \$58  = held_shift[5:3] == 1'h1;
-  assign \$59  = held_shift[2:0] > 1'h0;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = \$57  | \$60 ;
-  assign \$62  = held_shift[5:3] > 1'h1;
-  assign \$63  = held_shift[5:3] == 1'h1;
-  assign \$64  = held_shift[2:0] > 1'h1;
-  assign \$65  = \$63  & \$64 ;
-  assign \$66  = \$62  | \$65 ;
-  assign \$67  = held_shift[5:3] > 1'h1;
-  assign \$68  = held_shift[5:3] == 1'h1;
-  assign \$69  = held_shift[2:0] > 2'h2;
-  assign \$70  = \$68  & \$69 ;
-  assign \$71  = \$67  | \$70 ;
-  assign \$72  = held_shift[5:3] > 1'h1;
-  assign \$73  = held_shift[5:3] == 1'h1;
-  assign \$74  = held_shift[2:0] > 2'h3;
-  assign \$75  = \$73  & \$74 ;
-  assign \$76  = \$72  | \$75 ;
-  assign \$77  = held_shift[5:3] > 1'h1;
-  assign \$78  = held_shift[5:3] == 1'h1;
-  assign \$79  = held_shift[2:0] > 3'h4;
-  assign \$80  = \$78  & \$79 ;
-  assign \$81  = \$77  | \$80 ;
-  assign \$82  = held_shift[5:3] > 1'h1;
-  assign \$83  = held_shift[5:3] == 1'h1;
-  assign \$84  = held_shift[2:0] > 3'h5;
-  assign \$85  = \$83  & \$84 ;
-  assign \$86  = \$82  | \$85 ;
-  assign \$87  = held_shift[5:3] > 1'h1;
-  assign \$88  = held_shift[5:3] == 1'h1;
-  assign \$89  = held_shift[2:0] > 3'h6;
-  assign \$90  = \$88  & \$89 ;
-  assign \$91  = \$87  | \$90 ;
-  assign \$92  = held_shift[5:3] > 1'h1;
-  assign \$93  = held_shift[5:3] == 1'h1;
-  assign \$94  = held_shift[2:0] > 3'h7;
-  assign \$95  = \$93  & \$94 ;
-  assign \$96  = \$92  | \$95 ;
-  assign \$97  = held_shift[5:3] > 2'h2;
-  assign \$98  = held_shift[5:3] == 2'h2;
-  assign \$99  = held_shift[2:0] > 1'h0;
-  assign \$100  = \$98  & \$99 ;
-  assign \$101  = \$97  | \$100 ;
-  assign \$102  = held_shift[5:3] > 2'h2;
-  assign \$103  = held_shift[5:3] == 2'h2;
-  assign \$104  = held_shift[2:0] > 1'h1;
-  assign \$105  = \$103  & \$104 ;
-  assign \$106  = \$102  | \$105 ;
-  assign \$107  = held_shift[5:3] > 2'h2;
-  assign \$108  = held_shift[5:3] == 2'h2;
-  assign \$109  = held_shift[2:0] > 2'h2;
-  assign \$110  = \$108  & \$109 ;
-  assign \$111  = \$107  | \$110 ;
-  assign \$112  = held_shift[5:3] > 2'h2;
-  assign \$113  = held_shift[5:3] == 2'h2;
-  assign \$114  = held_shift[2:0] > 2'h3;
-  assign \$115  = \$113  & \$114 ;
-  assign \$116  = \$112  | \$115 ;
-  assign \$117  = held_shift[5:3] > 2'h2;
-  assign \$118  = held_shift[5:3] == 2'h2;
-  assign \$119  = held_shift[2:0] > 3'h4;
-  assign \$120  = \$118  & \$119 ;
-  assign \$121  = \$117  | \$120 ;
-  assign \$122  = held_shift[5:3] > 2'h2;
-  assign \$123  = held_shift[5:3] == 2'h2;
-  assign \$124  = held_shift[2:0] > 3'h5;
-  assign \$125  = \$123  & \$124 ;
-  assign \$126  = \$122  | \$125 ;
-  assign \$127  = held_shift[5:3] > 2'h2;
-  assign \$128  = held_shift[5:3] == 2'h2;
-  assign \$129  = held_shift[2:0] > 3'h6;
-  assign \$130  = \$128  & \$129 ;
-  assign \$131  = \$127  | \$130 ;
-  assign \$132  = held_shift[5:3] > 2'h2;
-  assign \$133  = held_shift[5:3] == 2'h2;
-  assign \$134  = held_shift[2:0] > 3'h7;
-  assign \$135  = \$133  & \$134 ;
-  assign \$136  = \$132  | \$135 ;
-  assign \$137  = held_shift[5:3] > 2'h3;
-  assign \$138  = held_shift[5:3] == 2'h3;
-  assign \$139  = held_shift[2:0] > 1'h0;
-  assign \$140  = \$138  & \$139 ;
-  assign \$141  = \$137  | \$140 ;
-  assign \$142  = held_shift[5:3] > 2'h3;
-  assign \$143  = held_shift[5:3] == 2'h3;
-  assign \$144  = held_shift[2:0] > 1'h1;
-  assign \$145  = \$143  & \$144 ;
-  assign \$146  = \$142  | \$145 ;
-  assign \$147  = held_shift[5:3] > 2'h3;
-  assign \$148  = held_shift[5:3] == 2'h3;
-  assign \$149  = held_shift[2:0] > 2'h2;
-  assign \$150  = \$148  & \$149 ;
-  assign \$151  = \$147  | \$150 ;
-  assign \$152  = held_shift[5:3] > 2'h3;
-  assign \$153  = held_shift[5:3] == 2'h3;
-  assign \$154  = held_shift[2:0] > 2'h3;
-  assign \$155  = \$153  & \$154 ;
-  assign \$156  = \$152  | \$155 ;
-  assign \$157  = held_shift[5:3] > 2'h3;
-  assign \$158  = held_shift[5:3] == 2'h3;
-  assign \$159  = held_shift[2:0] > 3'h4;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = \$157  | \$160 ;
-  assign \$162  = held_shift[5:3] > 2'h3;
-  assign \$163  = held_shift[5:3] == 2'h3;
-  assign \$164  = held_shift[2:0] > 3'h5;
-  assign \$165  = \$163  & \$164 ;
-  assign \$166  = \$162  | \$165 ;
-  assign \$167  = held_shift[5:3] > 2'h3;
-  assign \$168  = held_shift[5:3] == 2'h3;
-  assign \$169  = held_shift[2:0] > 3'h6;
-  assign \$170  = \$168  & \$169 ;
-  assign \$171  = \$167  | \$170 ;
-  assign \$172  = held_shift[5:3] > 2'h3;
-  assign \$173  = held_shift[5:3] == 2'h3;
-  assign \$174  = held_shift[2:0] > 3'h7;
-  assign \$175  = \$173  & \$174 ;
-  assign \$176  = \$172  | \$175 ;
-  assign \$177  = held_shift[5:3] > 3'h4;
-  assign \$178  = held_shift[5:3] == 3'h4;
-  assign \$179  = held_shift[2:0] > 1'h0;
-  assign \$180  = \$178  & \$179 ;
-  assign \$181  = \$177  | \$180 ;
-  assign \$182  = held_shift[5:3] > 3'h4;
-  assign \$183  = held_shift[5:3] == 3'h4;
-  assign \$184  = held_shift[2:0] > 1'h1;
-  assign \$185  = \$183  & \$184 ;
-  assign \$186  = \$182  | \$185 ;
-  assign \$187  = held_shift[5:3] > 3'h4;
-  assign \$188  = held_shift[5:3] == 3'h4;
-  assign \$189  = held_shift[2:0] > 2'h2;
-  assign \$190  = \$188  & \$189 ;
-  assign \$191  = \$187  | \$190 ;
-  assign \$192  = held_shift[5:3] > 3'h4;
-  assign \$193  = held_shift[5:3] == 3'h4;
-  assign \$194  = held_shift[2:0] > 2'h3;
-  assign \$195  = \$193  & \$194 ;
-  assign \$196  = \$192  | \$195 ;
-  assign \$197  = held_shift[5:3] > 3'h4;
-  assign \$198  = held_shift[5:3] == 3'h4;
-  assign \$199  = held_shift[2:0] > 3'h4;
-  assign \$200  = \$198  & \$199 ;
-  assign \$201  = \$197  | \$200 ;
-  assign \$202  = held_shift[5:3] > 3'h4;
-  assign \$203  = held_shift[5:3] == 3'h4;
-  assign \$204  = held_shift[2:0] > 3'h5;
-  assign \$205  = \$203  & \$204 ;
-  assign \$206  = \$202  | \$205 ;
-  assign \$207  = held_shift[5:3] > 3'h4;
-  assign \$208  = held_shift[5:3] == 3'h4;
-  assign \$209  = held_shift[2:0] > 3'h6;
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = \$207  | \$210 ;
-  assign \$212  = held_shift[5:3] > 3'h4;
-  assign \$213  = held_shift[5:3] == 3'h4;
-  assign \$214  = held_shift[2:0] > 3'h7;
-  assign \$215  = \$213  & \$214 ;
-  assign \$216  = \$212  | \$215 ;
-  assign \$217  = held_shift[5:3] > 3'h5;
-  assign \$218  = held_shift[5:3] == 3'h5;
-  assign \$219  = held_shift[2:0] > 1'h0;
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = \$217  | \$220 ;
-  assign \$225  = shift_x[5] ? \$223  : { \$224 , 1'h0 };
-  assign \$230  = shift_x[5] ? \$228  : { \$229 , 1'h0 };
-  assign \$231  = shift_x[4] ? \$226  : \$230 ;
-  assign \$236  = shift_x[5] ? \$234  : { \$235 , 1'h0 };
-  assign \$241  = shift_x[5] ? \$239  : { \$240 , 1'h0 };
-  assign \$242  = shift_x[4] ? \$237  : \$241 ;
-  assign \$243  = shift_x[3] ? \$232  : \$242 [39:0];
-  assign \$248  = shift_x[5] ? \$246  : { \$247 , 1'h0 };
-  assign \$253  = shift_x[5] ? \$251  : { \$252 , 1'h0 };
-  assign \$254  = shift_x[4] ? \$249  : \$253 ;
-  assign \$259  = shift_x[5] ? \$257  : { \$258 , 1'h0 };
-  assign \$264  = shift_x[5] ? \$262  : { \$263 , 1'h0 };
-  assign \$265  = shift_x[4] ? \$260  : \$264 ;
-  assign \$266  = shift_x[3] ? \$255  : \$265 [39:0];
-  assign \$267  = shift_x[2] ? \$244  : \$266 [31:0];
-  assign \$272  = shift_x[5] ? \$270  : { \$271 , 1'h0 };
-  assign \$277  = shift_x[5] ? \$275  : { \$276 , 1'h0 };
-  assign \$278  = shift_x[4] ? \$273  : \$277 ;
-  assign \$283  = shift_x[5] ? \$281  : { \$282 , 1'h0 };
-  assign \$288  = shift_x[5] ? \$286  : { \$287 , 1'h0 };
-  assign \$289  = shift_x[4] ? \$284  : \$288 ;
-  assign \$290  = shift_x[3] ? \$279  : \$289 [39:0];
-  assign \$295  = shift_x[5] ? \$293  : { \$294 , 1'h0 };
-  assign \$300  = shift_x[5] ? \$298  : { \$299 , 1'h0 };
-  assign \$301  = shift_x[4] ? \$296  : \$300 ;
-  assign \$306  = shift_x[5] ? \$304  : { \$305 , 1'h0 };
-  assign \$311  = shift_x[5] ? \$309  : { \$310 , 1'h0 };
-  assign \$312  = shift_x[4] ? \$307  : \$311 ;
-  assign \$313  = shift_x[3] ? \$302  : \$312 [39:0];
-  assign \$314  = shift_x[2] ? \$291  : \$313 [31:0];
-  assign \$315  = shift_x[1] ? \$268  : \$314 [27:0];
-  assign \$320  = shift_x[5] ? \$318  : { \$319 , 1'h0 };
-  assign \$325  = shift_x[5] ? \$323  : { \$324 , 1'h0 };
-  assign \$326  = shift_x[4] ? \$321  : \$325 ;
-  assign \$331  = shift_x[5] ? \$329  : { \$330 , 1'h0 };
-  assign \$336  = shift_x[5] ? \$334  : { \$335 , 1'h0 };
-  assign \$337  = shift_x[4] ? \$332  : \$336 ;
-  assign \$338  = shift_x[3] ? \$327  : \$337 [39:0];
-  assign \$343  = shift_x[5] ? \$341  : { \$342 , 1'h0 };
-  assign \$348  = shift_x[5] ? \$346  : { \$347 , 1'h0 };
-  assign \$349  = shift_x[4] ? \$344  : \$348 ;
-  assign \$354  = shift_x[5] ? \$352  : { \$353 , 1'h0 };
-  assign \$359  = shift_x[5] ? \$357  : { \$358 , 1'h0 };
-  assign \$360  = shift_x[4] ? \$355  : \$359 ;
-  assign \$361  = shift_x[3] ? \$350  : \$360 [39:0];
-  assign \$362  = shift_x[2] ? \$339  : \$361 [31:0];
-  assign \$367  = shift_x[5] ? \$365  : { \$366 , 1'h0 };
-  assign \$372  = shift_x[5] ? \$370  : { \$371 , 1'h0 };
-  assign \$373  = shift_x[4] ? \$368  : \$372 ;
-  assign \$378  = shift_x[5] ? \$376  : { \$377 , 1'h0 };
-  assign \$383  = shift_x[5] ? \$381  : { \$382 , 1'h0 };
-  assign \$384  = shift_x[4] ? \$379  : \$383 ;
-  assign \$385  = shift_x[3] ? \$374  : \$384 [39:0];
-  assign \$390  = shift_x[5] ? \$388  : { \$389 , 1'h0 };
-  assign \$395  = shift_x[5] ? \$393  : { \$394 , 1'h0 };
-  assign \$396  = shift_x[4] ? \$391  : \$395 ;
-  assign \$401  = shift_x[5] ? \$399  : { \$400 , 1'h0 };
-  assign \$406  = shift_x[5] ? \$404  : { \$405 , 1'h0 };
-  assign \$407  = shift_x[4] ? \$402  : \$406 ;
-  assign \$408  = shift_x[3] ? \$397  : \$407 [39:0];
-  assign \$409  = shift_x[2] ? \$386  : \$408 [31:0];
-  assign \$410  = shift_x[1] ? \$363  : \$409 [27:0];
-  assign \$411  = shift_x[0] ? \$316  : \$410 [25:0];
-  assign \$413  = { \$412 , 1'h0 } & below;
-  assign \$414  = | \$413 ;
-  assign \$457  = { \$415 , 1'h0 } ^ { \$456 [39], \$455 [39], \$454 [39], \$453 [39], \$452 [39], \$451 [39], \$450 [39], \$449 [39], \$448 [39], \$447 [39], \$446 [39], \$445 [39], \$444 [39], \$443 [39], \$442 [39], \$441 [39], \$440 [39], \$439 [39], \$438 [39], \$437 [39], \$436 [39], \$435 [39], \$434 [39], \$433 [39], \$432 [39], \$431 [39], \$430 [39], \$429 [39], \$428 [39], \$427 [39], \$426 [39], \$425 [39], \$424 [39], \$423 [39], \$422 [39], \$421 [39], \$420 [39], \$419 [39], \$418 [39], \$417 [39], \$416 [39] };
-  assign \$458  = \$457  & { \$2 , 24'h000000 };
-  assign \$459  = | \$458 ;
-  assign \$461  = neg0 ? 24'h800000 : 24'h7fffff;
-  assign \$462  = sticky0 | y0[1];
-  assign \$463  = y0[0] & \$462 ;
-  assign \$464  = $signed(y0[24:1]) + $signed({ 1'h0, \$463  });
-  assign \$465  = $signed(\$464 ) > $signed(24'h7fffff);
-  assign \$466  = sticky0 | y0[1];
-  assign \$467  = y0[0] & \$466 ;
-  assign \$468  = $signed(y0[24:1]) + $signed({ 1'h0, \$467  });
-  assign \$469  = \$465  ? 25'h07fffff : \$468 ;
-  assign \$470  = over0 ? { \$461 [23], \$461  } : \$469 ;
-  always @(posedge clk)
-    odd <= \$471 ;
-  always @(posedge clk)
-    last <= \$472 ;
-  always @(posedge clk)
-    busy <= \$473 ;
-  always @(posedge clk)
-    first <= \$474 ;
-  always @(posedge clk)
-    count <= \$475 ;
-  always @(posedge clk)
-    held <= \$476 ;
-  always @(posedge clk)
-    bits <= \$477 ;
-  always @(posedge clk)
-    held_shift <= \$478 ;
-  always @(posedge clk)
-    x0 <= \$479 ;
-  always @(posedge clk)
-    o__valid <= \$480 ;
-  always @(posedge clk)
-    shift_x <= \$481 ;
-  always @(posedge clk)
-    below <= \$482 ;
-  always @(posedge clk)
-    y0 <= \$483 ;
-  always @(posedge clk)
-    sticky0 <= \$484 ;
-  always @(posedge clk)
-    over0 <= \$485 ;
-  always @(posedge clk)
-    neg0 <= \$486 ;
-  always @(posedge clk)
-    o__payload <= \$487 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$471  = take;
-    if (unit_rst) begin
-      \$471  = 1'h0;
-    end
-    if (rst) begin
-      \$471  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$472  = odd;
-    if (unit_rst) begin
-      \$472  = 1'h0;
-    end
-    if (rst) begin
-      \$472  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$473  = busy;
-    if (\$6 ) begin
-      \$473  = 1'h1;
-    end else if (take) begin
-      \$473  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$473  = 1'h0;
-    end
-    if (rst) begin
-      \$473  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$474  = first;
-    if (\$6 ) begin
-      \$474  = 1'h1;
-    end else if (take) begin
-    end else if (\$8 ) begin
-      \$474  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$474  = 1'h0;
-    end
-    if (rst) begin
-      \$474  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$475  = count;
-    if (\$6 ) begin
-      \$475  = 4'hf;
-    end else if (take) begin
-    end else if (\$8 ) begin
-      \$475  = \$10 [3:0];
-    end
-    if (unit_rst) begin
-      \$475  = 4'h0;
-    end
-    if (rst) begin
-      \$475  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$476  = held;
-    if (\$6 ) begin
-      \$476  = i__payload;
-    end
-    if (unit_rst) begin
-      \$476  = 24'h000000;
-    end
-    if (rst) begin
-      \$476  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$477  = bits;
-    if (\$6 ) begin
-      \$477  = \$9 ;
-    end else if (take) begin
-    end else if (\$8 ) begin
-      \$477  = \$11 [16:0];
-    end
-    if (unit_rst) begin
-      \$477  = 17'h00000;
-    end
-    if (rst) begin
-      \$477  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$478  = held_shift;
-    if (\$6 ) begin
-      \$478  = shift;
-    end
-    if (unit_rst) begin
-      \$478  = 6'h00;
-    end
-    if (rst) begin
-      \$478  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$479  = x0;
-    if (\$6 ) begin
-    end else if (take) begin
-    end else if (\$8 ) begin
-      \$479  = \$16 [39:0];
-    end
-    if (unit_rst) begin
-      \$479  = 40'h0000000000;
-    end
-    if (rst) begin
-      \$479  = 40'h0000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    (* full_case = 32'd1 *)
-    if (last) begin
-      \$480  = 1'h1;
-    end else if (1'h1) begin
-      \$480  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$480  = 1'h0;
-    end
-    if (rst) begin
-      \$480  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$481  = held_shift;
-    if (unit_rst) begin
-      \$481  = 6'h00;
-    end
-    if (rst) begin
-      \$481  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$482  = { \$221 , \$216 , \$211 , \$206 , \$201 , \$196 , \$191 , \$186 , \$181 , \$176 , \$171 , \$166 , \$161 , \$156 , \$151 , \$146 , \$141 , \$136 , \$131 , \$126 , \$121 , \$116 , \$111 , \$106 , \$101 , \$96 , \$91 , \$86 , \$81 , \$76 , \$71 , \$66 , \$61 , \$56 , \$51 , \$46 , \$41 , \$36 , \$31 , \$26 , \$21  };
-    if (unit_rst) begin
-      \$482  = 41'h00000000000;
-    end
-    if (rst) begin
-      \$482  = 41'h00000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$483  = \$411 [24:0];
-    if (unit_rst) begin
-      \$483  = 25'h0000000;
-    end
-    if (rst) begin
-      \$483  = 25'h0000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$484  = \$414 ;
-    if (unit_rst) begin
-      \$484  = 1'h0;
-    end
-    if (rst) begin
-      \$484  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$485  = \$459 ;
-    if (unit_rst) begin
-      \$485  = 1'h0;
-    end
-    if (rst) begin
-      \$485  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$486  = \$460 [39];
-    if (unit_rst) begin
-      \$486  = 1'h0;
-    end
-    if (rst) begin
-      \$486  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$487  = o__payload;
-    if (odd) begin
-      \$487  = \$470 [23:0];
-    end
-    if (unit_rst) begin
-      \$487  = 24'h000000;
-    end
-    if (rst) begin
-      \$487  = 24'h000000;
-    end
-  end
-  assign o__ready = 1'h1;
-  assign above = { \$2 , 24'h000000 };
-  assign \held[0]  = held;
-  assign \i__payload[0]  = i__payload;
-  assign \o__payload[0]  = o__payload;
-  assign advance = 1'h1;
-  assign take = \$4 ;
-  assign \$9  = { mult, 1'h0 };
-  assign \$11  = { bits, 1'h0 };
-  assign \$14  = { \$13 , 1'h0 };
-  assign \$222  = x0;
-  assign \$223  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$224  = x0;
-  assign \$226  = { \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40], \$225 [40:16] };
-  assign \$227  = x0;
-  assign \$228  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$229  = x0;
-  assign \$232  = { \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39], \$231 [39:8] };
-  assign \$233  = x0;
-  assign \$234  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$235  = x0;
-  assign \$237  = { \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40], \$236 [40:16] };
-  assign \$238  = x0;
-  assign \$239  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$240  = x0;
-  assign \$244  = { \$243 [31], \$243 [31], \$243 [31], \$243 [31], \$243 [31:4] };
-  assign \$245  = x0;
-  assign \$246  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$247  = x0;
-  assign \$249  = { \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40], \$248 [40:16] };
-  assign \$250  = x0;
-  assign \$251  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$252  = x0;
-  assign \$255  = { \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39], \$254 [39:8] };
-  assign \$256  = x0;
-  assign \$257  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$258  = x0;
-  assign \$260  = { \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40], \$259 [40:16] };
-  assign \$261  = x0;
-  assign \$262  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$263  = x0;
-  assign \$268  = { \$267 [27], \$267 [27], \$267 [27:2] };
-  assign \$269  = x0;
-  assign \$270  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$271  = x0;
-  assign \$273  = { \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40], \$272 [40:16] };
-  assign \$274  = x0;
-  assign \$275  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$276  = x0;
-  assign \$279  = { \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39], \$278 [39:8] };
-  assign \$280  = x0;
-  assign \$281  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$282  = x0;
-  assign \$284  = { \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40], \$283 [40:16] };
-  assign \$285  = x0;
-  assign \$286  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$287  = x0;
-  assign \$291  = { \$290 [31], \$290 [31], \$290 [31], \$290 [31], \$290 [31:4] };
-  assign \$292  = x0;
-  assign \$293  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$294  = x0;
-  assign \$296  = { \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40], \$295 [40:16] };
-  assign \$297  = x0;
-  assign \$298  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$299  = x0;
-  assign \$302  = { \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39], \$301 [39:8] };
-  assign \$303  = x0;
-  assign \$304  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$305  = x0;
-  assign \$307  = { \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40], \$306 [40:16] };
-  assign \$308  = x0;
-  assign \$309  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$310  = x0;
-  assign \$316  = { \$315 [25], \$315 [25:1] };
-  assign \$317  = x0;
-  assign \$318  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$319  = x0;
-  assign \$321  = { \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40], \$320 [40:16] };
-  assign \$322  = x0;
-  assign \$323  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$324  = x0;
-  assign \$327  = { \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39], \$326 [39:8] };
-  assign \$328  = x0;
-  assign \$329  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$330  = x0;
-  assign \$332  = { \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40], \$331 [40:16] };
-  assign \$333  = x0;
-  assign \$334  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$335  = x0;
-  assign \$339  = { \$338 [31], \$338 [31], \$338 [31], \$338 [31], \$338 [31:4] };
-  assign \$340  = x0;
-  assign \$341  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$342  = x0;
-  assign \$344  = { \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40], \$343 [40:16] };
-  assign \$345  = x0;
-  assign \$346  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$347  = x0;
-  assign \$350  = { \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39], \$349 [39:8] };
-  assign \$351  = x0;
-  assign \$352  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$353  = x0;
-  assign \$355  = { \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40], \$354 [40:16] };
-  assign \$356  = x0;
-  assign \$357  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$358  = x0;
-  assign \$363  = { \$362 [27], \$362 [27], \$362 [27:2] };
-  assign \$364  = x0;
-  assign \$365  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$366  = x0;
-  assign \$368  = { \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40], \$367 [40:16] };
-  assign \$369  = x0;
-  assign \$370  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$371  = x0;
-  assign \$374  = { \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39], \$373 [39:8] };
-  assign \$375  = x0;
-  assign \$376  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$377  = x0;
-  assign \$379  = { \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40], \$378 [40:16] };
-  assign \$380  = x0;
-  assign \$381  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$382  = x0;
-  assign \$386  = { \$385 [31], \$385 [31], \$385 [31], \$385 [31], \$385 [31:4] };
-  assign \$387  = x0;
-  assign \$388  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$389  = x0;
-  assign \$391  = { \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40], \$390 [40:16] };
-  assign \$392  = x0;
-  assign \$393  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$394  = x0;
-  assign \$397  = { \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39], \$396 [39:8] };
-  assign \$398  = x0;
-  assign \$399  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$400  = x0;
-  assign \$402  = { \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40], \$401 [40:16] };
-  assign \$403  = x0;
-  assign \$404  = { x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39], x0[39:31] };
-  assign \$405  = x0;
-  assign \$412  = x0;
-  assign \$415  = x0;
-  assign \$416  = x0;
-  assign \$417  = x0;
-  assign \$418  = x0;
-  assign \$419  = x0;
-  assign \$420  = x0;
-  assign \$421  = x0;
-  assign \$422  = x0;
-  assign \$423  = x0;
-  assign \$424  = x0;
-  assign \$425  = x0;
-  assign \$426  = x0;
-  assign \$427  = x0;
-  assign \$428  = x0;
-  assign \$429  = x0;
-  assign \$430  = x0;
-  assign \$431  = x0;
-  assign \$432  = x0;
-  assign \$433  = x0;
-  assign \$434  = x0;
-  assign \$435  = x0;
-  assign \$436  = x0;
-  assign \$437  = x0;
-  assign \$438  = x0;
-  assign \$439  = x0;
-  assign \$440  = x0;
-  assign \$441  = x0;
-  assign \$442  = x0;
-  assign \$443  = x0;
-  assign \$444  = x0;
-  assign \$445  = x0;
-  assign \$446  = x0;
-  assign \$447  = x0;
-  assign \$448  = x0;
-  assign \$449  = x0;
-  assign \$450  = x0;
-  assign \$451  = x0;
-  assign \$452  = x0;
-  assign \$453  = x0;
-  assign \$454  = x0;
-  assign \$455  = x0;
-  assign \$456  = x0;
-  assign \$460  = x0;
-endmodule
-
-(* generator = "Amaranth" *)
 module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
   wire \$1 ;
   wire \$2 ;
   wire \$3 ;
@@ -14453,7 +11982,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     ins <= \$8 ;
   assign \$1  = | word;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$signature__addr  = 9'h000;
     if (start) begin
       \$signature__addr  = { pc[5:0], 3'h0 };
@@ -14462,7 +11991,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$signature__en  = 1'h1;
     if (start) begin
       \$signature__en  = 1'h1;
@@ -14471,7 +12000,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     done = 1'h0;
     if (start) begin
     end else if (\$1 ) begin
@@ -14481,7 +12010,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$6  = \pc$11 ;
     if (start) begin
       \$6  = pc;
@@ -14491,7 +12020,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$7  = word;
     if (start) begin
       \$7  = 4'h1;
@@ -14506,7 +12035,7 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     \$8  = ins;
     if (start) begin
     end else if (\$3 ) begin
@@ -14538,7 +12067,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$85 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -15757,7 +13286,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$464  = t_mult;
     if (\$225 ) begin
       \$464  = spad__rd1__data[15:0];
@@ -15770,7 +13299,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$465  = t_col;
     if (\$226 ) begin
       \$465  = \$227 [8:0];
@@ -15789,7 +13318,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$466  = gm_cap;
     if (running) begin
       \$466  = 1'h0;
@@ -15805,7 +13334,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$467  = gm_cap2;
     if (running) begin
       if (\$229 ) begin
@@ -15820,7 +13349,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$468  = gm_cap_lane;
     if (running) begin
       if (\$229 ) begin
@@ -15835,7 +13364,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$469  = gm_cap_last;
     if (running) begin
       if (\$229 ) begin
@@ -15850,7 +13379,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$470  = gm_addr;
     if (running) begin
       if (\$229 ) begin
@@ -15879,7 +13408,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$471  = gm_addr1;
     if (running) begin
       if (\$229 ) begin
@@ -15908,7 +13437,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$472  = gm_k;
     if (running) begin
       if (\$229 ) begin
@@ -15936,7 +13465,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$473  = gm_wstart;
     if (running) begin
       if (\$229 ) begin
@@ -15964,7 +13493,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$474  = gm_left;
     if (running) begin
       if (\$229 ) begin
@@ -15991,7 +13520,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$475  = pack;
     if (running) begin
       if (gm_cap) begin
@@ -16018,7 +13547,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$476  = gc_lane;
     if (running) begin
       if (c_out__valid) begin
@@ -16042,7 +13571,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$477  = gc_addr;
     if (running) begin
       if (c_out__valid) begin
@@ -16071,7 +13600,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$478  = gc_last;
     if (running) begin
       if (c_out__valid) begin
@@ -16100,7 +13629,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$479  = gc_n;
     if (running) begin
       if (c_out__valid) begin
@@ -16128,7 +13657,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$480  = gc_wstart;
     if (running) begin
       if (c_out__valid) begin
@@ -16156,7 +13685,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$481  = gc_left;
     if (running) begin
       if (c_out__valid) begin
@@ -16183,7 +13712,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$482  = busy;
     casez (fsm_state)
       3'h0:
@@ -16217,7 +13746,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$483  = width;
     casez (fsm_state)
       3'h0:
@@ -16233,7 +13762,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$484  = mult;
     casez (fsm_state)
       3'h0:
@@ -16253,7 +13782,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$485  = shift;
     casez (fsm_state)
       3'h0:
@@ -16273,7 +13802,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$486  = col_en;
     casez (fsm_state)
       3'h0:
@@ -16289,7 +13818,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$487  = t_step;
     casez (fsm_state)
       3'h0:
@@ -16305,7 +13834,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$488  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -16349,7 +13878,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_mult = \$2 [15:0];
@@ -16358,7 +13887,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
     if (busy) begin
       rq_shift = \$4 ;
@@ -16367,7 +13896,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq_in__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16376,7 +13905,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq_in__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16385,7 +13914,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__i__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16394,7 +13923,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__o__valid = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16403,7 +13932,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     rq__o__payload = 96'h000000000000000000000000;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16412,7 +13941,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     c_out__ready = 1'h0;
     (* full_case = 32'd1 *)
     if (busy) begin
@@ -16428,7 +13957,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$like  = gm_lane;
     if (running) begin
       if (\$20 ) begin
@@ -16446,7 +13975,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$signal  = gm_afeed_done;
     if (running) begin
       if (\$20 ) begin
@@ -16469,7 +13998,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     owed_n = gm_owed;
     if (running) begin
       owed_n = \$18 [1:0];
@@ -16482,7 +14011,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd1__addr = 13'h0000;
     if (\$6 ) begin
       spad__rd1__addr = t_addr;
@@ -16502,7 +14031,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd1__en = 1'h0;
     if (\$6 ) begin
       spad__rd1__en = 1'h1;
@@ -16522,28 +14051,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     col_wr__en = 1'h0;
     if (\$7 ) begin
       col_wr__en = 1'h1;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     b_in__valid = 1'h0;
     if (running) begin
       b_in__valid = dma__rd_data__valid;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     dma__rd_data__ready = 1'h0;
     if (running) begin
       dma__rd_data__ready = b_in__ready;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
       if (\$20 ) begin
@@ -16558,7 +14087,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
       if (\$20 ) begin
@@ -16573,7 +14102,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     w_data = 32'd0;
     if (running) begin
       if (gm_cap) begin
@@ -16584,7 +14113,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     w_en = 1'h0;
     if (running) begin
       if (gm_cap) begin
@@ -16595,7 +14124,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__addr = 13'h0000;
     if (running) begin
       if (c_out__valid) begin
@@ -16604,7 +14133,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__en = 1'h0;
     if (running) begin
       if (c_out__valid) begin
@@ -16613,7 +14142,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
@@ -16622,7 +14151,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     cmd__valid = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16636,7 +14165,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     dma__rd_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16652,7 +14181,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     running = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16668,7 +14197,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \done$85  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -16694,7 +14223,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
@@ -16720,7 +14249,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$454  = \$like ;
     if (unit_rst) begin
       \$454  = 3'h0;
@@ -16730,7 +14259,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$455  = \$signal ;
     if (unit_rst) begin
       \$455  = 1'h0;
@@ -16740,7 +14269,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$456  = owed_n;
     if (unit_rst) begin
       \$456  = 2'h0;
@@ -16750,7 +14279,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$457  = \$216 ;
     if (unit_rst) begin
       \$457  = 1'h0;
@@ -16760,7 +14289,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$458  = 1'h0;
     if (\$218 ) begin
       \$458  = 1'h1;
@@ -16776,7 +14305,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$459  = t_cap_half;
     if (\$218 ) begin
       \$459  = t_half;
@@ -16789,7 +14318,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$460  = t_half;
     if (\$218 ) begin
       \$460  = \$219 ;
@@ -16808,7 +14337,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$461  = t_addr;
     if (\$218 ) begin
       (* full_case = 32'd1 *)
@@ -16832,7 +14361,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$462  = t_left;
     if (\$218 ) begin
       if (t_half) begin
@@ -16856,7 +14385,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$463  = t_on;
     if (\$218 ) begin
       if (t_half) begin
@@ -16997,7 +14526,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__data, w_en, r_en, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$11 ;
@@ -17091,7 +14620,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
   always @(posedge clk)
     level <= \$21 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$19  = w_port__addr;
     if (\$1 ) begin
       \$19  = \$4 [1:0];
@@ -17107,7 +14636,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$20  = r_port__addr;
     if (\$5 ) begin
       \$20  = \$8 [1:0];
@@ -17123,7 +14652,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$18 ) begin end
     \$21  = level;
     if (\$12 ) begin
       \$21  = \$13 [1:0];
@@ -17152,7 +14681,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in__valid, a_in__payload, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, col_en, a_loading
 , \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
   wire \$100 ;
@@ -19082,14 +16611,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$220  = spad_c_rd_data;
     if (spad_c_rd_en) begin
       \$220  = \port__data$10 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$221  = \$1 [11:0];
     if (unit_rst) begin
       \$221  = 12'h000;
@@ -19099,7 +16628,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$222  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -19120,7 +16649,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$223  = a_wptr;
     if (start) begin
       \$223  = { 5'h00, cmd[44:36] };
@@ -19135,7 +16664,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$224  = a_loading;
     if (start) begin
       \$224  = cmd[76];
@@ -19152,7 +16681,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$225  = \$8 ;
     if (unit_rst) begin
       \$225  = 2'h0;
@@ -19162,7 +16691,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$226  = b_loading;
     if (start) begin
       \$226  = cmd[77];
@@ -19181,7 +16710,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$227  = wbuf;
     if (start) begin
       \$227  = 1'h0;
@@ -19198,7 +16727,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$228  = b_k;
     if (start) begin
       \$228  = 12'h000;
@@ -19216,7 +16745,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$229  = b_cols_left;
     if (start) begin
       \$229  = cmd[35:24];
@@ -19233,7 +16762,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$230  = \$15 ;
@@ -19248,7 +16777,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
       \$231  = 1'h0;
@@ -19269,7 +16798,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$232  = gap;
     if (\$42 ) begin
       \$232  = \$43 [3:0];
@@ -19289,7 +16818,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$233  = step;
     if (unit_rst) begin
       \$233  = 1'h0;
@@ -19299,7 +16828,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$234  = \$44 ;
     if (unit_rst) begin
       \$234  = 1'h0;
@@ -19309,7 +16838,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$235  = last_k;
     if (unit_rst) begin
       \$235  = 1'h0;
@@ -19319,7 +16848,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$236  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
       \$236  = 4'h0;
@@ -19329,7 +16858,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$237  = s_valid;
     if (unit_rst) begin
       \$237  = 1'h0;
@@ -19339,7 +16868,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$238  = s_first;
     if (unit_rst) begin
       \$238  = 1'h0;
@@ -19349,7 +16878,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$239  = s_last;
     if (unit_rst) begin
       \$239  = 1'h0;
@@ -19359,7 +16888,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$240  = spad_b_rd_data;
     if (unit_rst) begin
       \$240  = 32'd0;
@@ -19369,7 +16898,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$241 [7:0] = \$49 ;
     \$241 [15:8] = \$50 ;
     \$241 [23:16] = \$51 ;
@@ -19382,7 +16911,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$242  = issuing;
     if (start) begin
       \$242  = cmd[77];
@@ -19403,7 +16932,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$243  = rbuf;
     if (start) begin
       \$243  = 1'h0;
@@ -19422,7 +16951,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$244  = k;
     if (start) begin
       \$244  = 12'h000;
@@ -19440,7 +16969,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$245  = a_ptr;
     if (start) begin
       \$245  = { 5'h00, cmd[44:36] };
@@ -19460,7 +16989,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$246  = rows_c;
     if (start) begin
       \$246  = cmd[11:0];
@@ -19480,7 +17009,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$247  = cols_c;
     if (start) begin
       \$247  = cmd[35:24];
@@ -19499,7 +17028,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$248  = c_panel;
     if (start) begin
       \$248  = { 5'h00, cmd[53:45] };
@@ -19518,7 +17047,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$249  = c_tile;
     if (start) begin
       \$249  = { 5'h00, cmd[53:45] };
@@ -19538,7 +17067,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$250  = last_k;
     if (start) begin
       \$250  = \$53 ;
@@ -19556,7 +17085,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$251  = last_row;
     if (start) begin
       \$251  = \$54 ;
@@ -19576,7 +17105,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$252  = t_base;
     if (start) begin
     end else if (step) begin
@@ -19592,7 +17121,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$253  = t_cols;
     if (start) begin
     end else if (step) begin
@@ -19608,7 +17137,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$254  = d_col;
     if (done) begin
       \$254  = 3'h1;
@@ -19623,7 +17152,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$255  = d_base;
     if (done) begin
       \$255  = t_base;
@@ -19636,7 +17165,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$256  = d_cols;
     if (done) begin
       \$256  = t_cols;
@@ -19649,7 +17178,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$257  = drain_busy;
     if (done) begin
       \$257  = 1'h1;
@@ -19666,7 +17195,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$258  = \$77 ;
     if (unit_rst) begin
       \$258  = 1'h0;
@@ -19676,7 +17205,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$259  = \$78 ;
     if (unit_rst) begin
       \$259  = 1'h0;
@@ -19686,7 +17215,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$260  = \$81 [13:0];
     if (unit_rst) begin
       \$260  = 14'h0000;
@@ -19696,7 +17225,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$261  = col_valid0;
     if (unit_rst) begin
       \$261  = 1'h0;
@@ -19706,7 +17235,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$262  = col_busy0;
     if (unit_rst) begin
       \$262  = 1'h0;
@@ -19716,7 +17245,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$263  = col_addr0;
     if (unit_rst) begin
       \$263  = 14'h0000;
@@ -19726,7 +17255,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$264  = col_valid1;
     if (unit_rst) begin
       \$264  = 1'h0;
@@ -19736,7 +17265,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$265  = col_busy1;
     if (unit_rst) begin
       \$265  = 1'h0;
@@ -19746,7 +17275,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$266  = col_addr1;
     if (unit_rst) begin
       \$266  = 14'h0000;
@@ -19756,7 +17285,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$267  = out;
     if (unit_rst) begin
       \$267  = 96'h000000000000000000000000;
@@ -19766,7 +17295,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$268  = col_word0;
     if (unit_rst) begin
       \$268  = 96'h000000000000000000000000;
@@ -19776,7 +17305,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$269  = col_word1;
     if (unit_rst) begin
       \$269  = 96'h000000000000000000000000;
@@ -19786,7 +17315,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$270  = \$83 [1:0];
     if (unit_rst) begin
       \$270  = 2'h0;
@@ -19796,14 +17325,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$271  = col_rq_rd_data;
     if (spad_c_rd_en) begin
       \$271  = \port__data$77 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$272  = q_rq;
     if (\$85 ) begin
       \$272  = \$86 ;
@@ -19816,7 +17345,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$273  = c_q;
     if (\$88 ) begin
       \$273  = spad_c_rd_data;
@@ -19841,7 +17370,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$274  = q_valid;
     if (\$88 ) begin
       \$274  = r_valid;
@@ -19868,7 +17397,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$275  = storing;
     if (store_start) begin
       \$275  = 1'h1;
@@ -19895,7 +17424,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$276  = s_addr;
     if (store_start) begin
       \$276  = { 5'h00, cmd[53:45] };
@@ -19912,7 +17441,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$277  = s_n;
     if (store_start) begin
       \$277  = 12'h000;
@@ -19932,7 +17461,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$278  = s_rows;
     if (store_start) begin
       \$278  = cmd[11:0];
@@ -19951,7 +17480,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$279  = s_left;
     if (store_start) begin
       \$279  = \$116 [13:0];
@@ -19968,7 +17497,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$280  = out_left;
     if (store_start) begin
       \$280  = \$117 [13:0];
@@ -19984,7 +17513,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$281  = r_valid;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -20012,7 +17541,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$282  = r_mask;
     if (store_start) begin
     end else if (\$115 ) begin
@@ -20028,7 +17557,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$283  = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -20062,7 +17591,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$284  = cmd;
     casez (fsm_state)
       3'h0:
@@ -20078,7 +17607,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$285  = error;
     casez (fsm_state)
       3'h0:
@@ -20102,7 +17631,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$286  = error_code;
     casez (fsm_state)
       3'h0:
@@ -20126,7 +17655,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$287  = fsm_state;
     casez (fsm_state)
       3'h0:
@@ -20168,7 +17697,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$288  = rows_left;
     casez (fsm_state)
       3'h0:
@@ -20188,7 +17717,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$289  = a_lim;
     casez (fsm_state)
       3'h0:
@@ -20208,7 +17737,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     \$290  = c_lim;
     casez (fsm_state)
       3'h0:
@@ -20228,7 +17757,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     full_set = 2'h0;
     if (start) begin
     end else if (\$168 ) begin
@@ -20244,7 +17773,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     tile_issued = 1'h0;
     if (start) begin
     end else if (step) begin
@@ -20254,7 +17783,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     full_clr = 2'h0;
     if (start) begin
     end else if (step) begin
@@ -20272,7 +17801,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
@@ -20282,7 +17811,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     cmd__ready = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -20290,7 +17819,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     code = 3'h0;
     casez (fsm_state)
       3'h0:
@@ -20306,7 +17835,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     store_start = 1'h0;
     casez (fsm_state)
       3'h0:
@@ -20474,7 +18003,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in, last_in, b, a, out, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$20  = 0;
   reg [7:0] \$1 ;
   reg \$10 ;
   reg [7:0] \$11 ;
@@ -21234,7 +18763,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     .valid_in(\valid_in$261 )
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$1  = b[15:8];
     if (unit_rst) begin
       \$1  = 8'h00;
@@ -21244,7 +18773,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$2  = b[23:16];
     if (unit_rst) begin
       \$2  = 8'h00;
@@ -21254,7 +18783,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$3  = b2_d0;
     if (unit_rst) begin
       \$3  = 8'h00;
@@ -21264,7 +18793,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$4  = b[31:24];
     if (unit_rst) begin
       \$4  = 8'h00;
@@ -21274,7 +18803,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$5  = b3_d0;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -21284,7 +18813,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$6  = b3_d1;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -21294,7 +18823,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$7  = a[15:8];
     if (unit_rst) begin
       \$7  = 8'h00;
@@ -21304,7 +18833,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$8  = valid_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -21314,7 +18843,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$9  = first_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -21324,7 +18853,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$10  = last_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -21334,7 +18863,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$11  = a[23:16];
     if (unit_rst) begin
       \$11  = 8'h00;
@@ -21344,7 +18873,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$12  = a2_d0;
     if (unit_rst) begin
       \$12  = 8'h00;
@@ -21354,7 +18883,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$13  = valid_in;
     if (unit_rst) begin
       \$13  = 1'h0;
@@ -21364,7 +18893,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$14  = valid2_d0;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -21374,7 +18903,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$15  = first_in;
     if (unit_rst) begin
       \$15  = 1'h0;
@@ -21384,7 +18913,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$16  = first2_d0;
     if (unit_rst) begin
       \$16  = 1'h0;
@@ -21394,7 +18923,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$17  = last_in;
     if (unit_rst) begin
       \$17  = 1'h0;
@@ -21404,7 +18933,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$18  = last2_d0;
     if (unit_rst) begin
       \$18  = 1'h0;
@@ -21414,7 +18943,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$19  = a[31:24];
     if (unit_rst) begin
       \$19  = 8'h00;
@@ -21424,7 +18953,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$20  = a3_d0;
     if (unit_rst) begin
       \$20  = 8'h00;
@@ -21434,7 +18963,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$21  = a3_d1;
     if (unit_rst) begin
       \$21  = 8'h00;
@@ -21444,7 +18973,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$22  = valid_in;
     if (unit_rst) begin
       \$22  = 1'h0;
@@ -21454,7 +18983,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$23  = valid3_d0;
     if (unit_rst) begin
       \$23  = 1'h0;
@@ -21464,7 +18993,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$24  = valid3_d1;
     if (unit_rst) begin
       \$24  = 1'h0;
@@ -21474,7 +19003,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$25  = first_in;
     if (unit_rst) begin
       \$25  = 1'h0;
@@ -21484,7 +19013,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$26  = first3_d0;
     if (unit_rst) begin
       \$26  = 1'h0;
@@ -21494,7 +19023,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$27  = first3_d1;
     if (unit_rst) begin
       \$27  = 1'h0;
@@ -21504,7 +19033,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$28  = last_in;
     if (unit_rst) begin
       \$28  = 1'h0;
@@ -21514,7 +19043,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$29  = last3_d0;
     if (unit_rst) begin
       \$29  = 1'h0;
@@ -21524,7 +19053,7 @@ module \nanokpu_kpu.gemm.engine.array (rst, shift, unit_rst, valid_in, first_in,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$20 ) begin end
     \$30  = last3_d1;
     if (unit_rst) begin
       \$30  = 1'h0;
@@ -21712,7 +19241,7 @@ endmodule
 module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2, b__3, a__4, a__8, a__12, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10
 , p__11, p__12, p__13, p__14, p__15, a__1, b__4, a__2, b__5, a__3, b__6, b__7, a__5, b__8, a__6, b__9, a__7, b__10, b__11, a__9, b__12
 , a__10, b__13, a__11, b__14, b__15, a__13, a__14, a__15, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [15:0] \$1 ;
   wire [15:0] \$10 ;
   wire [15:0] \$11 ;
@@ -21897,7 +19426,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
   always @(posedge clk)
     p__15 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$17  = \$1 ;
     if (unit_rst) begin
       \$17  = 16'h0000;
@@ -21907,7 +19436,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = \$2 ;
     if (unit_rst) begin
       \$18  = 16'h0000;
@@ -21917,7 +19446,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = \$3 ;
     if (unit_rst) begin
       \$19  = 16'h0000;
@@ -21927,7 +19456,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$20  = \$4 ;
     if (unit_rst) begin
       \$20  = 16'h0000;
@@ -21937,7 +19466,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = \$5 ;
     if (unit_rst) begin
       \$21  = 16'h0000;
@@ -21947,7 +19476,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = \$6 ;
     if (unit_rst) begin
       \$22  = 16'h0000;
@@ -21957,7 +19486,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$23  = \$7 ;
     if (unit_rst) begin
       \$23  = 16'h0000;
@@ -21967,7 +19496,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = \$8 ;
     if (unit_rst) begin
       \$24  = 16'h0000;
@@ -21977,7 +19506,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = \$9 ;
     if (unit_rst) begin
       \$25  = 16'h0000;
@@ -21987,7 +19516,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$26  = \$10 ;
     if (unit_rst) begin
       \$26  = 16'h0000;
@@ -21997,7 +19526,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = \$11 ;
     if (unit_rst) begin
       \$27  = 16'h0000;
@@ -22007,7 +19536,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = \$12 ;
     if (unit_rst) begin
       \$28  = 16'h0000;
@@ -22017,7 +19546,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$29  = \$13 ;
     if (unit_rst) begin
       \$29  = 16'h0000;
@@ -22027,7 +19556,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = \$14 ;
     if (unit_rst) begin
       \$30  = 16'h0000;
@@ -22037,7 +19566,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = \$15 ;
     if (unit_rst) begin
       \$31  = 16'h0000;
@@ -22047,7 +19576,7 @@ module \nanokpu_kpu.gemm.engine.array.mul (rst, unit_rst, b__0, a__0, b__1, b__2
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$32  = \$16 ;
     if (unit_rst) begin
       \$32  = 16'h0000;
@@ -22061,6 +19590,392 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, first_in, last_in, b_in, a_in, prod, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$22  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$22 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$23  = 0;
+  wire \$1 ;
+  reg \$10 ;
+  reg \$11 ;
+  reg [23:0] \$12 ;
+  reg [23:0] \$13 ;
+  reg \$14 ;
+  wire \$2 ;
+  wire \$3 ;
+  wire [24:0] \$4 ;
+  reg [7:0] \$5 ;
+  reg [7:0] \$6 ;
+  reg \$7 ;
+  reg \$8 ;
+  reg \$9 ;
+  input [7:0] a_in;
+  wire [7:0] a_in;
+  output [7:0] a_out;
+  reg [7:0] a_out = 8'h00;
+  reg [23:0] acc = 24'h000000;
+  input [7:0] b_in;
+  wire [7:0] b_in;
+  output [7:0] b_out;
+  reg [7:0] b_out = 8'h00;
+  input clk;
+  wire clk;
+  reg done = 1'h0;
+  input first_in;
+  wire first_in;
+  output first_out;
+  reg first_out = 1'h0;
+  input last_in;
+  wire last_in;
+  output last_out;
+  reg last_out = 1'h0;
+  reg p_last = 1'h0;
+  reg p_valid = 1'h0;
+  input [15:0] prod;
+  wire [15:0] prod;
+  output [23:0] res;
+  reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
+  wire [23:0] res_in;
+  input rst;
+  wire rst;
+  input shift;
+  wire shift;
+  wire [23:0] total;
+  input unit_rst;
+  wire unit_rst;
+  input valid_in;
+  wire valid_in;
+  output valid_out;
+  reg valid_out = 1'h0;
+  assign \$1  = valid_in & first_in;
+  assign \$2  = p_valid & p_last;
+  assign \$3  = p_valid & p_last;
+  assign \$4  = $signed(acc) + $signed(prod);
+  always @(posedge clk)
+    a_out <= \$5 ;
+  always @(posedge clk)
+    b_out <= \$6 ;
+  always @(posedge clk)
+    valid_out <= \$7 ;
+  always @(posedge clk)
+    first_out <= \$8 ;
+  always @(posedge clk)
+    last_out <= \$9 ;
+  always @(posedge clk)
+    p_valid <= \$10 ;
+  always @(posedge clk)
+    p_last <= \$11 ;
+  always @(posedge clk)
+    acc <= \$12 ;
+  always @(posedge clk)
+    res <= \$13 ;
+  always @(posedge clk)
+    done <= \$14 ;
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$5  = a_in;
+    if (unit_rst) begin
+      \$5  = 8'h00;
+    end
+    if (rst) begin
+      \$5  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$6  = b_in;
+    if (unit_rst) begin
+      \$6  = 8'h00;
+    end
+    if (rst) begin
+      \$6  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$7  = valid_in;
+    if (unit_rst) begin
+      \$7  = 1'h0;
+    end
+    if (rst) begin
+      \$7  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$8  = first_in;
+    if (unit_rst) begin
+      \$8  = 1'h0;
+    end
+    if (rst) begin
+      \$8  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$9  = last_in;
+    if (unit_rst) begin
+      \$9  = 1'h0;
+    end
+    if (rst) begin
+      \$9  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$10  = valid_in;
+    if (unit_rst) begin
+      \$10  = 1'h0;
+    end
+    if (rst) begin
+      \$10  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$11  = last_in;
+    if (unit_rst) begin
+      \$11  = 1'h0;
+    end
+    if (rst) begin
+      \$11  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$12  = acc;
+    if (\$1 ) begin
+      \$12  = 24'h000000;
+    end else if (p_valid) begin
+      \$12  = \$4 [23:0];
+    end
+    if (unit_rst) begin
+      \$12  = 24'h000000;
+    end
+    if (rst) begin
+      \$12  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$13  = res;
+    if (\$2 ) begin
+      \$13  = \$4 [23:0];
+    end else if (shift) begin
+      \$13  = res_in;
+    end
+    if (unit_rst) begin
+      \$13  = 24'h000000;
+    end
+    if (rst) begin
+      \$13  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$23 ) begin end
+    \$14  = \$3 ;
+    if (unit_rst) begin
+      \$14  = 1'h0;
+    end
+    if (rst) begin
+      \$14  = 1'h0;
+    end
+  end
+  assign total = \$4 [23:0];
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$24  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22253,7 +20168,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_0 (rst, shift, unit_rst, valid_in, fi
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$25  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22271,7 +20186,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -22283,11 +20197,9 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -22295,7 +20207,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -22306,7 +20217,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -22423,7 +20333,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -22443,10 +20353,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_1 (rst, shift, unit_rst, b_in, prod, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$26  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22639,7 +20550,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_2 (rst, shift, unit_rst, b_in, prod, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$27  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -22657,6 +20568,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -22668,9 +20580,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -22678,6 +20592,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -22688,6 +20603,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -22804,7 +20720,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -22824,11 +20740,10 @@ module \nanokpu_kpu.gemm.engine.array.pe_0_3 (rst, shift, unit_rst, b_in, prod, 
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$28  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23021,7 +20936,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_0 (rst, shift, unit_rst, a_in, valid_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$29  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23039,7 +20954,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -23051,11 +20965,9 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -23063,7 +20975,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -23074,7 +20985,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -23191,7 +21101,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -23211,10 +21121,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_1 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$30  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23407,7 +21318,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$31  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23425,6 +21336,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -23436,9 +21348,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -23446,6 +21360,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -23456,6 +21371,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -23572,7 +21488,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -23592,11 +21508,10 @@ module \nanokpu_kpu.gemm.engine.array.pe_1_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$32  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23789,7 +21704,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_0 (rst, shift, unit_rst, a_in, valid_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$33  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -23807,7 +21722,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
-  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
@@ -23819,11 +21733,9 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   reg done = 1'h0;
   input first_in;
   wire first_in;
-  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
-  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -23831,7 +21743,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -23842,7 +21753,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
-  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -23959,7 +21869,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = res_in;
+      \$13  = 24'h000000;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -23979,10 +21889,11 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_1 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
+  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, b_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$34  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24005,7 +21916,6 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
-  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
@@ -24175,7 +22085,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_2 (rst, shift, unit_rst, prod, b_in, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, b_out, res, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$35  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24193,20 +22103,22 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   reg \$9 ;
   input [7:0] a_in;
   wire [7:0] a_in;
+  output [7:0] a_out;
   reg [7:0] a_out = 8'h00;
   reg [23:0] acc = 24'h000000;
   input [7:0] b_in;
   wire [7:0] b_in;
-  output [7:0] b_out;
   reg [7:0] b_out = 8'h00;
   input clk;
   wire clk;
   reg done = 1'h0;
   input first_in;
   wire first_in;
+  output first_out;
   reg first_out = 1'h0;
   input last_in;
   wire last_in;
+  output last_out;
   reg last_out = 1'h0;
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
@@ -24214,6 +22126,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   wire [15:0] prod;
   output [23:0] res;
   reg [23:0] res = 24'h000000;
+  input [23:0] res_in;
   wire [23:0] res_in;
   input rst;
   wire rst;
@@ -24224,6 +22137,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
   wire unit_rst;
   input valid_in;
   wire valid_in;
+  output valid_out;
   reg valid_out = 1'h0;
   assign \$1  = valid_in & first_in;
   assign \$2  = p_valid & p_last;
@@ -24340,7 +22254,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
     if (\$2 ) begin
       \$13  = \$4 [23:0];
     end else if (shift) begin
-      \$13  = 24'h000000;
+      \$13  = res_in;
     end
     if (unit_rst) begin
       \$13  = 24'h000000;
@@ -24360,11 +22274,10 @@ module \nanokpu_kpu.gemm.engine.array.pe_2_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   assign total = \$4 [23:0];
-  assign res_in = 24'h000000;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_in, first_in, last_in, prod, b_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
+module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$36  = 0;
   wire \$1 ;
   reg \$10 ;
@@ -24556,392 +22469,8 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_0 (rst, shift, unit_rst, a_in, valid_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_1 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.array.pe_3_2 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, a_out, valid_out, first_out, last_out, res, res_in, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
-  wire \$1 ;
-  reg \$10 ;
-  reg \$11 ;
-  reg [23:0] \$12 ;
-  reg [23:0] \$13 ;
-  reg \$14 ;
-  wire \$2 ;
-  wire \$3 ;
-  wire [24:0] \$4 ;
-  reg [7:0] \$5 ;
-  reg [7:0] \$6 ;
-  reg \$7 ;
-  reg \$8 ;
-  reg \$9 ;
-  input [7:0] a_in;
-  wire [7:0] a_in;
-  output [7:0] a_out;
-  reg [7:0] a_out = 8'h00;
-  reg [23:0] acc = 24'h000000;
-  input [7:0] b_in;
-  wire [7:0] b_in;
-  reg [7:0] b_out = 8'h00;
-  input clk;
-  wire clk;
-  reg done = 1'h0;
-  input first_in;
-  wire first_in;
-  output first_out;
-  reg first_out = 1'h0;
-  input last_in;
-  wire last_in;
-  output last_out;
-  reg last_out = 1'h0;
-  reg p_last = 1'h0;
-  reg p_valid = 1'h0;
-  input [15:0] prod;
-  wire [15:0] prod;
-  output [23:0] res;
-  reg [23:0] res = 24'h000000;
-  input [23:0] res_in;
-  wire [23:0] res_in;
-  input rst;
-  wire rst;
-  input shift;
-  wire shift;
-  wire [23:0] total;
-  input unit_rst;
-  wire unit_rst;
-  input valid_in;
-  wire valid_in;
-  output valid_out;
-  reg valid_out = 1'h0;
-  assign \$1  = valid_in & first_in;
-  assign \$2  = p_valid & p_last;
-  assign \$3  = p_valid & p_last;
-  assign \$4  = $signed(acc) + $signed(prod);
-  always @(posedge clk)
-    a_out <= \$5 ;
-  always @(posedge clk)
-    b_out <= \$6 ;
-  always @(posedge clk)
-    valid_out <= \$7 ;
-  always @(posedge clk)
-    first_out <= \$8 ;
-  always @(posedge clk)
-    last_out <= \$9 ;
-  always @(posedge clk)
-    p_valid <= \$10 ;
-  always @(posedge clk)
-    p_last <= \$11 ;
-  always @(posedge clk)
-    acc <= \$12 ;
-  always @(posedge clk)
-    res <= \$13 ;
-  always @(posedge clk)
-    done <= \$14 ;
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$5  = a_in;
-    if (unit_rst) begin
-      \$5  = 8'h00;
-    end
-    if (rst) begin
-      \$5  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$6  = b_in;
-    if (unit_rst) begin
-      \$6  = 8'h00;
-    end
-    if (rst) begin
-      \$6  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$7  = valid_in;
-    if (unit_rst) begin
-      \$7  = 1'h0;
-    end
-    if (rst) begin
-      \$7  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$8  = first_in;
-    if (unit_rst) begin
-      \$8  = 1'h0;
-    end
-    if (rst) begin
-      \$8  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$9  = last_in;
-    if (unit_rst) begin
-      \$9  = 1'h0;
-    end
-    if (rst) begin
-      \$9  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$10  = valid_in;
-    if (unit_rst) begin
-      \$10  = 1'h0;
-    end
-    if (rst) begin
-      \$10  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$11  = last_in;
-    if (unit_rst) begin
-      \$11  = 1'h0;
-    end
-    if (rst) begin
-      \$11  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$12  = acc;
-    if (\$1 ) begin
-      \$12  = 24'h000000;
-    end else if (p_valid) begin
-      \$12  = \$4 [23:0];
-    end
-    if (unit_rst) begin
-      \$12  = 24'h000000;
-    end
-    if (rst) begin
-      \$12  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$13  = res;
-    if (\$2 ) begin
-      \$13  = \$4 [23:0];
-    end else if (shift) begin
-      \$13  = res_in;
-    end
-    if (unit_rst) begin
-      \$13  = 24'h000000;
-    end
-    if (rst) begin
-      \$13  = 24'h000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
-    \$14  = \$3 ;
-    if (unit_rst) begin
-      \$14  = 1'h0;
-    end
-    if (rst) begin
-      \$14  = 1'h0;
-    end
-  end
-  assign total = \$4 [23:0];
-endmodule
-
-(* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, a_in, valid_in, first_in, last_in, res, done, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$37  = 0;
   wire \$1 ;
   reg \$10 ;
   reg \$11 ;
@@ -25015,7 +22544,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
   always @(posedge clk)
     done <= \$14 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$5  = a_in;
     if (unit_rst) begin
       \$5  = 8'h00;
@@ -25025,7 +22554,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$6  = b_in;
     if (unit_rst) begin
       \$6  = 8'h00;
@@ -25035,7 +22564,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$7  = valid_in;
     if (unit_rst) begin
       \$7  = 1'h0;
@@ -25045,7 +22574,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$8  = first_in;
     if (unit_rst) begin
       \$8  = 1'h0;
@@ -25055,7 +22584,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$9  = last_in;
     if (unit_rst) begin
       \$9  = 1'h0;
@@ -25065,7 +22594,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$10  = valid_in;
     if (unit_rst) begin
       \$10  = 1'h0;
@@ -25075,7 +22604,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$11  = last_in;
     if (unit_rst) begin
       \$11  = 1'h0;
@@ -25085,7 +22614,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$12  = acc;
     if (\$1 ) begin
       \$12  = 24'h000000;
@@ -25100,7 +22629,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$13  = res;
     if (\$2 ) begin
       \$13  = \$4 [23:0];
@@ -25115,7 +22644,7 @@ module \nanokpu_kpu.gemm.engine.array.pe_3_3 (rst, shift, unit_rst, prod, b_in, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$37 ) begin end
     \$14  = \$3 ;
     if (unit_rst) begin
       \$14  = 1'h0;
@@ -25130,7 +22659,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload, advance, unit_rst, o__ready, o__valid, o__payload, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$38  = 0;
   wire \$1 ;
   wire [66:0] \$10 ;
   wire \$100 ;
@@ -26658,7 +24187,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$772  = v1;
     if (advance) begin
       \$772  = i__valid;
@@ -26671,7 +24200,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$773  = v2;
     if (advance) begin
       \$773  = v1;
@@ -26684,7 +24213,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$774  = x_valid;
     if (advance) begin
       \$774  = v2;
@@ -26697,7 +24226,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$775  = \$signal ;
     if (advance) begin
       \$775  = shift;
@@ -26710,7 +24239,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$776  = shift_2;
     if (advance) begin
       \$776  = \$signal ;
@@ -26723,7 +24252,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$777  = x0;
     if (advance) begin
       \$777  = \$5 [39:0];
@@ -26736,7 +24265,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$778  = x1;
     if (advance) begin
       \$778  = \$8 [39:0];
@@ -26749,7 +24278,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$779  = x2;
     if (advance) begin
       \$779  = \$11 [39:0];
@@ -26762,7 +24291,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$780  = x3;
     if (advance) begin
       \$780  = \$14 [39:0];
@@ -26775,7 +24304,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$781  = shift_x;
     if (advance) begin
       \$781  = shift_2;
@@ -26788,7 +24317,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$782  = below;
     if (advance) begin
       \$782  = { \$219 , \$214 , \$209 , \$204 , \$199 , \$194 , \$189 , \$184 , \$179 , \$174 , \$169 , \$164 , \$159 , \$154 , \$149 , \$144 , \$139 , \$134 , \$129 , \$124 , \$119 , \$114 , \$109 , \$104 , \$99 , \$94 , \$89 , \$84 , \$79 , \$74 , \$69 , \$64 , \$59 , \$54 , \$49 , \$44 , \$39 , \$34 , \$29 , \$24 , \$19  };
@@ -26801,7 +24330,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$783  = v_shift;
     if (advance) begin
       \$783  = x_valid;
@@ -26814,7 +24343,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$784  = v_round;
     if (advance) begin
       \$784  = v_shift;
@@ -26827,7 +24356,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$785  = o__valid;
     if (advance) begin
       \$785  = v_round;
@@ -26840,7 +24369,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$786  = y0;
     if (advance) begin
       \$786  = \$345 [24:0];
@@ -26853,7 +24382,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$787  = sticky0;
     if (advance) begin
       \$787  = \$347 ;
@@ -26866,7 +24395,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$788  = over0;
     if (advance) begin
       \$788  = \$350 ;
@@ -26879,7 +24408,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$789  = neg0;
     if (advance) begin
       \$789  = x0[39];
@@ -26892,7 +24421,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$790  = rounded0;
     if (advance) begin
       \$790  = \$353 ;
@@ -26905,7 +24434,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$791  = over2_0;
     if (advance) begin
       \$791  = over0;
@@ -26918,7 +24447,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$792  = neg2_0;
     if (advance) begin
       \$792  = neg0;
@@ -26931,7 +24460,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$793  = o__payload;
     if (advance) begin
       \$793 [23:0] = \$357 [23:0];
@@ -26947,7 +24476,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$794  = y1;
     if (advance) begin
       \$794  = \$483 [24:0];
@@ -26960,7 +24489,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$795  = sticky1;
     if (advance) begin
       \$795  = \$485 ;
@@ -26973,7 +24502,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$796  = over1;
     if (advance) begin
       \$796  = \$488 ;
@@ -26986,7 +24515,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$797  = neg1;
     if (advance) begin
       \$797  = x1[39];
@@ -26999,7 +24528,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$798  = rounded1;
     if (advance) begin
       \$798  = \$491 ;
@@ -27012,7 +24541,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$799  = over2_1;
     if (advance) begin
       \$799  = over1;
@@ -27025,7 +24554,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$800  = neg2_1;
     if (advance) begin
       \$800  = neg1;
@@ -27038,7 +24567,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$801  = y2;
     if (advance) begin
       \$801  = \$621 [24:0];
@@ -27051,7 +24580,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$802  = sticky2;
     if (advance) begin
       \$802  = \$623 ;
@@ -27064,7 +24593,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$803  = over2;
     if (advance) begin
       \$803  = \$626 ;
@@ -27077,7 +24606,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$804  = neg2;
     if (advance) begin
       \$804  = x2[39];
@@ -27090,7 +24619,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$805  = rounded2;
     if (advance) begin
       \$805  = \$629 ;
@@ -27103,7 +24632,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$806  = over2_2;
     if (advance) begin
       \$806  = over2;
@@ -27116,7 +24645,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$807  = neg2_2;
     if (advance) begin
       \$807  = neg2;
@@ -27129,7 +24658,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$808  = y3;
     if (advance) begin
       \$808  = \$759 [24:0];
@@ -27142,7 +24671,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$809  = sticky3;
     if (advance) begin
       \$809  = \$761 ;
@@ -27155,7 +24684,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$810  = over3;
     if (advance) begin
       \$810  = \$764 ;
@@ -27168,7 +24697,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$811  = neg3;
     if (advance) begin
       \$811  = x3[39];
@@ -27181,7 +24710,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$812  = rounded3;
     if (advance) begin
       \$812  = \$767 ;
@@ -27194,7 +24723,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$813  = over2_3;
     if (advance) begin
       \$813  = over3;
@@ -27207,7 +24736,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$38 ) begin end
     \$814  = neg2_3;
     if (advance) begin
       \$814  = neg3;
@@ -27510,7 +25039,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
   reg [35:0] \$11 ;
@@ -27660,7 +25189,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
   always @(posedge clk)
     p__7 <= \$32 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
       \$9  = { 1'h0, \port$1640$0 [16:0] };
@@ -27673,7 +25202,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
       \$10  = { 2'h0, \port$1635$0  };
@@ -27686,7 +25215,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$11  = p__0;
     if (en) begin
       \$11  = \$1 ;
@@ -27699,7 +25228,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
       \$12  = { \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23:17] };
@@ -27712,7 +25241,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
       \$13  = { 2'h0, \port$1635$0  };
@@ -27725,7 +25254,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$14  = p__1;
     if (en) begin
       \$14  = \$2 ;
@@ -27738,7 +25267,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
       \$15  = { 1'h0, \port$1640$0 [40:24] };
@@ -27751,7 +25280,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
       \$16  = { 2'h0, \port$1635$0  };
@@ -27764,7 +25293,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$17  = p__2;
     if (en) begin
       \$17  = \$3 ;
@@ -27777,7 +25306,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
       \$18  = { \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47:41] };
@@ -27790,7 +25319,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
       \$19  = { 2'h0, \port$1635$0  };
@@ -27803,7 +25332,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$20  = p__3;
     if (en) begin
       \$20  = \$4 ;
@@ -27816,7 +25345,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
       \$21  = { 1'h0, \port$1640$0 [64:48] };
@@ -27829,7 +25358,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
       \$22  = { 2'h0, \port$1635$0  };
@@ -27842,7 +25371,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$23  = p__4;
     if (en) begin
       \$23  = \$5 ;
@@ -27855,7 +25384,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
       \$24  = { \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71:65] };
@@ -27868,7 +25397,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
       \$25  = { 2'h0, \port$1635$0  };
@@ -27881,7 +25410,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$26  = p__5;
     if (en) begin
       \$26  = \$6 ;
@@ -27894,7 +25423,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
       \$27  = { 1'h0, \port$1640$0 [88:72] };
@@ -27907,7 +25436,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
       \$28  = { 2'h0, \port$1635$0  };
@@ -27920,7 +25449,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$29  = p__6;
     if (en) begin
       \$29  = \$7 ;
@@ -27933,7 +25462,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
       \$30  = { \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95:89] };
@@ -27946,7 +25475,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
       \$31  = { 2'h0, \port$1635$0  };
@@ -27959,7 +25488,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$32  = p__7;
     if (en) begin
       \$32  = \$8 ;
@@ -27992,7 +25521,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
 , error, spad__rd0__data, dma__rd_data__payload);
-  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
@@ -28324,7 +25853,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     out <= \$118 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$109  = busy;
     if (start) begin
       \$109  = 1'h1;
@@ -28340,7 +25869,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$110  = store;
     if (start) begin
       \$110  = \$1 ;
@@ -28353,7 +25882,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$111  = el;
     if (start) begin
       \$111  = 14'h0000;
@@ -28378,7 +25907,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$112  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -28393,7 +25922,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$113  = full;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -28410,7 +25939,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$114  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
@@ -28430,7 +25959,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$115  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
@@ -28447,7 +25976,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$116  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -28465,7 +25994,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$117  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -28483,7 +26012,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     \$118  = out;
     if (\$23 ) begin
       if (\$37 ) begin
@@ -28513,28 +26042,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
       dma__rd_start = \$60 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
       dma__wr_start = \$61 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_data__ready = 1'h0;
     if (\$63 ) begin
       dma__rd_data__ready = \$72 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__addr = 13'h0000;
     if (\$63 ) begin
       if (full) begin
@@ -28545,7 +26074,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__data = 32'd0;
     if (\$63 ) begin
       if (full) begin
@@ -28556,7 +26085,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__en = 1'h0;
     if (\$63 ) begin
       if (full) begin
@@ -28567,7 +26096,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     done = 1'h0;
     if (\$63 ) begin
       if (\$88 ) begin
@@ -28581,28 +26110,28 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__addr = 13'h0000;
     if (\$89 ) begin
       spad__rd0__addr = \$90 [12:0];
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__en = 1'h0;
     if (\$89 ) begin
       spad__rd0__en = \$98 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_data__valid = 1'h0;
     if (\$89 ) begin
       dma__wr_data__valid = out_full;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     error = 8'h00;
     if (done) begin
       error = { 4'h0, \$108  };
@@ -28633,62 +26162,114 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad__rd0__en, error, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
+module \nanokpu_kpu.move (rst, start, unit_rst, ins, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__addr, spad__rd0__en, done, error, spad__rd1__addr, spad__rd1__en, spad__rd0__data, spad__rd1__data, clk);
+  reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire \$1 ;
-  wire [15:0] \$10 ;
-  wire [12:0] \$11 ;
-  wire [13:0] \$12 ;
-  wire [15:0] \$13 ;
+  wire \$10 ;
+  wire \$11 ;
+  wire \$12 ;
+  wire \$13 ;
   wire \$14 ;
   wire \$15 ;
   wire \$16 ;
   wire \$17 ;
-  wire [16:0] \$18 ;
-  wire [14:0] \$19 ;
+  wire \$18 ;
+  wire \$19 ;
   wire \$2 ;
   wire \$20 ;
   wire \$21 ;
-  wire [14:0] \$22 ;
-  wire [16:0] \$23 ;
+  wire \$22 ;
+  wire \$23 ;
   wire \$24 ;
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
   wire \$28 ;
   wire \$29 ;
-  wire \$3 ;
-  wire [12:0] \$30 ;
-  wire [13:0] \$31 ;
-  wire [15:0] \$32 ;
-  wire \$33 ;
-  wire \$34 ;
-  wire \$35 ;
-  wire \$36 ;
-  wire \$37 ;
-  reg [31:0] \$38 ;
-  reg [15:0] \$39 ;
-  wire \$4 ;
-  reg [12:0] \$40 ;
-  reg \$41 ;
-  reg [2:0] \$42 ;
-  reg [14:0] \$43 ;
-  reg \$44 ;
-  reg \$45 ;
-  reg [12:0] \$46 ;
-  reg [12:0] \$47 ;
-  wire \$5 ;
+  wire [13:0] \$3 ;
+  wire \$30 ;
+  wire \$31 ;
+  wire \$32 ;
+  wire [12:0] \$33 ;
+  wire [13:0] \$34 ;
+  wire [12:0] \$35 ;
+  wire [13:0] \$36 ;
+  wire [16:0] \$37 ;
+  wire [14:0] \$38 ;
+  wire \$39 ;
+  wire [13:0] \$4 ;
+  wire \$40 ;
+  wire \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire \$45 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire \$48 ;
+  wire \$49 ;
+  wire [15:0] \$5 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
+  wire \$53 ;
+  wire \$54 ;
+  wire \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire [14:0] \$59 ;
   wire \$6 ;
+  wire [16:0] \$60 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire \$63 ;
+  wire \$64 ;
+  wire \$65 ;
+  wire \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
+  wire \$70 ;
+  wire [3:0] \$71 ;
+  wire \$72 ;
+  wire \$73 ;
+  wire \$74 ;
+  wire \$75 ;
+  wire \$76 ;
+  wire \$77 ;
+  reg [31:0] \$78 ;
+  reg \$79 ;
   wire \$8 ;
+  reg [12:0] \$80 ;
+  reg \$81 ;
+  reg [12:0] \$82 ;
+  reg [12:0] \$83 ;
+  reg [14:0] \$84 ;
+  reg \$85 ;
+  reg [12:0] \$86 ;
+  reg \$87 ;
+  reg [15:0] \$88 ;
+  reg [12:0] \$89 ;
   wire \$9 ;
+  reg \$90 ;
+  reg \$91 ;
+  reg [2:0] \$92 ;
+  reg [31:0] \$93 ;
+  reg [12:0] \$94 ;
+  reg [12:0] \$95 ;
+  reg \$signal  = 1'h0;
+  reg [12:0] \$signal$7  = 13'h0000;
   wire [12:0] acc;
+  reg bad = 1'h0;
   wire busy;
   input clk;
   wire clk;
-  reg [14:0] col = 15'h0000;
   output done;
   reg done;
+  reg [12:0] dst = 13'h0000;
+  reg [31:0] entry = 32'd0;
   output [7:0] error;
   reg [7:0] error;
   reg [2:0] fsm_state = 3'h0;
@@ -28712,13 +26293,17 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
   wire [13:0] \ins.p2 ;
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
+  reg [14:0] left = 15'h0000;
   reg load;
+  reg more = 1'h0;
   reg [31:0] q = 32'd0;
-  reg [12:0] ra = 13'h0000;
   reg [12:0] row_i = 13'h0000;
   input rst;
   wire rst;
-  reg rv = 1'h0;
+  reg running;
+  reg slot = 1'h0;
+  reg [12:0] slot_dst = 13'h0000;
+  reg [12:0] slot_src = 13'h0000;
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
@@ -28726,12 +26311,19 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
   wire [31:0] spad__rd0__data;
   output spad__rd0__en;
   reg spad__rd0__en;
+  output [12:0] spad__rd1__addr;
+  reg [12:0] spad__rd1__addr;
+  input [31:0] spad__rd1__data;
+  wire [31:0] spad__rd1__data;
+  output spad__rd1__en;
+  reg spad__rd1__en;
   output [12:0] spad__wr__addr;
   reg [12:0] spad__wr__addr;
   output [31:0] spad__wr__data;
   reg [31:0] spad__wr__data;
   output spad__wr__en;
   reg spad__wr__en;
+  reg [12:0] src = 13'h0000;
   input start;
   wire start;
   input unit_rst;
@@ -28740,57 +26332,111 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
   reg wv = 1'h0;
   reg [12:0] x;
   reg [15:0] y;
+  assign \$5  = left - 1'h1;
+  assign \$6  = left != 1'h1;
+  assign \$9  = left == 1'h1;
+  assign \$10  = \$8  & \$9 ;
+  assign \$11  = ~ \$10 ;
+  assign \$12  = more & \$11 ;
+  assign \$13  = ~ \$12 ;
+  assign \$14  = slot & \$13 ;
+  assign \$15  = ins[5:0] == 4'ha;
+  assign \$16  = i >= ins[206:191];
+  assign \$17  = ~ slot;
+  assign \$18  = ~ more;
+  assign \$19  = \$17  & \$18 ;
+  assign \$20  = ~ \$signal ;
+  assign \$21  = \$19  & \$20 ;
+  assign \$22  = ~ wv;
+  assign \$23  = \$21  & \$22 ;
+  assign \$24  = \$16  & \$23 ;
+  assign \$25  = i >= ins[206:191];
+  assign \$27  = | entry[31:16];
+  assign \$28  = entry[15:0] >= ins[76:61];
+  assign \$29  = \$27  | \$28 ;
+  assign \$30  = ~ busy;
+  assign \$31  = ~ slot;
+  assign \$32  = \$30  & \$31 ;
+  assign \$33  = gather ? acc : row_i;
+  assign \$34  = ins[34:22] + \$33 ;
+  assign \$35  = gather ? row_i : acc;
+  assign \$36  = ins[60:48] + \$35 ;
+  assign \$37  = i + 1'h1;
+  assign \$38  = row_i + ins[90:77];
+  assign \$39  = ~ slot;
+  assign \$40  = ~ more;
+  assign \$41  = \$39  & \$40 ;
+  assign \$42  = ~ \$signal ;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = ~ wv;
+  assign \$45  = \$43  & \$44 ;
+  assign \$48  = i >= ins[206:191];
+  assign \$49  = ~ slot;
+  assign \$50  = ~ more;
+  assign \$51  = \$49  & \$50 ;
+  assign \$52  = ~ \$signal ;
+  assign \$53  = \$51  & \$52 ;
+  assign \$54  = ~ wv;
+  assign \$55  = \$53  & \$54 ;
+  assign \$56  = \$48  & \$55 ;
+  assign \$57  = i >= ins[206:191];
+  assign \$59  = ins[47:35] + ins[220:207];
+  assign \$60  = \$59  + i;
+  assign \$61  = | entry[31:16];
+  assign \$62  = entry[15:0] >= ins[76:61];
+  assign \$63  = \$61  | \$62 ;
+  assign \$64  = ~ slot;
+  assign \$65  = ~ more;
+  assign \$66  = \$64  & \$65 ;
+  assign \$67  = ~ \$signal ;
+  assign \$68  = \$66  & \$67 ;
+  assign \$69  = ~ wv;
+  assign \$70  = \$68  & \$69 ;
+  assign \$71  = bad ? 4'h2 : 4'h0;
+  assign \$72  = ! fsm_state;
+  assign \$73  = fsm_state == 1'h1;
+  assign \$74  = fsm_state == 2'h2;
+  assign \$75  = fsm_state == 2'h3;
+  assign \$76  = fsm_state == 3'h4;
+  assign \$77  = fsm_state == 3'h5;
   always @(posedge clk)
-    wv <= \$45 ;
+    q <= \$78 ;
   always @(posedge clk)
-    ra <= \$46 ;
+    wv <= \$79 ;
   always @(posedge clk)
-    wa <= \$47 ;
-  assign \$1  = ins[5:0] == 4'ha;
-  assign \$2  = i >= ins[206:191];
-  assign \$4  = | q[31:16];
-  assign \$5  = q[15:0] >= ins[76:61];
-  assign \$6  = \$4  | \$5 ;
-  assign \$7  = col < ins[90:77];
-  assign \$10  = col + 1'h1;
-  assign \$11  = gather ? row_i : acc;
-  assign \$12  = ins[60:48] + \$11 ;
-  assign \$13  = \$12  + col;
-  assign \$14  = col >= ins[90:77];
-  assign \$15  = ~ rv;
-  assign \$16  = \$14  & \$15 ;
-  assign \$17  = \$16  & wv;
-  assign \$18  = i + 1'h1;
-  assign \$19  = row_i + ins[90:77];
-  assign \$20  = i >= ins[206:191];
-  assign \$22  = ins[47:35] + ins[220:207];
-  assign \$23  = \$22  + i;
-  assign \$24  = | q[31:16];
-  assign \$25  = q[15:0] >= ins[76:61];
-  assign \$26  = \$24  | \$25 ;
-  assign \$27  = col < ins[90:77];
-  assign \$30  = gather ? acc : row_i;
-  assign \$31  = ins[34:22] + \$30 ;
-  assign \$32  = \$31  + col;
-  assign \$33  = ! fsm_state;
-  assign \$34  = fsm_state == 1'h1;
-  assign \$35  = fsm_state == 2'h2;
-  assign \$36  = fsm_state == 2'h3;
-  assign \$37  = fsm_state == 3'h4;
+    wa <= \$80 ;
   always @(posedge clk)
-    q <= \$38 ;
+    \$signal  <= \$81 ;
   always @(posedge clk)
-    i <= \$39 ;
+    src <= \$82 ;
   always @(posedge clk)
-    row_i <= \$40 ;
+    dst <= \$83 ;
   always @(posedge clk)
-    gather <= \$41 ;
+    left <= \$84 ;
   always @(posedge clk)
-    fsm_state <= \$42 ;
+    more <= \$85 ;
   always @(posedge clk)
-    col <= \$43 ;
+    \$signal$7  <= \$86 ;
   always @(posedge clk)
-    rv <= \$44 ;
+    slot <= \$87 ;
+  always @(posedge clk)
+    i <= \$88 ;
+  always @(posedge clk)
+    row_i <= \$89 ;
+  always @(posedge clk)
+    bad <= \$90 ;
+  always @(posedge clk)
+    gather <= \$91 ;
+  always @(posedge clk)
+    fsm_state <= \$92 ;
+  always @(posedge clk)
+    entry <= \$93 ;
+  always @(posedge clk)
+    slot_src <= \$94 ;
+  always @(posedge clk)
+    slot_dst <= \$95 ;
+  assign \$3  = src + 1'h1;
+  assign \$4  = dst + 1'h1;
   \nanokpu_kpu.move.mul  mul (
     .acc(acc),
     .busy(busy),
@@ -28802,437 +26448,555 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
     .\y$5 (y)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$46  = ra;
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$78  = spad__rd0__data;
+    if (unit_rst) begin
+      \$78  = 32'd0;
+    end
+    if (rst) begin
+      \$78  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$79  = \$signal ;
+    if (unit_rst) begin
+      \$79  = 1'h0;
+    end
+    if (rst) begin
+      \$79  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$80  = \$signal$7 ;
+    if (unit_rst) begin
+      \$80  = 13'h0000;
+    end
+    if (rst) begin
+      \$80  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$81  = 1'h0;
+    if (running) begin
+      if (\$2 ) begin
+        \$81  = 1'h1;
+      end
+    end
+    if (unit_rst) begin
+      \$81  = 1'h0;
+    end
+    if (rst) begin
+      \$81  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$82  = src;
+    if (running) begin
+      if (\$2 ) begin
+        \$82  = \$3 [12:0];
+      end
+      if (\$14 ) begin
+        \$82  = slot_src;
+      end
+    end
+    if (unit_rst) begin
+      \$82  = 13'h0000;
+    end
+    if (rst) begin
+      \$82  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$83  = dst;
+    if (running) begin
+      if (\$2 ) begin
+        \$83  = \$4 [12:0];
+      end
+      if (\$14 ) begin
+        \$83  = slot_dst;
+      end
+    end
+    if (unit_rst) begin
+      \$83  = 13'h0000;
+    end
+    if (rst) begin
+      \$83  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$84  = left;
+    if (running) begin
+      if (\$2 ) begin
+        \$84  = \$5 [14:0];
+      end
+      if (\$14 ) begin
+        \$84  = { 1'h0, ins[90:77] };
+      end
+    end
+    if (unit_rst) begin
+      \$84  = 15'h0000;
+    end
+    if (rst) begin
+      \$84  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$85  = more;
+    if (running) begin
+      if (\$2 ) begin
+        \$85  = \$6 ;
+      end
+      if (\$14 ) begin
+        \$85  = 1'h1;
+      end
+    end
     casez (fsm_state)
       3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (busy) begin
-          end else if (\$9 ) begin
-            \$46  = \$13 [12:0];
+          if (start) begin
+            \$85  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$46  = 13'h0000;
+      \$85  = 1'h0;
     end
     if (rst) begin
-      \$46  = 13'h0000;
+      \$85  = 1'h0;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$47  = wa;
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$86  = \$signal$7 ;
+    if (running) begin
+      if (\$2 ) begin
+        \$86  = dst;
+      end
+    end
+    if (unit_rst) begin
+      \$86  = 13'h0000;
+    end
+    if (rst) begin
+      \$86  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$87  = slot;
+    if (running) begin
+      if (\$14 ) begin
+        \$87  = 1'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$87  = 1'h0;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
+          if (\$32 ) begin
+            \$87  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$87  = 1'h0;
+    end
+    if (rst) begin
+      \$87  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$88  = i;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$88  = 16'h0000;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
+          if (\$32 ) begin
+            \$88  = \$37 [15:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$88  = 16'h0000;
+    end
+    if (rst) begin
+      \$88  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$89  = row_i;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$89  = 13'h0000;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
+          if (\$32 ) begin
+            \$89  = \$38 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$89  = 13'h0000;
+    end
+    if (rst) begin
+      \$89  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$90  = bad;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$90  = 1'h0;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$29 ) begin
+            \$90  = 1'h1;
+          end
+    endcase
+    if (unit_rst) begin
+      \$90  = 1'h0;
+    end
+    if (rst) begin
+      \$90  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$91  = gather;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$91  = \$15 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$91  = 1'h0;
+    end
+    if (rst) begin
+      \$91  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$92  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$92  = 3'h1;
+          end
+      3'h1:
+          if (\$24 ) begin
+            \$92  = 3'h0;
+          end else if (\$25 ) begin
+            \$92  = 3'h2;
+          end else if (\$26 ) begin
+            \$92  = 3'h3;
+          end
+      3'h3:
+          \$92  = 3'h4;
+      3'h4:
+          (* full_case = 32'd1 *)
+          if (\$29 ) begin
+            \$92  = 3'h2;
+          end else begin
+            \$92  = 3'h5;
+          end
+      3'h5:
+          if (\$32 ) begin
+            \$92  = 3'h1;
+          end
+      3'h2:
+          if (\$45 ) begin
+            \$92  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$92  = 3'h0;
+    end
+    if (rst) begin
+      \$92  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$93  = entry;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
-      3'h2:
+      3'h3:
+          \$93  = spad__rd1__data;
+    endcase
+    if (unit_rst) begin
+      \$93  = 32'd0;
+    end
+    if (rst) begin
+      \$93  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$94  = slot_src;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
           /* empty */;
       3'h3:
           /* empty */;
       3'h4:
-          \$47  = ra;
+          /* empty */;
+      3'h5:
+          if (\$32 ) begin
+            \$94  = \$34 [12:0];
+          end
     endcase
     if (unit_rst) begin
-      \$47  = 13'h0000;
+      \$94  = 13'h0000;
     end
     if (rst) begin
-      \$47  = 13'h0000;
+      \$94  = 13'h0000;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$95  = slot_dst;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
+          if (\$32 ) begin
+            \$95  = \$36 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$95  = 13'h0000;
+    end
+    if (rst) begin
+      \$95  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (wv) begin
+      spad__wr__addr = wa;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__wr__data = 32'd0;
+    if (wv) begin
+      spad__wr__data = q;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__wr__en = 1'h0;
+    if (wv) begin
+      spad__wr__en = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__rd0__addr = 13'h0000;
+    if (running) begin
+      if (\$47 ) begin
+        spad__rd0__addr = src;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__rd0__en = 1'h0;
+    if (running) begin
+      if (\$47 ) begin
+        spad__rd0__en = 1'h1;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    running = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          running = 1'h1;
+      3'h3:
+          running = 1'h1;
+      3'h4:
+          running = 1'h1;
+      3'h5:
+          running = 1'h1;
+      3'h2:
+          running = 1'h1;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     done = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$20 ) begin
+          if (\$56 ) begin
             done = 1'h1;
           end
-      3'h2:
-          /* empty */;
-      3'h3:
-          if (\$26 ) begin
-            done = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    spad__rd0__addr = 13'h0000;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$20 ) begin
-          end else if (\$21 ) begin
-            spad__rd0__addr = \$23 [12:0];
-          end
-      3'h2:
-          /* empty */;
       3'h3:
           /* empty */;
       3'h4:
-          if (busy) begin
-          end else if (\$29 ) begin
-            spad__rd0__addr = \$32 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    spad__rd0__en = 1'h0;
-    casez (fsm_state)
-      3'h0:
           /* empty */;
-      3'h1:
-          if (\$20 ) begin
-          end else if (\$21 ) begin
-            spad__rd0__en = 1'h1;
-          end
+      3'h5:
+          /* empty */;
       3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (busy) begin
-          end else if (\$29 ) begin
-            spad__rd0__en = 1'h1;
+          if (\$70 ) begin
+            done = 1'h1;
           end
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     error = 8'h00;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
+          if (\$56 ) begin
+            error = 8'h00;
+          end
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
           /* empty */;
       3'h2:
-          /* empty */;
-      3'h3:
-          if (\$26 ) begin
-            error = 8'h02;
+          if (\$70 ) begin
+            error = { 4'h0, \$71  };
           end
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__rd1__addr = 13'h0000;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$56 ) begin
+          end else if (\$57 ) begin
+          end else if (\$58 ) begin
+            spad__rd1__addr = \$60 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__rd1__en = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$56 ) begin
+          end else if (\$57 ) begin
+          end else if (\$58 ) begin
+            spad__rd1__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     load = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
-      3'h2:
-          /* empty */;
       3'h3:
+          /* empty */;
+      3'h4:
           (* full_case = 32'd1 *)
-          if (\$26 ) begin
+          if (\$63 ) begin
           end else begin
             load = 1'h1;
           end
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     y = 16'h0000;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
-      3'h2:
-          /* empty */;
       3'h3:
+          /* empty */;
+      3'h4:
           (* full_case = 32'd1 *)
-          if (\$26 ) begin
+          if (\$63 ) begin
           end else begin
-            y = q[15:0];
+            y = entry[15:0];
           end
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     x = 13'h0000;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
-      3'h2:
-          /* empty */;
       3'h3:
+          /* empty */;
+      3'h4:
           (* full_case = 32'd1 *)
-          if (\$26 ) begin
+          if (\$63 ) begin
           end else begin
             x = ins[89:77];
           end
     endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    spad__wr__addr = 13'h0000;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (wv) begin
-            spad__wr__addr = wa;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    spad__wr__data = 32'd0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (wv) begin
-            spad__wr__data = q;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    spad__wr__en = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (wv) begin
-            spad__wr__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$38  = spad__rd0__data;
-    if (unit_rst) begin
-      \$38  = 32'd0;
-    end
-    if (rst) begin
-      \$38  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$39  = i;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$39  = 16'h0000;
-          end
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$17 ) begin
-            \$39  = \$18 [15:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$39  = 16'h0000;
-    end
-    if (rst) begin
-      \$39  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$40  = row_i;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$40  = 13'h0000;
-          end
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$17 ) begin
-            \$40  = \$19 [12:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$40  = 13'h0000;
-    end
-    if (rst) begin
-      \$40  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$41  = gather;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$41  = \$1 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$41  = 1'h0;
-    end
-    if (rst) begin
-      \$41  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$42  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$42  = 3'h1;
-          end
-      3'h1:
-          if (\$2 ) begin
-            \$42  = 3'h0;
-          end else if (\$3 ) begin
-            \$42  = 3'h2;
-          end
-      3'h2:
-          \$42  = 3'h3;
-      3'h3:
-          (* full_case = 32'd1 *)
-          if (\$6 ) begin
-            \$42  = 3'h0;
-          end else begin
-            \$42  = 3'h4;
-          end
-      3'h4:
-          if (\$17 ) begin
-            \$42  = 3'h1;
-          end
-    endcase
-    if (unit_rst) begin
-      \$42  = 3'h0;
-    end
-    if (rst) begin
-      \$42  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$43  = col;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          (* full_case = 32'd1 *)
-          if (\$6 ) begin
-          end else begin
-            \$43  = 15'h0000;
-          end
-      3'h4:
-          if (busy) begin
-          end else if (\$9 ) begin
-            \$43  = \$10 [14:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$43  = 15'h0000;
-    end
-    if (rst) begin
-      \$43  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$44  = rv;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          (* full_case = 32'd1 *)
-          if (\$6 ) begin
-          end else begin
-            \$44  = 1'h0;
-          end
-      3'h4:
-          (* full_case = 32'd1 *)
-          if (busy) begin
-          end else if (\$9 ) begin
-            \$44  = 1'h1;
-          end else begin
-            \$44  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$44  = 1'h0;
-    end
-    if (rst) begin
-      \$44  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
-    \$45  = wv;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          (* full_case = 32'd1 *)
-          if (\$6 ) begin
-          end else begin
-            \$45  = 1'h0;
-          end
-      3'h4:
-          \$45  = rv;
-    endcase
-    if (unit_rst) begin
-      \$45  = 1'h0;
-    end
-    if (rst) begin
-      \$45  = 1'h0;
-    end
   end
   assign spad__blocked = 1'h0;
   assign \ins.op  = ins[5:0];
@@ -29251,17 +27015,19 @@ module \nanokpu_kpu.move (rst, start, unit_rst, ins, done, spad__rd0__addr, spad
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
-  assign \$3  = 1'h1;
-  assign \$8  = 1'h1;
-  assign \$9  = \$7 ;
-  assign \$21  = 1'h1;
-  assign \$28  = 1'h1;
-  assign \$29  = \$27 ;
+  assign \$1  = 1'h1;
+  assign \$2  = more;
+  assign \$7  = 1'h1;
+  assign \$8  = more;
+  assign \$26  = 1'h1;
+  assign \$46  = 1'h1;
+  assign \$47  = more;
+  assign \$58  = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$42  = 0;
   wire [13:0] \$1 ;
   reg [12:0] \$10 ;
   wire \$2 ;
@@ -29303,7 +27069,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
   always @(posedge clk)
     acc <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$8  = y;
     if (load) begin
       \$8  = \y$5 ;
@@ -29318,7 +27084,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$9  = x;
     if (load) begin
       \$9  = \x$7 ;
@@ -29333,7 +27099,7 @@ module \nanokpu_kpu.move.mul (rst, busy, unit_rst, load, \y$5 , \x$7 , acc, clk)
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$42 ) begin end
     \$10  = acc;
     if (load) begin
       \$10  = 13'h0000;
@@ -29358,7 +27124,7 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__payload, routes__valid, spad__rd0__addr, spad__rd0__en, bias__we, bias__addr, bias__data, spad__wr__addr, spad__wr__data, spad__wr__en, done, error, scores__valid, routes__ready, scores__payload, spad__rd0__data
 , clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$43  = 0;
   wire [17:0] \$1 ;
   wire \$10 ;
   reg [12:0] \$100 ;
@@ -29733,7 +27499,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
   always @(posedge clk)
     pos <= \$116 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -29757,7 +27523,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__rd0__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29781,7 +27547,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29807,7 +27573,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__data = 14'h0000;
     casez (fsm_state)
       4'h0:
@@ -29833,7 +27599,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     c_wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29859,7 +27625,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__we = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -29871,7 +27637,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__addr = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29883,7 +27649,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     bias__data = 16'h0000;
     casez (fsm_state)
       4'h0:
@@ -29895,7 +27661,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$signature__addr  = 3'h0;
     casez (fsm_state)
       4'h0:
@@ -29917,7 +27683,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__addr = 13'h0000;
     casez (fsm_state)
       4'h0:
@@ -29950,7 +27716,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__data = 32'd0;
     casez (fsm_state)
       4'h0:
@@ -29983,7 +27749,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     spad__wr__en = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -30016,7 +27782,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     done = 1'h0;
     casez (fsm_state)
       4'h0:
@@ -30044,7 +27810,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     error = 8'h00;
     casez (fsm_state)
       4'h0:
@@ -30072,7 +27838,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     endcase
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$92  = j;
     casez (fsm_state)
       4'h0:
@@ -30100,7 +27866,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$93  = fsm_state;
     casez (fsm_state)
       4'h0:
@@ -30152,7 +27918,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$94  = feed_left;
     casez (fsm_state)
       4'h0:
@@ -30176,7 +27942,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$95  = route_left;
     casez (fsm_state)
       4'h0:
@@ -30200,7 +27966,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$96  = el;
     casez (fsm_state)
       4'h0:
@@ -30229,7 +27995,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$97  = lane;
     casez (fsm_state)
       4'h0:
@@ -30256,7 +28022,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$98  = scores__valid;
     casez (fsm_state)
       4'h0:
@@ -30285,7 +28051,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$99  = tbase;
     casez (fsm_state)
       4'h0:
@@ -30309,7 +28075,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$100  = tslot;
     casez (fsm_state)
       4'h0:
@@ -30333,7 +28099,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$101  = feed_done;
     casez (fsm_state)
       4'h0:
@@ -30359,7 +28125,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$102  = cap;
     casez (fsm_state)
       4'h0:
@@ -30384,7 +28150,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$103  = s;
     casez (fsm_state)
       4'h0:
@@ -30411,7 +28177,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$104  = hold;
     casez (fsm_state)
       4'h0:
@@ -30438,7 +28204,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$105  = routes__ready;
     casez (fsm_state)
       4'h0:
@@ -30468,7 +28234,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$106  = wphase;
     casez (fsm_state)
       4'h0:
@@ -30495,7 +28261,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$107  = cap_ok;
     casez (fsm_state)
       4'h0:
@@ -30515,7 +28281,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$108  = scores__payload;
     casez (fsm_state)
       4'h0:
@@ -30535,7 +28301,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$109  = held;
     casez (fsm_state)
       4'h0:
@@ -30555,7 +28321,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$110  = off;
     casez (fsm_state)
       4'h0:
@@ -30579,7 +28345,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$111  = count;
     casez (fsm_state)
       4'h0:
@@ -30601,7 +28367,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$112  = p;
     casez (fsm_state)
       4'h0:
@@ -30637,7 +28403,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$113  = pt;
     casez (fsm_state)
       4'h0:
@@ -30675,7 +28441,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$114  = ps;
     casez (fsm_state)
       4'h0:
@@ -30716,7 +28482,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$115  = idx_q;
     casez (fsm_state)
       4'h0:
@@ -30744,7 +28510,7 @@ module \nanokpu_kpu.route (rst, scores__ready, start, unit_rst, ins, routes__pay
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$43 ) begin end
     \$116  = pos;
     casez (fsm_state)
       4'h0:
@@ -30814,7 +28580,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit_rst, routes__payload, emitting, bias_we, bias_addr, wp__data, scores__valid, routes__ready, scores__payload, lh__addr);
-  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$44  = 0;
   wire \$1 ;
   wire [3:0] \$10 ;
   wire \$100 ;
@@ -31356,7 +29122,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     .unit_rst(unit_rst)
   );
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     (* full_case = 32'd1 *)
     if (take) begin
       nhead0 = l0_0;
@@ -31367,7 +29133,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__addr = 3'h0;
     if (inc2_valid) begin
       lw__addr = inc2_index;
@@ -31376,7 +29142,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__en = 1'h0;
     if (inc2_valid) begin
       lw__en = 1'h1;
@@ -31385,7 +29151,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     lw__data = 16'h0000;
     if (inc2_valid) begin
       lw__data = \$30 [15:0];
@@ -31394,7 +29160,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$128  = p1_scores;
     if (\$66 ) begin
       \$128  = scores__payload;
@@ -31407,7 +29173,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$129  = p1_beat;
     if (\$66 ) begin
       \$129  = beat;
@@ -31420,7 +29186,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$130  = p1_valid;
     if (\$66 ) begin
       \$130  = 1'h1;
@@ -31435,7 +29201,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$131  = beat;
     if (\$66 ) begin
       \$131  = \$69 [2:0];
@@ -31448,7 +29214,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$132  = \$74 ;
     if (unit_rst) begin
       \$132  = 1'h0;
@@ -31458,7 +29224,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$133  = p1_keys;
     if (\$75 ) begin
       \$133  = \$76 ;
@@ -31471,7 +29237,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$134  = l0_0;
     if (\$77 ) begin
       if (\$83 ) begin
@@ -31486,7 +29252,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$135  = l0_1;
     if (\$77 ) begin
       if (\$96 ) begin
@@ -31504,7 +29270,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$136  = head0;
     if (unit_rst) begin
       \$136  = 38'h0000000000;
@@ -31514,7 +29280,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$137  = best;
     if (\$107 ) begin
       \$137  = mid0;
@@ -31527,7 +29293,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$138  = picked;
     if (\$107 ) begin
       \$138  = 1'h1;
@@ -31543,7 +29309,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$139  = \$111 ;
     if (unit_rst) begin
       \$139  = 1'h0;
@@ -31553,7 +29319,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$140  = best[23:21];
     if (unit_rst) begin
       \$140  = 3'h0;
@@ -31563,7 +29329,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$141  = s0_0;
     if (take) begin
       \$141  = l0_0;
@@ -31580,7 +29346,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$142  = s0_1;
     if (take) begin
       \$142  = l0_1;
@@ -31597,7 +29363,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$143  = merging;
     if (take) begin
       \$143  = 1'h1;
@@ -31614,7 +29380,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$144  = merge_done;
     if (take) begin
       \$144  = 1'h0;
@@ -31633,7 +29399,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$145  = merge_count;
     if (take) begin
       \$145  = 1'h0;
@@ -31648,7 +29414,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$146  = den;
     if (take) begin
       \$146  = 14'h0000;
@@ -31663,7 +29429,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$147  = res_index1;
     if (take) begin
     end else if (\$113 ) begin
@@ -31677,7 +29443,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$148  = res_score1;
     if (take) begin
     end else if (\$113 ) begin
@@ -31691,7 +29457,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$149  = res_index0;
     if (take) begin
     end else if (\$113 ) begin
@@ -31705,7 +29471,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$150  = res_score0;
     if (take) begin
     end else if (\$113 ) begin
@@ -31719,7 +29485,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$151  = inc1_valid;
     if (unit_rst) begin
       \$151  = 1'h0;
@@ -31729,7 +29495,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$152  = lr__addr;
     if (unit_rst) begin
       \$152  = 3'h0;
@@ -31739,7 +29505,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$153  = clearing;
     if (load_clear) begin
       \$153  = 1'h1;
@@ -31756,7 +29522,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$154  = sweep;
     if (load_clear) begin
       \$154  = 3'h0;
@@ -31771,7 +29537,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$155  = dividing;
     if (c_take) begin
       \$155  = 1'h1;
@@ -31786,7 +29552,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$156  = emitting;
     if (c_take) begin
       \$156  = 1'h0;
@@ -31805,7 +29571,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$157  = out_count;
     if (c_take) begin
       \$157  = 1'h0;
@@ -31821,7 +29587,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$158  = out_index0;
     if (c_take) begin
       \$158  = res_index0;
@@ -31837,7 +29603,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$159  = out_index1;
     if (c_take) begin
       \$159  = res_index1;
@@ -31850,7 +29616,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$160  = out_score0;
     if (c_take) begin
       \$160  = res_score0;
@@ -31866,7 +29632,7 @@ module \nanokpu_kpu.router (clk, rst, load_clear, scores__ready, load_data, unit
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$44 ) begin end
     \$161  = out_score1;
     if (c_take) begin
       \$161  = res_score1;
@@ -31955,7 +29721,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$47  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$45  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
   wire \$2 ;
@@ -32003,7 +29769,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   always @(posedge clk)
     den <= \$10 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$7  = \rem$5 ;
     if (\$1 ) begin
       \$7  = \$4 [14:0];
@@ -32018,7 +29784,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$8  = quot;
     if (\$1 ) begin
       \$8  = { quot[27:0], \$5  };
@@ -32033,7 +29799,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$9  = count;
     if (\$1 ) begin
       \$9  = \$6 [4:0];
@@ -32048,7 +29814,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$47 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$45 ) begin end
     \$10  = den;
     if (\$1 ) begin
     end else if (start) begin
@@ -32067,8 +29833,8 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4894$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
-, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4249$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
   wire \$11 ;
@@ -32232,8 +29998,10 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [31:0] clients__5__rd0__data;
   input clients__5__rd0__en;
   wire clients__5__rd0__en;
+  input [12:0] clients__5__rd1__addr;
   wire [12:0] clients__5__rd1__addr;
   wire [31:0] clients__5__rd1__data;
+  input clients__5__rd1__en;
   wire clients__5__rd1__en;
   input [12:0] clients__5__wr__addr;
   wire [12:0] clients__5__wr__addr;
@@ -32245,8 +30013,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4894$0 ;
-  wire [4:0] \port$4894$0 ;
+  input [4:0] \port$4249$0 ;
+  wire [4:0] \port$4249$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -32259,64 +30027,68 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4894$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4249$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4894$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4249$0 [2];
   assign \$30  = \$28  | \$29 ;
+  assign \$33  = clients__5__rd1__en & \port$4249$0 [4];
+  assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4894$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4894$0 [1];
+  assign \$44  = clients__5__rd1__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
+  assign rd1__addr = \$43  | \$44 ;
+  assign \$47  = clients__1__wr__en & \port$4249$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4249$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4894$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4249$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4894$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4249$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4894$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4249$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4], \port$4894$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4894$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4249$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4894$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4249$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4894$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4249$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4894$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4249$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4894$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4249$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0], \port$4894$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1], \port$4894$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2], \port$4894$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3], \port$4894$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -32331,7 +30103,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4894$0 , \port$2$0  };
+  assign select = { \port$4249$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
@@ -32340,10 +30112,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   assign clients__5__rd0__data = clients__0__rd0__data;
   assign clients__1__rd1__en = 1'h0;
   assign clients__4__rd1__en = 1'h0;
-  assign clients__5__rd1__en = 1'h0;
   assign clients__1__rd1__addr = 13'h0000;
   assign clients__4__rd1__addr = 13'h0000;
-  assign clients__5__rd1__addr = 13'h0000;
   assign rd1__data = clients__0__rd1__data;
   assign clients__1__rd1__data = clients__0__rd1__data;
   assign clients__2__rd1__data = clients__0__rd1__data;
@@ -32366,15 +30136,11 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   assign \$26  = \$23 ;
   assign \$31  = 1'h0;
   assign \$32  = \$30 ;
-  assign \$33  = 1'h0;
-  assign rd1__en = \$30 ;
   assign \$35  = \$34 ;
   assign \$36  = 13'h0000;
   assign \$37  = \$34 ;
   assign \$42  = 13'h0000;
   assign \$43  = \$41 ;
-  assign \$44  = 13'h0000;
-  assign rd1__addr = \$41 ;
   assign \$45  = 1'h0;
   assign \$46  = 1'h0;
   assign \$48  = \$47 ;
@@ -32388,7 +30154,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__addr$20 , wr__en, wr__addr, wr__data, rd0_rd_data, rd1_rd_data, clk);
-  reg \$auto$verilog_backend.cc:2355:dump_module$48  = 0;
+  reg \$auto$verilog_backend.cc:2355:dump_module$46  = 0;
   reg [45:0] \$1 ;
   reg [31:0] \$2 ;
   reg [31:0] \$3 ;
@@ -40641,21 +38407,21 @@ module \nanokpu_kpu.spad.memory (rst, rd0_rd_en, port__addr, rd1_rd_en, \port__a
   always @(posedge clk)
     wq <= \$1 ;
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$2  = rd0_rd_data;
     if (rd0_rd_en) begin
       \$2  = port__data;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$3  = rd1_rd_data;
     if (rd1_rd_en) begin
       \$3  = \port__data$11 ;
     end
   end
   always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$48 ) begin end
+    if (\$auto$verilog_backend.cc:2355:dump_module$46 ) begin end
     \$1 [45:1] = wq[45:1];
     \$1 [0] = wr__en;
     if (wr__en) begin

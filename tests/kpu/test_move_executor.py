@@ -1,7 +1,7 @@
 """The move executor alone (Amaranth simulator): GATHER and SCATTER of random lists (rows in any
 order, repeated rows, row 0 and row m - 1), with either scratchpad build (ECP5's one write port:
-a cycle that performs a write performs no read), and a row outside [0, m) ending the instruction
-with SPAD_RANGE after the rows before it moved."""
+a cycle that performs a write performs no read) and reads refused at random, a row outside [0, m)
+ending the instruction with SPAD_RANGE after the rows before it moved, and its exact cycles."""
 
 import numpy as np
 import pytest
@@ -15,7 +15,7 @@ from sim.lib.executor_model import run_instruction, serve_scratchpad
 CFG = profile("tiny")
 
 
-def _run(op, m, n, lst, one_write_port, seed):
+def _run(op, m, n, lst, one_write_port, seed, stall=0.0):
     rng = np.random.default_rng(seed)
     a, b, c, offset = 10, 300, 500, 3
     count = len(lst)
@@ -27,7 +27,7 @@ def _run(op, m, n, lst, one_write_port, seed):
     out = {}
 
     async def scratchpad(ctx):
-        await serve_scratchpad(ctx, dut.spad, spad, one_write_port)
+        await serve_scratchpad(ctx, dut.spad, spad, one_write_port, stall, rng)
 
     async def controller(ctx):
         out.update(await run_instruction(ctx, dut, {
@@ -72,3 +72,35 @@ def test_a_row_outside_m_stops_with_spad_range(op, bad):
 def test_empty_list_is_done_at_once():
     _spad, _expect, out = _run(Op.GATHER, 4, 4, [], False, 3)
     assert out == {"cycles": 1, "error": Err.NONE}
+
+
+@pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])
+@pytest.mark.parametrize("n, first", [(8, 0), (8, 7), (16, 5)])
+def test_rows_back_to_back(op, n, first):
+    """Rows of n >= 5 + bit_length(r) words: the next row is prepared under the copy, so the
+    instruction takes count * n + bit_length(r_0) + Move.FIXED_CYCLES cycles (one list read,
+    check and multiply per row not hidden: 6 + bit_length(r) more a row)."""
+    rng = np.random.default_rng(n + first)
+    lst = [first, *(int(r) for r in rng.integers(0, 8, 9)), 7, 0]
+    spad, expect, out = _run(op, 8, n, lst, False, 4)
+    assert spad == expect and out["error"] == Err.NONE
+    assert out["cycles"] == len(lst) * n + first.bit_length() + Move.FIXED_CYCLES, out
+
+
+@pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])
+@pytest.mark.parametrize("one_write_port", [False, True])
+@pytest.mark.parametrize("n", [1, 3, 9])
+def test_moves_under_random_read_blocking(op, one_write_port, n):
+    """The scratchpad refuses a third of the reads at random (list and copy reads alike); short
+    rows make the copy wait for the front."""
+    rng = np.random.default_rng(n)
+    m = 6
+    lst = [int(r) for r in rng.permutation(m)] if op == Op.SCATTER else [int(r) for r in rng.integers(0, m, 8)]
+    spad, expect, out = _run(op, m, n, lst, one_write_port, n, stall=0.33)
+    assert spad == expect and out["error"] == Err.NONE, (op.name, n, lst)
+
+
+def test_a_bad_row_after_prepared_rows_under_blocking():
+    """The front finds the bad row while rows before it are still being copied: they all land."""
+    spad, expect, out = _run(Op.GATHER, 5, 12, [4, 0, 3, 5, 1], True, 7, stall=0.2)
+    assert out["error"] == Err.SPAD_RANGE and spad == expect

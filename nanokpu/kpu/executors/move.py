@@ -18,15 +18,27 @@ class Move(wiring.Component):
     """``GATHER``: ``c[i*n .. i*n+n) = a[r*n .. r*n+n)`` and ``SCATTER``: ``c[r*n ..) = a[i*n ..)``
     for ``i < count``, ``r = b[offset + i]`` (the current expert's list, :mod:`nanokpu.isa`);
     a row ``r`` outside ``[0, m)`` ends the instruction with
-    :attr:`~nanokpu.isa.Err.SPAD_RANGE` (the rows before it are moved).
+    :attr:`~nanokpu.isa.Err.SPAD_RANGE` (the rows before it are moved, none after).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins.count``, ``ins.offset``
     the expert's).
 
-    Timing per row: the list word read (3 cycles: read, data, check), ``r * n`` on a
-    shift-add multiplier (``1 + bit_length(r)`` cycles), then one word copied per cycle (each
-    word read, then written from a register a cycle later) and 2 cycles to drain the copy.
+    Two stages. The front prepares row ``i + 1`` while row ``i`` is copied: its list word read on
+    ``rd1`` (read, registered, checked: 3 cycles), ``r * n`` on a shift-add multiplier (``1 +
+    bit_length(r)`` cycles) and the row's source and destination addresses into a one-row slot.
+    The copy reads one word a cycle on ``rd0`` from a registered address and writes it a cycle
+    after its data arrive, and starts the next row from the slot in the cycle after its last
+    read. With rows of ``n >= 5 + bit_length(r)`` words (every ``r`` after the first) the copy
+    never waits: ``GATHER`` and ``SCATTER`` take ``count * n + bit_length(r_0) +``
+    :data:`FIXED_CYCLES` cycles (``r_0`` the first row). Neither reads what it writes (the
+    result region overlaps no operand: :data:`~nanokpu.isa.OP_RULES`), so the copy's
+    writes may trail the next row's reads.
     """
+
+    #: Cycles besides the words' and the first row's multiply: the first list word read,
+    #: registered and checked (3), the multiply's last cycle and the slot taken (2), the last
+    #: word's data and write (2), ``done`` (1).
+    FIXED_CYCLES = 8
 
     def __init__(self, cfg: KpuConfig):
         self.cfg = cfg
@@ -36,56 +48,83 @@ class Move(wiring.Component):
         m = Module()
         cfg, ins, spad = self.cfg, self.ins, self.spad
         w = widths(cfg)
-        rd0, wr, blocked = spad.rd0, spad.wr, spad.blocked
+        rd0, rd1, wr, blocked = spad.rd0, spad.rd1, spad.wr, spad.blocked
         m.submodules.mul = mul = ShiftAddMultiplier(16, w.aw)
         n = ins.n[:w.sw]
-        q = Signal(signed(word_width(cfg)))     # the read data, registered
-        m.d.sync += q.eq(rd0.data)
-        i = Signal(16)          # the list entry
-        col = Signal(w.sw + 1)  # the word of the row being read
-        row_i = Signal(w.aw)    # i * n
-        rv = Signal()           # a word read in flight: its destination ra
-        ra = Signal(w.aw)
-        wv = Signal()           # the word in q is written at wa
-        wa = Signal(w.aw)
         gather = Signal()
+
+        # the front: list entry i (row_i = i * n), its word registered in `entry`
+        i = Signal(16)
+        row_i = Signal(w.aw)
+        entry = Signal(signed(word_width(cfg)))
+        bad = Signal()          # entry i is outside [0, m): the front stops there
+        slot = Signal()         # a row is prepared: its first source and destination words
+        slot_src = Signal(w.aw)
+        slot_dst = Signal(w.aw)
+
+        # the copy: `left` words of the row from src to dst; the read issued last cycle (rv) goes
+        # to ra, the word in q (read data, registered) is written at wa (wv)
+        left = Signal(w.sw + 1)
+        more = Signal()         # left != 0, registered
+        src = Signal(w.aw)
+        dst = Signal(w.aw)
+        rv, wv = Signal(), Signal()
+        ra, wa = Signal(w.aw), Signal(w.aw)
+        q = Signal(signed(word_width(cfg)))
+        m.d.sync += [q.eq(rd0.data), wv.eq(rv), wa.eq(ra), rv.eq(0)]
+        with m.If(wv):
+            m.d.comb += [wr.addr.eq(wa), wr.data.eq(q), wr.en.eq(1)]
+
+        running = Signal()
+        drained = ~slot & ~more & ~rv & ~wv     # every row prepared is copied, its last word written
+        with m.If(running):
+            reading = more & ~blocked
+            with m.If(reading):
+                m.d.comb += [rd0.addr.eq(src), rd0.en.eq(1)]
+                m.d.sync += [src.eq(src + 1), dst.eq(dst + 1), left.eq(left - 1), more.eq(left != 1),
+                             rv.eq(1), ra.eq(dst)]
+            with m.If(slot & ~(more & ~(reading & (left == 1)))):     # the copy is free after this cycle
+                m.d.sync += [src.eq(slot_src), dst.eq(slot_dst), left.eq(n), more.eq(1), slot.eq(0)]
+
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [i.eq(0), row_i.eq(0), gather.eq(ins.op == Op.GATHER)]
+                    m.d.sync += [i.eq(0), row_i.eq(0), bad.eq(0), slot.eq(0), more.eq(0),
+                                 gather.eq(ins.op == Op.GATHER)]
                     m.next = "LIST"
             with m.State("LIST"):
-                with m.If(i >= ins.count):
-                    m.d.comb += self.done.eq(1)
+                m.d.comb += running.eq(1)
+                with m.If((i >= ins.count) & drained):
+                    m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.next = "IDLE"
-                with m.Elif(~blocked):     # COPY's last write may be in progress
-                    m.d.comb += [rd0.addr.eq(ins.b + ins.offset + i), rd0.en.eq(1)]
+                with m.Elif(i >= ins.count):
+                    m.next = "DRAIN"
+                with m.Elif(~blocked):
+                    m.d.comb += [rd1.addr.eq(ins.b + ins.offset + i), rd1.en.eq(1)]
                     m.next = "WAIT"
             with m.State("WAIT"):
+                m.d.comb += running.eq(1)
+                m.d.sync += entry.eq(rd1.data)
                 m.next = "CHECK"
             with m.State("CHECK"):
-                with m.If(q[16:].any() | (q[:16] >= ins.m)):     # r < 0 or r >= m
-                    m.d.comb += [self.done.eq(1), self.error.eq(Err.SPAD_RANGE)]
-                    m.next = "IDLE"
+                m.d.comb += running.eq(1)
+                with m.If(entry[16:].any() | (entry[:16] >= ins.m)):     # r < 0 or r >= m
+                    m.d.sync += bad.eq(1)
+                    m.next = "DRAIN"
                 with m.Else():
-                    m.d.comb += [mul.load.eq(1), mul.y.eq(q[:16]), mul.x.eq(n)]     # r * n, exact: r < m
-                    m.d.sync += [col.eq(0), rv.eq(0), wv.eq(0)]
-                    m.next = "COPY"
-            with m.State("COPY"):
+                    m.d.comb += [mul.load.eq(1), mul.y.eq(entry[:16]), mul.x.eq(n)]     # r * n, exact: r < m
+                    m.next = "MUL"
+            with m.State("MUL"):
+                m.d.comb += running.eq(1)
                 row = mul.acc
-                src = ins.a + Mux(gather, row, row_i)
-                dst = ins.c + Mux(gather, row_i, row)
-                with m.If(mul.busy):
-                    pass
-                with m.Elif((col < n) & ~blocked):
-                    m.d.comb += [rd0.addr.eq(src + col), rd0.en.eq(1)]
-                    m.d.sync += [col.eq(col + 1), rv.eq(1), ra.eq(dst + col)]
-                with m.Else():
-                    m.d.sync += rv.eq(0)
-                m.d.sync += [wv.eq(rv), wa.eq(ra)]
-                with m.If(wv):
-                    m.d.comb += [wr.addr.eq(wa), wr.data.eq(q), wr.en.eq(1)]
-                with m.If((col >= n) & ~rv & wv):
-                    m.d.sync += [i.eq(i + 1), row_i.eq(row_i + n)]
+                with m.If(~mul.busy & ~slot):
+                    m.d.sync += [slot.eq(1), slot_src.eq(ins.a + Mux(gather, row, row_i)),
+                                 slot_dst.eq(ins.c + Mux(gather, row_i, row)),
+                                 i.eq(i + 1), row_i.eq(row_i + n)]
                     m.next = "LIST"
+            with m.State("DRAIN"):
+                m.d.comb += running.eq(1)
+                with m.If(drained):
+                    m.d.comb += [self.done.eq(1), self.error.eq(Mux(bad, Err.SPAD_RANGE, Err.NONE))]
+                    m.next = "IDLE"
         return m
