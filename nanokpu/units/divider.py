@@ -16,6 +16,11 @@ class SeqDivider(wiring.Component):
     one subtractor of ``den_width + 1`` bits. Division by zero gives ``quot = 2**num_width - 1``
     and ``rem = num`` (as the recurrence does); callers that can divide by zero handle it.
 
+    A caller that knows the quotient has at most ``b`` bits shortens the division to ``b``
+    cycles: ``bits = b``, ``rem_in = N >> b`` (then ``< den``) and ``num = (N % 2**b) <<
+    (num_width - b)``; ``quot`` is then ``floor(N / den)``, ``rem`` its remainder. Left at their
+    defaults (``bits = num_width``, ``rem_in = 0``) these give the full division above.
+
     Parameters
     ----------
     num_width : int
@@ -30,8 +35,12 @@ class SeqDivider(wiring.Component):
         is low; ignored while busy.
     num : In(num_width)
     den : In(den_width)
+    rem_in : In(den_width)
+        The partial remainder the division starts from (sampled with ``start``; default 0).
+    bits : In(range(num_width + 1), init=num_width)
+        Quotient bits to produce, one a cycle (sampled with ``start``; default ``num_width``).
     busy : Out(1)
-        High for exactly :attr:`latency` cycles, from the cycle after ``start``.
+        High for exactly ``bits`` cycles (:attr:`latency` by default), from the cycle after ``start``.
     quot : Out(num_width)
     rem : Out(den_width)
         The results, valid while ``busy`` is low after a division, held until the next start.
@@ -47,6 +56,8 @@ class SeqDivider(wiring.Component):
             "start": In(1),
             "num": In(num_width),
             "den": In(den_width),
+            "rem_in": In(den_width),
+            "bits": In(range(num_width + 1), init=num_width),
             "busy": Out(1),
             "quot": Out(num_width),
             "rem": Out(den_width),
@@ -54,7 +65,7 @@ class SeqDivider(wiring.Component):
 
     @property
     def latency(self) -> int:
-        """Cycles ``busy`` stays high after ``start``: one per quotient bit."""
+        """Cycles ``busy`` stays high after ``start`` with ``bits`` at its default: one per quotient bit."""
         return self.num_width
 
     def elaborate(self, platform):
@@ -76,6 +87,6 @@ class SeqDivider(wiring.Component):
                 count.eq(count - 1),
             ]
         with m.Elif(self.start):
-            m.d.sync += [shift.eq(self.num), den.eq(self.den), rem.eq(0),
-                         count.eq(self.num_width)]
+            m.d.sync += [shift.eq(self.num), den.eq(self.den), rem.eq(self.rem_in),
+                         count.eq(self.bits)]
         return m

@@ -98,6 +98,11 @@ class VectorUnit(wiring.Component):
         self.recip_bits = I.norm_recip_bits(cfg)       # M
         self.recip_num = self.r_width - 1 + self.recip_bits   # recip = 2**recip_num // r_norm
         self.div_width = max(self.sum_width, self.recip_num + 1)   # the one divider's dividend
+        # quotient bits of the two divisions: the mean of squares of act_width-bit values is at
+        # most 2**(2*act_width - 2); the reciprocal of an r_norm >= 2**(r_width - 1) at most
+        # 2**recip_bits
+        self.mean_bits = 2 * cfg.act_width - 1
+        self.recip_quot_bits = self.recip_bits + 1
         if self.eps_q >= 1 << (2 * cfg.act_width):
             raise ValueError(f"rms_eps = {cfg.rms_eps}: eps_q = {self.eps_q} too large for act_width")
         super().__init__({
@@ -113,8 +118,8 @@ class VectorUnit(wiring.Component):
         (``n`` beats and the last one's square summed, the mean divider, the square root, the
         normalisation of ``r`` (one cycle per leading zero), the reciprocal divider): ``n`` +
         this value."""
-        return (2 + self.div_width + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
-                + 1 + self.div_width + 1)
+        return (2 + self.mean_bits + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
+                + 1 + self.recip_quot_bits + 1)
 
     def elaborate(self, platform):
         m = Module()
@@ -192,7 +197,10 @@ class VectorUnit(wiring.Component):
                         with m.If(held_last):
                             m.next = "MEAN"
                     with m.State("MEAN"):
-                        m.d.comb += [div.start.eq(1), div.num.eq(sumsq), div.den.eq(self.n)]
+                        # floor(sumsq / n) in mean_bits steps: sumsq >> mean_bits < n
+                        q1 = self.mean_bits
+                        m.d.comb += [div.start.eq(1), div.den.eq(self.n), div.bits.eq(q1),
+                                     div.rem_in.eq(sumsq[q1:]), div.num.eq(sumsq[:q1] << (self.div_width - q1))]
                         m.next = "MEAN_WAIT"
                     with m.State("MEAN_WAIT"):
                         with m.If(~div.busy):
@@ -217,8 +225,11 @@ class VectorUnit(wiring.Component):
                         with m.Elif(~r_norm[-1]):
                             m.d.sync += [r_norm.eq(r_norm << 1), z.eq(z + 1)]
                         with m.Else():
-                            m.d.comb += [div.start.eq(1), div.num.eq(1 << self.recip_num),
-                                         div.den.eq(r_norm)]
+                            # 2**recip_num // r_norm in recip_quot_bits steps, from the
+                            # partial remainder 2**(recip_num - recip_quot_bits) < r_norm
+                            q2 = self.recip_quot_bits
+                            m.d.comb += [div.start.eq(1), div.num.eq(0), div.bits.eq(q2),
+                                         div.rem_in.eq(1 << (self.recip_num - q2)), div.den.eq(r_norm)]
                             m.next = "RECIP_WAIT"
                     with m.State("RECIP_WAIT"):
                         with m.If(~div.busy):
