@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4697$254 (cur[269:254]),
+    .\port$4734$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1209,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4699$0 (running_exec),
+    .\port$4736$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4925,7 +4925,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4697$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4734$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5068,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4697$254 ;
-  wire [15:0] \port$4697$254 ;
+  input [15:0] \port$4734$254 ;
+  wire [15:0] \port$4734$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4697$254  };
+      \$74  = { 8'h00, \port$4734$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4697$254  };
+      \$77  = { 8'h00, \port$4734$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5315,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4697$254  };
+  assign rd_beats = { 8'h00, \port$4734$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4697$254  };
+  assign wr_beats = { 8'h00, \port$4734$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6125,9 +6125,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5755$0 (\$signal ),
-    .\port$6168$0 (spad__rd0__data),
-    .\port$6170$0 (spad__rd1__data),
+    .\port$5792$0 (\$signal ),
+    .\port$6215$0 (spad__rd0__data),
+    .\port$6217$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10088,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5755$0 , level, \port$6168$0 , \port$6170$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5792$0 , level, \port$6215$0 , \port$6217$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5755$0 ;
-  wire \port$5755$0 ;
-  input [31:0] \port$6168$0 ;
-  wire [31:0] \port$6168$0 ;
-  input [31:0] \port$6170$0 ;
-  wire [31:0] \port$6170$0 ;
+  input \port$5792$0 ;
+  wire \port$5792$0 ;
+  input [31:0] \port$6215$0 ;
+  wire [31:0] \port$6215$0 ;
+  input [31:0] \port$6217$0 ;
+  wire [31:0] \port$6217$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5755$0 , \port$6170$0 , \port$6168$0  };
+      storage[w_port__addr] <= { \port$5792$0 , \port$6217$0 , \port$6215$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
-  assign w_data = { \port$5755$0 , \port$6170$0 , \port$6168$0  };
+  assign w_port__data = { \port$5792$0 , \port$6217$0 , \port$6215$0  };
+  assign w_data = { \port$5792$0 , \port$6217$0 , \port$6215$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -10233,182 +10233,220 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [15:0] \$100 ;
-  wire [15:0] \$101 ;
-  wire [49:0] \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire [15:0] \$107 ;
-  wire [15:0] \$108 ;
-  wire [31:0] \$109 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire [50:0] \$102 ;
+  wire [49:0] \$103 ;
+  wire [49:0] \$104 ;
+  wire [49:0] \$105 ;
+  wire [49:0] \$106 ;
+  wire \$107 ;
+  wire [49:0] \$108 ;
+  wire [49:0] \$109 ;
   wire \$11 ;
-  wire [49:0] \$110 ;
+  wire \$110 ;
   wire \$111 ;
-  wire \$112 ;
-  wire [48:0] \$113 ;
-  wire [33:0] \$114 ;
-  wire \$115 ;
-  wire [33:0] \$116 ;
-  wire [34:0] \$117 ;
-  wire [32:0] \$118 ;
-  wire [33:0] \$119 ;
+  wire [50:0] \$112 ;
+  wire [15:0] \$113 ;
+  wire [15:0] \$114 ;
+  wire [49:0] \$115 ;
+  wire \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [32:0] \$120 ;
-  wire [32:0] \$121 ;
-  wire \$122 ;
-  wire \$123 ;
+  wire \$120 ;
+  wire [31:0] \$121 ;
+  wire [31:0] \$122 ;
+  wire [17:0] \$123 ;
   wire \$124 ;
-  wire [17:0] \$125 ;
-  wire [5:0] \$126 ;
+  wire [15:0] \$125 ;
+  wire [15:0] \$126 ;
   wire \$127 ;
   wire \$128 ;
-  wire \$129 ;
+  wire [15:0] \$129 ;
   wire \$13 ;
-  wire \$130 ;
+  wire [49:0] \$130 ;
   wire \$131 ;
   wire \$132 ;
-  wire \$133 ;
-  wire \$134 ;
+  wire [48:0] \$133 ;
+  wire [33:0] \$134 ;
   wire \$135 ;
-  wire [15:0] \$136 ;
-  wire [15:0] \$137 ;
-  wire [31:0] \$138 ;
-  wire \$139 ;
+  wire [33:0] \$136 ;
+  wire [34:0] \$137 ;
+  wire [32:0] \$138 ;
+  wire [33:0] \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire [59:0] \$142 ;
-  wire [44:0] \$143 ;
-  wire [59:0] \$144 ;
-  wire [59:0] \$145 ;
-  wire \$146 ;
-  wire [59:0] \$147 ;
-  wire [44:0] \$148 ;
+  wire [32:0] \$140 ;
+  wire [32:0] \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire [17:0] \$145 ;
+  wire [5:0] \$146 ;
+  wire \$147 ;
+  wire \$148 ;
   wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  wire [45:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
-  wire [59:0] \$153 ;
-  wire [44:0] \$154 ;
-  wire [59:0] \$155 ;
-  wire [59:0] \$156 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
   wire \$157 ;
-  wire [59:0] \$158 ;
-  wire [44:0] \$159 ;
+  wire \$158 ;
+  wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
-  wire \$161 ;
-  wire [45:0] \$162 ;
+  wire [15:0] \$160 ;
+  wire [15:0] \$161 ;
+  wire \$162 ;
   wire \$163 ;
-  wire \$164 ;
+  wire [15:0] \$164 ;
   wire \$165 ;
-  wire [59:0] \$166 ;
-  wire [44:0] \$167 ;
-  wire [59:0] \$168 ;
-  wire [59:0] \$169 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire [31:0] \$169 ;
   wire \$17 ;
-  wire \$170 ;
-  wire [59:0] \$171 ;
-  wire [44:0] \$172 ;
+  wire [31:0] \$170 ;
+  wire [17:0] \$171 ;
+  wire \$172 ;
   wire \$173 ;
   wire \$174 ;
-  wire [45:0] \$175 ;
-  wire [59:0] \$176 ;
-  wire [44:0] \$177 ;
+  wire [59:0] \$175 ;
+  wire [44:0] \$176 ;
+  wire [59:0] \$177 ;
   wire [59:0] \$178 ;
-  wire [59:0] \$179 ;
+  wire \$179 ;
   wire \$18 ;
-  wire \$180 ;
-  wire [59:0] \$181 ;
-  wire [44:0] \$182 ;
+  wire [59:0] \$180 ;
+  wire [44:0] \$181 ;
+  wire \$182 ;
   wire \$183 ;
-  wire \$184 ;
-  wire [45:0] \$185 ;
-  wire [7:0] \$186 ;
-  wire [7:0] \$187 ;
-  reg \$188 ;
-  reg [15:0] \$189 ;
+  wire [45:0] \$184 ;
+  wire \$185 ;
+  wire [59:0] \$186 ;
+  wire [44:0] \$187 ;
+  wire [59:0] \$188 ;
+  wire [59:0] \$189 ;
   wire \$19 ;
-  reg \$190 ;
-  reg [32:0] \$191 ;
-  reg \$192 ;
-  reg [48:0] \$193 ;
-  reg [47:0] \$194 ;
-  reg [2:0] \$195 ;
-  reg [32:0] \$196 ;
-  reg [32:0] \$197 ;
-  reg [32:0] \$198 ;
-  reg [16:0] \$199 ;
+  wire \$190 ;
+  wire [59:0] \$191 ;
+  wire [44:0] \$192 ;
+  wire \$193 ;
+  wire \$194 ;
+  wire [45:0] \$195 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire [59:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [4:0] \$200 ;
-  reg [12:0] \$201 ;
+  wire [44:0] \$200 ;
+  wire [59:0] \$201 ;
+  wire [59:0] \$202 ;
+  wire \$203 ;
+  wire [59:0] \$204 ;
+  wire [44:0] \$205 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire [45:0] \$208 ;
+  wire [59:0] \$209 ;
   wire \$21 ;
+  wire [44:0] \$210 ;
+  wire [59:0] \$211 ;
+  wire [59:0] \$212 ;
+  wire \$213 ;
+  wire [59:0] \$214 ;
+  wire [44:0] \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire [45:0] \$218 ;
+  wire [7:0] \$219 ;
   wire \$22 ;
+  wire [7:0] \$220 ;
+  reg \$221 ;
+  reg [15:0] \$222 ;
+  reg \$223 ;
+  reg \$224 ;
+  reg [15:0] \$225 ;
+  reg [15:0] \$226 ;
+  reg [15:0] \$227 ;
+  reg \$228 ;
+  reg [32:0] \$229 ;
   wire \$23 ;
+  reg \$230 ;
+  reg [48:0] \$231 ;
+  reg [47:0] \$232 ;
+  reg [2:0] \$233 ;
+  reg [32:0] \$234 ;
+  reg [32:0] \$235 ;
+  reg [32:0] \$236 ;
+  reg [16:0] \$237 ;
+  reg [4:0] \$238 ;
+  reg [12:0] \$239 ;
   wire \$24 ;
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
   wire \$28 ;
-  wire [17:0] \$29 ;
+  wire \$29 ;
   wire \$3 ;
   wire \$30 ;
-  wire [17:0] \$31 ;
+  wire \$31 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
-  wire [17:0] \$35 ;
-  wire [17:0] \$36 ;
-  wire [15:0] \$37 ;
-  wire [15:0] \$38 ;
-  wire \$39 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire [17:0] \$37 ;
+  wire \$38 ;
+  wire [17:0] \$39 ;
   wire \$4 ;
   wire \$40 ;
   wire \$41 ;
   wire \$42 ;
-  wire \$43 ;
-  wire [15:0] \$44 ;
+  wire [17:0] \$43 ;
+  wire [17:0] \$44 ;
   wire [15:0] \$45 ;
-  wire [31:0] \$46 ;
+  wire [15:0] \$46 ;
   wire \$47 ;
-  wire [15:0] \$48 ;
-  wire [15:0] \$49 ;
+  wire \$48 ;
+  wire \$49 ;
   wire \$5 ;
-  wire [31:0] \$50 ;
-  wire [15:0] \$51 ;
-  wire [17:0] \$52 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
   wire \$53 ;
-  wire \$54 ;
-  wire \$55 ;
-  wire [49:0] \$56 ;
-  wire [49:0] \$57 ;
-  wire [49:0] \$58 ;
-  wire [49:0] \$59 ;
+  wire [15:0] \$54 ;
+  wire [15:0] \$55 ;
+  wire \$56 ;
+  wire \$57 ;
+  wire [15:0] \$58 ;
+  wire \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire [49:0] \$61 ;
-  wire [49:0] \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire [50:0] \$65 ;
+  wire \$61 ;
+  wire \$62 ;
+  wire [31:0] \$63 ;
+  wire [31:0] \$64 ;
+  wire [17:0] \$65 ;
   wire \$66 ;
-  wire [49:0] \$67 ;
-  wire [49:0] \$68 ;
+  wire \$67 ;
+  wire \$68 ;
   wire [49:0] \$69 ;
   wire \$7 ;
   wire [49:0] \$70 ;
-  wire \$71 ;
+  wire [49:0] \$71 ;
   wire [49:0] \$72 ;
-  wire [49:0] \$73 ;
-  wire \$74 ;
-  wire \$75 ;
-  wire [50:0] \$76 ;
+  wire \$73 ;
+  wire [49:0] \$74 ;
+  wire [49:0] \$75 ;
+  wire \$76 ;
   wire \$77 ;
-  wire \$78 ;
+  wire [50:0] \$78 ;
   wire \$79 ;
   wire \$8 ;
   wire [49:0] \$80 ;
@@ -10422,16 +10460,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire \$88 ;
   wire [50:0] \$89 ;
   wire \$9 ;
-  wire [49:0] \$90 ;
-  wire [49:0] \$91 ;
-  wire [49:0] \$92 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
   wire [49:0] \$93 ;
-  wire \$94 ;
+  wire [49:0] \$94 ;
   wire [49:0] \$95 ;
   wire [49:0] \$96 ;
   wire \$97 ;
-  wire \$98 ;
-  wire [50:0] \$99 ;
+  wire [49:0] \$98 ;
+  wire [49:0] \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   wire busy;
@@ -10469,6 +10507,11 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
   reg [32:0] prod = 33'h000000000;
+  reg [15:0] q_a = 16'h0000;
+  reg [15:0] q_b = 16'h0000;
+  reg q_last = 1'h0;
+  reg [15:0] q_top = 16'h0000;
+  reg q_valid = 1'h0;
   wire [47:0] quot;
   reg [16:0] r_norm = 17'h00000;
   reg [12:0] recip = 13'h0000;
@@ -10483,68 +10526,65 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire unit_rst;
   reg [4:0] z = 5'h00;
   assign \$1  = ~ o__valid;
-  assign \$3  = ~ p_valid;
-  assign \$4  = ~ o__valid;
-  assign \$7  = p_valid & p_last;
-  assign \$8  = ~ \$7 ;
-  assign \$9  = ! r_norm;
-  assign \$10  = ~ r_norm[16];
-  assign \$11  = ~ p_valid;
-  assign \$12  = ~ o__valid;
-  assign \$15  = p_valid & p_last;
-  assign \$16  = ~ \$15 ;
-  assign \$18  = ! fsm_state;
-  assign \$19  = fsm_state == 1'h1;
-  assign \$20  = fsm_state == 2'h2;
-  assign \$21  = fsm_state == 2'h3;
-  assign \$22  = fsm_state == 3'h4;
-  assign \$23  = fsm_state == 3'h5;
-  assign \$24  = fsm_state == 3'h6;
-  assign \$25  = fsm_state == 3'h7;
-  assign \$26  = ~ o__valid;
-  assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$30  = & \$29 [17:15];
-  assign \$31  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$32  = | \$31 [17:15];
-  assign \$33  = ~ \$32 ;
-  assign \$34  = \$30  | \$33 ;
-  assign \$35  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$36  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$37  = \$36 [17] ? 16'h8000 : 16'h7fff;
-  assign \$38  = \$34  ? \$35 [15:0] : \$37 ;
-  assign \$39  = ~ p_valid;
-  assign \$40  = ~ o__valid;
-  assign \$43  = op == 2'h2;
-  assign \$44  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$45  = \$43  ? \$44  : { 1'h0, i__payload[30:16] };
-  assign \$46  = $signed(i__payload[15:0]) * $signed(\$45 );
-  assign \$47  = op == 2'h2;
-  assign \$48  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$49  = \$47  ? \$48  : { 1'h0, i__payload[30:16] };
-  assign \$50  = $signed(i__payload[15:0]) * $signed(\$49 );
-  assign \$51  = i__payload[31] ? i__payload[15:0] : 16'h0000;
-  assign \$52  = $signed(\$50 [31:15]) + $signed(\$51 );
-  assign \$53  = ~ o__valid;
-  assign \$56  = $signed(acc) + $signed(prod);
-  assign \$58  = $signed(acc) + $signed(prod);
-  assign \$59  = $signed(acc) + $signed(prod);
-  assign \$60  = | \$59 [13:0];
-  assign \$61  = $signed(acc) + $signed(prod);
-  assign \$63  = \$60  | \$62 [0];
-  assign \$64  = \$58 [14] & \$63 ;
-  assign \$65  = $signed(\$57 ) + $signed({ 1'h0, \$64  });
-  assign \$66  = & \$65 [50:15];
-  assign \$67  = $signed(acc) + $signed(prod);
+  assign \$3  = ~ q_valid;
+  assign \$4  = ~ p_valid;
+  assign \$5  = ~ o__valid;
+  assign \$9  = q_valid & q_last;
+  assign \$10  = p_valid & p_last;
+  assign \$11  = \$9  | \$10 ;
+  assign \$12  = ~ \$11 ;
+  assign \$13  = ! r_norm;
+  assign \$14  = ~ r_norm[16];
+  assign \$15  = ~ q_valid;
+  assign \$16  = ~ p_valid;
+  assign \$17  = ~ o__valid;
+  assign \$21  = q_valid & q_last;
+  assign \$22  = p_valid & p_last;
+  assign \$23  = \$21  | \$22 ;
+  assign \$24  = ~ \$23 ;
+  assign \$26  = ! fsm_state;
+  assign \$27  = fsm_state == 1'h1;
+  assign \$28  = fsm_state == 2'h2;
+  assign \$29  = fsm_state == 2'h3;
+  assign \$30  = fsm_state == 3'h4;
+  assign \$31  = fsm_state == 3'h5;
+  assign \$32  = fsm_state == 3'h6;
+  assign \$33  = fsm_state == 3'h7;
+  assign \$34  = ~ o__valid;
+  assign \$37  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$38  = & \$37 [17:15];
+  assign \$39  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$40  = | \$39 [17:15];
+  assign \$41  = ~ \$40 ;
+  assign \$42  = \$38  | \$41 ;
+  assign \$43  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$44  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$45  = \$44 [17] ? 16'h8000 : 16'h7fff;
+  assign \$46  = \$42  ? \$43 [15:0] : \$45 ;
+  assign \$47  = ~ q_valid;
+  assign \$48  = ~ p_valid;
+  assign \$49  = ~ o__valid;
+  assign \$53  = op == 2'h2;
+  assign \$54  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$55  = \$53  ? \$54  : { 1'h0, i__payload[30:16] };
+  assign \$56  = op == 1'h1;
+  assign \$57  = \$56  & i__payload[31];
+  assign \$58  = \$57  ? i__payload[15:0] : 16'h0000;
+  assign \$59  = ~ p_valid;
+  assign \$60  = ~ o__valid;
+  assign \$63  = $signed(q_a) * $signed(q_b);
+  assign \$64  = $signed(q_a) * $signed(q_b);
+  assign \$65  = $signed(\$64 [31:15]) + $signed(q_top);
+  assign \$66  = ~ o__valid;
   assign \$69  = $signed(acc) + $signed(prod);
-  assign \$70  = $signed(acc) + $signed(prod);
-  assign \$71  = | \$70 [13:0];
+  assign \$71  = $signed(acc) + $signed(prod);
   assign \$72  = $signed(acc) + $signed(prod);
-  assign \$74  = \$71  | \$73 [0];
-  assign \$75  = \$69 [14] & \$74 ;
-  assign \$76  = $signed(\$68 ) + $signed({ 1'h0, \$75  });
-  assign \$77  = | \$76 [50:15];
-  assign \$78  = ~ \$77 ;
-  assign \$79  = \$66  | \$78 ;
+  assign \$73  = | \$72 [13:0];
+  assign \$74  = $signed(acc) + $signed(prod);
+  assign \$76  = \$73  | \$75 [0];
+  assign \$77  = \$71 [14] & \$76 ;
+  assign \$78  = $signed(\$70 ) + $signed({ 1'h0, \$77  });
+  assign \$79  = & \$78 [50:15];
   assign \$80  = $signed(acc) + $signed(prod);
   assign \$82  = $signed(acc) + $signed(prod);
   assign \$83  = $signed(acc) + $signed(prod);
@@ -10553,113 +10593,152 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$87  = \$84  | \$86 [0];
   assign \$88  = \$82 [14] & \$87 ;
   assign \$89  = $signed(\$81 ) + $signed({ 1'h0, \$88  });
-  assign \$90  = $signed(acc) + $signed(prod);
-  assign \$92  = $signed(acc) + $signed(prod);
+  assign \$90  = | \$89 [50:15];
+  assign \$91  = ~ \$90 ;
+  assign \$92  = \$79  | \$91 ;
   assign \$93  = $signed(acc) + $signed(prod);
-  assign \$94  = | \$93 [13:0];
   assign \$95  = $signed(acc) + $signed(prod);
-  assign \$97  = \$94  | \$96 [0];
-  assign \$98  = \$92 [14] & \$97 ;
-  assign \$99  = $signed(\$91 ) + $signed({ 1'h0, \$98  });
-  assign \$100  = \$99 [50] ? 16'h8000 : 16'h7fff;
-  assign \$101  = \$79  ? \$89 [15:0] : \$100 ;
-  assign \$102  = $signed(acc) + $signed(prod);
-  assign \$103  = p_valid & p_last;
-  assign \$104  = ~ \$103 ;
-  assign \$105  = i__valid & \$104 ;
-  assign \$106  = op == 2'h2;
-  assign \$107  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$108  = \$106  ? \$107  : { 1'h0, i__payload[30:16] };
-  assign \$109  = $signed(i__payload[15:0]) * $signed(\$108 );
-  assign \$110  = $signed({ 1'h0, sumsq }) + $signed(prod);
-  assign \$111  = p_valid & p_last;
-  assign \$112  = ~ busy;
-  assign \$113  = quot + 1'h1;
-  assign \$114  = root + \bit ;
-  assign \$115  = rem >= \$114 ;
-  assign \$116  = root + \bit ;
-  assign \$117  = rem - \$116 ;
-  assign \$119  = \$118  + \bit ;
-  assign \$122  = \bit  == 1'h1;
-  assign \$123  = ! r_norm;
-  assign \$124  = ~ r_norm[16];
-  assign \$126  = z + 1'h1;
-  assign \$127  = ~ busy;
-  assign \$128  = ~ p_valid;
-  assign \$129  = ~ o__valid;
-  assign \$132  = p_valid & p_last;
-  assign \$133  = ~ \$132 ;
-  assign \$135  = op == 2'h2;
-  assign \$136  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$137  = \$135  ? \$136  : { 1'h0, i__payload[30:16] };
-  assign \$138  = $signed(i__payload[15:0]) * $signed(\$137 );
-  assign \$139  = ~ o__valid;
-  assign \$142  = $signed(prod[28:0]) << z;
-  assign \$144  = $signed(prod[28:0]) << z;
-  assign \$145  = $signed(prod[28:0]) << z;
-  assign \$146  = | \$145 [21:0];
-  assign \$147  = $signed(prod[28:0]) << z;
-  assign \$149  = \$146  | \$148 [0];
-  assign \$150  = \$144 [22] & \$149 ;
-  assign \$151  = $signed(\$143 ) + $signed({ 1'h0, \$150  });
-  assign \$152  = & \$151 [45:7];
-  assign \$153  = $signed(prod[28:0]) << z;
-  assign \$155  = $signed(prod[28:0]) << z;
-  assign \$156  = $signed(prod[28:0]) << z;
-  assign \$157  = | \$156 [21:0];
-  assign \$158  = $signed(prod[28:0]) << z;
-  assign \$160  = \$157  | \$159 [0];
-  assign \$161  = \$155 [22] & \$160 ;
-  assign \$162  = $signed(\$154 ) + $signed({ 1'h0, \$161  });
-  assign \$163  = | \$162 [45:7];
-  assign \$164  = ~ \$163 ;
-  assign \$165  = \$152  | \$164 ;
-  assign \$166  = $signed(prod[28:0]) << z;
-  assign \$168  = $signed(prod[28:0]) << z;
-  assign \$169  = $signed(prod[28:0]) << z;
-  assign \$170  = | \$169 [21:0];
-  assign \$171  = $signed(prod[28:0]) << z;
-  assign \$173  = \$170  | \$172 [0];
-  assign \$174  = \$168 [22] & \$173 ;
-  assign \$175  = $signed(\$167 ) + $signed({ 1'h0, \$174  });
-  assign \$176  = $signed(prod[28:0]) << z;
+  assign \$96  = $signed(acc) + $signed(prod);
+  assign \$97  = | \$96 [13:0];
+  assign \$98  = $signed(acc) + $signed(prod);
+  assign \$100  = \$97  | \$99 [0];
+  assign \$101  = \$95 [14] & \$100 ;
+  assign \$102  = $signed(\$94 ) + $signed({ 1'h0, \$101  });
+  assign \$103  = $signed(acc) + $signed(prod);
+  assign \$105  = $signed(acc) + $signed(prod);
+  assign \$106  = $signed(acc) + $signed(prod);
+  assign \$107  = | \$106 [13:0];
+  assign \$108  = $signed(acc) + $signed(prod);
+  assign \$110  = \$107  | \$109 [0];
+  assign \$111  = \$105 [14] & \$110 ;
+  assign \$112  = $signed(\$104 ) + $signed({ 1'h0, \$111  });
+  assign \$113  = \$112 [50] ? 16'h8000 : 16'h7fff;
+  assign \$114  = \$92  ? \$102 [15:0] : \$113 ;
+  assign \$115  = $signed(acc) + $signed(prod);
+  assign \$116  = q_valid & q_last;
+  assign \$117  = p_valid & p_last;
+  assign \$118  = \$116  | \$117 ;
+  assign \$119  = ~ \$118 ;
+  assign \$120  = i__valid & \$119 ;
+  assign \$121  = $signed(q_a) * $signed(q_b);
+  assign \$122  = $signed(q_a) * $signed(q_b);
+  assign \$123  = $signed(\$122 [31:15]) + $signed(q_top);
+  assign \$124  = op == 2'h2;
+  assign \$125  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$126  = \$124  ? \$125  : { 1'h0, i__payload[30:16] };
+  assign \$127  = op == 1'h1;
+  assign \$128  = \$127  & i__payload[31];
+  assign \$129  = \$128  ? i__payload[15:0] : 16'h0000;
+  assign \$130  = $signed({ 1'h0, sumsq }) + $signed(prod);
+  assign \$131  = p_valid & p_last;
+  assign \$132  = ~ busy;
+  assign \$133  = quot + 1'h1;
+  assign \$134  = root + \bit ;
+  assign \$135  = rem >= \$134 ;
+  assign \$136  = root + \bit ;
+  assign \$137  = rem - \$136 ;
+  assign \$139  = \$138  + \bit ;
+  assign \$142  = \bit  == 1'h1;
+  assign \$143  = ! r_norm;
+  assign \$144  = ~ r_norm[16];
+  assign \$146  = z + 1'h1;
+  assign \$147  = ~ busy;
+  assign \$148  = ~ q_valid;
+  assign \$149  = ~ p_valid;
+  assign \$150  = ~ o__valid;
+  assign \$154  = q_valid & q_last;
+  assign \$155  = p_valid & p_last;
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = ~ \$156 ;
+  assign \$158  = i__valid & \$157 ;
+  assign \$159  = op == 2'h2;
+  assign \$160  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$161  = \$159  ? \$160  : { 1'h0, i__payload[30:16] };
+  assign \$162  = op == 1'h1;
+  assign \$163  = \$162  & i__payload[31];
+  assign \$164  = \$163  ? i__payload[15:0] : 16'h0000;
+  assign \$165  = ~ p_valid;
+  assign \$166  = ~ o__valid;
+  assign \$169  = $signed(q_a) * $signed(q_b);
+  assign \$170  = $signed(q_a) * $signed(q_b);
+  assign \$171  = $signed(\$170 [31:15]) + $signed(q_top);
+  assign \$172  = ~ o__valid;
+  assign \$175  = $signed(prod[28:0]) << z;
+  assign \$177  = $signed(prod[28:0]) << z;
   assign \$178  = $signed(prod[28:0]) << z;
-  assign \$179  = $signed(prod[28:0]) << z;
-  assign \$180  = | \$179 [21:0];
-  assign \$181  = $signed(prod[28:0]) << z;
-  assign \$183  = \$180  | \$182 [0];
-  assign \$184  = \$178 [22] & \$183 ;
-  assign \$185  = $signed(\$177 ) + $signed({ 1'h0, \$184  });
-  assign \$186  = \$185 [45] ? 8'h80 : 8'h7f;
-  assign \$187  = \$165  ? \$175 [7:0] : \$186 ;
+  assign \$179  = | \$178 [21:0];
+  assign \$180  = $signed(prod[28:0]) << z;
+  assign \$182  = \$179  | \$181 [0];
+  assign \$183  = \$177 [22] & \$182 ;
+  assign \$184  = $signed(\$176 ) + $signed({ 1'h0, \$183  });
+  assign \$185  = & \$184 [45:7];
+  assign \$186  = $signed(prod[28:0]) << z;
+  assign \$188  = $signed(prod[28:0]) << z;
+  assign \$189  = $signed(prod[28:0]) << z;
+  assign \$190  = | \$189 [21:0];
+  assign \$191  = $signed(prod[28:0]) << z;
+  assign \$193  = \$190  | \$192 [0];
+  assign \$194  = \$188 [22] & \$193 ;
+  assign \$195  = $signed(\$187 ) + $signed({ 1'h0, \$194  });
+  assign \$196  = | \$195 [45:7];
+  assign \$197  = ~ \$196 ;
+  assign \$198  = \$185  | \$197 ;
+  assign \$199  = $signed(prod[28:0]) << z;
+  assign \$201  = $signed(prod[28:0]) << z;
+  assign \$202  = $signed(prod[28:0]) << z;
+  assign \$203  = | \$202 [21:0];
+  assign \$204  = $signed(prod[28:0]) << z;
+  assign \$206  = \$203  | \$205 [0];
+  assign \$207  = \$201 [22] & \$206 ;
+  assign \$208  = $signed(\$200 ) + $signed({ 1'h0, \$207  });
+  assign \$209  = $signed(prod[28:0]) << z;
+  assign \$211  = $signed(prod[28:0]) << z;
+  assign \$212  = $signed(prod[28:0]) << z;
+  assign \$213  = | \$212 [21:0];
+  assign \$214  = $signed(prod[28:0]) << z;
+  assign \$216  = \$213  | \$215 [0];
+  assign \$217  = \$211 [22] & \$216 ;
+  assign \$218  = $signed(\$210 ) + $signed({ 1'h0, \$217  });
+  assign \$219  = \$218 [45] ? 8'h80 : 8'h7f;
+  assign \$220  = \$198  ? \$208 [7:0] : \$219 ;
   always @(posedge clk)
-    o__valid <= \$188 ;
+    o__valid <= \$221 ;
   always @(posedge clk)
-    o__payload <= \$189 ;
+    o__payload <= \$222 ;
   always @(posedge clk)
-    p_valid <= \$190 ;
+    q_valid <= \$223 ;
   always @(posedge clk)
-    prod <= \$191 ;
+    q_last <= \$224 ;
   always @(posedge clk)
-    p_last <= \$192 ;
+    q_a <= \$225 ;
   always @(posedge clk)
-    acc <= \$193 ;
+    q_b <= \$226 ;
   always @(posedge clk)
-    sumsq <= \$194 ;
+    q_top <= \$227 ;
   always @(posedge clk)
-    fsm_state <= \$195 ;
+    p_valid <= \$228 ;
   always @(posedge clk)
-    rem <= \$196 ;
+    prod <= \$229 ;
   always @(posedge clk)
-    root <= \$197 ;
+    p_last <= \$230 ;
   always @(posedge clk)
-    \bit  <= \$198 ;
+    acc <= \$231 ;
   always @(posedge clk)
-    r_norm <= \$199 ;
+    sumsq <= \$232 ;
   always @(posedge clk)
-    z <= \$200 ;
+    fsm_state <= \$233 ;
   always @(posedge clk)
-    recip <= \$201 ;
+    rem <= \$234 ;
+  always @(posedge clk)
+    root <= \$235 ;
+  always @(posedge clk)
+    \bit  <= \$236 ;
+  always @(posedge clk)
+    r_norm <= \$237 ;
+  always @(posedge clk)
+    z <= \$238 ;
+  always @(posedge clk)
+    recip <= \$239 ;
   \nanokpu_kpu.elementwise.vector.div  div (
     .busy(busy),
     .clk(clk),
@@ -10677,12 +10756,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
       2'h0:
           i__ready = \$2 ;
       2'h1:
-          i__ready = \$6 ;
+          i__ready = \$8 ;
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                i__ready = \$8 ;
+                i__ready = \$12 ;
             3'h1:
                 /* empty */;
             3'h2:
@@ -10696,7 +10775,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                i__ready = \$17 ;
+                i__ready = \$25 ;
           endcase
     endcase
   end
@@ -10722,8 +10801,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
+                if (\$13 ) begin
+                end else if (\$14 ) begin
                 end else begin
                   start = 1'h1;
                 end
@@ -10752,8 +10831,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
+                if (\$13 ) begin
+                end else if (\$14 ) begin
                 end else begin
                   num = 48'h000010000000;
                 end
@@ -10782,8 +10861,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
+                if (\$13 ) begin
+                end else if (\$14 ) begin
                 end else begin
                   den = r_norm;
                 end
@@ -10822,16 +10901,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$188  = 1'h0;
+    \$221  = 1'h0;
     casez (op)
       2'h0:
-          if (\$28 ) begin
-            \$188  = 1'h1;
+          if (\$36 ) begin
+            \$221  = 1'h1;
           end
       2'h1:
-          if (\$55 ) begin
+          if (\$68 ) begin
             if (p_last) begin
-              \$188  = 1'h1;
+              \$221  = 1'h1;
             end
           end
       2'h2:
@@ -10852,30 +10931,30 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$141 ) begin
-                  \$188  = 1'h1;
+                if (\$174 ) begin
+                  \$221  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$188  = 1'h0;
+      \$221  = 1'h0;
     end
     if (rst) begin
-      \$188  = 1'h0;
+      \$221  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$189  = o__payload;
+    \$222  = o__payload;
     casez (op)
       2'h0:
-          if (\$28 ) begin
-            \$189  = \$38 ;
+          if (\$36 ) begin
+            \$222  = \$46 ;
           end
       2'h1:
-          if (\$55 ) begin
+          if (\$68 ) begin
             if (p_last) begin
-              \$189  = \$101 ;
+              \$222  = \$114 ;
             end
           end
       2'h2:
@@ -10896,33 +10975,233 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$141 ) begin
-                  \$189  = { \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187  };
+                if (\$174 ) begin
+                  \$222  = { \$220 [7], \$220 [7], \$220 [7], \$220 [7], \$220 [7], \$220 [7], \$220 [7], \$220 [7], \$220  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$189  = 16'h0000;
+      \$222  = 16'h0000;
     end
     if (rst) begin
-      \$189  = 16'h0000;
+      \$222  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$190  = p_valid;
+    \$223  = q_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$190  = i__valid;
+          if (\$52 ) begin
+            \$223  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$190  = \$105 ;
+                \$223  = \$120 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$153 ) begin
+                  \$223  = \$158 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$223  = 1'h0;
+    end
+    if (rst) begin
+      \$223  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$224  = q_last;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$52 ) begin
+            \$224  = i__payload[33];
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$224  = i__payload[33];
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$153 ) begin
+                  \$224  = i__payload[33];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$224  = 1'h0;
+    end
+    if (rst) begin
+      \$224  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$225  = q_a;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$52 ) begin
+            \$225  = i__payload[15:0];
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$225  = i__payload[15:0];
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$153 ) begin
+                  \$225  = i__payload[15:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$225  = 16'h0000;
+    end
+    if (rst) begin
+      \$225  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$226  = q_b;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$52 ) begin
+            \$226  = \$55 ;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$226  = \$126 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$153 ) begin
+                  \$226  = \$161 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$226  = 16'h0000;
+    end
+    if (rst) begin
+      \$226  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$227  = q_top;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$52 ) begin
+            \$227  = \$58 ;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$227  = \$129 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$153 ) begin
+                  \$227  = \$164 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$227  = 16'h0000;
+    end
+    if (rst) begin
+      \$227  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$228  = p_valid;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$62 ) begin
+            \$228  = q_valid;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$228  = q_valid;
             3'h1:
                 /* empty */;
             3'h2:
@@ -10937,39 +11216,39 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h6:
               begin
-                if (\$134 ) begin
-                  \$190  = i__valid;
+                if (\$168 ) begin
+                  \$228  = q_valid;
                 end
-                if (\$141 ) begin
+                if (\$174 ) begin
                   if (p_last) begin
-                    \$190  = 1'h0;
+                    \$228  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$190  = 1'h0;
+      \$228  = 1'h0;
     end
     if (rst) begin
-      \$190  = 1'h0;
+      \$228  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$191  = prod;
+    \$229  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$191  = { \$52 , \$46 [14:0] };
+          if (\$62 ) begin
+            \$229  = { \$65 , \$63 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$191  = { \$109 [31], \$109  };
+                \$229  = { \$123 , \$121 [14:0] };
             3'h1:
                 /* empty */;
             3'h2:
@@ -10983,33 +11262,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$134 ) begin
-                  \$191  = { \$138 [31], \$138  };
+                if (\$168 ) begin
+                  \$229  = { \$171 , \$169 [14:0] };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$191  = 33'h000000000;
+      \$229  = 33'h000000000;
     end
     if (rst) begin
-      \$191  = 33'h000000000;
+      \$229  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$192  = p_last;
+    \$230  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$192  = i__payload[33];
+          if (\$62 ) begin
+            \$230  = q_last;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$192  = i__payload[33];
+                \$230  = q_last;
             3'h1:
                 /* empty */;
             3'h2:
@@ -11023,44 +11302,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$134 ) begin
-                  \$192  = i__payload[33];
+                if (\$168 ) begin
+                  \$230  = q_last;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$192  = 1'h0;
+      \$230  = 1'h0;
     end
     if (rst) begin
-      \$192  = 1'h0;
+      \$230  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$193  = acc;
+    \$231  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$55 ) begin
+          if (\$68 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$193  = 49'h0000000000000;
+              \$231  = 49'h0000000000000;
             end else begin
-              \$193  = \$102 [48:0];
+              \$231  = \$115 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$193  = 49'h0000000000000;
+      \$231  = 49'h0000000000000;
     end
     if (rst) begin
-      \$193  = 49'h0000000000000;
+      \$231  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$194  = sumsq;
+    \$232  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -11070,26 +11349,26 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (p_valid) begin
-                  \$194  = \$110 [47:0];
+                  \$232  = \$130 [47:0];
                 end
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$194  = 48'h000000000000;
+                if (\$132 ) begin
+                  \$232  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$194  = 48'h000000000000;
+      \$232  = 48'h000000000000;
     end
     if (rst) begin
-      \$194  = 48'h000000000000;
+      \$232  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$195  = fsm_state;
+    \$233  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -11099,51 +11378,51 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                if (\$111 ) begin
-                  \$195  = 3'h1;
+                if (\$131 ) begin
+                  \$233  = 3'h1;
                 end
             3'h1:
-                \$195  = 3'h2;
+                \$233  = 3'h2;
             3'h2:
-                if (\$112 ) begin
-                  \$195  = 3'h3;
+                if (\$132 ) begin
+                  \$233  = 3'h3;
                 end
             3'h3:
-                if (\$122 ) begin
-                  \$195  = 3'h4;
+                if (\$142 ) begin
+                  \$233  = 3'h4;
                 end
             3'h4:
-                \$195  = 3'h5;
+                \$233  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$123 ) begin
-                  \$195  = 3'h6;
-                end else if (\$124 ) begin
+                if (\$143 ) begin
+                  \$233  = 3'h6;
+                end else if (\$144 ) begin
                 end else begin
-                  \$195  = 3'h7;
+                  \$233  = 3'h7;
                 end
             3'h7:
-                if (\$127 ) begin
-                  \$195  = 3'h6;
+                if (\$147 ) begin
+                  \$233  = 3'h6;
                 end
             3'h6:
-                if (\$141 ) begin
+                if (\$174 ) begin
                   if (p_last) begin
-                    \$195  = 3'h0;
+                    \$233  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$195  = 3'h0;
+      \$233  = 3'h0;
     end
     if (rst) begin
-      \$195  = 3'h0;
+      \$233  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$196  = rem;
+    \$234  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -11156,25 +11435,25 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$196  = \$113 [32:0];
+                if (\$132 ) begin
+                  \$234  = \$133 [32:0];
                 end
             3'h3:
-                if (\$115 ) begin
-                  \$196  = \$117 [32:0];
+                if (\$135 ) begin
+                  \$234  = \$137 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$196  = 33'h000000000;
+      \$234  = 33'h000000000;
     end
     if (rst) begin
-      \$196  = 33'h000000000;
+      \$234  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$197  = root;
+    \$235  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -11187,28 +11466,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$197  = 33'h000000000;
+                if (\$132 ) begin
+                  \$235  = 33'h000000000;
                 end
             3'h3:
                 (* full_case = 32'd1 *)
-                if (\$115 ) begin
-                  \$197  = \$119 [32:0];
+                if (\$135 ) begin
+                  \$235  = \$139 [32:0];
                 end else begin
-                  \$197  = \$120 ;
+                  \$235  = \$140 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$197  = 33'h000000000;
+      \$235  = 33'h000000000;
     end
     if (rst) begin
-      \$197  = 33'h000000000;
+      \$235  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$198  = \bit ;
+    \$236  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -11221,23 +11500,23 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$198  = 33'h100000000;
+                if (\$132 ) begin
+                  \$236  = 33'h100000000;
                 end
             3'h3:
-                \$198  = \$121 ;
+                \$236  = \$141 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$198  = 33'h000000000;
+      \$236  = 33'h000000000;
     end
     if (rst) begin
-      \$198  = 33'h000000000;
+      \$236  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$199  = r_norm;
+    \$237  = r_norm;
     casez (op)
       2'h0:
           /* empty */;
@@ -11254,24 +11533,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$199  = root[16:0];
+                \$237  = root[16:0];
             3'h5:
-                if (\$123 ) begin
-                end else if (\$124 ) begin
-                  \$199  = \$125 [16:0];
+                if (\$143 ) begin
+                end else if (\$144 ) begin
+                  \$237  = \$145 [16:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$199  = 17'h00000;
+      \$237  = 17'h00000;
     end
     if (rst) begin
-      \$199  = 17'h00000;
+      \$237  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$200  = z;
+    \$238  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -11288,24 +11567,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$200  = 5'h00;
+                \$238  = 5'h00;
             3'h5:
-                if (\$123 ) begin
-                end else if (\$124 ) begin
-                  \$200  = \$126 [4:0];
+                if (\$143 ) begin
+                end else if (\$144 ) begin
+                  \$238  = \$146 [4:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$200  = 5'h00;
+      \$238  = 5'h00;
     end
     if (rst) begin
-      \$200  = 5'h00;
+      \$238  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$201  = recip;
+    \$239  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -11322,20 +11601,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$201  = 13'h0000;
+                \$239  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$127 ) begin
-                  \$201  = quot[12:0];
+                if (\$147 ) begin
+                  \$239  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$201  = 13'h0000;
+      \$239  = 13'h0000;
     end
     if (rst) begin
-      \$201  = 13'h0000;
+      \$239  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -11345,42 +11624,49 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \i__payload.b  = i__payload[32:16];
   assign \i__payload.last  = i__payload[33];
   assign \$2  = 1'h1;
-  assign \$5  = 1'h1;
   assign \$6  = 1'h1;
-  assign \$13  = 1'h1;
-  assign \$14  = 1'h1;
-  assign \$17  = \$16 ;
-  assign \$27  = 1'h1;
-  assign \$28  = i__valid;
-  assign \$41  = 1'h1;
-  assign \$42  = 1'h1;
-  assign \$54  = 1'h1;
-  assign \$55  = p_valid;
-  assign \$57  = { \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49:15] };
-  assign \$62  = { \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49:15] };
-  assign \$68  = { \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49:15] };
-  assign \$73  = { \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49:15] };
+  assign \$7  = 1'h1;
+  assign \$8  = 1'h1;
+  assign \$18  = 1'h1;
+  assign \$19  = 1'h1;
+  assign \$20  = 1'h1;
+  assign \$25  = \$24 ;
+  assign \$35  = 1'h1;
+  assign \$36  = i__valid;
+  assign \$50  = 1'h1;
+  assign \$51  = 1'h1;
+  assign \$52  = 1'h1;
+  assign \$61  = 1'h1;
+  assign \$62  = 1'h1;
+  assign \$67  = 1'h1;
+  assign \$68  = p_valid;
+  assign \$70  = { \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49], \$69 [49:15] };
+  assign \$75  = { \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49], \$74 [49:15] };
   assign \$81  = { \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49:15] };
   assign \$86  = { \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49:15] };
-  assign \$91  = { \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49:15] };
-  assign \$96  = { \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49:15] };
-  assign \$118  = { 1'h0, root[32:1] };
-  assign \$120  = { 1'h0, root[32:1] };
-  assign \$121  = { 2'h0, \bit [32:2] };
-  assign \$125  = { r_norm, 1'h0 };
-  assign \$130  = 1'h1;
-  assign \$131  = 1'h1;
-  assign \$134  = \$133 ;
-  assign \$140  = 1'h1;
-  assign \$141  = p_valid;
-  assign \$143  = { \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44:23] };
-  assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
-  assign \$154  = { \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44:23] };
-  assign \$159  = { \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44:23] };
-  assign \$167  = { \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44:23] };
-  assign \$172  = { \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44:23] };
-  assign \$177  = { \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44:23] };
-  assign \$182  = { \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44:23] };
+  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
+  assign \$99  = { \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49:15] };
+  assign \$104  = { \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49], \$103 [49:15] };
+  assign \$109  = { \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49], \$108 [49:15] };
+  assign \$138  = { 1'h0, root[32:1] };
+  assign \$140  = { 1'h0, root[32:1] };
+  assign \$141  = { 2'h0, \bit [32:2] };
+  assign \$145  = { r_norm, 1'h0 };
+  assign \$151  = 1'h1;
+  assign \$152  = 1'h1;
+  assign \$153  = 1'h1;
+  assign \$167  = 1'h1;
+  assign \$168  = 1'h1;
+  assign \$173  = 1'h1;
+  assign \$174  = p_valid;
+  assign \$176  = { \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44], \$175 [44:23] };
+  assign \$181  = { \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44], \$180 [44:23] };
+  assign \$187  = { \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44], \$186 [44:23] };
+  assign \$192  = { \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44], \$191 [44:23] };
+  assign \$200  = { \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44], \$199 [44:23] };
+  assign \$205  = { \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44], \$204 [44:23] };
+  assign \$210  = { \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44], \$209 [44:23] };
+  assign \$215  = { \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44], \$214 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -31612,7 +31898,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4699$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4736$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -31790,8 +32076,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4699$0 ;
-  wire [4:0] \port$4699$0 ;
+  input [4:0] \port$4736$0 ;
+  wire [4:0] \port$4736$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -31804,64 +32090,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4699$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4736$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4699$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4736$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4699$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4699$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4736$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4736$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4699$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4736$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4699$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4736$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4699$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4736$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4], \port$4699$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4699$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4736$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4699$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4736$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4699$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4736$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4699$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4736$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4699$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4736$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0], \port$4699$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1], \port$4699$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2], \port$4699$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3], \port$4699$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -31876,7 +32162,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4699$0 , \port$2$0  };
+  assign select = { \port$4736$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
