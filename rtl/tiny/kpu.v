@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4734$254 (cur[269:254]),
+    .\port$4745$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1209,7 +1209,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4736$0 (running_exec),
+    .\port$4747$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4925,7 +4925,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4734$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4745$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5068,8 +5068,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4734$254 ;
-  wire [15:0] \port$4734$254 ;
+  input [15:0] \port$4745$254 ;
+  wire [15:0] \port$4745$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5234,7 +5234,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4734$254  };
+      \$74  = { 8'h00, \port$4745$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5270,7 +5270,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4734$254  };
+      \$77  = { 8'h00, \port$4745$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5315,9 +5315,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4734$254  };
+  assign rd_beats = { 8'h00, \port$4745$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4734$254  };
+  assign wr_beats = { 8'h00, \port$4745$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6125,9 +6125,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5792$0 (\$signal ),
-    .\port$6215$0 (spad__rd0__data),
-    .\port$6217$0 (spad__rd1__data),
+    .\port$5803$0 (\$signal ),
+    .\port$6230$0 (spad__rd0__data),
+    .\port$6232$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10088,7 +10088,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5792$0 , level, \port$6215$0 , \port$6217$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5803$0 , level, \port$6230$0 , \port$6232$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10113,12 +10113,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5792$0 ;
-  wire \port$5792$0 ;
-  input [31:0] \port$6215$0 ;
-  wire [31:0] \port$6215$0 ;
-  input [31:0] \port$6217$0 ;
-  wire [31:0] \port$6217$0 ;
+  input \port$5803$0 ;
+  wire \port$5803$0 ;
+  input [31:0] \port$6230$0 ;
+  wire [31:0] \port$6230$0 ;
+  input [31:0] \port$6232$0 ;
+  wire [31:0] \port$6232$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10151,7 +10151,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5792$0 , \port$6217$0 , \port$6215$0  };
+      storage[w_port__addr] <= { \port$5803$0 , \port$6232$0 , \port$6230$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10222,8 +10222,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5792$0 , \port$6217$0 , \port$6215$0  };
-  assign w_data = { \port$5792$0 , \port$6217$0 , \port$6215$0  };
+  assign w_port__data = { \port$5803$0 , \port$6232$0 , \port$6230$0  };
+  assign w_data = { \port$5803$0 , \port$6232$0 , \port$6230$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -11785,8 +11785,8 @@ endmodule
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, spad__wr__en, spad__wr__addr, spad__wr__data, done, error, spad__rd0__data, spad__rd1__data, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$16  = 0;
-  wire [14:0] \$1 ;
-  wire \$10 ;
+  wire \$1 ;
+  wire [9:0] \$10 ;
   wire \$100 ;
   wire \$101 ;
   wire \$102 ;
@@ -11797,7 +11797,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire [9:0] \$11 ;
+  wire \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -11808,7 +11808,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$117 ;
   wire \$118 ;
   wire \$119 ;
-  wire [16:0] \$12 ;
+  wire [9:0] \$12 ;
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
@@ -11819,7 +11819,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
+  wire [16:0] \$13 ;
   wire \$130 ;
   wire \$131 ;
   wire \$132 ;
@@ -11830,10 +11830,10 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [16:0] \$14 ;
+  wire \$14 ;
   wire \$140 ;
   wire \$141 ;
-  wire [23:0] \$142 ;
+  wire \$142 ;
   wire \$143 ;
   wire \$144 ;
   wire \$145 ;
@@ -11841,18 +11841,18 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$147 ;
   wire \$148 ;
   wire \$149 ;
-  wire [17:0] \$15 ;
+  wire [16:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
-  wire \$153 ;
+  wire [23:0] \$153 ;
   wire \$154 ;
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire [9:0] \$16 ;
+  wire [17:0] \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -11860,107 +11860,120 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$164 ;
   wire \$165 ;
   wire \$166 ;
-  wire [23:0] \$167 ;
-  wire [23:0] \$168 ;
-  wire [23:0] \$169 ;
-  wire [16:0] \$17 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
+  wire [9:0] \$17 ;
   wire \$170 ;
   wire \$171 ;
-  reg \$172 ;
-  reg [13:0] \$173 ;
-  reg [13:0] \$174 ;
-  reg [12:0] \$175 ;
-  reg [12:0] \$176 ;
-  reg [12:0] \$177 ;
-  reg [12:0] \$178 ;
-  reg [12:0] \$179 ;
-  wire \$18 ;
-  reg \$180 ;
-  reg \$181 ;
-  reg [12:0] \$182 ;
-  reg [12:0] \$183 ;
-  reg [12:0] \$184 ;
-  reg [15:0] \$185 ;
-  reg [1:0] \$186 ;
-  reg \$187 ;
-  reg [15:0] \$188 ;
-  reg [5:0] \$189 ;
-  wire [16:0] \$19 ;
-  reg [2:0] \$190 ;
-  reg [23:0] \$191 ;
-  reg [23:0] \$192 ;
-  reg [23:0] \$193 ;
-  reg [23:0] \$194 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire [23:0] \$178 ;
+  wire [23:0] \$179 ;
+  wire [16:0] \$18 ;
+  wire [23:0] \$180 ;
+  wire \$181 ;
+  wire \$182 ;
+  reg \$183 ;
+  reg [13:0] \$184 ;
+  reg \$185 ;
+  reg [13:0] \$186 ;
+  reg [12:0] \$187 ;
+  reg [12:0] \$188 ;
+  reg [12:0] \$189 ;
+  wire \$19 ;
+  reg [12:0] \$190 ;
+  reg [12:0] \$191 ;
+  reg \$192 ;
+  reg \$193 ;
+  reg [12:0] \$194 ;
+  reg [12:0] \$195 ;
+  reg [12:0] \$196 ;
+  reg [12:0] \$197 ;
+  reg [15:0] \$198 ;
+  reg [1:0] \$199 ;
   wire [14:0] \$2 ;
-  wire [17:0] \$20 ;
-  wire [9:0] \$21 ;
-  wire \$22 ;
-  wire [4:0] \$23 ;
+  wire [16:0] \$20 ;
+  reg \$200 ;
+  reg [15:0] \$201 ;
+  reg [5:0] \$202 ;
+  reg [2:0] \$203 ;
+  reg [23:0] \$204 ;
+  reg [23:0] \$205 ;
+  reg [23:0] \$206 ;
+  reg [23:0] \$207 ;
+  wire [17:0] \$21 ;
+  wire [9:0] \$22 ;
+  wire [16:0] \$23 ;
   wire \$24 ;
-  wire \$25 ;
-  wire \$26 ;
-  wire \$27 ;
-  wire \$28 ;
+  wire [16:0] \$25 ;
+  wire [17:0] \$26 ;
+  wire [18:0] \$27 ;
+  wire [9:0] \$28 ;
   wire \$29 ;
-  wire [15:0] \$3 ;
-  wire \$30 ;
-  wire [1:0] \$31 ;
+  wire [14:0] \$3 ;
+  wire [4:0] \$30 ;
+  wire \$31 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
-  wire [1:0] \$35 ;
+  wire \$35 ;
   wire \$36 ;
-  wire \$37 ;
+  wire [1:0] \$37 ;
   wire \$38 ;
-  wire [1:0] \$39 ;
-  wire [14:0] \$4 ;
-  wire [14:0] \$40 ;
-  wire [13:0] \$41 ;
-  wire [13:0] \$42 ;
-  wire [13:0] \$43 ;
-  wire [13:0] \$44 ;
-  wire [16:0] \$45 ;
-  wire \$46 ;
-  wire [16:0] \$47 ;
-  wire [16:0] \$48 ;
-  wire [16:0] \$49 ;
+  wire \$39 ;
+  wire [15:0] \$4 ;
+  wire \$40 ;
+  wire [1:0] \$41 ;
+  wire \$42 ;
+  wire \$43 ;
+  wire \$44 ;
+  wire [1:0] \$45 ;
+  wire [14:0] \$46 ;
+  wire \$47 ;
+  wire [13:0] \$48 ;
+  wire [13:0] \$49 ;
   wire [14:0] \$5 ;
-  wire \$50 ;
+  wire [13:0] \$50 ;
   wire [13:0] \$51 ;
-  wire [13:0] \$52 ;
-  wire [13:0] \$53 ;
-  wire \$54 ;
-  wire [13:0] \$55 ;
-  wire [14:0] \$56 ;
+  wire [16:0] \$52 ;
+  wire \$53 ;
+  wire [16:0] \$54 ;
+  wire [16:0] \$55 ;
+  wire [16:0] \$56 ;
   wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
-  wire [15:0] \$6 ;
-  wire \$60 ;
-  wire \$61 ;
+  wire [13:0] \$58 ;
+  wire [13:0] \$59 ;
+  wire [14:0] \$6 ;
+  wire [13:0] \$60 ;
+  wire [16:0] \$61 ;
   wire \$62 ;
-  wire \$63 ;
-  wire \$64 ;
-  wire \$65 ;
-  wire [13:0] \$66 ;
-  wire [54:0] \$67 ;
-  wire [24:0] \$68 ;
-  wire [39:0] \$69 ;
-  wire [9:0] \$7 ;
-  wire [55:0] \$70 ;
-  wire [56:0] \$71 ;
+  wire [13:0] \$63 ;
+  wire [13:0] \$64 ;
+  wire [13:0] \$65 ;
+  wire [14:0] \$66 ;
+  wire \$67 ;
+  wire [13:0] \$68 ;
+  wire [14:0] \$69 ;
+  wire [15:0] \$7 ;
+  wire \$70 ;
+  wire \$71 ;
   wire \$72 ;
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
   wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
-  wire \$8 ;
-  wire \$80 ;
-  wire \$81 ;
-  wire \$82 ;
+  wire [54:0] \$78 ;
+  wire [24:0] \$79 ;
+  wire [9:0] \$8 ;
+  wire [39:0] \$80 ;
+  wire [55:0] \$81 ;
+  wire [56:0] \$82 ;
   wire \$83 ;
   wire \$84 ;
   wire \$85 ;
@@ -11968,7 +11981,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [9:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -11981,8 +11994,8 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire \$99 ;
   reg [15:0] \$like  = 16'h0000;
   reg \$signal  = 1'h0;
-  reg [12:0] \$signal$14  = 13'h0000;
   reg [12:0] \$signal$15  = 13'h0000;
+  reg [12:0] \$signal$16  = 13'h0000;
   reg [2:0] cap = 3'h0;
   input clk;
   wire clk;
@@ -12015,6 +12028,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [13:0] left = 14'h0000;
+  reg left_nz = 1'h0;
   (* init = 16'h0000 *)
   wire [15:0] mult;
   wire [23:0] o__payload;
@@ -12036,7 +12050,7 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   reg running = 1'h0;
   reg [5:0] shift = 6'h00;
   (* init = 6'h00 *)
-  wire [5:0] \shift$40 ;
+  wire [5:0] \shift$42 ;
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
@@ -12058,206 +12072,219 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   reg spad__wr__en;
   input start;
   wire start;
+  reg [12:0] tab1 = 13'h0000;
   reg [12:0] tab_step = 13'h0000;
   input unit_rst;
   wire unit_rst;
   reg v_valid = 1'h0;
   reg [12:0] wr_ptr = 13'h0000;
   reg [13:0] written = 14'h0000;
-  assign \$1  = ins[34:22] + ins[122:109];
-  assign \$3  = ins[34:22] + \$2 ;
-  assign \$4  = ins[34:22] + ins[122:109];
-  assign \$6  = \$4  + \$5 ;
-  assign \$8  = | \$7 ;
-  assign \$14  = \$13  ? \$12  : 17'h00000;
-  assign \$15  = ins[47:35] + \$14 ;
-  assign \$19  = \$18  ? \$17  : 17'h00000;
-  assign \$20  = ins[47:35] + \$19 ;
-  assign \$23  = \$22  ? 5'h10 : 5'h02;
-  assign \$24  = | left;
-  assign \$25  = running & \$24 ;
-  assign \$26  = ~ v_valid;
-  assign \$27  = \$25  & \$26 ;
-  assign \$29  = ~ \$signal ;
-  assign \$33  = ~ \$signal ;
-  assign \$35  = \$signal  ? 2'h2 : 2'h3;
-  assign \$37  = ~ \$signal ;
-  assign \$40  = left - 1'h1;
-  assign \$41  = ptr0 + 1'h1;
-  assign \$42  = ptr1 + 1'h1;
-  assign \$43  = ptr2 + 1'h1;
-  assign \$44  = ptr3 + 1'h1;
-  assign \$45  = ins[92:77] - 1'h1;
-  assign \$46  = col == \$45 ;
-  assign \$47  = col + 1'h1;
-  assign \$48  = \$46  ? 17'h00000 : \$47 ;
-  assign \$49  = ins[92:77] - 1'h1;
-  assign \$50  = col == \$49 ;
-  assign \$51  = \$signal$15  + tab_step;
-  assign \$52  = \$50  ? { 1'h0, \$signal$14  } : \$51 ;
-  assign \$53  = per_col ? \$52  : { 1'h0, \$signal$15  };
-  assign \$54  = v_valid & i__ready;
-  assign \$55  = wr_ptr + 1'h1;
-  assign \$56  = written + 1'h1;
-  assign \$57  = written == ins[122:109];
-  assign \$58  = running & \$57 ;
-  assign \$59  = | left;
-  assign \$60  = running & \$59 ;
-  assign \$61  = ~ v_valid;
-  assign \$62  = \$60  & \$61 ;
-  assign \$66  = \$signal$15  + 1'h1;
-  assign \$68  = $signed(p1) + $signed(p2);
-  assign \$70  = $signed(\$67 ) + $signed(\$69 );
-  assign \$71  = $signed(\$70 ) + $signed(p3);
-  assign \$72  = ins[21:16] > 1'h1;
-  assign \$73  = ins[21:16] > 2'h2;
-  assign \$74  = ins[21:16] > 2'h3;
-  assign \$75  = ins[21:16] > 3'h4;
-  assign \$76  = ins[21:16] > 3'h5;
-  assign \$77  = ins[21:16] > 3'h6;
-  assign \$78  = ins[21:16] > 3'h7;
-  assign \$79  = ins[21:16] > 4'h8;
-  assign \$80  = ins[21:16] > 4'h9;
-  assign \$81  = ins[21:16] > 4'ha;
-  assign \$82  = ins[21:16] > 4'hb;
-  assign \$83  = ins[21:16] > 4'hc;
-  assign \$84  = ins[21:16] > 4'hd;
-  assign \$85  = ins[21:16] > 4'he;
-  assign \$86  = ins[21:16] > 4'hf;
-  assign \$87  = ins[21:16] > 5'h10;
-  assign \$88  = ins[21:16] > 5'h11;
-  assign \$89  = ins[21:16] > 5'h12;
-  assign \$90  = ins[21:16] > 5'h13;
-  assign \$91  = ins[21:16] > 5'h14;
-  assign \$92  = ins[21:16] > 5'h15;
-  assign \$93  = ins[21:16] > 5'h16;
-  assign \$94  = ins[21:16] > 5'h17;
-  assign \$95  = $signed(o__payload) > $signed({ 1'h0, \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72  });
-  assign \$96  = ins[21:16] > 1'h1;
-  assign \$97  = ins[21:16] > 2'h2;
-  assign \$98  = ins[21:16] > 2'h3;
-  assign \$99  = ins[21:16] > 3'h4;
-  assign \$100  = ins[21:16] > 3'h5;
-  assign \$101  = ins[21:16] > 3'h6;
-  assign \$102  = ins[21:16] > 3'h7;
-  assign \$103  = ins[21:16] > 4'h8;
-  assign \$104  = ins[21:16] > 4'h9;
-  assign \$105  = ins[21:16] > 4'ha;
-  assign \$106  = ins[21:16] > 4'hb;
-  assign \$107  = ins[21:16] > 4'hc;
-  assign \$108  = ins[21:16] > 4'hd;
-  assign \$109  = ins[21:16] > 4'he;
-  assign \$110  = ins[21:16] > 4'hf;
-  assign \$111  = ins[21:16] > 5'h10;
-  assign \$112  = ins[21:16] > 5'h11;
-  assign \$113  = ins[21:16] > 5'h12;
-  assign \$114  = ins[21:16] > 5'h13;
-  assign \$115  = ins[21:16] > 5'h14;
-  assign \$116  = ins[21:16] > 5'h15;
-  assign \$117  = ins[21:16] > 5'h16;
-  assign \$118  = ins[21:16] > 5'h17;
-  assign \$119  = ins[21:16] > 1'h1;
-  assign \$120  = ins[21:16] > 2'h2;
-  assign \$121  = ins[21:16] > 2'h3;
-  assign \$122  = ins[21:16] > 3'h4;
-  assign \$123  = ins[21:16] > 3'h5;
-  assign \$124  = ins[21:16] > 3'h6;
-  assign \$125  = ins[21:16] > 3'h7;
-  assign \$126  = ins[21:16] > 4'h8;
-  assign \$127  = ins[21:16] > 4'h9;
-  assign \$128  = ins[21:16] > 4'ha;
-  assign \$129  = ins[21:16] > 4'hb;
-  assign \$130  = ins[21:16] > 4'hc;
-  assign \$131  = ins[21:16] > 4'hd;
-  assign \$132  = ins[21:16] > 4'he;
-  assign \$133  = ins[21:16] > 4'hf;
-  assign \$134  = ins[21:16] > 5'h10;
-  assign \$135  = ins[21:16] > 5'h11;
-  assign \$136  = ins[21:16] > 5'h12;
-  assign \$137  = ins[21:16] > 5'h13;
-  assign \$138  = ins[21:16] > 5'h14;
-  assign \$139  = ins[21:16] > 5'h15;
-  assign \$140  = ins[21:16] > 5'h16;
-  assign \$141  = ins[21:16] > 5'h17;
-  assign \$142  = ~ { 1'h0, \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119  };
-  assign \$143  = $signed(o__payload) < $signed(\$142 );
-  assign \$144  = ins[21:16] > 1'h1;
-  assign \$145  = ins[21:16] > 2'h2;
-  assign \$146  = ins[21:16] > 2'h3;
-  assign \$147  = ins[21:16] > 3'h4;
-  assign \$148  = ins[21:16] > 3'h5;
-  assign \$149  = ins[21:16] > 3'h6;
-  assign \$150  = ins[21:16] > 3'h7;
-  assign \$151  = ins[21:16] > 4'h8;
-  assign \$152  = ins[21:16] > 4'h9;
-  assign \$153  = ins[21:16] > 4'ha;
-  assign \$154  = ins[21:16] > 4'hb;
-  assign \$155  = ins[21:16] > 4'hc;
-  assign \$156  = ins[21:16] > 4'hd;
-  assign \$157  = ins[21:16] > 4'he;
-  assign \$158  = ins[21:16] > 4'hf;
-  assign \$159  = ins[21:16] > 5'h10;
-  assign \$160  = ins[21:16] > 5'h11;
-  assign \$161  = ins[21:16] > 5'h12;
-  assign \$162  = ins[21:16] > 5'h13;
-  assign \$163  = ins[21:16] > 5'h14;
-  assign \$164  = ins[21:16] > 5'h15;
-  assign \$165  = ins[21:16] > 5'h16;
-  assign \$166  = ins[21:16] > 5'h17;
-  assign \$167  = ~ { 1'h0, \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144  };
-  assign \$168  = \$143  ? \$167  : o__payload;
-  assign \$169  = \$95  ? { 1'h0, \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96  } : \$168 ;
-  assign \$170  = written == ins[122:109];
-  assign \$171  = running & \$170 ;
+  assign \$1  = | ins[122:109];
+  assign \$2  = ins[34:22] + ins[122:109];
+  assign \$4  = ins[34:22] + \$3 ;
+  assign \$5  = ins[34:22] + ins[122:109];
+  assign \$7  = \$5  + \$6 ;
+  assign \$9  = | \$8 ;
+  assign \$15  = \$14  ? \$13  : 17'h00000;
+  assign \$16  = ins[47:35] + \$15 ;
+  assign \$20  = \$19  ? \$18  : 17'h00000;
+  assign \$21  = ins[47:35] + \$20 ;
+  assign \$25  = \$24  ? \$23  : 17'h00000;
+  assign \$26  = ins[47:35] + \$25 ;
+  assign \$27  = \$26  + 1'h1;
+  assign \$30  = \$29  ? 5'h10 : 5'h02;
+  assign \$31  = running & left_nz;
+  assign \$32  = ~ v_valid;
+  assign \$33  = \$31  & \$32 ;
+  assign \$35  = ~ \$signal ;
+  assign \$39  = ~ \$signal ;
+  assign \$41  = \$signal  ? 2'h2 : 2'h3;
+  assign \$43  = ~ \$signal ;
+  assign \$46  = left - 1'h1;
+  assign \$47  = left != 1'h1;
+  assign \$48  = ptr0 + 1'h1;
+  assign \$49  = ptr1 + 1'h1;
+  assign \$50  = ptr2 + 1'h1;
+  assign \$51  = ptr3 + 1'h1;
+  assign \$52  = ins[92:77] - 1'h1;
+  assign \$53  = col == \$52 ;
+  assign \$54  = col + 1'h1;
+  assign \$55  = \$53  ? 17'h00000 : \$54 ;
+  assign \$56  = ins[92:77] - 1'h1;
+  assign \$57  = col == \$56 ;
+  assign \$58  = \$signal$16  + tab_step;
+  assign \$59  = \$57  ? { 1'h0, \$signal$15  } : \$58 ;
+  assign \$60  = per_col ? \$59  : { 1'h0, \$signal$16  };
+  assign \$61  = ins[92:77] - 1'h1;
+  assign \$62  = col == \$61 ;
+  assign \$63  = \$signal$16  + tab_step;
+  assign \$64  = \$62  ? { 1'h0, \$signal$15  } : \$63 ;
+  assign \$65  = per_col ? \$64  : { 1'h0, \$signal$16  };
+  assign \$66  = \$65  + 1'h1;
+  assign \$67  = v_valid & i__ready;
+  assign \$68  = wr_ptr + 1'h1;
+  assign \$69  = written + 1'h1;
+  assign \$70  = written == ins[122:109];
+  assign \$71  = running & \$70 ;
+  assign \$72  = running & left_nz;
+  assign \$73  = ~ v_valid;
+  assign \$74  = \$72  & \$73 ;
+  assign \$79  = $signed(p1) + $signed(p2);
+  assign \$81  = $signed(\$78 ) + $signed(\$80 );
+  assign \$82  = $signed(\$81 ) + $signed(p3);
+  assign \$83  = ins[21:16] > 1'h1;
+  assign \$84  = ins[21:16] > 2'h2;
+  assign \$85  = ins[21:16] > 2'h3;
+  assign \$86  = ins[21:16] > 3'h4;
+  assign \$87  = ins[21:16] > 3'h5;
+  assign \$88  = ins[21:16] > 3'h6;
+  assign \$89  = ins[21:16] > 3'h7;
+  assign \$90  = ins[21:16] > 4'h8;
+  assign \$91  = ins[21:16] > 4'h9;
+  assign \$92  = ins[21:16] > 4'ha;
+  assign \$93  = ins[21:16] > 4'hb;
+  assign \$94  = ins[21:16] > 4'hc;
+  assign \$95  = ins[21:16] > 4'hd;
+  assign \$96  = ins[21:16] > 4'he;
+  assign \$97  = ins[21:16] > 4'hf;
+  assign \$98  = ins[21:16] > 5'h10;
+  assign \$99  = ins[21:16] > 5'h11;
+  assign \$100  = ins[21:16] > 5'h12;
+  assign \$101  = ins[21:16] > 5'h13;
+  assign \$102  = ins[21:16] > 5'h14;
+  assign \$103  = ins[21:16] > 5'h15;
+  assign \$104  = ins[21:16] > 5'h16;
+  assign \$105  = ins[21:16] > 5'h17;
+  assign \$106  = $signed(o__payload) > $signed({ 1'h0, \$105 , \$104 , \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83  });
+  assign \$107  = ins[21:16] > 1'h1;
+  assign \$108  = ins[21:16] > 2'h2;
+  assign \$109  = ins[21:16] > 2'h3;
+  assign \$110  = ins[21:16] > 3'h4;
+  assign \$111  = ins[21:16] > 3'h5;
+  assign \$112  = ins[21:16] > 3'h6;
+  assign \$113  = ins[21:16] > 3'h7;
+  assign \$114  = ins[21:16] > 4'h8;
+  assign \$115  = ins[21:16] > 4'h9;
+  assign \$116  = ins[21:16] > 4'ha;
+  assign \$117  = ins[21:16] > 4'hb;
+  assign \$118  = ins[21:16] > 4'hc;
+  assign \$119  = ins[21:16] > 4'hd;
+  assign \$120  = ins[21:16] > 4'he;
+  assign \$121  = ins[21:16] > 4'hf;
+  assign \$122  = ins[21:16] > 5'h10;
+  assign \$123  = ins[21:16] > 5'h11;
+  assign \$124  = ins[21:16] > 5'h12;
+  assign \$125  = ins[21:16] > 5'h13;
+  assign \$126  = ins[21:16] > 5'h14;
+  assign \$127  = ins[21:16] > 5'h15;
+  assign \$128  = ins[21:16] > 5'h16;
+  assign \$129  = ins[21:16] > 5'h17;
+  assign \$130  = ins[21:16] > 1'h1;
+  assign \$131  = ins[21:16] > 2'h2;
+  assign \$132  = ins[21:16] > 2'h3;
+  assign \$133  = ins[21:16] > 3'h4;
+  assign \$134  = ins[21:16] > 3'h5;
+  assign \$135  = ins[21:16] > 3'h6;
+  assign \$136  = ins[21:16] > 3'h7;
+  assign \$137  = ins[21:16] > 4'h8;
+  assign \$138  = ins[21:16] > 4'h9;
+  assign \$139  = ins[21:16] > 4'ha;
+  assign \$140  = ins[21:16] > 4'hb;
+  assign \$141  = ins[21:16] > 4'hc;
+  assign \$142  = ins[21:16] > 4'hd;
+  assign \$143  = ins[21:16] > 4'he;
+  assign \$144  = ins[21:16] > 4'hf;
+  assign \$145  = ins[21:16] > 5'h10;
+  assign \$146  = ins[21:16] > 5'h11;
+  assign \$147  = ins[21:16] > 5'h12;
+  assign \$148  = ins[21:16] > 5'h13;
+  assign \$149  = ins[21:16] > 5'h14;
+  assign \$150  = ins[21:16] > 5'h15;
+  assign \$151  = ins[21:16] > 5'h16;
+  assign \$152  = ins[21:16] > 5'h17;
+  assign \$153  = ~ { 1'h0, \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130  };
+  assign \$154  = $signed(o__payload) < $signed(\$153 );
+  assign \$155  = ins[21:16] > 1'h1;
+  assign \$156  = ins[21:16] > 2'h2;
+  assign \$157  = ins[21:16] > 2'h3;
+  assign \$158  = ins[21:16] > 3'h4;
+  assign \$159  = ins[21:16] > 3'h5;
+  assign \$160  = ins[21:16] > 3'h6;
+  assign \$161  = ins[21:16] > 3'h7;
+  assign \$162  = ins[21:16] > 4'h8;
+  assign \$163  = ins[21:16] > 4'h9;
+  assign \$164  = ins[21:16] > 4'ha;
+  assign \$165  = ins[21:16] > 4'hb;
+  assign \$166  = ins[21:16] > 4'hc;
+  assign \$167  = ins[21:16] > 4'hd;
+  assign \$168  = ins[21:16] > 4'he;
+  assign \$169  = ins[21:16] > 4'hf;
+  assign \$170  = ins[21:16] > 5'h10;
+  assign \$171  = ins[21:16] > 5'h11;
+  assign \$172  = ins[21:16] > 5'h12;
+  assign \$173  = ins[21:16] > 5'h13;
+  assign \$174  = ins[21:16] > 5'h14;
+  assign \$175  = ins[21:16] > 5'h15;
+  assign \$176  = ins[21:16] > 5'h16;
+  assign \$177  = ins[21:16] > 5'h17;
+  assign \$178  = ~ { 1'h0, \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155  };
+  assign \$179  = \$154  ? \$178  : o__payload;
+  assign \$180  = \$106  ? { 1'h0, \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107  } : \$179 ;
+  assign \$181  = written == ins[122:109];
+  assign \$182  = running & \$181 ;
   always @(posedge clk)
-    running <= \$172 ;
+    running <= \$183 ;
   always @(posedge clk)
-    left <= \$173 ;
+    left <= \$184 ;
   always @(posedge clk)
-    written <= \$174 ;
+    left_nz <= \$185 ;
   always @(posedge clk)
-    wr_ptr <= \$175 ;
+    written <= \$186 ;
   always @(posedge clk)
-    ptr0 <= \$176 ;
+    wr_ptr <= \$187 ;
   always @(posedge clk)
-    ptr1 <= \$177 ;
+    ptr0 <= \$188 ;
   always @(posedge clk)
-    ptr2 <= \$178 ;
+    ptr1 <= \$189 ;
   always @(posedge clk)
-    ptr3 <= \$179 ;
+    ptr2 <= \$190 ;
   always @(posedge clk)
-    \$signal  <= \$180 ;
+    ptr3 <= \$191 ;
   always @(posedge clk)
-    per_col <= \$181 ;
+    \$signal  <= \$192 ;
   always @(posedge clk)
-    \$signal$14  <= \$182 ;
+    per_col <= \$193 ;
   always @(posedge clk)
-    \$signal$15  <= \$183 ;
+    \$signal$15  <= \$194 ;
   always @(posedge clk)
-    tab_step <= \$184 ;
+    \$signal$16  <= \$195 ;
   always @(posedge clk)
-    col <= \$185 ;
+    tab1 <= \$196 ;
   always @(posedge clk)
-    phase <= \$186 ;
+    tab_step <= \$197 ;
   always @(posedge clk)
-    v_valid <= \$187 ;
+    col <= \$198 ;
   always @(posedge clk)
-    \$like  <= \$188 ;
+    phase <= \$199 ;
   always @(posedge clk)
-    shift <= \$189 ;
+    v_valid <= \$200 ;
   always @(posedge clk)
-    cap <= \$190 ;
+    \$like  <= \$201 ;
   always @(posedge clk)
-    p0 <= \$191 ;
+    shift <= \$202 ;
   always @(posedge clk)
-    p1 <= \$192 ;
+    cap <= \$203 ;
   always @(posedge clk)
-    p2 <= \$193 ;
+    p0 <= \$204 ;
   always @(posedge clk)
-    p3 <= \$194 ;
+    p1 <= \$205 ;
+  always @(posedge clk)
+    p2 <= \$206 ;
+  always @(posedge clk)
+    p3 <= \$207 ;
   \nanokpu_kpu.elementwise.wide.rq  rq (
     .clk(clk),
-    .i__payload(\$71 [23:0]),
+    .i__payload(\$82 [23:0]),
     .i__ready(i__ready),
     .i__valid(v_valid),
     .mult(\$like ),
@@ -12269,27 +12296,27 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$172  = running;
+    \$183  = running;
     if (start) begin
-      \$172  = 1'h1;
+      \$183  = 1'h1;
     end
-    if (\$58 ) begin
-      \$172  = 1'h0;
+    if (\$71 ) begin
+      \$183  = 1'h0;
     end
     if (unit_rst) begin
-      \$172  = 1'h0;
+      \$183  = 1'h0;
     end
     if (rst) begin
-      \$172  = 1'h0;
+      \$183  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$173  = left;
+    \$184  = left;
     if (start) begin
-      \$173  = ins[122:109];
+      \$184  = ins[122:109];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12299,55 +12326,81 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$173  = \$40 [13:0];
+            \$184  = \$46 [13:0];
       endcase
     end
     if (unit_rst) begin
-      \$173  = 14'h0000;
+      \$184  = 14'h0000;
     end
     if (rst) begin
-      \$173  = 14'h0000;
+      \$184  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$174  = written;
+    \$185  = left_nz;
     if (start) begin
-      \$174  = 14'h0000;
+      \$185  = \$1 ;
+    end
+    if (\$33 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$185  = \$47 ;
+      endcase
+    end
+    if (unit_rst) begin
+      \$185  = 1'h0;
+    end
+    if (rst) begin
+      \$185  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$186  = written;
+    if (start) begin
+      \$186  = 14'h0000;
     end
     if (o__valid) begin
-      \$174  = \$56 [13:0];
+      \$186  = \$69 [13:0];
     end
     if (unit_rst) begin
-      \$174  = 14'h0000;
+      \$186  = 14'h0000;
     end
     if (rst) begin
-      \$174  = 14'h0000;
+      \$186  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$175  = wr_ptr;
+    \$187  = wr_ptr;
     if (start) begin
-      \$175  = ins[60:48];
+      \$187  = ins[60:48];
     end
     if (o__valid) begin
-      \$175  = \$55 [12:0];
+      \$187  = \$68 [12:0];
     end
     if (unit_rst) begin
-      \$175  = 13'h0000;
+      \$187  = 13'h0000;
     end
     if (rst) begin
-      \$175  = 13'h0000;
+      \$187  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$176  = ptr0;
+    \$188  = ptr0;
     if (start) begin
-      \$176  = ins[34:22];
+      \$188  = ins[34:22];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12357,23 +12410,23 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$176  = \$41 [12:0];
+            \$188  = \$48 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$176  = 13'h0000;
+      \$188  = 13'h0000;
     end
     if (rst) begin
-      \$176  = 13'h0000;
+      \$188  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$177  = ptr1;
+    \$189  = ptr1;
     if (start) begin
-      \$177  = \$1 [12:0];
+      \$189  = \$2 [12:0];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12383,23 +12436,23 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$177  = \$42 [12:0];
+            \$189  = \$49 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$177  = 13'h0000;
+      \$189  = 13'h0000;
     end
     if (rst) begin
-      \$177  = 13'h0000;
+      \$189  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$178  = ptr2;
+    \$190  = ptr2;
     if (start) begin
-      \$178  = \$3 [12:0];
+      \$190  = \$4 [12:0];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12409,23 +12462,23 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$178  = \$43 [12:0];
+            \$190  = \$50 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$178  = 13'h0000;
+      \$190  = 13'h0000;
     end
     if (rst) begin
-      \$178  = 13'h0000;
+      \$190  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$179  = ptr3;
+    \$191  = ptr3;
     if (start) begin
-      \$179  = \$6 [12:0];
+      \$191  = \$7 [12:0];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12435,62 +12488,62 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$179  = \$44 [12:0];
+            \$191  = \$51 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$179  = 13'h0000;
+      \$191  = 13'h0000;
     end
     if (rst) begin
-      \$179  = 13'h0000;
+      \$191  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$180  = \$signal ;
+    \$192  = \$signal ;
     if (start) begin
-      \$180  = \$8 ;
+      \$192  = \$9 ;
     end
     if (unit_rst) begin
-      \$180  = 1'h0;
+      \$192  = 1'h0;
     end
     if (rst) begin
-      \$180  = 1'h0;
+      \$192  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$181  = per_col;
+    \$193  = per_col;
     if (start) begin
-      \$181  = \$10 ;
+      \$193  = \$11 ;
     end
     if (unit_rst) begin
-      \$181  = 1'h0;
+      \$193  = 1'h0;
     end
     if (rst) begin
-      \$181  = 1'h0;
+      \$193  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$182  = \$signal$14 ;
+    \$194  = \$signal$15 ;
     if (start) begin
-      \$182  = \$15 [12:0];
+      \$194  = \$16 [12:0];
     end
     if (unit_rst) begin
-      \$182  = 13'h0000;
+      \$194  = 13'h0000;
     end
     if (rst) begin
-      \$182  = 13'h0000;
+      \$194  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$183  = \$signal$15 ;
+    \$195  = \$signal$16 ;
     if (start) begin
-      \$183  = \$20 [12:0];
+      \$195  = \$21 [12:0];
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12500,36 +12553,23 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$183  = \$53 [12:0];
+            \$195  = \$60 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$183  = 13'h0000;
+      \$195  = 13'h0000;
     end
     if (rst) begin
-      \$183  = 13'h0000;
+      \$195  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$184  = tab_step;
+    \$196  = tab1;
     if (start) begin
-      \$184  = { 8'h00, \$23  };
+      \$196  = \$27 [12:0];
     end
-    if (unit_rst) begin
-      \$184  = 13'h0000;
-    end
-    if (rst) begin
-      \$184  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$185  = col;
-    if (start) begin
-      \$185  = 16'h0000;
-    end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12539,55 +12579,94 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$185  = \$48 [15:0];
+            \$196  = \$66 [12:0];
       endcase
     end
     if (unit_rst) begin
-      \$185  = 16'h0000;
+      \$196  = 13'h0000;
     end
     if (rst) begin
-      \$185  = 16'h0000;
+      \$196  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$186  = phase;
+    \$197  = tab_step;
     if (start) begin
-      \$186  = 2'h0;
+      \$197  = { 8'h00, \$30  };
     end
-    if (\$27 ) begin
+    if (unit_rst) begin
+      \$197  = 13'h0000;
+    end
+    if (rst) begin
+      \$197  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$198  = col;
+    if (start) begin
+      \$198  = 16'h0000;
+    end
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
-            if (\$28 ) begin
-              \$186  = \$31 ;
+            /* empty */;
+        2'h1:
+            /* empty */;
+        2'h2:
+            /* empty */;
+        2'h3:
+            \$198  = \$55 [15:0];
+      endcase
+    end
+    if (unit_rst) begin
+      \$198  = 16'h0000;
+    end
+    if (rst) begin
+      \$198  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
+    \$199  = phase;
+    if (start) begin
+      \$199  = 2'h0;
+    end
+    if (\$33 ) begin
+      (* full_case = 32'd1 *)
+      casez (phase)
+        2'h0:
+            if (\$34 ) begin
+              \$199  = \$37 ;
             end
         2'h1:
-            if (\$32 ) begin
-              \$186  = \$35 ;
+            if (\$38 ) begin
+              \$199  = \$41 ;
             end
         2'h2:
-            if (\$36 ) begin
-              \$186  = \$39 ;
+            if (\$42 ) begin
+              \$199  = \$45 ;
             end
         2'h3:
-            \$186  = 2'h0;
+            \$199  = 2'h0;
       endcase
     end
     if (unit_rst) begin
-      \$186  = 2'h0;
+      \$199  = 2'h0;
     end
     if (rst) begin
-      \$186  = 2'h0;
+      \$199  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$187  = v_valid;
+    \$200  = v_valid;
     if (start) begin
-      \$187  = 1'h0;
+      \$200  = 1'h0;
     end
-    if (\$27 ) begin
+    if (\$33 ) begin
       (* full_case = 32'd1 *)
       casez (phase)
         2'h0:
@@ -12597,145 +12676,145 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
         2'h2:
             /* empty */;
         2'h3:
-            \$187  = 1'h1;
+            \$200  = 1'h1;
       endcase
     end
-    if (\$54 ) begin
-      \$187  = 1'h0;
+    if (\$67 ) begin
+      \$200  = 1'h0;
     end
     if (unit_rst) begin
-      \$187  = 1'h0;
+      \$200  = 1'h0;
     end
     if (rst) begin
-      \$187  = 1'h0;
+      \$200  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$188  = \$like ;
+    \$201  = \$like ;
     if (start) begin
-      \$188  = ins[152:137];
+      \$201  = ins[152:137];
     end
     if (cap[2]) begin
-      \$188  = spad__rd0__data[15:0];
+      \$201  = spad__rd0__data[15:0];
     end
     if (unit_rst) begin
-      \$188  = 16'h0000;
+      \$201  = 16'h0000;
     end
     if (rst) begin
-      \$188  = 16'h0000;
+      \$201  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$189  = shift;
+    \$202  = shift;
     if (start) begin
-      \$189  = ins[174:169];
+      \$202  = ins[174:169];
     end
     if (cap[2]) begin
-      \$189  = spad__rd1__data[5:0];
+      \$202  = spad__rd1__data[5:0];
     end
     if (unit_rst) begin
-      \$189  = 6'h00;
+      \$202  = 6'h00;
     end
     if (rst) begin
-      \$189  = 6'h00;
+      \$202  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$190  = 3'h0;
-    if (\$27 ) begin
+    \$203  = 3'h0;
+    if (\$33 ) begin
       casez (phase)
         2'h0:
-            if (\$28 ) begin
-              \$190  = 3'h1;
+            if (\$34 ) begin
+              \$203  = 3'h1;
             end
         2'h1:
-            if (\$32 ) begin
-              \$190  = 3'h2;
+            if (\$38 ) begin
+              \$203  = 3'h2;
             end
         2'h2:
-            if (\$36 ) begin
-              \$190  = 3'h4;
+            if (\$42 ) begin
+              \$203  = 3'h4;
             end
       endcase
     end
     if (unit_rst) begin
-      \$190  = 3'h0;
+      \$203  = 3'h0;
     end
     if (rst) begin
-      \$190  = 3'h0;
+      \$203  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$191  = p0;
+    \$204  = p0;
     if (cap[0]) begin
-      \$191  = spad__rd0__data[23:0];
+      \$204  = spad__rd0__data[23:0];
     end
     if (unit_rst) begin
-      \$191  = 24'h000000;
+      \$204  = 24'h000000;
     end
     if (rst) begin
-      \$191  = 24'h000000;
+      \$204  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$192  = p1;
+    \$205  = p1;
     if (cap[0]) begin
-      \$192  = spad__rd1__data[23:0];
+      \$205  = spad__rd1__data[23:0];
     end
     if (unit_rst) begin
-      \$192  = 24'h000000;
+      \$205  = 24'h000000;
     end
     if (rst) begin
-      \$192  = 24'h000000;
+      \$205  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$193  = p2;
+    \$206  = p2;
     if (cap[1]) begin
-      \$193  = spad__rd0__data[23:0];
+      \$206  = spad__rd0__data[23:0];
     end
     if (unit_rst) begin
-      \$193  = 24'h000000;
+      \$206  = 24'h000000;
     end
     if (rst) begin
-      \$193  = 24'h000000;
+      \$206  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
-    \$194  = p3;
+    \$207  = p3;
     if (cap[1]) begin
-      \$194  = spad__rd1__data[23:0];
+      \$207  = spad__rd1__data[23:0];
     end
     if (unit_rst) begin
-      \$194  = 24'h000000;
+      \$207  = 24'h000000;
     end
     if (rst) begin
-      \$194  = 24'h000000;
+      \$207  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     spad__rd0__addr = 13'h0000;
-    if (\$62 ) begin
+    if (\$74 ) begin
       casez (phase)
         2'h0:
-            if (\$63 ) begin
+            if (\$75 ) begin
               spad__rd0__addr = ptr0;
             end
         2'h1:
-            if (\$64 ) begin
+            if (\$76 ) begin
               spad__rd0__addr = ptr2;
             end
         2'h2:
-            if (\$65 ) begin
-              spad__rd0__addr = \$signal$15 ;
+            if (\$77 ) begin
+              spad__rd0__addr = \$signal$16 ;
             end
       endcase
     end
@@ -12743,19 +12822,19 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     spad__rd1__addr = 13'h0000;
-    if (\$62 ) begin
+    if (\$74 ) begin
       casez (phase)
         2'h0:
-            if (\$63 ) begin
+            if (\$75 ) begin
               spad__rd1__addr = ptr1;
             end
         2'h1:
-            if (\$64 ) begin
+            if (\$76 ) begin
               spad__rd1__addr = ptr3;
             end
         2'h2:
-            if (\$65 ) begin
-              spad__rd1__addr = \$66 [12:0];
+            if (\$77 ) begin
+              spad__rd1__addr = tab1;
             end
       endcase
     end
@@ -12763,18 +12842,18 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     spad__rd0__en = 1'h0;
-    if (\$62 ) begin
+    if (\$74 ) begin
       casez (phase)
         2'h0:
-            if (\$63 ) begin
+            if (\$75 ) begin
               spad__rd0__en = 1'h1;
             end
         2'h1:
-            if (\$64 ) begin
+            if (\$76 ) begin
               spad__rd0__en = 1'h1;
             end
         2'h2:
-            if (\$65 ) begin
+            if (\$77 ) begin
               spad__rd0__en = 1'h1;
             end
       endcase
@@ -12783,18 +12862,18 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     spad__rd1__en = 1'h0;
-    if (\$62 ) begin
+    if (\$74 ) begin
       casez (phase)
         2'h0:
-            if (\$63 ) begin
+            if (\$75 ) begin
               spad__rd1__en = 1'h1;
             end
         2'h1:
-            if (\$64 ) begin
+            if (\$76 ) begin
               spad__rd1__en = 1'h1;
             end
         2'h2:
-            if (\$65 ) begin
+            if (\$77 ) begin
               spad__rd1__en = 1'h1;
             end
       endcase
@@ -12818,28 +12897,28 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     spad__wr__data = 32'd0;
     if (o__valid) begin
-      spad__wr__data = { \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169 [23], \$169  };
+      spad__wr__data = { \$180 [23], \$180 [23], \$180 [23], \$180 [23], \$180 [23], \$180 [23], \$180 [23], \$180 [23], \$180  };
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     done = 1'h0;
-    if (\$171 ) begin
+    if (\$182 ) begin
       done = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$16 ) begin end
     error = 8'h00;
-    if (\$171 ) begin
+    if (\$182 ) begin
       error = 8'h00;
     end
   end
   assign spad__blocked = 1'h0;
   assign i__valid = v_valid;
-  assign i__payload = \$71 [23:0];
+  assign i__payload = \$82 [23:0];
   assign mult = \$like ;
-  assign \shift$40  = shift;
+  assign \shift$42  = shift;
   assign o__ready = 1'h1;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
@@ -12857,39 +12936,43 @@ module \nanokpu_kpu.elementwise.wide (rst, unit_rst, ins, start, spad__rd0__addr
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
-  assign \i__payload[0]  = \$71 [23:0];
+  assign \i__payload[0]  = \$82 [23:0];
   assign \o__payload[0]  = o__payload;
-  assign \$2  = { ins[122:109], 1'h0 };
-  assign \$5  = { ins[122:109], 1'h0 };
-  assign { \$7 [9:4], \$7 [1:0] } = 8'h00;
-  assign \$7 [3:2] = ins[9:8];
-  assign { \$9 [9:4], \$9 [2:0] } = 9'h000;
-  assign \$9 [3] = ins[9];
-  assign { \$11 [9:3], \$11 [1:0] } = 9'h000;
-  assign \$11 [2] = ins[8];
-  assign \$12  = { ins[190:175], 1'h0 };
-  assign \$13  = ins[8];
-  assign { \$16 [9:3], \$16 [1:0] } = 9'h000;
-  assign \$16 [2] = ins[8];
-  assign \$17  = { ins[190:175], 1'h0 };
-  assign \$18  = ins[8];
-  assign { \$21 [9:3], \$21 [1:0] } = 9'h000;
-  assign \$21 [2] = ins[8];
-  assign \$22  = ins[8];
-  assign \$28  = 1'h1;
-  assign \$30  = 1'h0;
-  assign \$31  = 2'h1;
-  assign \$32  = 1'h1;
-  assign \$34  = \$33 ;
-  assign \$36  = 1'h1;
-  assign \$38  = 1'h0;
-  assign \$39  = 2'h3;
-  assign \$63  = 1'h1;
-  assign \$64  = 1'h1;
-  assign \$65  = 1'h1;
-  assign \$67  = { p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0, 16'h0000 };
-  assign \$69  = { \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 [24], \$68 , 8'h00 };
-  assign \$10  = ins[9];
+  assign \$3  = { ins[122:109], 1'h0 };
+  assign \$6  = { ins[122:109], 1'h0 };
+  assign { \$8 [9:4], \$8 [1:0] } = 8'h00;
+  assign \$8 [3:2] = ins[9:8];
+  assign { \$10 [9:4], \$10 [2:0] } = 9'h000;
+  assign \$10 [3] = ins[9];
+  assign { \$12 [9:3], \$12 [1:0] } = 9'h000;
+  assign \$12 [2] = ins[8];
+  assign \$13  = { ins[190:175], 1'h0 };
+  assign \$14  = ins[8];
+  assign { \$17 [9:3], \$17 [1:0] } = 9'h000;
+  assign \$17 [2] = ins[8];
+  assign \$18  = { ins[190:175], 1'h0 };
+  assign \$19  = ins[8];
+  assign { \$22 [9:3], \$22 [1:0] } = 9'h000;
+  assign \$22 [2] = ins[8];
+  assign \$23  = { ins[190:175], 1'h0 };
+  assign \$24  = ins[8];
+  assign { \$28 [9:3], \$28 [1:0] } = 9'h000;
+  assign \$28 [2] = ins[8];
+  assign \$29  = ins[8];
+  assign \$34  = 1'h1;
+  assign \$36  = 1'h0;
+  assign \$37  = 2'h1;
+  assign \$38  = 1'h1;
+  assign \$40  = \$39 ;
+  assign \$42  = 1'h1;
+  assign \$44  = 1'h0;
+  assign \$45  = 2'h3;
+  assign \$75  = 1'h1;
+  assign \$76  = 1'h1;
+  assign \$77  = 1'h1;
+  assign \$78  = { p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0[23], p0, 16'h0000 };
+  assign \$80  = { \$79 [24], \$79 [24], \$79 [24], \$79 [24], \$79 [24], \$79 [24], \$79 [24], \$79 , 8'h00 };
+  assign \$11  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -31898,7 +31981,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4736$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4747$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -32076,8 +32159,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4736$0 ;
-  wire [4:0] \port$4736$0 ;
+  input [4:0] \port$4747$0 ;
+  wire [4:0] \port$4747$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -32090,64 +32173,64 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4736$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4747$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4736$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4747$0 [2];
   assign \$30  = \$28  | \$29 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$47  = clients__1__wr__en & \port$4736$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4736$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4747$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4747$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4736$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4747$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4736$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4747$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4736$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4747$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4], \port$4736$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4], \port$4747$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4736$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4747$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4736$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4747$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4736$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4747$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4736$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4747$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4736$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4747$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0], \port$4736$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0], \port$4747$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1], \port$4736$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1], \port$4747$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2], \port$4736$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2], \port$4747$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3], \port$4736$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3], \port$4747$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -32162,7 +32245,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4736$0 , \port$2$0  };
+  assign select = { \port$4747$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;
