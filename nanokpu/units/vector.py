@@ -80,11 +80,11 @@ class VectorUnit(wiring.Component):
     o : Out(stream.Signature(signed(max(act_width, out_width))))
 
     Timing: ``ADD`` and ``COMBINE`` take one beat per cycle (backpressure stalls the input);
-    an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 2 cycles after the
-    group's ``last`` beat (the product registered, then the registered output). ``NORM`` takes
-    pass 0 at one beat per cycle, then at most :attr:`norm_row_cycles` - ``n`` cycles for the
-    mean, the square root and the reciprocal, then pass 1 at one beat per cycle, each result 2
-    cycles after its beat, like ``COMBINE``.
+    an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 3 cycles after the
+    group's ``last`` beat (the multiplier's operands registered, the product registered, then
+    the registered output). ``NORM`` takes pass 0 at one beat per cycle, then at most
+    :attr:`norm_row_cycles` - ``n`` cycles for the mean, the square root and the reciprocal, then
+    pass 1 at one beat per cycle, each result 3 cycles after its beat, like ``COMBINE``.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -115,10 +115,10 @@ class VectorUnit(wiring.Component):
     @property
     def norm_row_cycles(self) -> int:
         """Most cycles from the first beat of pass 0 to the first accepted beat of pass 1
-        (``n`` beats and the last one's square summed, the mean divider, the square root, the
-        normalisation of ``r`` (one cycle per leading zero), the reciprocal divider): ``n`` +
-        this value."""
-        return (2 + self.mean_bits + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
+        (``n`` beats and the last one's square summed (its operands registered, the square
+        registered, then summed), the mean divider, the square root, the normalisation of ``r``
+        (one cycle per leading zero), the reciprocal divider): ``n`` + this value."""
+        return (3 + self.mean_bits + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
                 + 1 + self.recip_quot_bits + 1)
 
     def elaborate(self, platform):
@@ -137,6 +137,10 @@ class VectorUnit(wiring.Component):
             m.d.sync += o_valid.eq(0)
         free = ~o_valid | o.ready
         beat = i.payload
+        # the multiplier's operands in flip-flops (stage q), selected by op a cycle before the
+        # product (stage p): no operand select or op decode between a register and the multiplier
+        q_valid = Signal()
+        q_last = Signal()
         p_valid = Signal()
         p_last = Signal()
         prod = Signal(signed(len(beat.a) + len(beat.b)))
@@ -146,8 +150,14 @@ class VectorUnit(wiring.Component):
         hi = cfg.weight_width - 1
         scale_pass = Signal()               # NORM pass 1: multiply by the row's reciprocal
         recip = Signal(self.recip_bits + 1)
-        mul = beat.a * Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a), beat.b[:hi])
-        combined = Cat(mul[:hi], mul[hi:].as_signed() + Mux(beat.b[hi], beat.a, 0)).as_signed()
+        q_a = Signal.like(beat.a)
+        q_b = Signal(signed(max(act, self.recip_bits + 2, hi + 1)))
+        q_top = Signal.like(beat.a)         # COMBINE: a when b's top bit is set; else 0
+        q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a), beat.b[:hi])
+        q_top_next = Mux((self.op == VecOp.COMBINE) & beat.b[hi], beat.a, 0)
+        mul = q_a * q_b
+        combined = Cat(mul[:hi], mul[hi:].as_signed() + q_top).as_signed()   # mul, but COMBINE
+        take = [q_a.eq(beat.a), q_b.eq(q_b_next), q_top.eq(q_top_next)]
 
         # -- NORM --------------------------------------------------------------------------
         # One divider serves the row's two divisions (the mean, then the reciprocal).
@@ -171,11 +181,14 @@ class VectorUnit(wiring.Component):
                 with m.If(i.valid & free):
                     m.d.sync += [o_valid.eq(1), o_data.eq(_sat(beat.a + beat.b, act))]
             with m.Case(VecOp.COMBINE):
-                # two stages: the product registered, then accumulated
+                # three stages: the operands registered, the product registered, then accumulated
                 p_free = ~p_valid | free
-                m.d.comb += i.ready.eq(p_free)
+                q_free = ~q_valid | p_free
+                m.d.comb += i.ready.eq(q_free)
+                with m.If(q_free):
+                    m.d.sync += [q_valid.eq(i.valid), q_last.eq(beat.last)] + take
                 with m.If(p_free):
-                    m.d.sync += [p_valid.eq(i.valid), prod.eq(combined), p_last.eq(beat.last)]
+                    m.d.sync += [p_valid.eq(q_valid), prod.eq(combined), p_last.eq(q_last)]
                 total = acc + prod
                 with m.If(p_valid & free):
                     with m.If(p_last):
@@ -187,14 +200,16 @@ class VectorUnit(wiring.Component):
             with m.Case(VecOp.NORM):
                 with m.FSM():
                     with m.State("SUM"):
-                        # two stages as COMBINE: a * a registered, then summed; after the last
-                        # beat is taken no more are until the row's reciprocal is known
-                        held_last = p_valid & p_last
-                        m.d.comb += i.ready.eq(~held_last)
-                        m.d.sync += [p_valid.eq(i.valid & ~held_last), prod.eq(mul), p_last.eq(beat.last)]
+                        # three stages as COMBINE: a and a registered, a * a registered, then
+                        # summed; after the last beat is taken no more are until the row's
+                        # reciprocal is known
+                        held = (q_valid & q_last) | (p_valid & p_last)
+                        m.d.comb += i.ready.eq(~held)
+                        m.d.sync += [q_valid.eq(i.valid & ~held), q_last.eq(beat.last),
+                                     p_valid.eq(q_valid), prod.eq(combined), p_last.eq(q_last)] + take
                         with m.If(p_valid):
                             m.d.sync += sumsq.eq(sumsq + prod)
-                        with m.If(held_last):
+                        with m.If(p_valid & p_last):
                             m.next = "MEAN"
                     with m.State("MEAN"):
                         # floor(sumsq / n) in mean_bits steps: sumsq >> mean_bits < n
@@ -236,14 +251,18 @@ class VectorUnit(wiring.Component):
                             m.d.sync += recip.eq(div.quot)
                             m.next = "SCALE"
                     with m.State("SCALE"):
-                        # two stages as COMBINE: a * recip registered, then shifted and rounded;
-                        # after the last beat is taken no more are until it is emitted
+                        # three stages as COMBINE: a and recip registered, a * recip registered,
+                        # then shifted and rounded; after the last beat is taken no more are until
+                        # it is emitted
                         m.d.comb += scale_pass.eq(1)
-                        held_last = p_valid & p_last
-                        p_free = (~p_valid | free) & ~held_last
-                        m.d.comb += i.ready.eq(p_free)
+                        held = (q_valid & q_last) | (p_valid & p_last)
+                        p_free = ~p_valid | free
+                        q_free = ~q_valid | p_free
+                        m.d.comb += i.ready.eq(q_free & ~held)
+                        with m.If(q_free):
+                            m.d.sync += [q_valid.eq(i.valid & ~held), q_last.eq(beat.last)] + take
                         with m.If(p_free):
-                            m.d.sync += [p_valid.eq(i.valid), prod.eq(mul), p_last.eq(beat.last)]
+                            m.d.sync += [p_valid.eq(q_valid), prod.eq(combined), p_last.eq(q_last)]
                         with m.If(p_valid & free):
                             m.d.sync += [o_valid.eq(1), o_data.eq(scaled)]
                             with m.If(p_last):

@@ -2956,6 +2956,7 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   reg [15:0] \$7 ;
   reg [28:0] \$8 ;
   reg [4:0] \$9 ;
+  wire [4:0] bits;
   output busy;
   wire busy;
   input clk;
@@ -2969,6 +2970,7 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   reg [28:0] quot = 29'h00000000;
   wire [14:0] rem;
   reg [15:0] \rem$5  = 16'h0000;
+  wire [14:0] rem_in;
   input rst;
   wire rst;
   (* init = 29'h00000000 *)
@@ -3040,4 +3042,6 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   assign shift = quot;
   assign rem = \rem$5 [14:0];
   assign num = 29'h10000000;
+  assign rem_in = 15'h0000;
+  assign bits = 5'h1d;
 endmodule

@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4247$254 (cur[269:254]),
+    .\port$4285$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1214,7 +1214,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4249$0 (running_exec),
+    .\port$4287$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4958,7 +4958,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4247$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4285$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5101,8 +5101,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4247$254 ;
-  wire [15:0] \port$4247$254 ;
+  input [15:0] \port$4285$254 ;
+  wire [15:0] \port$4285$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5267,7 +5267,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4247$254  };
+      \$74  = { 8'h00, \port$4285$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5303,7 +5303,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4247$254  };
+      \$77  = { 8'h00, \port$4285$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5348,9 +5348,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4247$254  };
+  assign rd_beats = { 8'h00, \port$4285$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4247$254  };
+  assign wr_beats = { 8'h00, \port$4285$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6114,9 +6114,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5309$0 (\$signal ),
-    .\port$5647$0 (spad__rd0__data),
-    .\port$5649$0 (spad__rd1__data),
+    .\port$5347$0 (\$signal ),
+    .\port$5697$0 (spad__rd0__data),
+    .\port$5699$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9985,7 +9985,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5309$0 , level, \port$5647$0 , \port$5649$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5347$0 , level, \port$5697$0 , \port$5699$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10010,12 +10010,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5309$0 ;
-  wire \port$5309$0 ;
-  input [31:0] \port$5647$0 ;
-  wire [31:0] \port$5647$0 ;
-  input [31:0] \port$5649$0 ;
-  wire [31:0] \port$5649$0 ;
+  input \port$5347$0 ;
+  wire \port$5347$0 ;
+  input [31:0] \port$5697$0 ;
+  wire [31:0] \port$5697$0 ;
+  input [31:0] \port$5699$0 ;
+  wire [31:0] \port$5699$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10048,7 +10048,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5309$0 , \port$5649$0 , \port$5647$0  };
+      storage[w_port__addr] <= { \port$5347$0 , \port$5699$0 , \port$5697$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10119,8 +10119,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5309$0 , \port$5649$0 , \port$5647$0  };
-  assign w_data = { \port$5309$0 , \port$5649$0 , \port$5647$0  };
+  assign w_port__data = { \port$5347$0 , \port$5699$0 , \port$5697$0  };
+  assign w_data = { \port$5347$0 , \port$5699$0 , \port$5697$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -10130,89 +10130,89 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [15:0] \$100 ;
-  wire [15:0] \$101 ;
-  wire [49:0] \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire [15:0] \$107 ;
-  wire [15:0] \$108 ;
-  wire [31:0] \$109 ;
+  wire [49:0] \$100 ;
+  wire \$101 ;
+  wire \$102 ;
+  wire [50:0] \$103 ;
+  wire [49:0] \$104 ;
+  wire [49:0] \$105 ;
+  wire [49:0] \$106 ;
+  wire [49:0] \$107 ;
+  wire \$108 ;
+  wire [49:0] \$109 ;
   wire \$11 ;
   wire [49:0] \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire [48:0] \$113 ;
-  wire [33:0] \$114 ;
-  wire \$115 ;
-  wire [33:0] \$116 ;
-  wire [34:0] \$117 ;
-  wire [32:0] \$118 ;
-  wire [33:0] \$119 ;
+  wire [50:0] \$113 ;
+  wire [15:0] \$114 ;
+  wire [15:0] \$115 ;
+  wire [49:0] \$116 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [32:0] \$120 ;
-  wire [32:0] \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire [17:0] \$125 ;
-  wire [5:0] \$126 ;
-  wire \$127 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire [31:0] \$122 ;
+  wire [31:0] \$123 ;
+  wire [17:0] \$124 ;
+  wire \$125 ;
+  wire [15:0] \$126 ;
+  wire [15:0] \$127 ;
   wire \$128 ;
   wire \$129 ;
-  wire \$13 ;
-  wire \$130 ;
-  wire \$131 ;
+  wire [61:0] \$13 ;
+  wire [15:0] \$130 ;
+  wire [49:0] \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire \$134 ;
-  wire \$135 ;
-  wire [15:0] \$136 ;
-  wire [15:0] \$137 ;
-  wire [31:0] \$138 ;
-  wire \$139 ;
+  wire [48:0] \$134 ;
+  wire [33:0] \$135 ;
+  wire \$136 ;
+  wire [33:0] \$137 ;
+  wire [34:0] \$138 ;
+  wire [32:0] \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
-  wire [59:0] \$142 ;
-  wire [44:0] \$143 ;
-  wire [59:0] \$144 ;
-  wire [59:0] \$145 ;
-  wire \$146 ;
-  wire [59:0] \$147 ;
-  wire [44:0] \$148 ;
+  wire [33:0] \$140 ;
+  wire [32:0] \$141 ;
+  wire [32:0] \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire [17:0] \$146 ;
+  wire [5:0] \$147 ;
+  wire \$148 ;
   wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  wire [45:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
-  wire [59:0] \$153 ;
-  wire [44:0] \$154 ;
-  wire [59:0] \$155 ;
-  wire [59:0] \$156 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
   wire \$157 ;
-  wire [59:0] \$158 ;
-  wire [44:0] \$159 ;
+  wire \$158 ;
+  wire \$159 ;
   wire \$16 ;
   wire \$160 ;
-  wire \$161 ;
-  wire [45:0] \$162 ;
+  wire [15:0] \$161 ;
+  wire [15:0] \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire \$165 ;
-  wire [59:0] \$166 ;
-  wire [44:0] \$167 ;
-  wire [59:0] \$168 ;
-  wire [59:0] \$169 ;
+  wire [15:0] \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire \$170 ;
-  wire [59:0] \$171 ;
-  wire [44:0] \$172 ;
+  wire [31:0] \$170 ;
+  wire [31:0] \$171 ;
+  wire [17:0] \$172 ;
   wire \$173 ;
   wire \$174 ;
-  wire [45:0] \$175 ;
+  wire \$175 ;
   wire [59:0] \$176 ;
   wire [44:0] \$177 ;
   wire [59:0] \$178 ;
@@ -10224,113 +10224,153 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire \$183 ;
   wire \$184 ;
   wire [45:0] \$185 ;
-  wire [7:0] \$186 ;
-  wire [7:0] \$187 ;
-  reg \$188 ;
-  reg [15:0] \$189 ;
+  wire \$186 ;
+  wire [59:0] \$187 ;
+  wire [44:0] \$188 ;
+  wire [59:0] \$189 ;
   wire \$19 ;
-  reg \$190 ;
-  reg [32:0] \$191 ;
-  reg \$192 ;
-  reg [48:0] \$193 ;
-  reg [47:0] \$194 ;
-  reg [2:0] \$195 ;
-  reg [32:0] \$196 ;
-  reg [32:0] \$197 ;
-  reg [32:0] \$198 ;
-  reg [16:0] \$199 ;
+  wire [59:0] \$190 ;
+  wire \$191 ;
+  wire [59:0] \$192 ;
+  wire [44:0] \$193 ;
+  wire \$194 ;
+  wire \$195 ;
+  wire [45:0] \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  reg [4:0] \$200 ;
-  reg [12:0] \$201 ;
+  wire [59:0] \$200 ;
+  wire [44:0] \$201 ;
+  wire [59:0] \$202 ;
+  wire [59:0] \$203 ;
+  wire \$204 ;
+  wire [59:0] \$205 ;
+  wire [44:0] \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire [45:0] \$209 ;
   wire \$21 ;
+  wire [59:0] \$210 ;
+  wire [44:0] \$211 ;
+  wire [59:0] \$212 ;
+  wire [59:0] \$213 ;
+  wire \$214 ;
+  wire [59:0] \$215 ;
+  wire [44:0] \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire [45:0] \$219 ;
   wire \$22 ;
+  wire [7:0] \$220 ;
+  wire [7:0] \$221 ;
+  reg \$222 ;
+  reg [15:0] \$223 ;
+  reg \$224 ;
+  reg \$225 ;
+  reg [15:0] \$226 ;
+  reg [15:0] \$227 ;
+  reg [15:0] \$228 ;
+  reg \$229 ;
   wire \$23 ;
+  reg [32:0] \$230 ;
+  reg \$231 ;
+  reg [48:0] \$232 ;
+  reg [47:0] \$233 ;
+  reg [2:0] \$234 ;
+  reg [32:0] \$235 ;
+  reg [32:0] \$236 ;
+  reg [32:0] \$237 ;
+  reg [16:0] \$238 ;
+  reg [4:0] \$239 ;
   wire \$24 ;
+  reg [12:0] \$240 ;
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
   wire \$28 ;
-  wire [17:0] \$29 ;
+  wire \$29 ;
   wire \$3 ;
   wire \$30 ;
-  wire [17:0] \$31 ;
+  wire \$31 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
-  wire [17:0] \$35 ;
-  wire [17:0] \$36 ;
-  wire [15:0] \$37 ;
-  wire [15:0] \$38 ;
+  wire \$35 ;
+  wire \$36 ;
+  wire \$37 ;
+  wire [17:0] \$38 ;
   wire \$39 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [17:0] \$40 ;
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
-  wire [15:0] \$44 ;
-  wire [15:0] \$45 ;
-  wire [31:0] \$46 ;
-  wire \$47 ;
-  wire [15:0] \$48 ;
-  wire [15:0] \$49 ;
+  wire [17:0] \$44 ;
+  wire [17:0] \$45 ;
+  wire [15:0] \$46 ;
+  wire [15:0] \$47 ;
+  wire \$48 ;
+  wire \$49 ;
   wire \$5 ;
-  wire [31:0] \$50 ;
-  wire [15:0] \$51 ;
-  wire [17:0] \$52 ;
+  wire \$50 ;
+  wire \$51 ;
+  wire \$52 ;
   wire \$53 ;
   wire \$54 ;
-  wire \$55 ;
-  wire [49:0] \$56 ;
-  wire [49:0] \$57 ;
-  wire [49:0] \$58 ;
-  wire [49:0] \$59 ;
+  wire [15:0] \$55 ;
+  wire [15:0] \$56 ;
+  wire \$57 ;
+  wire \$58 ;
+  wire [15:0] \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire [49:0] \$61 ;
-  wire [49:0] \$62 ;
+  wire \$61 ;
+  wire \$62 ;
   wire \$63 ;
-  wire \$64 ;
-  wire [50:0] \$65 ;
-  wire \$66 ;
-  wire [49:0] \$67 ;
-  wire [49:0] \$68 ;
-  wire [49:0] \$69 ;
+  wire [31:0] \$64 ;
+  wire [31:0] \$65 ;
+  wire [17:0] \$66 ;
+  wire \$67 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
   wire [49:0] \$70 ;
-  wire \$71 ;
+  wire [49:0] \$71 ;
   wire [49:0] \$72 ;
   wire [49:0] \$73 ;
   wire \$74 ;
-  wire \$75 ;
-  wire [50:0] \$76 ;
+  wire [49:0] \$75 ;
+  wire [49:0] \$76 ;
   wire \$77 ;
   wire \$78 ;
-  wire \$79 ;
+  wire [50:0] \$79 ;
   wire \$8 ;
-  wire [49:0] \$80 ;
+  wire \$80 ;
   wire [49:0] \$81 ;
   wire [49:0] \$82 ;
   wire [49:0] \$83 ;
-  wire \$84 ;
-  wire [49:0] \$85 ;
+  wire [49:0] \$84 ;
+  wire \$85 ;
   wire [49:0] \$86 ;
-  wire \$87 ;
+  wire [49:0] \$87 ;
   wire \$88 ;
-  wire [50:0] \$89 ;
+  wire \$89 ;
   wire \$9 ;
-  wire [49:0] \$90 ;
-  wire [49:0] \$91 ;
-  wire [49:0] \$92 ;
-  wire [49:0] \$93 ;
-  wire \$94 ;
+  wire [50:0] \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire [49:0] \$94 ;
   wire [49:0] \$95 ;
   wire [49:0] \$96 ;
-  wire \$97 ;
+  wire [49:0] \$97 ;
   wire \$98 ;
-  wire [50:0] \$99 ;
+  wire [49:0] \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
+  reg [5:0] bits;
   wire busy;
   input clk;
   wire clk;
@@ -10366,10 +10406,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg p_last = 1'h0;
   reg p_valid = 1'h0;
   reg [32:0] prod = 33'h000000000;
+  reg [15:0] q_a = 16'h0000;
+  reg [15:0] q_b = 16'h0000;
+  reg q_last = 1'h0;
+  reg [15:0] q_top = 16'h0000;
+  reg q_valid = 1'h0;
   wire [47:0] quot;
   reg [16:0] r_norm = 17'h00000;
   reg [12:0] recip = 13'h0000;
   reg [32:0] rem = 33'h000000000;
+  reg [16:0] rem_in;
   reg [32:0] root = 33'h000000000;
   input rst;
   wire rst;
@@ -10380,145 +10426,143 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire unit_rst;
   reg [4:0] z = 5'h00;
   assign \$1  = ~ o__valid;
-  assign \$3  = ~ p_valid;
-  assign \$4  = ~ o__valid;
-  assign \$7  = p_valid & p_last;
-  assign \$8  = ~ \$7 ;
-  assign \$9  = ! r_norm;
-  assign \$10  = ~ r_norm[16];
-  assign \$11  = ~ p_valid;
-  assign \$12  = ~ o__valid;
-  assign \$15  = p_valid & p_last;
-  assign \$16  = ~ \$15 ;
-  assign \$18  = ! fsm_state;
-  assign \$19  = fsm_state == 1'h1;
-  assign \$20  = fsm_state == 2'h2;
-  assign \$21  = fsm_state == 2'h3;
-  assign \$22  = fsm_state == 3'h4;
-  assign \$23  = fsm_state == 3'h5;
-  assign \$24  = fsm_state == 3'h6;
-  assign \$25  = fsm_state == 3'h7;
-  assign \$26  = ~ o__valid;
-  assign \$29  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$30  = & \$29 [17:15];
-  assign \$31  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$32  = | \$31 [17:15];
-  assign \$33  = ~ \$32 ;
-  assign \$34  = \$30  | \$33 ;
-  assign \$35  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$36  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$37  = \$36 [17] ? 16'h8000 : 16'h7fff;
-  assign \$38  = \$34  ? \$35 [15:0] : \$37 ;
-  assign \$39  = ~ p_valid;
-  assign \$40  = ~ o__valid;
-  assign \$43  = op == 2'h2;
-  assign \$44  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$45  = \$43  ? \$44  : { 1'h0, i__payload[30:16] };
-  assign \$46  = $signed(i__payload[15:0]) * $signed(\$45 );
-  assign \$47  = op == 2'h2;
-  assign \$48  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$49  = \$47  ? \$48  : { 1'h0, i__payload[30:16] };
-  assign \$50  = $signed(i__payload[15:0]) * $signed(\$49 );
-  assign \$51  = i__payload[31] ? i__payload[15:0] : 16'h0000;
-  assign \$52  = $signed(\$50 [31:15]) + $signed(\$51 );
-  assign \$53  = ~ o__valid;
-  assign \$56  = $signed(acc) + $signed(prod);
-  assign \$58  = $signed(acc) + $signed(prod);
-  assign \$59  = $signed(acc) + $signed(prod);
-  assign \$60  = | \$59 [13:0];
-  assign \$61  = $signed(acc) + $signed(prod);
-  assign \$63  = \$60  | \$62 [0];
-  assign \$64  = \$58 [14] & \$63 ;
-  assign \$65  = $signed(\$57 ) + $signed({ 1'h0, \$64  });
-  assign \$66  = & \$65 [50:15];
-  assign \$67  = $signed(acc) + $signed(prod);
-  assign \$69  = $signed(acc) + $signed(prod);
+  assign \$3  = ~ q_valid;
+  assign \$4  = ~ p_valid;
+  assign \$5  = ~ o__valid;
+  assign \$9  = q_valid & q_last;
+  assign \$10  = p_valid & p_last;
+  assign \$11  = \$9  | \$10 ;
+  assign \$12  = ~ \$11 ;
+  assign \$14  = ! r_norm;
+  assign \$15  = ~ r_norm[16];
+  assign \$16  = ~ q_valid;
+  assign \$17  = ~ p_valid;
+  assign \$18  = ~ o__valid;
+  assign \$22  = q_valid & q_last;
+  assign \$23  = p_valid & p_last;
+  assign \$24  = \$22  | \$23 ;
+  assign \$25  = ~ \$24 ;
+  assign \$27  = ! fsm_state;
+  assign \$28  = fsm_state == 1'h1;
+  assign \$29  = fsm_state == 2'h2;
+  assign \$30  = fsm_state == 2'h3;
+  assign \$31  = fsm_state == 3'h4;
+  assign \$32  = fsm_state == 3'h5;
+  assign \$33  = fsm_state == 3'h6;
+  assign \$34  = fsm_state == 3'h7;
+  assign \$35  = ~ o__valid;
+  assign \$38  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$39  = & \$38 [17:15];
+  assign \$40  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$41  = | \$40 [17:15];
+  assign \$42  = ~ \$41 ;
+  assign \$43  = \$39  | \$42 ;
+  assign \$44  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$45  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$46  = \$45 [17] ? 16'h8000 : 16'h7fff;
+  assign \$47  = \$43  ? \$44 [15:0] : \$46 ;
+  assign \$48  = ~ q_valid;
+  assign \$49  = ~ p_valid;
+  assign \$50  = ~ o__valid;
+  assign \$54  = op == 2'h2;
+  assign \$55  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$56  = \$54  ? \$55  : { 1'h0, i__payload[30:16] };
+  assign \$57  = op == 1'h1;
+  assign \$58  = \$57  & i__payload[31];
+  assign \$59  = \$58  ? i__payload[15:0] : 16'h0000;
+  assign \$60  = ~ p_valid;
+  assign \$61  = ~ o__valid;
+  assign \$64  = $signed(q_a) * $signed(q_b);
+  assign \$65  = $signed(q_a) * $signed(q_b);
+  assign \$66  = $signed(\$65 [31:15]) + $signed(q_top);
+  assign \$67  = ~ o__valid;
   assign \$70  = $signed(acc) + $signed(prod);
-  assign \$71  = | \$70 [13:0];
   assign \$72  = $signed(acc) + $signed(prod);
-  assign \$74  = \$71  | \$73 [0];
-  assign \$75  = \$69 [14] & \$74 ;
-  assign \$76  = $signed(\$68 ) + $signed({ 1'h0, \$75  });
-  assign \$77  = | \$76 [50:15];
-  assign \$78  = ~ \$77 ;
-  assign \$79  = \$66  | \$78 ;
-  assign \$80  = $signed(acc) + $signed(prod);
-  assign \$82  = $signed(acc) + $signed(prod);
+  assign \$73  = $signed(acc) + $signed(prod);
+  assign \$74  = | \$73 [13:0];
+  assign \$75  = $signed(acc) + $signed(prod);
+  assign \$77  = \$74  | \$76 [0];
+  assign \$78  = \$72 [14] & \$77 ;
+  assign \$79  = $signed(\$71 ) + $signed({ 1'h0, \$78  });
+  assign \$80  = & \$79 [50:15];
+  assign \$81  = $signed(acc) + $signed(prod);
   assign \$83  = $signed(acc) + $signed(prod);
-  assign \$84  = | \$83 [13:0];
-  assign \$85  = $signed(acc) + $signed(prod);
-  assign \$87  = \$84  | \$86 [0];
-  assign \$88  = \$82 [14] & \$87 ;
-  assign \$89  = $signed(\$81 ) + $signed({ 1'h0, \$88  });
-  assign \$90  = $signed(acc) + $signed(prod);
-  assign \$92  = $signed(acc) + $signed(prod);
-  assign \$93  = $signed(acc) + $signed(prod);
-  assign \$94  = | \$93 [13:0];
-  assign \$95  = $signed(acc) + $signed(prod);
-  assign \$97  = \$94  | \$96 [0];
-  assign \$98  = \$92 [14] & \$97 ;
-  assign \$99  = $signed(\$91 ) + $signed({ 1'h0, \$98  });
-  assign \$100  = \$99 [50] ? 16'h8000 : 16'h7fff;
-  assign \$101  = \$79  ? \$89 [15:0] : \$100 ;
-  assign \$102  = $signed(acc) + $signed(prod);
-  assign \$103  = p_valid & p_last;
-  assign \$104  = ~ \$103 ;
-  assign \$105  = i__valid & \$104 ;
-  assign \$106  = op == 2'h2;
-  assign \$107  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$108  = \$106  ? \$107  : { 1'h0, i__payload[30:16] };
-  assign \$109  = $signed(i__payload[15:0]) * $signed(\$108 );
-  assign \$110  = $signed({ 1'h0, sumsq }) + $signed(prod);
-  assign \$111  = p_valid & p_last;
-  assign \$112  = ~ busy;
-  assign \$113  = quot + 1'h1;
-  assign \$114  = root + \bit ;
-  assign \$115  = rem >= \$114 ;
-  assign \$116  = root + \bit ;
-  assign \$117  = rem - \$116 ;
-  assign \$119  = \$118  + \bit ;
-  assign \$122  = \bit  == 1'h1;
-  assign \$123  = ! r_norm;
-  assign \$124  = ~ r_norm[16];
-  assign \$126  = z + 1'h1;
-  assign \$127  = ~ busy;
-  assign \$128  = ~ p_valid;
-  assign \$129  = ~ o__valid;
+  assign \$84  = $signed(acc) + $signed(prod);
+  assign \$85  = | \$84 [13:0];
+  assign \$86  = $signed(acc) + $signed(prod);
+  assign \$88  = \$85  | \$87 [0];
+  assign \$89  = \$83 [14] & \$88 ;
+  assign \$90  = $signed(\$82 ) + $signed({ 1'h0, \$89  });
+  assign \$91  = | \$90 [50:15];
+  assign \$92  = ~ \$91 ;
+  assign \$93  = \$80  | \$92 ;
+  assign \$94  = $signed(acc) + $signed(prod);
+  assign \$96  = $signed(acc) + $signed(prod);
+  assign \$97  = $signed(acc) + $signed(prod);
+  assign \$98  = | \$97 [13:0];
+  assign \$99  = $signed(acc) + $signed(prod);
+  assign \$101  = \$98  | \$100 [0];
+  assign \$102  = \$96 [14] & \$101 ;
+  assign \$103  = $signed(\$95 ) + $signed({ 1'h0, \$102  });
+  assign \$104  = $signed(acc) + $signed(prod);
+  assign \$106  = $signed(acc) + $signed(prod);
+  assign \$107  = $signed(acc) + $signed(prod);
+  assign \$108  = | \$107 [13:0];
+  assign \$109  = $signed(acc) + $signed(prod);
+  assign \$111  = \$108  | \$110 [0];
+  assign \$112  = \$106 [14] & \$111 ;
+  assign \$113  = $signed(\$105 ) + $signed({ 1'h0, \$112  });
+  assign \$114  = \$113 [50] ? 16'h8000 : 16'h7fff;
+  assign \$115  = \$93  ? \$103 [15:0] : \$114 ;
+  assign \$116  = $signed(acc) + $signed(prod);
+  assign \$117  = q_valid & q_last;
+  assign \$118  = p_valid & p_last;
+  assign \$119  = \$117  | \$118 ;
+  assign \$120  = ~ \$119 ;
+  assign \$121  = i__valid & \$120 ;
+  assign \$122  = $signed(q_a) * $signed(q_b);
+  assign \$123  = $signed(q_a) * $signed(q_b);
+  assign \$124  = $signed(\$123 [31:15]) + $signed(q_top);
+  assign \$125  = op == 2'h2;
+  assign \$126  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$127  = \$125  ? \$126  : { 1'h0, i__payload[30:16] };
+  assign \$128  = op == 1'h1;
+  assign \$129  = \$128  & i__payload[31];
+  assign \$130  = \$129  ? i__payload[15:0] : 16'h0000;
+  assign \$131  = $signed({ 1'h0, sumsq }) + $signed(prod);
   assign \$132  = p_valid & p_last;
-  assign \$133  = ~ \$132 ;
-  assign \$135  = op == 2'h2;
-  assign \$136  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$137  = \$135  ? \$136  : { 1'h0, i__payload[30:16] };
-  assign \$138  = $signed(i__payload[15:0]) * $signed(\$137 );
-  assign \$139  = ~ o__valid;
-  assign \$142  = $signed(prod[28:0]) << z;
-  assign \$144  = $signed(prod[28:0]) << z;
-  assign \$145  = $signed(prod[28:0]) << z;
-  assign \$146  = | \$145 [21:0];
-  assign \$147  = $signed(prod[28:0]) << z;
-  assign \$149  = \$146  | \$148 [0];
-  assign \$150  = \$144 [22] & \$149 ;
-  assign \$151  = $signed(\$143 ) + $signed({ 1'h0, \$150  });
-  assign \$152  = & \$151 [45:7];
-  assign \$153  = $signed(prod[28:0]) << z;
-  assign \$155  = $signed(prod[28:0]) << z;
-  assign \$156  = $signed(prod[28:0]) << z;
-  assign \$157  = | \$156 [21:0];
-  assign \$158  = $signed(prod[28:0]) << z;
-  assign \$160  = \$157  | \$159 [0];
-  assign \$161  = \$155 [22] & \$160 ;
-  assign \$162  = $signed(\$154 ) + $signed({ 1'h0, \$161  });
-  assign \$163  = | \$162 [45:7];
-  assign \$164  = ~ \$163 ;
-  assign \$165  = \$152  | \$164 ;
-  assign \$166  = $signed(prod[28:0]) << z;
-  assign \$168  = $signed(prod[28:0]) << z;
-  assign \$169  = $signed(prod[28:0]) << z;
-  assign \$170  = | \$169 [21:0];
-  assign \$171  = $signed(prod[28:0]) << z;
-  assign \$173  = \$170  | \$172 [0];
-  assign \$174  = \$168 [22] & \$173 ;
-  assign \$175  = $signed(\$167 ) + $signed({ 1'h0, \$174  });
+  assign \$133  = ~ busy;
+  assign \$134  = quot + 1'h1;
+  assign \$135  = root + \bit ;
+  assign \$136  = rem >= \$135 ;
+  assign \$137  = root + \bit ;
+  assign \$138  = rem - \$137 ;
+  assign \$140  = \$139  + \bit ;
+  assign \$143  = \bit  == 1'h1;
+  assign \$144  = ! r_norm;
+  assign \$145  = ~ r_norm[16];
+  assign \$147  = z + 1'h1;
+  assign \$148  = ~ busy;
+  assign \$149  = ~ q_valid;
+  assign \$150  = ~ p_valid;
+  assign \$151  = ~ o__valid;
+  assign \$155  = q_valid & q_last;
+  assign \$156  = p_valid & p_last;
+  assign \$157  = \$155  | \$156 ;
+  assign \$158  = ~ \$157 ;
+  assign \$159  = i__valid & \$158 ;
+  assign \$160  = op == 2'h2;
+  assign \$161  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$162  = \$160  ? \$161  : { 1'h0, i__payload[30:16] };
+  assign \$163  = op == 1'h1;
+  assign \$164  = \$163  & i__payload[31];
+  assign \$165  = \$164  ? i__payload[15:0] : 16'h0000;
+  assign \$166  = ~ p_valid;
+  assign \$167  = ~ o__valid;
+  assign \$170  = $signed(q_a) * $signed(q_b);
+  assign \$171  = $signed(q_a) * $signed(q_b);
+  assign \$172  = $signed(\$171 [31:15]) + $signed(q_top);
+  assign \$173  = ~ o__valid;
   assign \$176  = $signed(prod[28:0]) << z;
   assign \$178  = $signed(prod[28:0]) << z;
   assign \$179  = $signed(prod[28:0]) << z;
@@ -10527,42 +10571,82 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$183  = \$180  | \$182 [0];
   assign \$184  = \$178 [22] & \$183 ;
   assign \$185  = $signed(\$177 ) + $signed({ 1'h0, \$184  });
-  assign \$186  = \$185 [45] ? 8'h80 : 8'h7f;
-  assign \$187  = \$165  ? \$175 [7:0] : \$186 ;
+  assign \$186  = & \$185 [45:7];
+  assign \$187  = $signed(prod[28:0]) << z;
+  assign \$189  = $signed(prod[28:0]) << z;
+  assign \$190  = $signed(prod[28:0]) << z;
+  assign \$191  = | \$190 [21:0];
+  assign \$192  = $signed(prod[28:0]) << z;
+  assign \$194  = \$191  | \$193 [0];
+  assign \$195  = \$189 [22] & \$194 ;
+  assign \$196  = $signed(\$188 ) + $signed({ 1'h0, \$195  });
+  assign \$197  = | \$196 [45:7];
+  assign \$198  = ~ \$197 ;
+  assign \$199  = \$186  | \$198 ;
+  assign \$200  = $signed(prod[28:0]) << z;
+  assign \$202  = $signed(prod[28:0]) << z;
+  assign \$203  = $signed(prod[28:0]) << z;
+  assign \$204  = | \$203 [21:0];
+  assign \$205  = $signed(prod[28:0]) << z;
+  assign \$207  = \$204  | \$206 [0];
+  assign \$208  = \$202 [22] & \$207 ;
+  assign \$209  = $signed(\$201 ) + $signed({ 1'h0, \$208  });
+  assign \$210  = $signed(prod[28:0]) << z;
+  assign \$212  = $signed(prod[28:0]) << z;
+  assign \$213  = $signed(prod[28:0]) << z;
+  assign \$214  = | \$213 [21:0];
+  assign \$215  = $signed(prod[28:0]) << z;
+  assign \$217  = \$214  | \$216 [0];
+  assign \$218  = \$212 [22] & \$217 ;
+  assign \$219  = $signed(\$211 ) + $signed({ 1'h0, \$218  });
+  assign \$220  = \$219 [45] ? 8'h80 : 8'h7f;
+  assign \$221  = \$199  ? \$209 [7:0] : \$220 ;
   always @(posedge clk)
-    o__valid <= \$188 ;
+    o__valid <= \$222 ;
   always @(posedge clk)
-    o__payload <= \$189 ;
+    o__payload <= \$223 ;
   always @(posedge clk)
-    p_valid <= \$190 ;
+    q_valid <= \$224 ;
   always @(posedge clk)
-    prod <= \$191 ;
+    q_last <= \$225 ;
   always @(posedge clk)
-    p_last <= \$192 ;
+    q_a <= \$226 ;
   always @(posedge clk)
-    acc <= \$193 ;
+    q_b <= \$227 ;
   always @(posedge clk)
-    sumsq <= \$194 ;
+    q_top <= \$228 ;
   always @(posedge clk)
-    fsm_state <= \$195 ;
+    p_valid <= \$229 ;
   always @(posedge clk)
-    rem <= \$196 ;
+    prod <= \$230 ;
   always @(posedge clk)
-    root <= \$197 ;
+    p_last <= \$231 ;
   always @(posedge clk)
-    \bit  <= \$198 ;
+    acc <= \$232 ;
   always @(posedge clk)
-    r_norm <= \$199 ;
+    sumsq <= \$233 ;
   always @(posedge clk)
-    z <= \$200 ;
+    fsm_state <= \$234 ;
   always @(posedge clk)
-    recip <= \$201 ;
+    rem <= \$235 ;
+  always @(posedge clk)
+    root <= \$236 ;
+  always @(posedge clk)
+    \bit  <= \$237 ;
+  always @(posedge clk)
+    r_norm <= \$238 ;
+  always @(posedge clk)
+    z <= \$239 ;
+  always @(posedge clk)
+    recip <= \$240 ;
   \nanokpu_kpu.elementwise.vector.div  div (
+    .bits(bits),
     .busy(busy),
     .clk(clk),
     .\den$11 (den),
     .num(num),
     .quot(quot),
+    .rem_in(rem_in),
     .rst(rst),
     .start(start),
     .unit_rst(unit_rst)
@@ -10574,12 +10658,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
       2'h0:
           i__ready = \$2 ;
       2'h1:
-          i__ready = \$6 ;
+          i__ready = \$8 ;
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                i__ready = \$8 ;
+                i__ready = \$12 ;
             3'h1:
                 /* empty */;
             3'h2:
@@ -10593,7 +10677,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                i__ready = \$17 ;
+                i__ready = \$26 ;
           endcase
     endcase
   end
@@ -10619,40 +10703,10 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
+                if (\$14 ) begin
+                end else if (\$15 ) begin
                 end else begin
                   start = 1'h1;
-                end
-          endcase
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    num = 48'h000000000000;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
-                num = sumsq;
-            3'h2:
-                /* empty */;
-            3'h3:
-                /* empty */;
-            3'h4:
-                /* empty */;
-            3'h5:
-                (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
-                end else begin
-                  num = 48'h000010000000;
                 end
           endcase
     endcase
@@ -10679,10 +10733,100 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$9 ) begin
-                end else if (\$10 ) begin
+                if (\$14 ) begin
+                end else if (\$15 ) begin
                 end else begin
                   den = r_norm;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    bits = 6'h30;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                bits = 6'h1f;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$14 ) begin
+                end else if (\$15 ) begin
+                end else begin
+                  bits = 6'h0d;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    rem_in = 17'h00000;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                rem_in = sumsq[47:31];
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$14 ) begin
+                end else if (\$15 ) begin
+                end else begin
+                  rem_in = 17'h08000;
+                end
+          endcase
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    num = 48'h000000000000;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                num = \$13 [47:0];
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                (* full_case = 32'd1 *)
+                if (\$14 ) begin
+                end else if (\$15 ) begin
+                end else begin
+                  num = 48'h000000000000;
                 end
           endcase
     endcase
@@ -10719,16 +10863,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$188  = 1'h0;
+    \$222  = 1'h0;
     casez (op)
       2'h0:
-          if (\$28 ) begin
-            \$188  = 1'h1;
+          if (\$37 ) begin
+            \$222  = 1'h1;
           end
       2'h1:
-          if (\$55 ) begin
+          if (\$69 ) begin
             if (p_last) begin
-              \$188  = 1'h1;
+              \$222  = 1'h1;
             end
           end
       2'h2:
@@ -10749,30 +10893,30 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$141 ) begin
-                  \$188  = 1'h1;
+                if (\$175 ) begin
+                  \$222  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$188  = 1'h0;
+      \$222  = 1'h0;
     end
     if (rst) begin
-      \$188  = 1'h0;
+      \$222  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$189  = o__payload;
+    \$223  = o__payload;
     casez (op)
       2'h0:
-          if (\$28 ) begin
-            \$189  = \$38 ;
+          if (\$37 ) begin
+            \$223  = \$47 ;
           end
       2'h1:
-          if (\$55 ) begin
+          if (\$69 ) begin
             if (p_last) begin
-              \$189  = \$101 ;
+              \$223  = \$115 ;
             end
           end
       2'h2:
@@ -10793,33 +10937,233 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$141 ) begin
-                  \$189  = { \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187 [7], \$187  };
+                if (\$175 ) begin
+                  \$223  = { \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$189  = 16'h0000;
+      \$223  = 16'h0000;
     end
     if (rst) begin
-      \$189  = 16'h0000;
+      \$223  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$190  = p_valid;
+    \$224  = q_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$190  = i__valid;
+          if (\$53 ) begin
+            \$224  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$190  = \$105 ;
+                \$224  = \$121 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$154 ) begin
+                  \$224  = \$159 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$224  = 1'h0;
+    end
+    if (rst) begin
+      \$224  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$225  = q_last;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$53 ) begin
+            \$225  = i__payload[33];
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$225  = i__payload[33];
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$154 ) begin
+                  \$225  = i__payload[33];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$225  = 1'h0;
+    end
+    if (rst) begin
+      \$225  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$226  = q_a;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$53 ) begin
+            \$226  = i__payload[15:0];
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$226  = i__payload[15:0];
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$154 ) begin
+                  \$226  = i__payload[15:0];
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$226  = 16'h0000;
+    end
+    if (rst) begin
+      \$226  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$227  = q_b;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$53 ) begin
+            \$227  = \$56 ;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$227  = \$127 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$154 ) begin
+                  \$227  = \$162 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$227  = 16'h0000;
+    end
+    if (rst) begin
+      \$227  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$228  = q_top;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$53 ) begin
+            \$228  = \$59 ;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$228  = \$130 ;
+            3'h1:
+                /* empty */;
+            3'h2:
+                /* empty */;
+            3'h3:
+                /* empty */;
+            3'h4:
+                /* empty */;
+            3'h5:
+                /* empty */;
+            3'h7:
+                /* empty */;
+            3'h6:
+                if (\$154 ) begin
+                  \$228  = \$165 ;
+                end
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$228  = 16'h0000;
+    end
+    if (rst) begin
+      \$228  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$229  = p_valid;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          if (\$63 ) begin
+            \$229  = q_valid;
+          end
+      2'h2:
+          (* full_case = 32'd1 *)
+          casez (fsm_state)
+            3'h0:
+                \$229  = q_valid;
             3'h1:
                 /* empty */;
             3'h2:
@@ -10834,39 +11178,39 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h6:
               begin
-                if (\$134 ) begin
-                  \$190  = i__valid;
+                if (\$169 ) begin
+                  \$229  = q_valid;
                 end
-                if (\$141 ) begin
+                if (\$175 ) begin
                   if (p_last) begin
-                    \$190  = 1'h0;
+                    \$229  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$190  = 1'h0;
+      \$229  = 1'h0;
     end
     if (rst) begin
-      \$190  = 1'h0;
+      \$229  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$191  = prod;
+    \$230  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$191  = { \$52 , \$46 [14:0] };
+          if (\$63 ) begin
+            \$230  = { \$66 , \$64 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$191  = { \$109 [31], \$109  };
+                \$230  = { \$124 , \$122 [14:0] };
             3'h1:
                 /* empty */;
             3'h2:
@@ -10880,33 +11224,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$134 ) begin
-                  \$191  = { \$138 [31], \$138  };
+                if (\$169 ) begin
+                  \$230  = { \$172 , \$170 [14:0] };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$191  = 33'h000000000;
+      \$230  = 33'h000000000;
     end
     if (rst) begin
-      \$191  = 33'h000000000;
+      \$230  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$192  = p_last;
+    \$231  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$42 ) begin
-            \$192  = i__payload[33];
+          if (\$63 ) begin
+            \$231  = q_last;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$192  = i__payload[33];
+                \$231  = q_last;
             3'h1:
                 /* empty */;
             3'h2:
@@ -10920,44 +11264,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$134 ) begin
-                  \$192  = i__payload[33];
+                if (\$169 ) begin
+                  \$231  = q_last;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$192  = 1'h0;
+      \$231  = 1'h0;
     end
     if (rst) begin
-      \$192  = 1'h0;
+      \$231  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$193  = acc;
+    \$232  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$55 ) begin
+          if (\$69 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$193  = 49'h0000000000000;
+              \$232  = 49'h0000000000000;
             end else begin
-              \$193  = \$102 [48:0];
+              \$232  = \$116 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$193  = 49'h0000000000000;
+      \$232  = 49'h0000000000000;
     end
     if (rst) begin
-      \$193  = 49'h0000000000000;
+      \$232  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$194  = sumsq;
+    \$233  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -10967,26 +11311,26 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (p_valid) begin
-                  \$194  = \$110 [47:0];
+                  \$233  = \$131 [47:0];
                 end
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$194  = 48'h000000000000;
+                if (\$133 ) begin
+                  \$233  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$194  = 48'h000000000000;
+      \$233  = 48'h000000000000;
     end
     if (rst) begin
-      \$194  = 48'h000000000000;
+      \$233  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$195  = fsm_state;
+    \$234  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -10996,51 +11340,51 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                if (\$111 ) begin
-                  \$195  = 3'h1;
+                if (\$132 ) begin
+                  \$234  = 3'h1;
                 end
             3'h1:
-                \$195  = 3'h2;
+                \$234  = 3'h2;
             3'h2:
-                if (\$112 ) begin
-                  \$195  = 3'h3;
+                if (\$133 ) begin
+                  \$234  = 3'h3;
                 end
             3'h3:
-                if (\$122 ) begin
-                  \$195  = 3'h4;
+                if (\$143 ) begin
+                  \$234  = 3'h4;
                 end
             3'h4:
-                \$195  = 3'h5;
+                \$234  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$123 ) begin
-                  \$195  = 3'h6;
-                end else if (\$124 ) begin
+                if (\$144 ) begin
+                  \$234  = 3'h6;
+                end else if (\$145 ) begin
                 end else begin
-                  \$195  = 3'h7;
+                  \$234  = 3'h7;
                 end
             3'h7:
-                if (\$127 ) begin
-                  \$195  = 3'h6;
+                if (\$148 ) begin
+                  \$234  = 3'h6;
                 end
             3'h6:
-                if (\$141 ) begin
+                if (\$175 ) begin
                   if (p_last) begin
-                    \$195  = 3'h0;
+                    \$234  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$195  = 3'h0;
+      \$234  = 3'h0;
     end
     if (rst) begin
-      \$195  = 3'h0;
+      \$234  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$196  = rem;
+    \$235  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -11053,25 +11397,25 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$196  = \$113 [32:0];
+                if (\$133 ) begin
+                  \$235  = \$134 [32:0];
                 end
             3'h3:
-                if (\$115 ) begin
-                  \$196  = \$117 [32:0];
+                if (\$136 ) begin
+                  \$235  = \$138 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$196  = 33'h000000000;
+      \$235  = 33'h000000000;
     end
     if (rst) begin
-      \$196  = 33'h000000000;
+      \$235  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$197  = root;
+    \$236  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -11084,28 +11428,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$197  = 33'h000000000;
+                if (\$133 ) begin
+                  \$236  = 33'h000000000;
                 end
             3'h3:
                 (* full_case = 32'd1 *)
-                if (\$115 ) begin
-                  \$197  = \$119 [32:0];
+                if (\$136 ) begin
+                  \$236  = \$140 [32:0];
                 end else begin
-                  \$197  = \$120 ;
+                  \$236  = \$141 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$197  = 33'h000000000;
+      \$236  = 33'h000000000;
     end
     if (rst) begin
-      \$197  = 33'h000000000;
+      \$236  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$198  = \bit ;
+    \$237  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -11118,23 +11462,23 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 /* empty */;
             3'h2:
-                if (\$112 ) begin
-                  \$198  = 33'h100000000;
+                if (\$133 ) begin
+                  \$237  = 33'h100000000;
                 end
             3'h3:
-                \$198  = \$121 ;
+                \$237  = \$142 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$198  = 33'h000000000;
+      \$237  = 33'h000000000;
     end
     if (rst) begin
-      \$198  = 33'h000000000;
+      \$237  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$199  = r_norm;
+    \$238  = r_norm;
     casez (op)
       2'h0:
           /* empty */;
@@ -11151,24 +11495,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$199  = root[16:0];
+                \$238  = root[16:0];
             3'h5:
-                if (\$123 ) begin
-                end else if (\$124 ) begin
-                  \$199  = \$125 [16:0];
+                if (\$144 ) begin
+                end else if (\$145 ) begin
+                  \$238  = \$146 [16:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$199  = 17'h00000;
+      \$238  = 17'h00000;
     end
     if (rst) begin
-      \$199  = 17'h00000;
+      \$238  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$200  = z;
+    \$239  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -11185,24 +11529,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$200  = 5'h00;
+                \$239  = 5'h00;
             3'h5:
-                if (\$123 ) begin
-                end else if (\$124 ) begin
-                  \$200  = \$126 [4:0];
+                if (\$144 ) begin
+                end else if (\$145 ) begin
+                  \$239  = \$147 [4:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$200  = 5'h00;
+      \$239  = 5'h00;
     end
     if (rst) begin
-      \$200  = 5'h00;
+      \$239  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$201  = recip;
+    \$240  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -11219,20 +11563,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h3:
                 /* empty */;
             3'h4:
-                \$201  = 13'h0000;
+                \$240  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$127 ) begin
-                  \$201  = quot[12:0];
+                if (\$148 ) begin
+                  \$240  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$201  = 13'h0000;
+      \$240  = 13'h0000;
     end
     if (rst) begin
-      \$201  = 13'h0000;
+      \$240  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -11242,46 +11586,54 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \i__payload.b  = i__payload[32:16];
   assign \i__payload.last  = i__payload[33];
   assign \$2  = 1'h1;
-  assign \$5  = 1'h1;
   assign \$6  = 1'h1;
-  assign \$13  = 1'h1;
-  assign \$14  = 1'h1;
-  assign \$17  = \$16 ;
-  assign \$27  = 1'h1;
-  assign \$28  = i__valid;
-  assign \$41  = 1'h1;
-  assign \$42  = 1'h1;
-  assign \$54  = 1'h1;
-  assign \$55  = p_valid;
-  assign \$57  = { \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49], \$56 [49:15] };
-  assign \$62  = { \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49], \$61 [49:15] };
-  assign \$68  = { \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49], \$67 [49:15] };
-  assign \$73  = { \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49], \$72 [49:15] };
-  assign \$81  = { \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49], \$80 [49:15] };
-  assign \$86  = { \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49], \$85 [49:15] };
-  assign \$91  = { \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49], \$90 [49:15] };
-  assign \$96  = { \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49], \$95 [49:15] };
-  assign \$118  = { 1'h0, root[32:1] };
-  assign \$120  = { 1'h0, root[32:1] };
-  assign \$121  = { 2'h0, \bit [32:2] };
-  assign \$125  = { r_norm, 1'h0 };
-  assign \$130  = 1'h1;
-  assign \$131  = 1'h1;
-  assign \$134  = \$133 ;
-  assign \$140  = 1'h1;
-  assign \$141  = p_valid;
-  assign \$143  = { \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44], \$142 [44:23] };
-  assign \$148  = { \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44], \$147 [44:23] };
-  assign \$154  = { \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44], \$153 [44:23] };
-  assign \$159  = { \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44], \$158 [44:23] };
-  assign \$167  = { \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44], \$166 [44:23] };
-  assign \$172  = { \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44], \$171 [44:23] };
+  assign \$7  = 1'h1;
+  assign \$8  = 1'h1;
+  assign \$13  = { 14'h0000, sumsq[30:0], 17'h00000 };
+  assign \$19  = 1'h1;
+  assign \$20  = 1'h1;
+  assign \$21  = 1'h1;
+  assign \$26  = \$25 ;
+  assign \$36  = 1'h1;
+  assign \$37  = i__valid;
+  assign \$51  = 1'h1;
+  assign \$52  = 1'h1;
+  assign \$53  = 1'h1;
+  assign \$62  = 1'h1;
+  assign \$63  = 1'h1;
+  assign \$68  = 1'h1;
+  assign \$69  = p_valid;
+  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
+  assign \$76  = { \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49:15] };
+  assign \$82  = { \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49:15] };
+  assign \$87  = { \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49:15] };
+  assign \$95  = { \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49:15] };
+  assign \$100  = { \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49:15] };
+  assign \$105  = { \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49:15] };
+  assign \$110  = { \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49:15] };
+  assign \$139  = { 1'h0, root[32:1] };
+  assign \$141  = { 1'h0, root[32:1] };
+  assign \$142  = { 2'h0, \bit [32:2] };
+  assign \$146  = { r_norm, 1'h0 };
+  assign \$152  = 1'h1;
+  assign \$153  = 1'h1;
+  assign \$154  = 1'h1;
+  assign \$168  = 1'h1;
+  assign \$169  = 1'h1;
+  assign \$174  = 1'h1;
+  assign \$175  = p_valid;
   assign \$177  = { \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44:23] };
   assign \$182  = { \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44:23] };
+  assign \$188  = { \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44:23] };
+  assign \$193  = { \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44:23] };
+  assign \$201  = { \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44:23] };
+  assign \$206  = { \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44:23] };
+  assign \$211  = { \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44:23] };
+  assign \$216  = { \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \den$11 , quot, clk);
+module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, \den$11 , bits, rem_in, num, quot, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$15  = 0;
   wire \$1 ;
   reg [16:0] \$10 ;
@@ -11293,6 +11645,8 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
   reg [17:0] \$7 ;
   reg [47:0] \$8 ;
   reg [5:0] \$9 ;
+  input [5:0] bits;
+  wire [5:0] bits;
   output busy;
   wire busy;
   input clk;
@@ -11307,6 +11661,8 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
   reg [47:0] quot = 48'h000000000000;
   wire [16:0] rem;
   reg [17:0] \rem$5  = 18'h00000;
+  input [16:0] rem_in;
+  wire [16:0] rem_in;
   input rst;
   wire rst;
   (* init = 48'h000000000000 *)
@@ -11336,7 +11692,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
     if (\$1 ) begin
       \$7  = \$4 [17:0];
     end else if (start) begin
-      \$7  = 18'h00000;
+      \$7  = { 1'h0, rem_in };
     end
     if (unit_rst) begin
       \$7  = 18'h00000;
@@ -11366,7 +11722,7 @@ module \nanokpu_kpu.elementwise.vector.div (rst, busy, unit_rst, start, num, \de
     if (\$1 ) begin
       \$9  = \$6 [5:0];
     end else if (start) begin
-      \$9  = 6'h30;
+      \$9  = bits;
     end
     if (unit_rst) begin
       \$9  = 6'h00;
@@ -29732,6 +30088,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   reg [14:0] \$7 ;
   reg [28:0] \$8 ;
   reg [4:0] \$9 ;
+  wire [4:0] bits;
   output busy;
   wire busy;
   input clk;
@@ -29745,6 +30102,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   reg [28:0] quot = 29'h00000000;
   wire [13:0] rem;
   reg [14:0] \rem$5  = 15'h0000;
+  wire [13:0] rem_in;
   input rst;
   wire rst;
   (* init = 29'h00000000 *)
@@ -29830,10 +30188,12 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
   assign shift = quot;
   assign rem = \rem$5 [13:0];
   assign num = 29'h10000000;
+  assign rem_in = 14'h0000;
+  assign bits = 5'h1d;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4249$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4287$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -30013,8 +30373,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4249$0 ;
-  wire [4:0] \port$4249$0 ;
+  input [4:0] \port$4287$0 ;
+  wire [4:0] \port$4287$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30027,68 +30387,68 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4249$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4287$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4249$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4287$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4249$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4287$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4249$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4249$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4287$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4287$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4249$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4287$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4249$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4287$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4249$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4287$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4], \port$4249$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4249$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4287$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4249$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4287$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4249$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4287$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4249$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4287$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4249$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4287$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0], \port$4249$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1], \port$4249$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2], \port$4249$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3], \port$4249$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -30103,7 +30463,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4249$0 , \port$2$0  };
+  assign select = { \port$4287$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

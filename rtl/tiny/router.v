@@ -1052,6 +1052,7 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   reg [14:0] \$7 ;
   reg [28:0] \$8 ;
   reg [4:0] \$9 ;
+  wire [4:0] bits;
   output busy;
   wire busy;
   input clk;
@@ -1065,6 +1066,7 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   reg [28:0] quot = 29'h00000000;
   wire [13:0] rem;
   reg [14:0] \rem$5  = 15'h0000;
+  wire [13:0] rem_in;
   input rst;
   wire rst;
   (* init = 29'h00000000 *)
@@ -1136,4 +1138,6 @@ module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
   assign shift = quot;
   assign rem = \rem$5 [13:0];
   assign num = 29'h10000000;
+  assign rem_in = 14'h0000;
+  assign bits = 5'h1d;
 endmodule

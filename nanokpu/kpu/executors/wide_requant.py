@@ -50,11 +50,13 @@ class WideRequant(wiring.Component):
 
         running = Signal()
         left = Signal(SW)                   # logits whose operands are still to read
+        left_nz = Signal()                  # left != 0, registered: off the read enable's path
         written = Signal(SW)
         ptr = [Signal(AW, name=f"ptr{q}") for q in range(4)]      # a + q*len + i
         wr_ptr = Signal(AW)
         table, per_col = Signal(), Signal()  # constants from the table; one entry per column
         tab0, tab, tab_step = Signal(AW), Signal(AW), Signal(AW)
+        tab1 = Signal(AW)                   # tab + 1, registered: no adder on the read address
         col = Signal(16)
         phase = Signal(2)                   # reads of the current logit: partials 0, 1; table 2; 3 done
         cap = Signal(3)                     # the read issued last cycle, by phase (one-hot)
@@ -66,30 +68,31 @@ class WideRequant(wiring.Component):
         flags, ln = ins.flags, ins.len
         with m.If(self.start):
             e2 = Mux(flags & F_RQ_EXPERT, ins.expert << 1, 0)
-            m.d.sync += [running.eq(1), left.eq(ln), written.eq(0), wr_ptr.eq(ins.c),
+            m.d.sync += [running.eq(1), left.eq(ln), left_nz.eq(ln != 0), written.eq(0), wr_ptr.eq(ins.c),
                          ptr[0].eq(ins.a), ptr[1].eq(ins.a + ln), ptr[2].eq(ins.a + (ln << 1)),
                          ptr[3].eq(ins.a + ln + (ln << 1)),
                          table.eq((flags & (F_RQ_CHANNEL | F_RQ_EXPERT)) != 0), per_col.eq((flags & F_RQ_CHANNEL) != 0),
-                         tab0.eq(ins.b + e2), tab.eq(ins.b + e2),
+                         tab0.eq(ins.b + e2), tab.eq(ins.b + e2), tab1.eq(ins.b + e2 + 1),
                          tab_step.eq(Mux(flags & F_RQ_EXPERT, 2 * cfg.n_experts, 2)), col.eq(0),
                          phase.eq(0), v_valid.eq(0), mult.eq(ins.mult), shift.eq(ins.shift)]
 
         # -- reads: the next logit's operands, while the register they go to is free
-        reading = running & (left != 0) & ~v_valid
+        reading = running & left_nz & ~v_valid
         m.d.sync += cap.eq(0)
         with m.If(reading):
             with m.Switch(phase):
-                for ph, (addr0, addr1) in enumerate(((ptr[0], ptr[1]), (ptr[2], ptr[3]), (tab, tab + 1))):
+                for ph, (addr0, addr1) in enumerate(((ptr[0], ptr[1]), (ptr[2], ptr[3]), (tab, tab1))):
                     with m.Case(ph):
                         with m.If(~spad.blocked):
                             m.d.comb += [rd0.addr.eq(addr0), rd1.addr.eq(addr1), rd0.en.eq(1), rd1.en.eq(1)]
                             m.d.sync += [cap.eq(1 << ph), phase.eq(Mux((ph == 1) & ~table, 3, ph + 1))]
                 with m.Case(3):     # the last read's words are taken in this cycle
                     last_col = col == ins.n - 1
-                    m.d.sync += [v_valid.eq(1), phase.eq(0), left.eq(left - 1),
+                    tab_next = Mux(per_col, Mux(last_col, tab0, tab + tab_step), tab)
+                    m.d.sync += [v_valid.eq(1), phase.eq(0), left.eq(left - 1), left_nz.eq(left != 1),
                                  *(p.eq(p + 1) for p in ptr),
                                  col.eq(Mux(last_col, 0, col + 1)),
-                                 tab.eq(Mux(per_col, Mux(last_col, tab0, tab + tab_step), tab))]
+                                 tab.eq(tab_next), tab1.eq(tab_next + 1)]
         for q in range(2):
             with m.If(cap[q]):
                 m.d.sync += [parts[2 * q].eq(rd0.data[:accw].as_signed()),
