@@ -176,15 +176,17 @@ multiplier, checks included). Utilization factors exactly into three measured te
   beat is streamed in. This is the weight-bandwidth bound of MoE at small batch, the same on
   real hardware; more tokens per batch (or per expert) raise it directly.
 * **Tile steps / GEMM busy** is the top level's packing overhead: the scratchpad holds one
-  element per word, so an A word takes one read per real row and a result word one write per
-  real row (about ``M*K + M*N`` cycles per GEMM besides its ``ceil(M/rows)*ceil(N/cols)*K``
-  steps); on `tiny` (K = 16-32) this overhead is as large as the compute.
+  element per word, so an A word takes a read per real row (two a cycle) and a result word a
+  write per real row (about ``M*K/2 + M*N`` cycles per GEMM besides its
+  ``ceil(M/rows)*ceil(N/cols)*K`` steps); on `tiny` (K = 16-32) this overhead is about as large
+  as the compute.
 * **act** (sigmoid, SiTU, the requantiser of ``h``; the GEMMs' requantisers are fused into the
   GEMM engine's store phase) and **vector** (combine, RMSNorm, add) stream one element per cycle
-  through the scratchpad; RMSNorm adds, per row, a mean (sequential divider), a square root
-  and a reciprocal (the same divider), about 140 cycles. **route** is the bias load, the
-  scores (one read per score), the routes written and counted, then the dispatch lists by a
-  counting sort (3 cycles per expert, 4 per slot); **move** is gather/scatter.
+  through the scratchpad; RMSNorm adds, per row, a mean (sequential divider, a step per
+  quotient bit), a square root and a reciprocal (the same divider), at most 84 cycles.
+  **route** is the bias load, the scores (one read per score), the routes written and counted,
+  then the dispatch lists by a counting sort (3 cycles per expert, 4 per slot); **move** is
+  gather/scatter, a word a cycle (the next row's list word and address prepared under the copy).
 
 What would raise it, in order: a scratchpad ``rows`` elements wide (one access per A or result
 word instead of one per row), larger batches per expert, overlapping the GEMM of one expert with
