@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4285$254 (cur[269:254]),
+    .\port$4195$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1065,7 +1065,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$305 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$300 ),
-    .\done$85 (\done$284 ),
+    .\done$87 (\done$284 ),
     .error(\error$285 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1214,7 +1214,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4287$0 (running_exec),
+    .\port$4197$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4840,8 +4840,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign { \$142 [9:3], \$142 [1:0] } = 9'h000;
   assign \$142 [2] = ins[8];
   assign \$143  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$145  = { ins[63:48], 1'h0 };
   assign \$146  = ins[8];
+  assign \$145  = { ins[63:48], 1'h0 };
   assign { \$149 [9:3], \$149 [1:0] } = 9'h000;
   assign \$149 [2] = ins[8];
   assign \$150  = { 3'h0, ins[63:48], 4'h0 };
@@ -4958,7 +4958,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4285$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4195$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5101,8 +5101,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4285$254 ;
-  wire [15:0] \port$4285$254 ;
+  input [15:0] \port$4195$254 ;
+  wire [15:0] \port$4195$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5267,7 +5267,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4285$254  };
+      \$74  = { 8'h00, \port$4195$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5303,7 +5303,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4285$254  };
+      \$77  = { 8'h00, \port$4195$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5348,9 +5348,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4285$254  };
+  assign rd_beats = { 8'h00, \port$4195$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4285$254  };
+  assign wr_beats = { 8'h00, \port$4195$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6114,9 +6114,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5347$0 (\$signal ),
-    .\port$5697$0 (spad__rd0__data),
-    .\port$5699$0 (spad__rd1__data),
+    .\port$5260$0 (\$signal ),
+    .\port$5610$0 (spad__rd0__data),
+    .\port$5612$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9985,7 +9985,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5347$0 , level, \port$5697$0 , \port$5699$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5260$0 , level, \port$5610$0 , \port$5612$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10010,12 +10010,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5347$0 ;
-  wire \port$5347$0 ;
-  input [31:0] \port$5697$0 ;
-  wire [31:0] \port$5697$0 ;
-  input [31:0] \port$5699$0 ;
-  wire [31:0] \port$5699$0 ;
+  input \port$5260$0 ;
+  wire \port$5260$0 ;
+  input [31:0] \port$5610$0 ;
+  wire [31:0] \port$5610$0 ;
+  input [31:0] \port$5612$0 ;
+  wire [31:0] \port$5612$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10048,7 +10048,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5347$0 , \port$5699$0 , \port$5697$0  };
+      storage[w_port__addr] <= { \port$5260$0 , \port$5612$0 , \port$5610$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10119,8 +10119,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5347$0 , \port$5699$0 , \port$5697$0  };
-  assign w_data = { \port$5347$0 , \port$5699$0 , \port$5697$0  };
+  assign w_port__data = { \port$5260$0 , \port$5612$0 , \port$5610$0  };
+  assign w_data = { \port$5260$0 , \port$5612$0 , \port$5610$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -12421,13 +12421,13 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$85 
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start, \done$87 
 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, spad__rd1__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire [23:0] \$101 ;
+  wire \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
@@ -12451,7 +12451,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
-  wire \$123 ;
+  wire [23:0] \$123 ;
   wire \$124 ;
   wire \$125 ;
   wire \$126 ;
@@ -12477,9 +12477,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire \$147 ;
+  wire [23:0] \$147 ;
   wire \$148 ;
-  wire [23:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
   wire \$150 ;
   wire \$151 ;
@@ -12505,13 +12505,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire \$172 ;
+  wire [23:0] \$172 ;
   wire [23:0] \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
+  wire [23:0] \$174 ;
+  wire [23:0] \$175 ;
+  wire [23:0] \$176 ;
+  wire [23:0] \$177 ;
+  wire [13:0] \$178 ;
   wire \$179 ;
   wire [3:0] \$18 ;
   wire \$180 ;
@@ -12528,394 +12528,305 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire \$193 ;
+  wire [3:0] \$193 ;
   wire \$194 ;
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
-  wire [23:0] \$198 ;
-  wire [23:0] \$199 ;
+  wire \$198 ;
+  wire \$199 ;
   wire [31:0] \$2 ;
   wire \$20 ;
-  wire [23:0] \$200 ;
-  wire [23:0] \$201 ;
-  wire [23:0] \$202 ;
-  wire [23:0] \$203 ;
-  wire [13:0] \$204 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire \$202 ;
+  wire [13:0] \$203 ;
+  wire [9:0] \$204 ;
   wire \$205 ;
-  wire \$206 ;
+  wire [13:0] \$206 ;
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
   wire [3:0] \$21 ;
-  wire \$210 ;
+  wire [9:0] \$210 ;
   wire \$211 ;
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
-  wire \$215 ;
+  wire [3:0] \$215 ;
   wire \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire \$219 ;
-  wire \$22 ;
-  wire [13:0] \$220 ;
-  wire [9:0] \$221 ;
-  wire \$222 ;
-  wire [13:0] \$223 ;
+  wire [3:0] \$219 ;
+  wire [4:0] \$22 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire [3:0] \$222 ;
+  wire \$223 ;
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
-  wire [9:0] \$227 ;
+  wire \$227 ;
   wire \$228 ;
-  wire \$229 ;
+  wire [3:0] \$229 ;
   wire \$23 ;
   wire \$230 ;
   wire \$231 ;
-  wire [3:0] \$232 ;
+  wire \$232 ;
   wire \$233 ;
-  wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
-  wire [3:0] \$24 ;
+  wire [7:0] \$234 ;
+  wire [7:0] \$235 ;
+  wire [13:0] \$236 ;
+  wire [7:0] \$237 ;
+  wire [7:0] \$238 ;
+  wire [13:0] \$239 ;
+  wire \$24 ;
   wire \$240 ;
-  wire [3:0] \$241 ;
-  wire \$242 ;
+  wire \$241 ;
+  wire [3:0] \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire \$246 ;
+  wire [3:0] \$246 ;
   wire \$247 ;
   wire \$248 ;
-  wire \$249 ;
-  wire \$25 ;
-  wire [3:0] \$250 ;
+  wire [3:0] \$249 ;
+  wire [3:0] \$25 ;
+  wire \$250 ;
   wire \$251 ;
   wire \$252 ;
   wire \$253 ;
-  wire [3:0] \$254 ;
+  wire \$254 ;
   wire \$255 ;
-  wire \$256 ;
-  wire [3:0] \$257 ;
+  wire [3:0] \$256 ;
+  wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire \$261 ;
+  wire [7:0] \$261 ;
   wire \$262 ;
-  wire \$263 ;
-  wire [3:0] \$264 ;
-  wire \$265 ;
-  wire \$266 ;
-  wire \$267 ;
-  wire \$268 ;
-  wire \$269 ;
+  wire [7:0] \$263 ;
+  wire [13:0] \$264 ;
+  wire [13:0] \$265 ;
+  wire [13:0] \$266 ;
+  wire [14:0] \$267 ;
+  wire [12:0] \$268 ;
+  wire [13:0] \$269 ;
   wire \$27 ;
-  wire \$270 ;
-  wire [3:0] \$271 ;
-  wire \$272 ;
-  wire \$273 ;
-  wire \$274 ;
+  wire [12:0] \$270 ;
+  wire [13:0] \$271 ;
+  wire [12:0] \$272 ;
+  wire [13:0] \$273 ;
+  wire [14:0] \$274 ;
   wire \$275 ;
-  wire \$276 ;
+  wire [2:0] \$276 ;
   wire \$277 ;
-  wire [7:0] \$278 ;
-  wire [7:0] \$279 ;
+  wire \$278 ;
+  wire [31:0] \$279 ;
   wire \$28 ;
-  wire [13:0] \$280 ;
+  wire [31:0] \$280 ;
   wire \$281 ;
-  wire \$282 ;
-  wire [3:0] \$283 ;
+  wire [2:0] \$282 ;
+  wire \$283 ;
   wire \$284 ;
-  wire \$285 ;
-  wire \$286 ;
+  wire [31:0] \$285 ;
+  wire [31:0] \$286 ;
   wire \$287 ;
-  wire \$288 ;
+  wire [2:0] \$288 ;
   wire \$289 ;
-  wire \$29 ;
-  wire [7:0] \$290 ;
-  wire [7:0] \$291 ;
-  wire [13:0] \$292 ;
+  wire [3:0] \$29 ;
+  wire \$290 ;
+  wire [31:0] \$291 ;
+  wire [31:0] \$292 ;
   wire \$293 ;
-  wire \$294 ;
-  wire [3:0] \$295 ;
+  wire [2:0] \$294 ;
+  wire \$295 ;
   wire \$296 ;
-  wire \$297 ;
-  wire \$298 ;
-  wire \$299 ;
+  wire [31:0] \$297 ;
+  wire [31:0] \$298 ;
+  wire [2:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire \$301 ;
+  wire [13:0] \$300 ;
+  wire [2:0] \$301 ;
   wire \$302 ;
   wire \$303 ;
-  wire [3:0] \$304 ;
-  wire \$305 ;
+  wire [2:0] \$304 ;
+  wire [3:0] \$305 ;
   wire \$306 ;
   wire \$307 ;
-  wire [3:0] \$308 ;
-  wire \$309 ;
-  wire [4:0] \$31 ;
+  wire \$308 ;
+  wire [9:0] \$309 ;
+  wire \$31 ;
   wire \$310 ;
-  wire [3:0] \$311 ;
-  wire \$312 ;
-  wire \$313 ;
+  wire [9:0] \$311 ;
+  wire [13:0] \$312 ;
+  wire [13:0] \$313 ;
   wire \$314 ;
   wire \$315 ;
   wire \$316 ;
   wire \$317 ;
-  wire [3:0] \$318 ;
-  wire \$319 ;
-  wire \$32 ;
-  wire \$320 ;
-  wire \$321 ;
+  wire [14:0] \$318 ;
+  wire [13:0] \$319 ;
+  wire [3:0] \$32 ;
+  wire [13:0] \$320 ;
+  wire [14:0] \$321 ;
   wire \$322 ;
-  wire [7:0] \$323 ;
+  wire [14:0] \$323 ;
   wire \$324 ;
-  wire [7:0] \$325 ;
-  wire [13:0] \$326 ;
+  wire \$325 ;
+  wire \$326 ;
   wire [13:0] \$327 ;
-  wire [13:0] \$328 ;
-  wire [14:0] \$329 ;
+  wire \$328 ;
+  wire \$329 ;
   wire \$33 ;
-  wire [14:0] \$330 ;
+  wire \$330 ;
   wire \$331 ;
-  wire \$332 ;
-  wire [3:0] \$333 ;
+  wire [9:0] \$332 ;
+  wire \$333 ;
   wire \$334 ;
   wire \$335 ;
-  wire \$336 ;
+  wire [9:0] \$336 ;
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
-  wire [3:0] \$34 ;
-  wire [12:0] \$340 ;
-  wire [13:0] \$341 ;
+  wire \$34 ;
+  wire [8:0] \$340 ;
+  wire [9:0] \$341 ;
   wire \$342 ;
   wire \$343 ;
-  wire [3:0] \$344 ;
+  wire \$344 ;
   wire \$345 ;
   wire \$346 ;
-  wire \$347 ;
+  wire [9:0] \$347 ;
   wire \$348 ;
-  wire \$349 ;
+  wire [16:0] \$349 ;
   wire \$35 ;
-  wire \$350 ;
-  wire [12:0] \$351 ;
-  wire [13:0] \$352 ;
+  wire [16:0] \$350 ;
+  wire [17:0] \$351 ;
+  wire [9:0] \$352 ;
   wire \$353 ;
-  wire \$354 ;
-  wire [3:0] \$355 ;
+  wire [3:0] \$354 ;
+  wire [9:0] \$355 ;
   wire \$356 ;
-  wire \$357 ;
+  wire [9:0] \$357 ;
   wire \$358 ;
   wire \$359 ;
   wire \$36 ;
   wire \$360 ;
   wire \$361 ;
-  wire [12:0] \$362 ;
-  wire [13:0] \$363 ;
-  wire [14:0] \$364 ;
-  wire \$365 ;
-  wire [2:0] \$366 ;
-  wire \$367 ;
-  wire \$368 ;
-  wire [31:0] \$369 ;
+  wire \$362 ;
+  wire \$363 ;
+  reg [2:0] \$364 ;
+  reg \$365 ;
+  reg [1:0] \$366 ;
+  reg [13:0] \$367 ;
+  reg \$368 ;
+  reg \$369 ;
   wire \$37 ;
-  wire [31:0] \$370 ;
-  wire \$371 ;
-  wire [2:0] \$372 ;
-  wire \$373 ;
-  wire \$374 ;
-  wire [31:0] \$375 ;
-  wire [31:0] \$376 ;
-  wire \$377 ;
-  wire [2:0] \$378 ;
-  wire \$379 ;
+  reg \$370 ;
+  reg \$371 ;
+  reg \$372 ;
+  reg [12:0] \$373 ;
+  reg [8:0] \$374 ;
+  reg \$375 ;
+  reg [15:0] \$376 ;
+  reg [8:0] \$377 ;
+  reg \$378 ;
+  reg \$379 ;
   wire \$38 ;
-  wire \$380 ;
-  wire [31:0] \$381 ;
-  wire [31:0] \$382 ;
-  wire \$383 ;
-  wire [2:0] \$384 ;
-  wire \$385 ;
-  wire \$386 ;
-  wire [31:0] \$387 ;
-  wire [31:0] \$388 ;
-  wire [2:0] \$389 ;
-  wire \$39 ;
-  wire [13:0] \$390 ;
-  wire [2:0] \$391 ;
-  wire \$392 ;
-  wire \$393 ;
-  wire [2:0] \$394 ;
-  wire [3:0] \$395 ;
-  wire \$396 ;
-  wire \$397 ;
-  wire \$398 ;
-  wire [9:0] \$399 ;
+  reg [1:0] \$380 ;
+  reg \$381 ;
+  reg [12:0] \$382 ;
+  reg [12:0] \$383 ;
+  reg [6:0] \$384 ;
+  reg [12:0] \$385 ;
+  reg [31:0] \$386 ;
+  reg [1:0] \$387 ;
+  reg [12:0] \$388 ;
+  reg \$389 ;
+  wire [3:0] \$39 ;
+  reg [8:0] \$390 ;
+  reg [12:0] \$391 ;
+  reg [13:0] \$392 ;
+  reg \$393 ;
+  reg [5:0] \$394 ;
+  reg [31:0] \$395 ;
+  reg [5:0] \$396 ;
+  reg \$397 ;
+  reg [3:0] \$398 ;
+  reg [2:0] \$399 ;
   wire [5:0] \$4 ;
   wire \$40 ;
-  wire \$400 ;
-  wire [9:0] \$401 ;
-  wire [13:0] \$402 ;
-  wire [13:0] \$403 ;
-  wire \$404 ;
-  wire \$405 ;
-  wire \$406 ;
-  wire \$407 ;
-  wire [14:0] \$408 ;
-  wire [13:0] \$409 ;
   wire \$41 ;
-  wire [13:0] \$410 ;
-  wire [14:0] \$411 ;
-  wire \$412 ;
-  wire [14:0] \$413 ;
-  wire \$414 ;
-  wire \$415 ;
-  wire \$416 ;
-  wire [13:0] \$417 ;
-  wire \$418 ;
-  wire \$419 ;
   wire \$42 ;
-  wire \$420 ;
-  wire \$421 ;
-  wire [9:0] \$422 ;
-  wire \$423 ;
-  wire \$424 ;
-  wire \$425 ;
-  wire [9:0] \$426 ;
-  wire \$427 ;
-  wire \$428 ;
-  wire \$429 ;
-  wire [3:0] \$43 ;
-  wire [8:0] \$430 ;
-  wire [9:0] \$431 ;
-  wire \$432 ;
-  wire \$433 ;
-  wire \$434 ;
-  wire \$435 ;
-  wire \$436 ;
-  wire [9:0] \$437 ;
-  wire \$438 ;
-  wire [16:0] \$439 ;
-  wire \$44 ;
-  wire [16:0] \$440 ;
-  wire [17:0] \$441 ;
-  wire [9:0] \$442 ;
-  wire \$443 ;
-  wire [3:0] \$444 ;
-  wire [9:0] \$445 ;
-  wire \$446 ;
-  wire [9:0] \$447 ;
-  wire \$448 ;
-  wire \$449 ;
+  wire \$43 ;
+  wire [7:0] \$44 ;
   wire \$45 ;
-  wire \$450 ;
-  wire \$451 ;
-  wire \$452 ;
-  wire \$453 ;
-  reg [2:0] \$454 ;
-  reg \$455 ;
-  reg [1:0] \$456 ;
-  reg \$457 ;
-  reg \$458 ;
-  reg \$459 ;
-  wire \$46 ;
-  reg \$460 ;
-  reg [12:0] \$461 ;
-  reg [8:0] \$462 ;
-  reg \$463 ;
-  reg [15:0] \$464 ;
-  reg [8:0] \$465 ;
-  reg \$466 ;
-  reg \$467 ;
-  reg [1:0] \$468 ;
-  reg \$469 ;
+  wire [14:0] \$46 ;
   wire \$47 ;
-  reg [12:0] \$470 ;
-  reg [12:0] \$471 ;
-  reg [6:0] \$472 ;
-  reg [12:0] \$473 ;
-  reg [13:0] \$474 ;
-  reg [31:0] \$475 ;
-  reg [1:0] \$476 ;
-  reg [12:0] \$477 ;
-  reg \$478 ;
-  reg [8:0] \$479 ;
+  wire [6:0] \$475 ;
   wire \$48 ;
-  reg [12:0] \$480 ;
-  reg [13:0] \$481 ;
-  reg \$482 ;
-  reg [5:0] \$483 ;
-  reg [31:0] \$484 ;
-  reg [5:0] \$485 ;
-  reg \$486 ;
-  reg [3:0] \$487 ;
-  reg [2:0] \$488 ;
   wire \$49 ;
   wire \$5 ;
   wire \$50 ;
-  wire \$51 ;
-  wire [3:0] \$52 ;
+  wire [2:0] \$51 ;
+  wire \$52 ;
+  wire [6:0] \$525 ;
   wire \$53 ;
-  wire \$54 ;
-  wire \$55 ;
-  wire [3:0] \$56 ;
-  wire \$57 ;
+  wire [31:0] \$54 ;
+  wire [31:0] \$55 ;
+  wire \$56 ;
+  wire [2:0] \$57 ;
+  wire [6:0] \$577 ;
   wire \$58 ;
-  wire [3:0] \$59 ;
-  wire [6:0] \$590 ;
+  wire [6:0] \$582 ;
+  wire \$59 ;
   wire \$6 ;
-  wire \$60 ;
-  wire \$61 ;
+  wire [31:0] \$60 ;
+  wire [31:0] \$61 ;
   wire \$62 ;
-  wire \$63 ;
+  wire [2:0] \$63 ;
   wire \$64 ;
-  wire [6:0] \$640 ;
   wire \$65 ;
-  wire [3:0] \$66 ;
-  wire \$67 ;
+  wire [31:0] \$66 ;
+  wire [31:0] \$67 ;
   wire \$68 ;
-  wire \$69 ;
-  wire [6:0] \$692 ;
-  wire [6:0] \$697 ;
+  wire [2:0] \$69 ;
   wire \$7 ;
   wire \$70 ;
-  wire [7:0] \$71 ;
-  wire \$72 ;
-  wire \$73 ;
+  wire \$71 ;
+  wire [31:0] \$72 ;
+  wire [31:0] \$73 ;
   wire \$74 ;
-  wire \$75 ;
+  wire [23:0] \$75 ;
   wire \$76 ;
-  wire [2:0] \$77 ;
+  wire \$77 ;
   wire \$78 ;
   wire \$79 ;
   wire \$8 ;
-  wire [31:0] \$80 ;
-  wire [31:0] \$81 ;
+  wire \$80 ;
+  wire \$81 ;
   wire \$82 ;
-  wire [2:0] \$83 ;
+  wire \$83 ;
   wire \$84 ;
   wire \$85 ;
-  wire [31:0] \$86 ;
-  wire [31:0] \$87 ;
+  wire \$86 ;
+  wire \$87 ;
   wire \$88 ;
-  wire [2:0] \$89 ;
+  wire \$89 ;
   wire [31:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire [31:0] \$92 ;
-  wire [31:0] \$93 ;
+  wire \$92 ;
+  wire \$93 ;
   wire \$94 ;
-  wire [2:0] \$95 ;
+  wire \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire [31:0] \$98 ;
-  wire [31:0] \$99 ;
+  wire \$98 ;
+  wire \$99 ;
   reg [2:0] \$like ;
   reg \$signal ;
   wire [31:0] a_in__payload;
@@ -12978,11 +12889,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$85 ;
-  reg \done$85 ;
+  output \done$87 ;
+  reg \done$87 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$87 ;
+  wire \error$89 ;
   reg [2:0] fsm_state = 3'h0;
   reg [12:0] gc_addr = 13'h0000;
   reg [1:0] gc_lane = 2'h0;
@@ -13002,6 +12913,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [2:0] gm_lane = 3'h0;
   reg [13:0] gm_left = 14'h0000;
   reg [1:0] gm_owed = 2'h0;
+  reg gm_two = 1'h0;
   reg [12:0] gm_wstart = 13'h0000;
   input [220:0] ins;
   wire [220:0] ins;
@@ -13021,6 +12933,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   wire [13:0] \ins.p2 ;
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
+  reg [13:0] left_n;
   reg [31:0] mult = 32'd0;
   reg [1:0] owed_n;
   reg [31:0] pack = 32'd0;
@@ -13103,58 +13016,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   reg [31:0] w_data;
   reg w_en;
   reg [5:0] width = 6'h00;
-  always @(posedge clk)
-    t_on <= \$463 ;
-  always @(posedge clk)
-    t_mult <= \$464 ;
-  always @(posedge clk)
-    t_col <= \$465 ;
-  always @(posedge clk)
-    gm_cap <= \$466 ;
-  always @(posedge clk)
-    gm_cap2 <= \$467 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$468 ;
-  always @(posedge clk)
-    gm_cap_last <= \$469 ;
-  always @(posedge clk)
-    gm_addr <= \$470 ;
-  always @(posedge clk)
-    gm_addr1 <= \$471 ;
-  always @(posedge clk)
-    gm_k <= \$472 ;
-  always @(posedge clk)
-    gm_wstart <= \$473 ;
-  always @(posedge clk)
-    gm_left <= \$474 ;
-  always @(posedge clk)
-    pack <= \$475 ;
-  always @(posedge clk)
-    gc_lane <= \$476 ;
-  always @(posedge clk)
-    gc_addr <= \$477 ;
-  always @(posedge clk)
-    gc_last <= \$478 ;
-  always @(posedge clk)
-    gc_n <= \$479 ;
-  always @(posedge clk)
-    gc_wstart <= \$480 ;
-  always @(posedge clk)
-    gc_left <= \$481 ;
-  always @(posedge clk)
-    busy <= \$482 ;
-  always @(posedge clk)
-    width <= \$483 ;
-  always @(posedge clk)
-    mult <= \$484 ;
-  always @(posedge clk)
-    shift <= \$485 ;
-  always @(posedge clk)
-    col_en <= \$486 ;
-  always @(posedge clk)
-    t_step <= \$487 ;
-  always @(posedge clk)
-    fsm_state <= \$488 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -13171,436 +13032,400 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$17  = a_in__valid & r_en;
   assign \$18  = \$16  - \$17 ;
   assign \$21  = gm_lane + 1'h1;
-  assign \$22  = gm_lane == 2'h3;
-  assign \$23  = ! gm_left[13:3];
-  assign \$24  = gm_lane + 1'h1;
-  assign \$25  = \$24  >= gm_left[2:0];
-  assign \$26  = \$23  & \$25 ;
-  assign \$27  = \$22  | \$26 ;
-  assign \$28  = ~ \$27 ;
-  assign \$29  = ~ t_on;
-  assign \$30  = \$28  & \$29 ;
-  assign \$31  = \$21  + \$30 ;
-  assign \$32  = gm_lane == 2'h3;
-  assign \$33  = ! gm_left[13:3];
-  assign \$34  = gm_lane + 1'h1;
-  assign \$35  = \$34  >= gm_left[2:0];
-  assign \$36  = \$33  & \$35 ;
-  assign \$37  = \$32  | \$36 ;
-  assign \$38  = ~ \$37 ;
-  assign \$39  = ~ t_on;
-  assign \$40  = \$38  & \$39 ;
-  assign \$41  = gm_lane == 2'h3;
-  assign \$42  = ! gm_left[13:3];
-  assign \$43  = gm_lane + 1'h1;
-  assign \$44  = \$43  >= gm_left[2:0];
-  assign \$45  = \$42  & \$44 ;
-  assign \$46  = \$41  | \$45 ;
-  assign \$47  = ~ \$46 ;
-  assign \$48  = ~ t_on;
+  assign \$22  = \$21  + gm_two;
+  assign \$23  = gm_lane == 2'h3;
+  assign \$24  = ! gm_left[13:3];
+  assign \$25  = gm_lane + 1'h1;
+  assign \$26  = \$25  >= gm_left[2:0];
+  assign \$27  = \$24  & \$26 ;
+  assign \$28  = \$23  | \$27 ;
+  assign \$29  = gm_lane + 1'h1;
+  assign \$30  = \$29  == 2'h3;
+  assign \$31  = ! gm_left[13:3];
+  assign \$32  = gm_lane + 2'h2;
+  assign \$33  = \$32  >= gm_left[2:0];
+  assign \$34  = \$31  & \$33 ;
+  assign \$35  = \$30  | \$34 ;
+  assign \$36  = \$28  | \$35 ;
+  assign \$37  = gm_lane == 2'h3;
+  assign \$38  = ! gm_left[13:3];
+  assign \$39  = gm_lane + 1'h1;
+  assign \$40  = \$39  >= gm_left[2:0];
+  assign \$41  = \$38  & \$40 ;
+  assign \$42  = \$37  | \$41 ;
+  assign \$43  = gm_two ? \$36  : \$42 ;
+  assign \$44  = gm_k + 1'h1;
+  assign \$45  = \$44  < ins[99:93];
+  assign \$46  = gm_left - 3'h4;
+  assign \$47  = ! gm_left[13:3];
+  assign \$48  = gm_left[2:0] <= 3'h4;
   assign \$49  = \$47  & \$48 ;
-  assign \$50  = gm_lane == 2'h3;
-  assign \$51  = ! gm_left[13:3];
-  assign \$52  = gm_lane + 1'h1;
-  assign \$53  = \$52  >= gm_left[2:0];
-  assign \$54  = \$51  & \$53 ;
-  assign \$55  = \$50  | \$54 ;
-  assign \$56  = gm_lane + 1'h1;
-  assign \$57  = \$56  == 2'h3;
-  assign \$58  = ! gm_left[13:3];
-  assign \$59  = gm_lane + 2'h2;
-  assign \$60  = \$59  >= gm_left[2:0];
-  assign \$61  = \$58  & \$60 ;
-  assign \$62  = \$57  | \$61 ;
-  assign \$63  = \$55  | \$62 ;
-  assign \$64  = gm_lane == 2'h3;
-  assign \$65  = ! gm_left[13:3];
-  assign \$66  = gm_lane + 1'h1;
-  assign \$67  = \$66  >= gm_left[2:0];
-  assign \$68  = \$65  & \$67 ;
-  assign \$69  = \$64  | \$68 ;
-  assign \$70  = \$49  ? \$63  : \$69 ;
-  assign \$71  = gm_k + 1'h1;
-  assign \$72  = \$71  < ins[99:93];
-  assign \$73  = ! gm_left[13:3];
-  assign \$74  = gm_left[2:0] <= 3'h4;
-  assign \$75  = \$73  & \$74 ;
-  assign \$76  = ! gm_cap_lane;
-  assign \$77  = gm_cap_lane + 1'h1;
-  assign \$78  = ! \$77 ;
-  assign \$79  = gm_cap2 & \$78 ;
-  assign \$80  = \$79  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$81  = \$76  ? spad__rd0__data : \$80 ;
-  assign \$82  = gm_cap_lane == 1'h1;
-  assign \$83  = gm_cap_lane + 1'h1;
-  assign \$84  = \$83  == 1'h1;
-  assign \$85  = gm_cap2 & \$84 ;
-  assign \$86  = \$85  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$87  = \$82  ? spad__rd0__data : \$86 ;
-  assign \$88  = gm_cap_lane == 2'h2;
-  assign \$89  = gm_cap_lane + 1'h1;
-  assign \$90  = \$89  == 2'h2;
-  assign \$91  = gm_cap2 & \$90 ;
-  assign \$92  = \$91  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$93  = \$88  ? spad__rd0__data : \$92 ;
-  assign \$94  = gm_cap_lane == 2'h3;
-  assign \$95  = gm_cap_lane + 1'h1;
-  assign \$96  = \$95  == 2'h3;
-  assign \$97  = gm_cap2 & \$96 ;
-  assign \$98  = \$97  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$99  = \$94  ? spad__rd0__data : \$98 ;
-  assign \$100  = | width;
-  assign \$590  = gc_lane * 5'h18;
-  assign \$101  = c_out__payload >> \$590 ;
-  assign \$102  = width > 1'h1;
-  assign \$103  = width > 2'h2;
-  assign \$104  = width > 2'h3;
-  assign \$105  = width > 3'h4;
-  assign \$106  = width > 3'h5;
-  assign \$107  = width > 3'h6;
-  assign \$108  = width > 3'h7;
-  assign \$109  = width > 4'h8;
-  assign \$110  = width > 4'h9;
-  assign \$111  = width > 4'ha;
-  assign \$112  = width > 4'hb;
-  assign \$113  = width > 4'hc;
-  assign \$114  = width > 4'hd;
-  assign \$115  = width > 4'he;
-  assign \$116  = width > 4'hf;
-  assign \$117  = width > 5'h10;
-  assign \$118  = width > 5'h11;
-  assign \$119  = width > 5'h12;
-  assign \$120  = width > 5'h13;
-  assign \$121  = width > 5'h14;
-  assign \$122  = width > 5'h15;
-  assign \$123  = width > 5'h16;
-  assign \$124  = width > 5'h17;
-  assign \$125  = $signed(\$101 ) > $signed({ 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  });
-  assign \$126  = width > 1'h1;
-  assign \$127  = width > 2'h2;
-  assign \$128  = width > 2'h3;
-  assign \$129  = width > 3'h4;
-  assign \$130  = width > 3'h5;
-  assign \$131  = width > 3'h6;
-  assign \$132  = width > 3'h7;
-  assign \$133  = width > 4'h8;
-  assign \$134  = width > 4'h9;
-  assign \$135  = width > 4'ha;
-  assign \$136  = width > 4'hb;
-  assign \$137  = width > 4'hc;
-  assign \$138  = width > 4'hd;
-  assign \$139  = width > 4'he;
-  assign \$140  = width > 4'hf;
-  assign \$141  = width > 5'h10;
-  assign \$142  = width > 5'h11;
-  assign \$143  = width > 5'h12;
-  assign \$144  = width > 5'h13;
-  assign \$145  = width > 5'h14;
-  assign \$146  = width > 5'h15;
-  assign \$147  = width > 5'h16;
-  assign \$148  = width > 5'h17;
-  assign \$640  = gc_lane * 5'h18;
-  assign \$149  = c_out__payload >> \$640 ;
-  assign \$150  = width > 1'h1;
-  assign \$151  = width > 2'h2;
-  assign \$152  = width > 2'h3;
-  assign \$153  = width > 3'h4;
-  assign \$154  = width > 3'h5;
-  assign \$155  = width > 3'h6;
-  assign \$156  = width > 3'h7;
-  assign \$157  = width > 4'h8;
-  assign \$158  = width > 4'h9;
-  assign \$159  = width > 4'ha;
-  assign \$160  = width > 4'hb;
-  assign \$161  = width > 4'hc;
-  assign \$162  = width > 4'hd;
-  assign \$163  = width > 4'he;
-  assign \$164  = width > 4'hf;
-  assign \$165  = width > 5'h10;
-  assign \$166  = width > 5'h11;
-  assign \$167  = width > 5'h12;
-  assign \$168  = width > 5'h13;
-  assign \$169  = width > 5'h14;
-  assign \$170  = width > 5'h15;
-  assign \$171  = width > 5'h16;
-  assign \$172  = width > 5'h17;
-  assign \$173  = ~ { 1'h0, \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150  };
-  assign \$174  = $signed(\$149 ) < $signed(\$173 );
-  assign \$175  = width > 1'h1;
-  assign \$176  = width > 2'h2;
-  assign \$177  = width > 2'h3;
-  assign \$178  = width > 3'h4;
-  assign \$179  = width > 3'h5;
-  assign \$180  = width > 3'h6;
-  assign \$181  = width > 3'h7;
-  assign \$182  = width > 4'h8;
-  assign \$183  = width > 4'h9;
-  assign \$184  = width > 4'ha;
-  assign \$185  = width > 4'hb;
-  assign \$186  = width > 4'hc;
-  assign \$187  = width > 4'hd;
-  assign \$188  = width > 4'he;
-  assign \$189  = width > 4'hf;
-  assign \$190  = width > 5'h10;
-  assign \$191  = width > 5'h11;
-  assign \$192  = width > 5'h12;
-  assign \$193  = width > 5'h13;
-  assign \$194  = width > 5'h14;
-  assign \$195  = width > 5'h15;
-  assign \$196  = width > 5'h16;
-  assign \$197  = width > 5'h17;
-  assign \$198  = ~ { 1'h0, \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175  };
-  assign \$692  = gc_lane * 5'h18;
-  assign \$199  = c_out__payload >> \$692 ;
-  assign \$200  = \$174  ? \$198  : \$199 ;
-  assign \$201  = \$125  ? { 1'h0, \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126  } : \$200 ;
-  assign \$697  = gc_lane * 5'h18;
-  assign \$202  = c_out__payload >> \$697 ;
-  assign \$203  = \$100  ? \$201  : \$202 ;
-  assign \$204  = t_addr + 1'h1;
-  assign \$205  = ~ dma__rd_busy;
-  assign \$206  = ! fsm_state;
-  assign \$207  = fsm_state == 1'h1;
-  assign \$208  = fsm_state == 2'h2;
-  assign \$209  = fsm_state == 2'h3;
-  assign \$210  = fsm_state == 3'h4;
-  assign \$211  = fsm_state == 3'h5;
-  assign \$212  = ~ \$signal ;
-  assign \$213  = | \$like ;
-  assign \$214  = owed_n < 2'h3;
-  assign \$215  = \$213  | \$214 ;
-  assign \$216  = \$212  & \$215 ;
-  assign \$219  = ~ t_half;
-  assign \$220  = t_addr + t_step;
-  assign \$221  = t_left - 1'h1;
-  assign \$222  = t_left != 1'h1;
-  assign \$223  = t_addr + 1'h1;
-  assign \$224  = ~ t_cap_half;
-  assign \$225  = t_cap & \$224 ;
-  assign \$226  = t_cap & t_cap_half;
-  assign \$227  = t_col + 1'h1;
-  assign \$230  = gm_lane == 2'h3;
-  assign \$231  = ! gm_left[13:3];
-  assign \$232  = gm_lane + 1'h1;
-  assign \$233  = \$232  >= gm_left[2:0];
-  assign \$234  = \$231  & \$233 ;
-  assign \$235  = \$230  | \$234 ;
-  assign \$236  = ~ \$235 ;
-  assign \$237  = ~ t_on;
-  assign \$238  = \$236  & \$237 ;
-  assign \$239  = gm_lane == 2'h3;
-  assign \$240  = ! gm_left[13:3];
-  assign \$241  = gm_lane + 1'h1;
-  assign \$242  = \$241  >= gm_left[2:0];
-  assign \$243  = \$240  & \$242 ;
-  assign \$244  = \$239  | \$243 ;
-  assign \$245  = ~ \$244 ;
-  assign \$246  = ~ t_on;
-  assign \$247  = \$245  & \$246 ;
-  assign \$248  = gm_lane == 2'h3;
-  assign \$249  = ! gm_left[13:3];
-  assign \$250  = gm_lane + 1'h1;
-  assign \$251  = \$250  >= gm_left[2:0];
-  assign \$252  = \$249  & \$251 ;
-  assign \$253  = \$248  | \$252 ;
-  assign \$254  = gm_lane + 1'h1;
-  assign \$255  = \$254  == 2'h3;
-  assign \$256  = ! gm_left[13:3];
-  assign \$257  = gm_lane + 2'h2;
-  assign \$258  = \$257  >= gm_left[2:0];
-  assign \$259  = \$256  & \$258 ;
-  assign \$260  = \$255  | \$259 ;
-  assign \$261  = \$253  | \$260 ;
-  assign \$262  = gm_lane == 2'h3;
-  assign \$263  = ! gm_left[13:3];
-  assign \$264  = gm_lane + 1'h1;
-  assign \$265  = \$264  >= gm_left[2:0];
-  assign \$266  = \$263  & \$265 ;
-  assign \$267  = \$262  | \$266 ;
-  assign \$268  = \$247  ? \$261  : \$267 ;
-  assign \$269  = gm_lane == 2'h3;
-  assign \$270  = ! gm_left[13:3];
-  assign \$271  = gm_lane + 1'h1;
-  assign \$272  = \$271  >= gm_left[2:0];
-  assign \$273  = \$270  & \$272 ;
-  assign \$274  = \$269  | \$273 ;
-  assign \$275  = ~ \$274 ;
-  assign \$276  = ~ t_on;
-  assign \$277  = \$275  & \$276 ;
-  assign \$279  = \$277  ? \$278  : { 1'h0, ins[99:93] };
-  assign \$280  = gm_addr + \$279 ;
-  assign \$281  = gm_lane == 2'h3;
-  assign \$282  = ! gm_left[13:3];
-  assign \$283  = gm_lane + 1'h1;
-  assign \$284  = \$283  >= gm_left[2:0];
-  assign \$285  = \$282  & \$284 ;
-  assign \$286  = \$281  | \$285 ;
-  assign \$287  = ~ \$286 ;
-  assign \$288  = ~ t_on;
-  assign \$289  = \$287  & \$288 ;
-  assign \$291  = \$289  ? \$290  : { 1'h0, ins[99:93] };
-  assign \$292  = gm_addr1 + \$291 ;
-  assign \$293  = gm_lane == 2'h3;
-  assign \$294  = ! gm_left[13:3];
-  assign \$295  = gm_lane + 1'h1;
-  assign \$296  = \$295  >= gm_left[2:0];
-  assign \$297  = \$294  & \$296 ;
-  assign \$298  = \$293  | \$297 ;
-  assign \$299  = ~ \$298 ;
-  assign \$300  = ~ t_on;
-  assign \$301  = \$299  & \$300 ;
-  assign \$302  = gm_lane == 2'h3;
-  assign \$303  = ! gm_left[13:3];
-  assign \$304  = gm_lane + 1'h1;
-  assign \$305  = \$304  >= gm_left[2:0];
-  assign \$306  = \$303  & \$305 ;
-  assign \$307  = \$302  | \$306 ;
-  assign \$308  = gm_lane + 1'h1;
-  assign \$309  = \$308  == 2'h3;
-  assign \$310  = ! gm_left[13:3];
-  assign \$311  = gm_lane + 2'h2;
-  assign \$312  = \$311  >= gm_left[2:0];
-  assign \$313  = \$310  & \$312 ;
-  assign \$314  = \$309  | \$313 ;
-  assign \$315  = \$307  | \$314 ;
-  assign \$316  = gm_lane == 2'h3;
-  assign \$317  = ! gm_left[13:3];
-  assign \$318  = gm_lane + 1'h1;
-  assign \$319  = \$318  >= gm_left[2:0];
-  assign \$320  = \$317  & \$319 ;
-  assign \$321  = \$316  | \$320 ;
-  assign \$322  = \$301  ? \$315  : \$321 ;
-  assign \$323  = gm_k + 1'h1;
-  assign \$324  = \$323  < ins[99:93];
-  assign \$325  = gm_k + 1'h1;
-  assign \$326  = gm_wstart + 1'h1;
-  assign \$327  = gm_wstart + 1'h1;
-  assign \$328  = gm_wstart + 1'h1;
-  assign \$329  = \$328  + ins[99:93];
-  assign \$330  = gm_left - 3'h4;
-  assign \$331  = gm_lane == 2'h3;
-  assign \$332  = ! gm_left[13:3];
-  assign \$333  = gm_lane + 1'h1;
-  assign \$334  = \$333  >= gm_left[2:0];
-  assign \$335  = \$332  & \$334 ;
-  assign \$336  = \$331  | \$335 ;
-  assign \$337  = ~ \$336 ;
-  assign \$338  = ~ t_on;
+  assign \$50  = ! gm_cap_lane;
+  assign \$51  = gm_cap_lane + 1'h1;
+  assign \$52  = ! \$51 ;
+  assign \$53  = gm_cap2 & \$52 ;
+  assign \$54  = \$53  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$55  = \$50  ? spad__rd0__data : \$54 ;
+  assign \$56  = gm_cap_lane == 1'h1;
+  assign \$57  = gm_cap_lane + 1'h1;
+  assign \$58  = \$57  == 1'h1;
+  assign \$59  = gm_cap2 & \$58 ;
+  assign \$60  = \$59  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$61  = \$56  ? spad__rd0__data : \$60 ;
+  assign \$62  = gm_cap_lane == 2'h2;
+  assign \$63  = gm_cap_lane + 1'h1;
+  assign \$64  = \$63  == 2'h2;
+  assign \$65  = gm_cap2 & \$64 ;
+  assign \$66  = \$65  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$67  = \$62  ? spad__rd0__data : \$66 ;
+  assign \$68  = gm_cap_lane == 2'h3;
+  assign \$69  = gm_cap_lane + 1'h1;
+  assign \$70  = \$69  == 2'h3;
+  assign \$71  = gm_cap2 & \$70 ;
+  assign \$72  = \$71  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$73  = \$68  ? spad__rd0__data : \$72 ;
+  assign \$74  = | width;
+  assign \$475  = gc_lane * 5'h18;
+  assign \$75  = c_out__payload >> \$475 ;
+  assign \$76  = width > 1'h1;
+  assign \$77  = width > 2'h2;
+  assign \$78  = width > 2'h3;
+  assign \$79  = width > 3'h4;
+  assign \$80  = width > 3'h5;
+  assign \$81  = width > 3'h6;
+  assign \$82  = width > 3'h7;
+  assign \$83  = width > 4'h8;
+  assign \$84  = width > 4'h9;
+  assign \$85  = width > 4'ha;
+  assign \$86  = width > 4'hb;
+  assign \$87  = width > 4'hc;
+  assign \$88  = width > 4'hd;
+  assign \$89  = width > 4'he;
+  assign \$90  = width > 4'hf;
+  assign \$91  = width > 5'h10;
+  assign \$92  = width > 5'h11;
+  assign \$93  = width > 5'h12;
+  assign \$94  = width > 5'h13;
+  assign \$95  = width > 5'h14;
+  assign \$96  = width > 5'h15;
+  assign \$97  = width > 5'h16;
+  assign \$98  = width > 5'h17;
+  assign \$99  = $signed(\$75 ) > $signed({ 1'h0, \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76  });
+  assign \$100  = width > 1'h1;
+  assign \$101  = width > 2'h2;
+  assign \$102  = width > 2'h3;
+  assign \$103  = width > 3'h4;
+  assign \$104  = width > 3'h5;
+  assign \$105  = width > 3'h6;
+  assign \$106  = width > 3'h7;
+  assign \$107  = width > 4'h8;
+  assign \$108  = width > 4'h9;
+  assign \$109  = width > 4'ha;
+  assign \$110  = width > 4'hb;
+  assign \$111  = width > 4'hc;
+  assign \$112  = width > 4'hd;
+  assign \$113  = width > 4'he;
+  assign \$114  = width > 4'hf;
+  assign \$115  = width > 5'h10;
+  assign \$116  = width > 5'h11;
+  assign \$117  = width > 5'h12;
+  assign \$118  = width > 5'h13;
+  assign \$119  = width > 5'h14;
+  assign \$120  = width > 5'h15;
+  assign \$121  = width > 5'h16;
+  assign \$122  = width > 5'h17;
+  assign \$525  = gc_lane * 5'h18;
+  assign \$123  = c_out__payload >> \$525 ;
+  assign \$124  = width > 1'h1;
+  assign \$125  = width > 2'h2;
+  assign \$126  = width > 2'h3;
+  assign \$127  = width > 3'h4;
+  assign \$128  = width > 3'h5;
+  assign \$129  = width > 3'h6;
+  assign \$130  = width > 3'h7;
+  assign \$131  = width > 4'h8;
+  assign \$132  = width > 4'h9;
+  assign \$133  = width > 4'ha;
+  assign \$134  = width > 4'hb;
+  assign \$135  = width > 4'hc;
+  assign \$136  = width > 4'hd;
+  assign \$137  = width > 4'he;
+  assign \$138  = width > 4'hf;
+  assign \$139  = width > 5'h10;
+  assign \$140  = width > 5'h11;
+  assign \$141  = width > 5'h12;
+  assign \$142  = width > 5'h13;
+  assign \$143  = width > 5'h14;
+  assign \$144  = width > 5'h15;
+  assign \$145  = width > 5'h16;
+  assign \$146  = width > 5'h17;
+  assign \$147  = ~ { 1'h0, \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124  };
+  assign \$148  = $signed(\$123 ) < $signed(\$147 );
+  assign \$149  = width > 1'h1;
+  assign \$150  = width > 2'h2;
+  assign \$151  = width > 2'h3;
+  assign \$152  = width > 3'h4;
+  assign \$153  = width > 3'h5;
+  assign \$154  = width > 3'h6;
+  assign \$155  = width > 3'h7;
+  assign \$156  = width > 4'h8;
+  assign \$157  = width > 4'h9;
+  assign \$158  = width > 4'ha;
+  assign \$159  = width > 4'hb;
+  assign \$160  = width > 4'hc;
+  assign \$161  = width > 4'hd;
+  assign \$162  = width > 4'he;
+  assign \$163  = width > 4'hf;
+  assign \$164  = width > 5'h10;
+  assign \$165  = width > 5'h11;
+  assign \$166  = width > 5'h12;
+  assign \$167  = width > 5'h13;
+  assign \$168  = width > 5'h14;
+  assign \$169  = width > 5'h15;
+  assign \$170  = width > 5'h16;
+  assign \$171  = width > 5'h17;
+  assign \$172  = ~ { 1'h0, \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149  };
+  assign \$577  = gc_lane * 5'h18;
+  assign \$173  = c_out__payload >> \$577 ;
+  assign \$174  = \$148  ? \$172  : \$173 ;
+  assign \$175  = \$99  ? { 1'h0, \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100  } : \$174 ;
+  assign \$582  = gc_lane * 5'h18;
+  assign \$176  = c_out__payload >> \$582 ;
+  assign \$177  = \$74  ? \$175  : \$176 ;
+  assign \$178  = t_addr + 1'h1;
+  assign \$179  = ~ dma__rd_busy;
+  assign \$180  = ! fsm_state;
+  assign \$181  = fsm_state == 1'h1;
+  assign \$182  = fsm_state == 2'h2;
+  assign \$183  = fsm_state == 2'h3;
+  assign \$184  = fsm_state == 3'h4;
+  assign \$185  = fsm_state == 3'h5;
+  assign \$186  = ~ \$signal ;
+  assign \$187  = | \$like ;
+  assign \$188  = owed_n < 2'h3;
+  assign \$189  = \$187  | \$188 ;
+  assign \$190  = \$186  & \$189 ;
+  assign \$191  = \$like  == 2'h3;
+  assign \$192  = ! left_n[13:3];
+  assign \$193  = \$like  + 1'h1;
+  assign \$194  = \$193  >= left_n[2:0];
+  assign \$195  = \$192  & \$194 ;
+  assign \$196  = \$191  | \$195 ;
+  assign \$197  = ~ \$196 ;
+  assign \$198  = ~ t_on;
+  assign \$199  = \$197  & \$198 ;
+  assign \$202  = ~ t_half;
+  assign \$203  = t_addr + t_step;
+  assign \$204  = t_left - 1'h1;
+  assign \$205  = t_left != 1'h1;
+  assign \$206  = t_addr + 1'h1;
+  assign \$207  = ~ t_cap_half;
+  assign \$208  = t_cap & \$207 ;
+  assign \$209  = t_cap & t_cap_half;
+  assign \$210  = t_col + 1'h1;
+  assign \$213  = gm_lane == 2'h3;
+  assign \$214  = ! gm_left[13:3];
+  assign \$215  = gm_lane + 1'h1;
+  assign \$216  = \$215  >= gm_left[2:0];
+  assign \$217  = \$214  & \$216 ;
+  assign \$218  = \$213  | \$217 ;
+  assign \$219  = gm_lane + 1'h1;
+  assign \$220  = \$219  == 2'h3;
+  assign \$221  = ! gm_left[13:3];
+  assign \$222  = gm_lane + 2'h2;
+  assign \$223  = \$222  >= gm_left[2:0];
+  assign \$224  = \$221  & \$223 ;
+  assign \$225  = \$220  | \$224 ;
+  assign \$226  = \$218  | \$225 ;
+  assign \$227  = gm_lane == 2'h3;
+  assign \$228  = ! gm_left[13:3];
+  assign \$229  = gm_lane + 1'h1;
+  assign \$230  = \$229  >= gm_left[2:0];
+  assign \$231  = \$228  & \$230 ;
+  assign \$232  = \$227  | \$231 ;
+  assign \$233  = gm_two ? \$226  : \$232 ;
+  assign \$235  = gm_two ? \$234  : { 1'h0, ins[99:93] };
+  assign \$236  = gm_addr + \$235 ;
+  assign \$238  = gm_two ? \$237  : { 1'h0, ins[99:93] };
+  assign \$239  = gm_addr1 + \$238 ;
+  assign \$240  = gm_lane == 2'h3;
+  assign \$241  = ! gm_left[13:3];
+  assign \$242  = gm_lane + 1'h1;
+  assign \$243  = \$242  >= gm_left[2:0];
+  assign \$244  = \$241  & \$243 ;
+  assign \$245  = \$240  | \$244 ;
+  assign \$246  = gm_lane + 1'h1;
+  assign \$247  = \$246  == 2'h3;
+  assign \$248  = ! gm_left[13:3];
+  assign \$249  = gm_lane + 2'h2;
+  assign \$250  = \$249  >= gm_left[2:0];
+  assign \$251  = \$248  & \$250 ;
+  assign \$252  = \$247  | \$251 ;
+  assign \$253  = \$245  | \$252 ;
+  assign \$254  = gm_lane == 2'h3;
+  assign \$255  = ! gm_left[13:3];
+  assign \$256  = gm_lane + 1'h1;
+  assign \$257  = \$256  >= gm_left[2:0];
+  assign \$258  = \$255  & \$257 ;
+  assign \$259  = \$254  | \$258 ;
+  assign \$260  = gm_two ? \$253  : \$259 ;
+  assign \$261  = gm_k + 1'h1;
+  assign \$262  = \$261  < ins[99:93];
+  assign \$263  = gm_k + 1'h1;
+  assign \$264  = gm_wstart + 1'h1;
+  assign \$265  = gm_wstart + 1'h1;
+  assign \$266  = gm_wstart + 1'h1;
+  assign \$267  = \$266  + ins[99:93];
+  assign \$268  = gm_two ? gm_addr1 : gm_addr;
+  assign \$269  = \$268  + 1'h1;
+  assign \$270  = gm_two ? gm_addr1 : gm_addr;
+  assign \$271  = \$270  + 1'h1;
+  assign \$272  = gm_two ? gm_addr1 : gm_addr;
+  assign \$273  = \$272  + 1'h1;
+  assign \$274  = \$273  + ins[99:93];
+  assign \$275  = ! gm_cap_lane;
+  assign \$276  = gm_cap_lane + 1'h1;
+  assign \$277  = ! \$276 ;
+  assign \$278  = gm_cap2 & \$277 ;
+  assign \$279  = \$278  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$280  = \$275  ? spad__rd0__data : \$279 ;
+  assign \$281  = gm_cap_lane == 1'h1;
+  assign \$282  = gm_cap_lane + 1'h1;
+  assign \$283  = \$282  == 1'h1;
+  assign \$284  = gm_cap2 & \$283 ;
+  assign \$285  = \$284  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$286  = \$281  ? spad__rd0__data : \$285 ;
+  assign \$287  = gm_cap_lane == 2'h2;
+  assign \$288  = gm_cap_lane + 1'h1;
+  assign \$289  = \$288  == 2'h2;
+  assign \$290  = gm_cap2 & \$289 ;
+  assign \$291  = \$290  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$292  = \$287  ? spad__rd0__data : \$291 ;
+  assign \$293  = gm_cap_lane == 2'h3;
+  assign \$294  = gm_cap_lane + 1'h1;
+  assign \$295  = \$294  == 2'h3;
+  assign \$296  = gm_cap2 & \$295 ;
+  assign \$297  = \$296  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$298  = \$293  ? spad__rd0__data : \$297 ;
+  assign \$299  = gc_lane + 1'h1;
+  assign \$300  = gc_addr + ins[85:77];
+  assign \$301  = gc_lane + 1'h1;
+  assign \$302  = \$301  == 2'h3;
+  assign \$303  = ! gc_left[13:3];
+  assign \$304  = gc_lane + 1'h1;
+  assign \$305  = \$304  + 1'h1;
+  assign \$306  = \$305  >= gc_left[2:0];
+  assign \$307  = \$303  & \$306 ;
+  assign \$308  = \$302  | \$307 ;
+  assign \$309  = gc_n + 1'h1;
+  assign \$310  = \$309  < ins[85:77];
+  assign \$311  = gc_n + 1'h1;
+  assign \$312  = gc_wstart + 1'h1;
+  assign \$313  = gc_wstart + 1'h1;
+  assign \$314  = ! gc_left[13:3];
+  assign \$315  = gc_left[2:0] <= 1'h1;
+  assign \$316  = \$314  & \$315 ;
+  assign \$318  = gc_left - 3'h4;
+  assign \$319  = gc_addr + 1'h1;
+  assign \$320  = gc_addr + 1'h1;
+  assign \$321  = gc_left - 3'h4;
+  assign \$322  = ! \$321 [13:3];
+  assign \$323  = gc_left - 3'h4;
+  assign \$324  = \$323 [2:0] <= 1'h1;
+  assign \$325  = \$322  & \$324 ;
+  assign \$327  = ins[34:22] + ins[99:93];
+  assign \$328  = ! ins[74:64];
+  assign \$329  = ins[63:61] <= 1'h1;
+  assign \$330  = \$328  & \$329 ;
+  assign \$334  = | ins[21:16];
+  assign \$335  = \$333  & \$334 ;
+  assign \$338  = | ins[21:16];
   assign \$339  = \$337  & \$338 ;
-  assign \$340  = \$339  ? gm_addr1 : gm_addr;
-  assign \$341  = \$340  + 1'h1;
-  assign \$342  = gm_lane == 2'h3;
-  assign \$343  = ! gm_left[13:3];
-  assign \$344  = gm_lane + 1'h1;
-  assign \$345  = \$344  >= gm_left[2:0];
-  assign \$346  = \$343  & \$345 ;
-  assign \$347  = \$342  | \$346 ;
-  assign \$348  = ~ \$347 ;
-  assign \$349  = ~ t_on;
-  assign \$350  = \$348  & \$349 ;
-  assign \$351  = \$350  ? gm_addr1 : gm_addr;
-  assign \$352  = \$351  + 1'h1;
-  assign \$353  = gm_lane == 2'h3;
-  assign \$354  = ! gm_left[13:3];
-  assign \$355  = gm_lane + 1'h1;
-  assign \$356  = \$355  >= gm_left[2:0];
-  assign \$357  = \$354  & \$356 ;
-  assign \$358  = \$353  | \$357 ;
-  assign \$359  = ~ \$358 ;
-  assign \$360  = ~ t_on;
-  assign \$361  = \$359  & \$360 ;
-  assign \$362  = \$361  ? gm_addr1 : gm_addr;
-  assign \$363  = \$362  + 1'h1;
-  assign \$364  = \$363  + ins[99:93];
-  assign \$365  = ! gm_cap_lane;
-  assign \$366  = gm_cap_lane + 1'h1;
-  assign \$367  = ! \$366 ;
-  assign \$368  = gm_cap2 & \$367 ;
-  assign \$369  = \$368  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$370  = \$365  ? spad__rd0__data : \$369 ;
-  assign \$371  = gm_cap_lane == 1'h1;
-  assign \$372  = gm_cap_lane + 1'h1;
-  assign \$373  = \$372  == 1'h1;
-  assign \$374  = gm_cap2 & \$373 ;
-  assign \$375  = \$374  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$376  = \$371  ? spad__rd0__data : \$375 ;
-  assign \$377  = gm_cap_lane == 2'h2;
-  assign \$378  = gm_cap_lane + 1'h1;
-  assign \$379  = \$378  == 2'h2;
-  assign \$380  = gm_cap2 & \$379 ;
-  assign \$381  = \$380  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$382  = \$377  ? spad__rd0__data : \$381 ;
-  assign \$383  = gm_cap_lane == 2'h3;
-  assign \$384  = gm_cap_lane + 1'h1;
-  assign \$385  = \$384  == 2'h3;
-  assign \$386  = gm_cap2 & \$385 ;
-  assign \$387  = \$386  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$388  = \$383  ? spad__rd0__data : \$387 ;
-  assign \$389  = gc_lane + 1'h1;
-  assign \$390  = gc_addr + ins[85:77];
-  assign \$391  = gc_lane + 1'h1;
-  assign \$392  = \$391  == 2'h3;
-  assign \$393  = ! gc_left[13:3];
-  assign \$394  = gc_lane + 1'h1;
-  assign \$395  = \$394  + 1'h1;
-  assign \$396  = \$395  >= gc_left[2:0];
-  assign \$397  = \$393  & \$396 ;
-  assign \$398  = \$392  | \$397 ;
-  assign \$399  = gc_n + 1'h1;
-  assign \$400  = \$399  < ins[85:77];
-  assign \$401  = gc_n + 1'h1;
-  assign \$402  = gc_wstart + 1'h1;
-  assign \$403  = gc_wstart + 1'h1;
-  assign \$404  = ! gc_left[13:3];
-  assign \$405  = gc_left[2:0] <= 1'h1;
-  assign \$406  = \$404  & \$405 ;
-  assign \$408  = gc_left - 3'h4;
-  assign \$409  = gc_addr + 1'h1;
-  assign \$410  = gc_addr + 1'h1;
-  assign \$411  = gc_left - 3'h4;
-  assign \$412  = ! \$411 [13:3];
-  assign \$413  = gc_left - 3'h4;
-  assign \$414  = \$413 [2:0] <= 1'h1;
-  assign \$415  = \$412  & \$414 ;
-  assign \$417  = ins[34:22] + ins[99:93];
-  assign \$418  = ! ins[74:64];
-  assign \$419  = ins[63:61] <= 1'h1;
-  assign \$420  = \$418  & \$419 ;
-  assign \$424  = | ins[21:16];
-  assign \$425  = \$423  & \$424 ;
-  assign \$428  = | ins[21:16];
-  assign \$429  = \$427  & \$428 ;
-  assign \$430  = \$429  ? ins[85:77] : 9'h000;
-  assign \$433  = | ins[21:16];
-  assign \$434  = \$432  & \$433 ;
-  assign \$435  = | ins[85:77];
-  assign \$436  = \$434  & \$435 ;
-  assign \$440  = \$438  ? \$439  : 17'h00000;
-  assign \$441  = ins[47:35] + \$440 ;
-  assign \$444  = \$443  ? 4'hf : 4'h1;
-  assign \$449  = | ins[21:16];
-  assign \$450  = \$448  & \$449 ;
-  assign \$451  = ~ \$450 ;
-  assign \$452  = \$446  & \$451 ;
-  assign \$453  = ~ dma__rd_busy;
+  assign \$340  = \$339  ? ins[85:77] : 9'h000;
+  assign \$343  = | ins[21:16];
+  assign \$344  = \$342  & \$343 ;
+  assign \$345  = | ins[85:77];
+  assign \$346  = \$344  & \$345 ;
+  assign \$350  = \$348  ? \$349  : 17'h00000;
+  assign \$351  = ins[47:35] + \$350 ;
+  assign \$354  = \$353  ? 4'hf : 4'h1;
+  assign \$359  = | ins[21:16];
+  assign \$360  = \$358  & \$359 ;
+  assign \$361  = ~ \$360 ;
+  assign \$362  = \$356  & \$361 ;
+  assign \$363  = ~ dma__rd_busy;
   always @(posedge clk)
-    gm_lane <= \$454 ;
+    gm_lane <= \$364 ;
   always @(posedge clk)
-    gm_afeed_done <= \$455 ;
+    gm_afeed_done <= \$365 ;
   always @(posedge clk)
-    gm_owed <= \$456 ;
+    gm_owed <= \$366 ;
   always @(posedge clk)
-    gm_go <= \$457 ;
+    gm_left <= \$367 ;
   always @(posedge clk)
-    t_cap <= \$458 ;
+    gm_go <= \$368 ;
   always @(posedge clk)
-    t_cap_half <= \$459 ;
+    gm_two <= \$369 ;
   always @(posedge clk)
-    t_half <= \$460 ;
+    t_cap <= \$370 ;
   always @(posedge clk)
-    t_addr <= \$461 ;
+    t_cap_half <= \$371 ;
   always @(posedge clk)
-    t_left <= \$462 ;
+    t_half <= \$372 ;
+  always @(posedge clk)
+    t_addr <= \$373 ;
+  always @(posedge clk)
+    t_left <= \$374 ;
+  always @(posedge clk)
+    t_on <= \$375 ;
+  always @(posedge clk)
+    t_mult <= \$376 ;
+  always @(posedge clk)
+    t_col <= \$377 ;
+  always @(posedge clk)
+    gm_cap <= \$378 ;
+  always @(posedge clk)
+    gm_cap2 <= \$379 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$380 ;
+  always @(posedge clk)
+    gm_cap_last <= \$381 ;
+  always @(posedge clk)
+    gm_addr <= \$382 ;
+  always @(posedge clk)
+    gm_addr1 <= \$383 ;
+  always @(posedge clk)
+    gm_k <= \$384 ;
+  always @(posedge clk)
+    gm_wstart <= \$385 ;
+  always @(posedge clk)
+    pack <= \$386 ;
+  always @(posedge clk)
+    gc_lane <= \$387 ;
+  always @(posedge clk)
+    gc_addr <= \$388 ;
+  always @(posedge clk)
+    gc_last <= \$389 ;
+  always @(posedge clk)
+    gc_n <= \$390 ;
+  always @(posedge clk)
+    gc_wstart <= \$391 ;
+  always @(posedge clk)
+    gc_left <= \$392 ;
+  always @(posedge clk)
+    busy <= \$393 ;
+  always @(posedge clk)
+    width <= \$394 ;
+  always @(posedge clk)
+    mult <= \$395 ;
+  always @(posedge clk)
+    shift <= \$396 ;
+  always @(posedge clk)
+    col_en <= \$397 ;
+  always @(posedge clk)
+    t_step <= \$398 ;
+  always @(posedge clk)
+    fsm_state <= \$399 ;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(a_in__payload),
@@ -13632,7 +13457,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$87 ),
+    .error(\error$89 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -13641,598 +13466,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     .rst(rst),
     .unit_rst(unit_rst)
   );
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$464  = t_mult;
-    if (\$225 ) begin
-      \$464  = spad__rd1__data[15:0];
-    end
-    if (unit_rst) begin
-      \$464  = 16'h0000;
-    end
-    if (rst) begin
-      \$464  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$465  = t_col;
-    if (\$226 ) begin
-      \$465  = \$227 [8:0];
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$465  = 9'h000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$465  = 9'h000;
-    end
-    if (rst) begin
-      \$465  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$466  = gm_cap;
-    if (running) begin
-      \$466  = 1'h0;
-      if (\$229 ) begin
-        \$466  = 1'h1;
-      end
-    end
-    if (unit_rst) begin
-      \$466  = 1'h0;
-    end
-    if (rst) begin
-      \$466  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$467  = gm_cap2;
-    if (running) begin
-      if (\$229 ) begin
-        \$467  = \$238 ;
-      end
-    end
-    if (unit_rst) begin
-      \$467  = 1'h0;
-    end
-    if (rst) begin
-      \$467  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$468  = gm_cap_lane;
-    if (running) begin
-      if (\$229 ) begin
-        \$468  = gm_lane[1:0];
-      end
-    end
-    if (unit_rst) begin
-      \$468  = 2'h0;
-    end
-    if (rst) begin
-      \$468  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$469  = gm_cap_last;
-    if (running) begin
-      if (\$229 ) begin
-        \$469  = \$268 ;
-      end
-    end
-    if (unit_rst) begin
-      \$469  = 1'h0;
-    end
-    if (rst) begin
-      \$469  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$470  = gm_addr;
-    if (running) begin
-      if (\$229 ) begin
-        \$470  = \$280 [12:0];
-        if (\$322 ) begin
-          (* full_case = 32'd1 *)
-          if (\$324 ) begin
-            \$470  = \$327 [12:0];
-          end else begin
-            \$470  = \$352 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$470  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$470  = 13'h0000;
-    end
-    if (rst) begin
-      \$470  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$471  = gm_addr1;
-    if (running) begin
-      if (\$229 ) begin
-        \$471  = \$292 [12:0];
-        if (\$322 ) begin
-          (* full_case = 32'd1 *)
-          if (\$324 ) begin
-            \$471  = \$329 [12:0];
-          end else begin
-            \$471  = \$364 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$471  = \$417 [12:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$471  = 13'h0000;
-    end
-    if (rst) begin
-      \$471  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$472  = gm_k;
-    if (running) begin
-      if (\$229 ) begin
-        if (\$322 ) begin
-          (* full_case = 32'd1 *)
-          if (\$324 ) begin
-            \$472  = \$325 [6:0];
-          end else begin
-            \$472  = 7'h00;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$472  = 7'h00;
-          end
-    endcase
-    if (unit_rst) begin
-      \$472  = 7'h00;
-    end
-    if (rst) begin
-      \$472  = 7'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$473  = gm_wstart;
-    if (running) begin
-      if (\$229 ) begin
-        if (\$322 ) begin
-          (* full_case = 32'd1 *)
-          if (\$324 ) begin
-            \$473  = \$326 [12:0];
-          end else begin
-            \$473  = \$341 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$473  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$473  = 13'h0000;
-    end
-    if (rst) begin
-      \$473  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$474  = gm_left;
-    if (running) begin
-      if (\$229 ) begin
-        if (\$322 ) begin
-          (* full_case = 32'd1 *)
-          if (\$324 ) begin
-          end else begin
-            \$474  = \$330 [13:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$474  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$474  = 14'h0000;
-    end
-    if (rst) begin
-      \$474  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$475  = pack;
-    if (running) begin
-      if (gm_cap) begin
-        \$475 [7:0] = \$370 [7:0];
-        \$475 [15:8] = \$376 [7:0];
-        \$475 [23:16] = \$382 [7:0];
-        \$475 [31:24] = \$388 [7:0];
-        if (gm_cap_last) begin
-          \$475  = 32'd0;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$475  = 32'd0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$475  = 32'd0;
-    end
-    if (rst) begin
-      \$475  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$476  = gc_lane;
-    if (running) begin
-      if (c_out__valid) begin
-        \$476  = \$389 [1:0];
-        if (gc_last) begin
-          \$476  = 2'h0;
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$476  = 2'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$476  = 2'h0;
-    end
-    if (rst) begin
-      \$476  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$477  = gc_addr;
-    if (running) begin
-      if (c_out__valid) begin
-        \$477  = \$390 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$400 ) begin
-            \$477  = \$403 [12:0];
-          end else begin
-            \$477  = \$410 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$477  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$477  = 13'h0000;
-    end
-    if (rst) begin
-      \$477  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$478  = gc_last;
-    if (running) begin
-      if (c_out__valid) begin
-        \$478  = \$398 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$400 ) begin
-            \$478  = \$407 ;
-          end else begin
-            \$478  = \$416 ;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$478  = \$421 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$478  = 1'h0;
-    end
-    if (rst) begin
-      \$478  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$479  = gc_n;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$400 ) begin
-            \$479  = \$401 [8:0];
-          end else begin
-            \$479  = 9'h000;
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$479  = 9'h000;
-          end
-    endcase
-    if (unit_rst) begin
-      \$479  = 9'h000;
-    end
-    if (rst) begin
-      \$479  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$480  = gc_wstart;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$400 ) begin
-            \$480  = \$402 [12:0];
-          end else begin
-            \$480  = \$409 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$480  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$480  = 13'h0000;
-    end
-    if (rst) begin
-      \$480  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$481  = gc_left;
-    if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$400 ) begin
-          end else begin
-            \$481  = \$408 [13:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$481  = ins[74:61];
-          end
-    endcase
-    if (unit_rst) begin
-      \$481  = 14'h0000;
-    end
-    if (rst) begin
-      \$481  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$482  = busy;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$482  = 1'h1;
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h4:
-          if (dma__error) begin
-            \$482  = 1'h0;
-          end else if (done) begin
-            if (\error$87 ) begin
-              \$482  = 1'h0;
-            end
-          end
-      3'h5:
-          if (\$453 ) begin
-            \$482  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$482  = 1'h0;
-    end
-    if (rst) begin
-      \$482  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$483  = width;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$483  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$483  = 6'h00;
-    end
-    if (rst) begin
-      \$483  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$484  = mult;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$484  = ins[168:137];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$484  = { 16'h0000, spad__rd0__data[15:0] };
-    endcase
-    if (unit_rst) begin
-      \$484  = 32'd0;
-    end
-    if (rst) begin
-      \$484  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$485  = shift;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$485  = ins[174:169];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$485  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$485  = 6'h00;
-    end
-    if (rst) begin
-      \$485  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$486  = col_en;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$486  = \$425 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$486  = 1'h0;
-    end
-    if (rst) begin
-      \$486  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$487  = t_step;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$487  = \$444 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$487  = 4'h0;
-    end
-    if (rst) begin
-      \$487  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$488  = fsm_state;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            (* full_case = 32'd1 *)
-            if (\$452 ) begin
-              \$488  = 3'h1;
-            end else begin
-              \$488  = 3'h2;
-            end
-          end
-      3'h1:
-          \$488  = 3'h3;
-      3'h3:
-          \$488  = 3'h2;
-      3'h2:
-          if (cmd__ready) begin
-            \$488  = 3'h4;
-          end
-      3'h4:
-          if (dma__error) begin
-            \$488  = 3'h0;
-          end else if (done) begin
-            (* full_case = 32'd1 *)
-            if (\error$87 ) begin
-              \$488  = 3'h0;
-            end else begin
-              \$488  = 3'h5;
-            end
-          end
-      3'h5:
-          if (\$453 ) begin
-            \$488  = 3'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$488  = 3'h0;
-    end
-    if (rst) begin
-      \$488  = 3'h0;
-    end
-  end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
@@ -14317,8 +13550,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     \$like  = gm_lane;
     if (running) begin
       if (\$20 ) begin
-        \$like  = \$31 [2:0];
-        if (\$70 ) begin
+        \$like  = \$22 [2:0];
+        if (\$43 ) begin
           \$like  = 3'h0;
         end
       end
@@ -14335,11 +13568,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     \$signal  = gm_afeed_done;
     if (running) begin
       if (\$20 ) begin
-        if (\$70 ) begin
+        if (\$43 ) begin
           (* full_case = 32'd1 *)
-          if (\$72 ) begin
+          if (\$45 ) begin
           end else begin
-            if (\$75 ) begin
+            if (\$49 ) begin
               \$signal  = 1'h1;
             end
           end
@@ -14368,13 +13601,34 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    left_n = gm_left;
+    if (running) begin
+      if (\$20 ) begin
+        if (\$43 ) begin
+          (* full_case = 32'd1 *)
+          if (\$45 ) begin
+          end else begin
+            left_n = \$46 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            left_n = ins[74:61];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd1__addr = 13'h0000;
     if (\$6 ) begin
       spad__rd1__addr = t_addr;
     end
     if (running) begin
       if (\$20 ) begin
-        if (\$40 ) begin
+        if (gm_two) begin
           spad__rd1__addr = gm_addr1;
         end
       end
@@ -14383,7 +13637,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$204 [12:0];
+          spad__rd1__addr = \$178 [12:0];
     endcase
   end
   always @* begin
@@ -14394,7 +13648,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     end
     if (running) begin
       if (\$20 ) begin
-        if (\$40 ) begin
+        if (gm_two) begin
           spad__rd1__en = 1'h1;
         end
       end
@@ -14463,7 +13717,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     if (running) begin
       if (gm_cap) begin
         if (gm_cap_last) begin
-          w_data = { \$99 [7:0], \$93 [7:0], \$87 [7:0], \$81 [7:0] };
+          w_data = { \$73 [7:0], \$67 [7:0], \$61 [7:0], \$55 [7:0] };
         end
       end
     end
@@ -14502,7 +13756,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
     spad__wr__data = 32'd0;
     if (running) begin
       if (c_out__valid) begin
-        spad__wr__data = { \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203 [23], \$203  };
+        spad__wr__data = { \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177  };
       end
     end
   end
@@ -14554,7 +13808,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \done$85  = 1'h0;
+    \done$87  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -14566,15 +13820,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$85  = 1'h1;
+            \done$87  = 1'h1;
           end else if (done) begin
-            if (\error$87 ) begin
-              \done$85  = 1'h1;
+            if (\error$89 ) begin
+              \done$87  = 1'h1;
             end
           end
       3'h5:
-          if (\$205 ) begin
-            \done$85  = 1'h1;
+          if (\$179 ) begin
+            \done$87  = 1'h1;
           end
     endcase
   end
@@ -14594,174 +13848,759 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$87 ) begin
+            if (\error$89 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$205 ) begin
+          if (\$179 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$454  = \$like ;
+    \$364  = \$like ;
     if (unit_rst) begin
-      \$454  = 3'h0;
+      \$364  = 3'h0;
     end
     if (rst) begin
-      \$454  = 3'h0;
+      \$364  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$455  = \$signal ;
+    \$365  = \$signal ;
     if (unit_rst) begin
-      \$455  = 1'h0;
+      \$365  = 1'h0;
     end
     if (rst) begin
-      \$455  = 1'h0;
+      \$365  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$456  = owed_n;
+    \$366  = owed_n;
     if (unit_rst) begin
-      \$456  = 2'h0;
+      \$366  = 2'h0;
     end
     if (rst) begin
-      \$456  = 2'h0;
+      \$366  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$457  = \$216 ;
+    \$367  = left_n;
     if (unit_rst) begin
-      \$457  = 1'h0;
+      \$367  = 14'h0000;
     end
     if (rst) begin
-      \$457  = 1'h0;
+      \$367  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$458  = 1'h0;
-    if (\$218 ) begin
-      \$458  = 1'h1;
-    end
-    if (\done$85 ) begin
-      \$458  = 1'h0;
-    end
+    \$368  = \$190 ;
     if (unit_rst) begin
-      \$458  = 1'h0;
+      \$368  = 1'h0;
     end
     if (rst) begin
-      \$458  = 1'h0;
+      \$368  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$459  = t_cap_half;
-    if (\$218 ) begin
-      \$459  = t_half;
-    end
+    \$369  = \$199 ;
     if (unit_rst) begin
-      \$459  = 1'h0;
+      \$369  = 1'h0;
     end
     if (rst) begin
-      \$459  = 1'h0;
+      \$369  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$460  = t_half;
-    if (\$218 ) begin
-      \$460  = \$219 ;
+    \$370  = 1'h0;
+    if (\$201 ) begin
+      \$370  = 1'h1;
+    end
+    if (\done$87 ) begin
+      \$370  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$370  = 1'h0;
+    end
+    if (rst) begin
+      \$370  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$371  = t_cap_half;
+    if (\$201 ) begin
+      \$371  = t_half;
+    end
+    if (unit_rst) begin
+      \$371  = 1'h0;
+    end
+    if (rst) begin
+      \$371  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$372  = t_half;
+    if (\$201 ) begin
+      \$372  = \$202 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$460  = 1'h0;
+            \$372  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$460  = 1'h0;
+      \$372  = 1'h0;
     end
     if (rst) begin
-      \$460  = 1'h0;
+      \$372  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$461  = t_addr;
-    if (\$218 ) begin
+    \$373  = t_addr;
+    if (\$201 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$461  = \$220 [12:0];
+        \$373  = \$203 [12:0];
       end else begin
-        \$461  = \$223 [12:0];
+        \$373  = \$206 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$461  = \$441 [12:0];
+            \$373  = \$351 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$461  = 13'h0000;
+      \$373  = 13'h0000;
     end
     if (rst) begin
-      \$461  = 13'h0000;
+      \$373  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$462  = t_left;
-    if (\$218 ) begin
+    \$374  = t_left;
+    if (\$201 ) begin
       if (t_half) begin
-        \$462  = \$221 [8:0];
+        \$374  = \$204 [8:0];
       end
     end
-    if (\done$85 ) begin
-      \$462  = 9'h000;
+    if (\done$87 ) begin
+      \$374  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$462  = \$430 ;
+            \$374  = \$340 ;
           end
     endcase
     if (unit_rst) begin
-      \$462  = 9'h000;
+      \$374  = 9'h000;
     end
     if (rst) begin
-      \$462  = 9'h000;
+      \$374  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$463  = t_on;
-    if (\$218 ) begin
+    \$375  = t_on;
+    if (\$201 ) begin
       if (t_half) begin
-        \$463  = \$222 ;
+        \$375  = \$205 ;
       end
     end
-    if (\done$85 ) begin
-      \$463  = 1'h0;
+    if (\done$87 ) begin
+      \$375  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$463  = \$436 ;
+            \$375  = \$346 ;
           end
     endcase
     if (unit_rst) begin
-      \$463  = 1'h0;
+      \$375  = 1'h0;
     end
     if (rst) begin
-      \$463  = 1'h0;
+      \$375  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$376  = t_mult;
+    if (\$208 ) begin
+      \$376  = spad__rd1__data[15:0];
+    end
+    if (unit_rst) begin
+      \$376  = 16'h0000;
+    end
+    if (rst) begin
+      \$376  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$377  = t_col;
+    if (\$209 ) begin
+      \$377  = \$210 [8:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$377  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$377  = 9'h000;
+    end
+    if (rst) begin
+      \$377  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$378  = gm_cap;
+    if (running) begin
+      \$378  = 1'h0;
+      if (\$212 ) begin
+        \$378  = 1'h1;
+      end
+    end
+    if (unit_rst) begin
+      \$378  = 1'h0;
+    end
+    if (rst) begin
+      \$378  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$379  = gm_cap2;
+    if (running) begin
+      if (\$212 ) begin
+        \$379  = gm_two;
+      end
+    end
+    if (unit_rst) begin
+      \$379  = 1'h0;
+    end
+    if (rst) begin
+      \$379  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$380  = gm_cap_lane;
+    if (running) begin
+      if (\$212 ) begin
+        \$380  = gm_lane[1:0];
+      end
+    end
+    if (unit_rst) begin
+      \$380  = 2'h0;
+    end
+    if (rst) begin
+      \$380  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$381  = gm_cap_last;
+    if (running) begin
+      if (\$212 ) begin
+        \$381  = \$233 ;
+      end
+    end
+    if (unit_rst) begin
+      \$381  = 1'h0;
+    end
+    if (rst) begin
+      \$381  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$382  = gm_addr;
+    if (running) begin
+      if (\$212 ) begin
+        \$382  = \$236 [12:0];
+        if (\$260 ) begin
+          (* full_case = 32'd1 *)
+          if (\$262 ) begin
+            \$382  = \$265 [12:0];
+          end else begin
+            \$382  = \$271 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$382  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$382  = 13'h0000;
+    end
+    if (rst) begin
+      \$382  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$383  = gm_addr1;
+    if (running) begin
+      if (\$212 ) begin
+        \$383  = \$239 [12:0];
+        if (\$260 ) begin
+          (* full_case = 32'd1 *)
+          if (\$262 ) begin
+            \$383  = \$267 [12:0];
+          end else begin
+            \$383  = \$274 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$383  = \$327 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$383  = 13'h0000;
+    end
+    if (rst) begin
+      \$383  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$384  = gm_k;
+    if (running) begin
+      if (\$212 ) begin
+        if (\$260 ) begin
+          (* full_case = 32'd1 *)
+          if (\$262 ) begin
+            \$384  = \$263 [6:0];
+          end else begin
+            \$384  = 7'h00;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$384  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$384  = 7'h00;
+    end
+    if (rst) begin
+      \$384  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$385  = gm_wstart;
+    if (running) begin
+      if (\$212 ) begin
+        if (\$260 ) begin
+          (* full_case = 32'd1 *)
+          if (\$262 ) begin
+            \$385  = \$264 [12:0];
+          end else begin
+            \$385  = \$269 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$385  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$385  = 13'h0000;
+    end
+    if (rst) begin
+      \$385  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$386  = pack;
+    if (running) begin
+      if (gm_cap) begin
+        \$386 [7:0] = \$280 [7:0];
+        \$386 [15:8] = \$286 [7:0];
+        \$386 [23:16] = \$292 [7:0];
+        \$386 [31:24] = \$298 [7:0];
+        if (gm_cap_last) begin
+          \$386  = 32'd0;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$386  = 32'd0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$386  = 32'd0;
+    end
+    if (rst) begin
+      \$386  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$387  = gc_lane;
+    if (running) begin
+      if (c_out__valid) begin
+        \$387  = \$299 [1:0];
+        if (gc_last) begin
+          \$387  = 2'h0;
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$387  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$387  = 2'h0;
+    end
+    if (rst) begin
+      \$387  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$388  = gc_addr;
+    if (running) begin
+      if (c_out__valid) begin
+        \$388  = \$300 [12:0];
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$310 ) begin
+            \$388  = \$313 [12:0];
+          end else begin
+            \$388  = \$320 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$388  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$388  = 13'h0000;
+    end
+    if (rst) begin
+      \$388  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$389  = gc_last;
+    if (running) begin
+      if (c_out__valid) begin
+        \$389  = \$308 ;
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$310 ) begin
+            \$389  = \$317 ;
+          end else begin
+            \$389  = \$326 ;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$389  = \$331 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$389  = 1'h0;
+    end
+    if (rst) begin
+      \$389  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$390  = gc_n;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$310 ) begin
+            \$390  = \$311 [8:0];
+          end else begin
+            \$390  = 9'h000;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$390  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$390  = 9'h000;
+    end
+    if (rst) begin
+      \$390  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$391  = gc_wstart;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$310 ) begin
+            \$391  = \$312 [12:0];
+          end else begin
+            \$391  = \$319 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$391  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$391  = 13'h0000;
+    end
+    if (rst) begin
+      \$391  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$392  = gc_left;
+    if (running) begin
+      if (c_out__valid) begin
+        if (gc_last) begin
+          (* full_case = 32'd1 *)
+          if (\$310 ) begin
+          end else begin
+            \$392  = \$318 [13:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$392  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$392  = 14'h0000;
+    end
+    if (rst) begin
+      \$392  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$393  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$393  = 1'h1;
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h4:
+          if (dma__error) begin
+            \$393  = 1'h0;
+          end else if (done) begin
+            if (\error$89 ) begin
+              \$393  = 1'h0;
+            end
+          end
+      3'h5:
+          if (\$363 ) begin
+            \$393  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$393  = 1'h0;
+    end
+    if (rst) begin
+      \$393  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$394  = width;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$394  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$394  = 6'h00;
+    end
+    if (rst) begin
+      \$394  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$395  = mult;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$395  = ins[168:137];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$395  = { 16'h0000, spad__rd0__data[15:0] };
+    endcase
+    if (unit_rst) begin
+      \$395  = 32'd0;
+    end
+    if (rst) begin
+      \$395  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$396  = shift;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$396  = ins[174:169];
+          end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$396  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$396  = 6'h00;
+    end
+    if (rst) begin
+      \$396  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$397  = col_en;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$397  = \$335 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$397  = 1'h0;
+    end
+    if (rst) begin
+      \$397  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$398  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$398  = \$354 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$398  = 4'h0;
+    end
+    if (rst) begin
+      \$398  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$399  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            (* full_case = 32'd1 *)
+            if (\$362 ) begin
+              \$399  = 3'h1;
+            end else begin
+              \$399  = 3'h2;
+            end
+          end
+      3'h1:
+          \$399  = 3'h3;
+      3'h3:
+          \$399  = 3'h2;
+      3'h2:
+          if (cmd__ready) begin
+            \$399  = 3'h4;
+          end
+      3'h4:
+          if (dma__error) begin
+            \$399  = 3'h0;
+          end else if (done) begin
+            (* full_case = 32'd1 *)
+            if (\error$89 ) begin
+              \$399  = 3'h0;
+            end else begin
+              \$399  = 3'h5;
+            end
+          end
+      3'h5:
+          if (\$363 ) begin
+            \$399  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$399  = 3'h0;
+    end
+    if (rst) begin
+      \$399  = 3'h0;
     end
   end
   assign col = col_en;
@@ -14847,37 +14686,37 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, start, un
   assign \$13  = gm_go;
   assign \$19  = 1'h1;
   assign \$20  = gm_go;
-  assign \$217  = 1'h1;
-  assign \$218  = t_on;
-  assign \$228  = 1'h1;
-  assign \$229  = gm_go;
-  assign \$278  = { ins[99:93], 1'h0 };
-  assign \$290  = { ins[99:93], 1'h0 };
-  assign \$407  = \$406 ;
-  assign \$416  = \$415 ;
-  assign \$421  = \$420 ;
-  assign { \$422 [9:4], \$422 [2:0] } = 9'h000;
-  assign \$422 [3] = ins[9];
-  assign { \$426 [9:4], \$426 [2:0] } = 9'h000;
-  assign \$426 [3] = ins[9];
-  assign { \$431 [9:4], \$431 [2:0] } = 9'h000;
-  assign \$431 [3] = ins[9];
-  assign { \$437 [9:3], \$437 [1:0] } = 9'h000;
-  assign \$437 [2] = ins[8];
-  assign \$439  = { ins[190:175], 1'h0 };
-  assign { \$442 [9:3], \$442 [1:0] } = 9'h000;
-  assign \$442 [2] = ins[8];
-  assign { \$445 [9:3], \$445 [1:0] } = 9'h000;
-  assign \$445 [2] = ins[8];
-  assign { \$447 [9:4], \$447 [2:0] } = 9'h000;
-  assign \$447 [3] = ins[9];
-  assign \$423  = ins[9];
-  assign \$427  = ins[9];
-  assign \$432  = ins[9];
-  assign \$438  = ins[8];
-  assign \$443  = ins[8];
-  assign \$446  = ins[8];
-  assign \$448  = ins[9];
+  assign \$200  = 1'h1;
+  assign \$201  = t_on;
+  assign \$211  = 1'h1;
+  assign \$212  = gm_go;
+  assign \$234  = { ins[99:93], 1'h0 };
+  assign \$237  = { ins[99:93], 1'h0 };
+  assign \$317  = \$316 ;
+  assign \$326  = \$325 ;
+  assign \$331  = \$330 ;
+  assign { \$332 [9:4], \$332 [2:0] } = 9'h000;
+  assign \$332 [3] = ins[9];
+  assign { \$336 [9:4], \$336 [2:0] } = 9'h000;
+  assign \$336 [3] = ins[9];
+  assign { \$341 [9:4], \$341 [2:0] } = 9'h000;
+  assign \$341 [3] = ins[9];
+  assign { \$347 [9:3], \$347 [1:0] } = 9'h000;
+  assign \$347 [2] = ins[8];
+  assign \$349  = { ins[190:175], 1'h0 };
+  assign { \$352 [9:3], \$352 [1:0] } = 9'h000;
+  assign \$352 [2] = ins[8];
+  assign { \$355 [9:3], \$355 [1:0] } = 9'h000;
+  assign \$355 [2] = ins[8];
+  assign { \$357 [9:4], \$357 [2:0] } = 9'h000;
+  assign \$357 [3] = ins[9];
+  assign \$333  = ins[9];
+  assign \$337  = ins[9];
+  assign \$342  = ins[9];
+  assign \$348  = ins[8];
+  assign \$353  = ins[8];
+  assign \$356  = ins[8];
+  assign \$358  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -24537,8 +24376,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1635$0 (mult),
-    .\port$1640$0 (i__payload),
+    .\port$1545$0 (mult),
+    .\port$1550$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -25394,7 +25233,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25480,10 +25319,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1635$0 ;
-  wire [15:0] \port$1635$0 ;
-  input [95:0] \port$1640$0 ;
-  wire [95:0] \port$1640$0 ;
+  input [15:0] \port$1545$0 ;
+  wire [15:0] \port$1545$0 ;
+  input [95:0] \port$1550$0 ;
+  wire [95:0] \port$1550$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25548,7 +25387,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1640$0 [16:0] };
+      \$9  = { 1'h0, \port$1550$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25561,7 +25400,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1635$0  };
+      \$10  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25587,7 +25426,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23:17] };
+      \$12  = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25600,7 +25439,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1635$0  };
+      \$13  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25626,7 +25465,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1640$0 [40:24] };
+      \$15  = { 1'h0, \port$1550$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25639,7 +25478,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1635$0  };
+      \$16  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25665,7 +25504,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47:41] };
+      \$18  = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25678,7 +25517,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1635$0  };
+      \$19  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25704,7 +25543,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1640$0 [64:48] };
+      \$21  = { 1'h0, \port$1550$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25717,7 +25556,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1635$0  };
+      \$22  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25743,7 +25582,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71:65] };
+      \$24  = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25756,7 +25595,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1635$0  };
+      \$25  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -25782,7 +25621,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1640$0 [88:72] };
+      \$27  = { 1'h0, \port$1550$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -25795,7 +25634,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1635$0  };
+      \$28  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -25821,7 +25660,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95:89] };
+      \$30  = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -25834,7 +25673,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1635$0  };
+      \$31  = { 2'h0, \port$1545$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -25856,22 +25695,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1635$0 , \port$1640$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1640$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1635$0  };
-  assign a__1 = { \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23], \port$1640$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1635$0  };
-  assign a__2 = { 1'h0, \port$1640$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1635$0  };
-  assign a__3 = { \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47], \port$1640$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1635$0  };
-  assign a__4 = { 1'h0, \port$1640$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1635$0  };
-  assign a__5 = { \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71], \port$1640$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1635$0  };
-  assign a__6 = { 1'h0, \port$1640$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1635$0  };
-  assign a__7 = { \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95], \port$1640$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1635$0  };
+  assign a__0 = { 1'h0, \port$1550$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1545$0  };
+  assign a__1 = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1545$0  };
+  assign a__2 = { 1'h0, \port$1550$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1545$0  };
+  assign a__3 = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1545$0  };
+  assign a__4 = { 1'h0, \port$1550$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1545$0  };
+  assign a__5 = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1545$0  };
+  assign a__6 = { 1'h0, \port$1550$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1545$0  };
+  assign a__7 = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1545$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30193,7 +30032,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4287$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4197$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -30373,8 +30212,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4287$0 ;
-  wire [4:0] \port$4287$0 ;
+  input [4:0] \port$4197$0 ;
+  wire [4:0] \port$4197$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30387,68 +30226,68 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4287$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4197$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4287$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4197$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4287$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4197$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4287$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4287$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4197$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4197$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4287$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4197$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4287$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4197$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4287$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4197$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4], \port$4287$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4287$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4197$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4287$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4197$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4287$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4197$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4287$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4197$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4287$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4197$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0], \port$4287$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1], \port$4287$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2], \port$4287$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3], \port$4287$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -30463,7 +30302,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4287$0 , \port$2$0  };
+  assign select = { \port$4197$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

@@ -99,6 +99,7 @@ class GemmFeed(wiring.Component):
         gm_afeed_done = Signal()
         gm_owed = Signal(range(A_WORDS + 1))   # words begun and not yet taken by the engine
         gm_go = Signal()        # a lane of A is read unless blocked (see below)
+        gm_two = Signal()       # ... and the next one on rd1 (see below)
         gc_left = Signal(SW)
         gc_n = Signal(NW)
         gc_lane = Signal(range(R))
@@ -118,10 +119,12 @@ class GemmFeed(wiring.Component):
         # one word per cycle). Its flags as they will be after this edge (held unless assigned
         # below) make its read enable a flip-flop (gm_go) and ~blocked: on a large ECP5 the
         # scratchpad's blocks span the die, and the paths to their enables leave no time for
-        # the word's bookkeeping
+        # the word's bookkeeping. So is rd1's (gm_two: the lane after gm_lane is in the word, and
+        # the per-column table copy does not hold rd1; a cycle late when the copy ends)
         lane_n, afeed_done_n, owed_n = Signal.like(gm_lane), Signal(), Signal.like(gm_owed)
-        m.d.comb += [lane_n.eq(gm_lane), afeed_done_n.eq(gm_afeed_done), owed_n.eq(gm_owed)]
-        m.d.sync += [gm_lane.eq(lane_n), gm_afeed_done.eq(afeed_done_n), gm_owed.eq(owed_n),
+        left_n = Signal.like(gm_left)
+        m.d.comb += [lane_n.eq(gm_lane), afeed_done_n.eq(gm_afeed_done), owed_n.eq(gm_owed), left_n.eq(gm_left)]
+        m.d.sync += [gm_lane.eq(lane_n), gm_afeed_done.eq(afeed_done_n), gm_owed.eq(owed_n), gm_left.eq(left_n),
                      gm_go.eq(~afeed_done_n & ((lane_n != 0) | (owed_n < A_WORDS)))]
         m.submodules.a_queue = a_queue = ResetInserter(self.start)(SyncFIFO(width=R * iw, depth=A_WORDS))
 
@@ -137,6 +140,7 @@ class GemmFeed(wiring.Component):
         col = Signal()                   # this GEMM requantises per column (F_RQ_CHANNEL, width != 0)
         t_left = Signal(NW)
         t_on = Signal()                  # t_left != 0
+        m.d.sync += gm_two.eq(~((lane_n == R - 1) | reached(left_n, lane_n + 1)) & ~t_on)
         t_addr = Signal(AW)              # the next read's address
         t_step = Signal(range(2 * E))    # from a shift to the next column's mult: 2*E - 1 (per expert) or 1
         t_half = Signal()                # the next read is the shift's
@@ -185,9 +189,7 @@ class GemmFeed(wiring.Component):
             m.d.sync += gm_cap.eq(0)
             with m.If(gm_go & ~blocked):
                 last0 = (gm_lane == R - 1) | reached(gm_left, gm_lane + 1)
-                # rd1 reads the next lane too, unless the lane on rd0 is the word's last or the
-                # per-column table copy has rd1
-                two = ~last0 & ~t_on
+                two = gm_two        # rd1 reads the next lane too
                 last = last0 | ((gm_lane + 1 == R - 1) | reached(gm_left, gm_lane + 2))
                 step = Mux(two, k_g << 1, k_g)[:AW]
                 m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), lane_n.eq(gm_lane + 1 + two)]
@@ -203,7 +205,8 @@ class GemmFeed(wiring.Component):
                                      gm_addr1.eq(gm_wstart + 1 + k_g)]
                     with m.Else():
                         nxt = Mux(two, gm_addr1, gm_addr) + 1     # one past the word's last lane
-                        m.d.sync += [gm_k.eq(0), gm_left.eq(gm_left - R), gm_wstart.eq(nxt),
+                        m.d.comb += left_n.eq(gm_left - R)
+                        m.d.sync += [gm_k.eq(0), gm_wstart.eq(nxt),
                                      gm_addr.eq(nxt), gm_addr1.eq(nxt + k_g)]
                         with m.If(reached(gm_left, R)):
                             m.d.comb += afeed_done_n.eq(1)
@@ -237,9 +240,9 @@ class GemmFeed(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.comb += [lane_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0)]
+                    m.d.comb += [lane_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0), left_n.eq(m_s)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 gm_left.eq(m_s), gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
+                                 gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
                                  gm_addr1.eq(ins.a + k_g),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
                                  gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
