@@ -8,9 +8,10 @@ Three operations on one input stream, bit-exact to :mod:`golden.intops`:
   ``last`` ends the group and emits ``saturate(round_shift(acc, weight_frac), act_width)``.
 * ``NORM`` (:func:`~golden.intops.rmsnorm_int`): a row of ``n`` values is sent **twice**, each
   pass ending with ``last``. Pass 0 sums the squares; then, once per row, ``ms = floor(sum / n)``
-  (sequential divider), ``r = isqrt(ms + eps_q)`` (bit-serial, one result bit per cycle), ``r``
-  normalised (``r_norm = r << z``, ``z`` leading zeros) and ``recip = floor(2**(r_width-1+M) /
-  r_norm)`` (the same sequential divider), which equals the golden ``floor(2**(p+M) / r)``; pass
+  (sequential divider; a shift when ``n`` is a power of two), ``r = isqrt(ms + eps_q)``
+  (bit-serial, one result bit per cycle), ``r`` normalised (``r << z``, ``z`` its leading zeros,
+  a priority encoder) and ``recip = floor(2**(r_width-1+M) / (r << z))`` (the same sequential
+  divider), which equals the golden ``floor(2**(p+M) / r)``; pass
   1 emits ``saturate(round_shift((a * recip) << z, r_width-1+M-norm_frac), out_width)`` per beat
   (the golden ``round_shift(a * recip, p+M-norm_frac)`` with a constant shift), 0 when ``r == 0``.
 """
@@ -60,6 +61,22 @@ def _sat(value, width: int):
     return Mux(top.all() | ~top.any(), value[:width].as_signed(), Mux(value[-1], -hi - 1, hi))
 
 
+def _leading_zeros(value):
+    """Leading zeros of the unsigned ``value`` (``len(value)`` when 0): a priority encoder."""
+    z = len(value)
+    for i in range(len(value)):
+        z = Mux(value[i], len(value) - 1 - i, z)
+    return z
+
+
+def _trailing_zeros(value):
+    """Trailing zeros of the unsigned ``value`` (0 when 0): a priority encoder."""
+    z = 0
+    for i in reversed(range(len(value))):
+        z = Mux(value[i], i, z)
+    return z
+
+
 class VectorUnit(wiring.Component):
     """Weighted combine, fixed-point RMSNorm and saturating add on one stream.
 
@@ -83,7 +100,7 @@ class VectorUnit(wiring.Component):
     an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 3 cycles after the
     group's ``last`` beat (the multiplier's operands registered, the product registered, then
     the registered output). ``NORM`` takes pass 0 at one beat per cycle, then at most
-    :attr:`norm_row_cycles` - ``n`` cycles for the mean, the square root and the reciprocal, then
+    :meth:`norm_row_cycles` - ``n`` cycles for the mean, the square root and the reciprocal, then
     pass 1 at one beat per cycle, each result 3 cycles after its beat, like ``COMBINE``.
     """
 
@@ -96,10 +113,10 @@ class VectorUnit(wiring.Component):
         self.ms_width = 2 * cfg.act_width + 1          # ms + eps_q
         self.r_width = cfg.act_width + 1               # r = isqrt(ms + eps_q)
         self.recip_bits = I.norm_recip_bits(cfg)       # M
-        self.recip_num = self.r_width - 1 + self.recip_bits   # recip = 2**recip_num // r_norm
+        self.recip_num = self.r_width - 1 + self.recip_bits   # recip = 2**recip_num // (r << z)
         self.div_width = max(self.sum_width, self.recip_num + 1)   # the one divider's dividend
         # quotient bits of the two divisions: the mean of squares of act_width-bit values is at
-        # most 2**(2*act_width - 2); the reciprocal of an r_norm >= 2**(r_width - 1) at most
+        # most 2**(2*act_width - 2); the reciprocal of an r << z >= 2**(r_width - 1) at most
         # 2**recip_bits
         self.mean_bits = 2 * cfg.act_width - 1
         self.recip_quot_bits = self.recip_bits + 1
@@ -112,14 +129,15 @@ class VectorUnit(wiring.Component):
             "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width)))),
         })
 
-    @property
-    def norm_row_cycles(self) -> int:
-        """Most cycles from the first beat of pass 0 to the first accepted beat of pass 1
-        (``n`` beats and the last one's square summed (its operands registered, the square
-        registered, then summed), the mean divider, the square root, the normalisation of ``r``
-        (one cycle per leading zero), the reciprocal divider): ``n`` + this value."""
-        return (3 + self.mean_bits + 1 + (self.ms_width + 1) // 2 + 1 + (self.r_width - 1)
-                + 1 + self.recip_quot_bits + 1)
+    def norm_row_cycles(self, n: int) -> int:
+        """Cycles of a ``NORM`` row of ``n`` values from its first beat of pass 0 to its first
+        beat of pass 1, beats always offered and ``r != 0`` (``r == 0`` skips the reciprocal):
+        pass 0 (``n`` beats, the last one's square summed: operands registered, the square
+        registered, then summed), the mean (the divider's ``mean_bits`` steps, or a shift when
+        ``n`` is a power of two), the square root, ``r``'s leading zeros, the reciprocal (the
+        divider's ``recip_quot_bits`` steps)."""
+        mean = 1 if n & (n - 1) == 0 else self.mean_bits + 2   # a shift, or the divider
+        return n + 2 + mean + (self.ms_width + 1) // 2 + 2 + self.recip_quot_bits + 1
 
     def elaborate(self, platform):
         m = Module()
@@ -166,8 +184,12 @@ class VectorUnit(wiring.Component):
         rem = Signal(self.ms_width)         # isqrt: remainder
         root = Signal(self.ms_width)        # isqrt: result (shifted)
         bit = Signal(self.ms_width)         # isqrt: current bit
-        r_norm = Signal(self.r_width)       # r << z, top bit set (or 0)
-        z = Signal(range(self.r_width))     # leading zeros of r
+        r = Signal(self.r_width)            # isqrt(ms + eps_q)
+        z = Signal(range(self.r_width + 1))  # leading zeros of r
+        # n a power of two: the mean is sumsq >> n_log2 (registered from n, held by the caller)
+        n_pow2 = Signal()
+        n_log2 = Signal(range(N_WIDTH))
+        m.d.sync += [n_pow2.eq(self.n.any() & ((self.n & (self.n - 1)) == 0)), n_log2.eq(_trailing_zeros(self.n))]
         top = 1 << (2 * ((self.ms_width - 1) // 2))
         scale_shift = self.recip_num - cfg.norm_frac
         # |a * recip| < 2**(act_width - 1 + recip_bits): the bits above are sign copies
@@ -211,16 +233,23 @@ class VectorUnit(wiring.Component):
                             m.d.sync += sumsq.eq(sumsq + prod)
                         with m.If(p_valid & p_last):
                             m.next = "MEAN"
+                    def sqrt_of(ms):
+                        return [rem.eq(ms + self.eps_q), root.eq(0), bit.eq(top), sumsq.eq(0)]
+
                     with m.State("MEAN"):
-                        # floor(sumsq / n) in mean_bits steps: sumsq >> mean_bits < n
-                        q1 = self.mean_bits
-                        m.d.comb += [div.start.eq(1), div.den.eq(self.n), div.bits.eq(q1),
-                                     div.rem_in.eq(sumsq[q1:]), div.num.eq(sumsq[:q1] << (self.div_width - q1))]
-                        m.next = "MEAN_WAIT"
+                        with m.If(n_pow2):
+                            m.d.sync += sqrt_of((sumsq >> n_log2)[:self.ms_width])
+                            m.next = "SQRT"
+                        with m.Else():
+                            # floor(sumsq / n) in mean_bits steps: sumsq >> mean_bits < n
+                            q1 = self.mean_bits
+                            m.d.comb += [div.start.eq(1), div.den.eq(self.n), div.bits.eq(q1),
+                                         div.rem_in.eq(sumsq[q1:]),
+                                         div.num.eq(sumsq[:q1] << (self.div_width - q1))]
+                            m.next = "MEAN_WAIT"
                     with m.State("MEAN_WAIT"):
                         with m.If(~div.busy):
-                            m.d.sync += [rem.eq(div.quot + self.eps_q), root.eq(0), bit.eq(top),
-                                         sumsq.eq(0)]
+                            m.d.sync += sqrt_of(div.quot)
                             m.next = "SQRT"
                     with m.State("SQRT"):
                         trial = root + bit
@@ -232,19 +261,18 @@ class VectorUnit(wiring.Component):
                         with m.If(bit == 1):
                             m.next = "SQRT_DONE"
                     with m.State("SQRT_DONE"):
-                        m.d.sync += [r_norm.eq(root), z.eq(0), recip.eq(0)]
+                        m.d.sync += [r.eq(root), z.eq(_leading_zeros(root[:self.r_width])), recip.eq(0)]
                         m.next = "NORMALISE"
                     with m.State("NORMALISE"):
-                        with m.If(r_norm == 0):
+                        with m.If(r == 0):
                             m.next = "SCALE"            # r == 0: recip stays 0, every y is 0
-                        with m.Elif(~r_norm[-1]):
-                            m.d.sync += [r_norm.eq(r_norm << 1), z.eq(z + 1)]
                         with m.Else():
-                            # 2**recip_num // r_norm in recip_quot_bits steps, from the
-                            # partial remainder 2**(recip_num - recip_quot_bits) < r_norm
+                            # 2**recip_num // (r << z) in recip_quot_bits steps, from the
+                            # partial remainder 2**(recip_num - recip_quot_bits) < r << z
                             q2 = self.recip_quot_bits
                             m.d.comb += [div.start.eq(1), div.num.eq(0), div.bits.eq(q2),
-                                         div.rem_in.eq(1 << (self.recip_num - q2)), div.den.eq(r_norm)]
+                                         div.rem_in.eq(1 << (self.recip_num - q2)),
+                                         div.den.eq((r << z)[:self.r_width])]
                             m.next = "RECIP_WAIT"
                     with m.State("RECIP_WAIT"):
                         with m.If(~div.busy):

@@ -1006,7 +1006,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4195$254 (cur[269:254]),
+    .\port$4232$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1214,7 +1214,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4197$0 (running_exec),
+    .\port$4234$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -4958,7 +4958,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4195$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4232$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5101,8 +5101,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4195$254 ;
-  wire [15:0] \port$4195$254 ;
+  input [15:0] \port$4232$254 ;
+  wire [15:0] \port$4232$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5267,7 +5267,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4195$254  };
+      \$74  = { 8'h00, \port$4232$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5303,7 +5303,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4195$254  };
+      \$77  = { 8'h00, \port$4232$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5348,9 +5348,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4195$254  };
+  assign rd_beats = { 8'h00, \port$4232$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4195$254  };
+  assign wr_beats = { 8'h00, \port$4232$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6114,9 +6114,9 @@ module \nanokpu_kpu.elementwise (rst, start, unit_rst, ins, rq__i__ready, rq__o_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5260$0 (\$signal ),
-    .\port$5610$0 (spad__rd0__data),
-    .\port$5612$0 (spad__rd1__data),
+    .\port$5297$0 (\$signal ),
+    .\port$5651$0 (spad__rd0__data),
+    .\port$5653$0 (spad__rd1__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9985,7 +9985,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5260$0 , level, \port$5610$0 , \port$5612$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, \port$5297$0 , level, \port$5651$0 , \port$5653$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10010,12 +10010,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input \port$5260$0 ;
-  wire \port$5260$0 ;
-  input [31:0] \port$5610$0 ;
-  wire [31:0] \port$5610$0 ;
-  input [31:0] \port$5612$0 ;
-  wire [31:0] \port$5612$0 ;
+  input \port$5297$0 ;
+  wire \port$5297$0 ;
+  input [31:0] \port$5651$0 ;
+  wire [31:0] \port$5651$0 ;
+  input [31:0] \port$5653$0 ;
+  wire [31:0] \port$5653$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10048,7 +10048,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5260$0 , \port$5612$0 , \port$5610$0  };
+      storage[w_port__addr] <= { \port$5297$0 , \port$5653$0 , \port$5651$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10119,8 +10119,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, unit_rst, 
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5260$0 , \port$5612$0 , \port$5610$0  };
-  assign w_data = { \port$5260$0 , \port$5612$0 , \port$5610$0  };
+  assign w_port__data = { \port$5297$0 , \port$5653$0 , \port$5651$0  };
+  assign w_data = { \port$5297$0 , \port$5653$0 , \port$5651$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -10130,165 +10130,204 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [49:0] \$100 ;
+  wire [50:0] \$100 ;
   wire \$101 ;
-  wire \$102 ;
-  wire [50:0] \$103 ;
+  wire [49:0] \$102 ;
+  wire [49:0] \$103 ;
   wire [49:0] \$104 ;
   wire [49:0] \$105 ;
-  wire [49:0] \$106 ;
+  wire \$106 ;
   wire [49:0] \$107 ;
-  wire \$108 ;
-  wire [49:0] \$109 ;
+  wire [49:0] \$108 ;
+  wire \$109 ;
   wire \$11 ;
-  wire [49:0] \$110 ;
-  wire \$111 ;
+  wire \$110 ;
+  wire [50:0] \$111 ;
   wire \$112 ;
-  wire [50:0] \$113 ;
-  wire [15:0] \$114 ;
-  wire [15:0] \$115 ;
+  wire \$113 ;
+  wire \$114 ;
+  wire [49:0] \$115 ;
   wire [49:0] \$116 ;
-  wire \$117 ;
-  wire \$118 ;
+  wire [49:0] \$117 ;
+  wire [49:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire [31:0] \$122 ;
-  wire [31:0] \$123 ;
-  wire [17:0] \$124 ;
-  wire \$125 ;
-  wire [15:0] \$126 ;
-  wire [15:0] \$127 ;
-  wire \$128 ;
+  wire [49:0] \$120 ;
+  wire [49:0] \$121 ;
+  wire \$122 ;
+  wire \$123 ;
+  wire [50:0] \$124 ;
+  wire [49:0] \$125 ;
+  wire [49:0] \$126 ;
+  wire [49:0] \$127 ;
+  wire [49:0] \$128 ;
   wire \$129 ;
   wire [61:0] \$13 ;
-  wire [15:0] \$130 ;
+  wire [49:0] \$130 ;
   wire [49:0] \$131 ;
   wire \$132 ;
   wire \$133 ;
-  wire [48:0] \$134 ;
-  wire [33:0] \$135 ;
-  wire \$136 ;
-  wire [33:0] \$137 ;
-  wire [34:0] \$138 ;
-  wire [32:0] \$139 ;
+  wire [50:0] \$134 ;
+  wire [15:0] \$135 ;
+  wire [15:0] \$136 ;
+  wire [49:0] \$137 ;
+  wire \$138 ;
+  wire \$139 ;
   wire \$14 ;
-  wire [33:0] \$140 ;
-  wire [32:0] \$141 ;
-  wire [32:0] \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire [17:0] \$146 ;
-  wire [5:0] \$147 ;
-  wire \$148 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire [31:0] \$143 ;
+  wire [31:0] \$144 ;
+  wire [17:0] \$145 ;
+  wire \$146 ;
+  wire [15:0] \$147 ;
+  wire [15:0] \$148 ;
   wire \$149 ;
-  wire \$15 ;
+  wire [47:0] \$15 ;
   wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
+  wire [15:0] \$151 ;
+  wire [49:0] \$152 ;
   wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
+  wire [47:0] \$154 ;
+  wire [33:0] \$155 ;
   wire \$156 ;
-  wire \$157 ;
-  wire \$158 ;
+  wire [48:0] \$157 ;
+  wire [33:0] \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
-  wire [15:0] \$161 ;
-  wire [15:0] \$162 ;
-  wire \$163 ;
-  wire \$164 ;
-  wire [15:0] \$165 ;
+  wire [33:0] \$160 ;
+  wire [34:0] \$161 ;
+  wire [32:0] \$162 ;
+  wire [33:0] \$163 ;
+  wire [32:0] \$164 ;
+  wire [32:0] \$165 ;
   wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
+  wire [4:0] \$167 ;
+  wire [4:0] \$168 ;
+  wire [4:0] \$169 ;
   wire \$17 ;
-  wire [31:0] \$170 ;
-  wire [31:0] \$171 ;
-  wire [17:0] \$172 ;
-  wire \$173 ;
-  wire \$174 ;
-  wire \$175 ;
-  wire [59:0] \$176 ;
-  wire [44:0] \$177 ;
-  wire [59:0] \$178 ;
-  wire [59:0] \$179 ;
+  wire [4:0] \$170 ;
+  wire [4:0] \$171 ;
+  wire [4:0] \$172 ;
+  wire [4:0] \$173 ;
+  wire [4:0] \$174 ;
+  wire [4:0] \$175 ;
+  wire [4:0] \$176 ;
+  wire [4:0] \$177 ;
+  wire [4:0] \$178 ;
+  wire [4:0] \$179 ;
   wire \$18 ;
-  wire \$180 ;
-  wire [59:0] \$181 ;
-  wire [44:0] \$182 ;
-  wire \$183 ;
+  wire [4:0] \$180 ;
+  wire [4:0] \$181 ;
+  wire [4:0] \$182 ;
+  wire [4:0] \$183 ;
   wire \$184 ;
-  wire [45:0] \$185 ;
+  wire \$185 ;
   wire \$186 ;
-  wire [59:0] \$187 ;
-  wire [44:0] \$188 ;
-  wire [59:0] \$189 ;
+  wire \$187 ;
+  wire \$188 ;
+  wire \$189 ;
   wire \$19 ;
-  wire [59:0] \$190 ;
+  wire \$190 ;
   wire \$191 ;
-  wire [59:0] \$192 ;
-  wire [44:0] \$193 ;
+  wire \$192 ;
+  wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire [45:0] \$196 ;
+  wire \$196 ;
   wire \$197 ;
-  wire \$198 ;
-  wire \$199 ;
+  wire [15:0] \$198 ;
+  wire [15:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire [59:0] \$200 ;
-  wire [44:0] \$201 ;
-  wire [59:0] \$202 ;
-  wire [59:0] \$203 ;
+  wire \$200 ;
+  wire \$201 ;
+  wire [15:0] \$202 ;
+  wire \$203 ;
   wire \$204 ;
-  wire [59:0] \$205 ;
-  wire [44:0] \$206 ;
-  wire \$207 ;
-  wire \$208 ;
-  wire [45:0] \$209 ;
+  wire \$205 ;
+  wire \$206 ;
+  wire [31:0] \$207 ;
+  wire [31:0] \$208 ;
+  wire [17:0] \$209 ;
   wire \$21 ;
-  wire [59:0] \$210 ;
-  wire [44:0] \$211 ;
-  wire [59:0] \$212 ;
+  wire \$210 ;
+  wire \$211 ;
+  wire \$212 ;
   wire [59:0] \$213 ;
-  wire \$214 ;
+  wire [44:0] \$214 ;
   wire [59:0] \$215 ;
-  wire [44:0] \$216 ;
+  wire [59:0] \$216 ;
   wire \$217 ;
-  wire \$218 ;
-  wire [45:0] \$219 ;
+  wire [59:0] \$218 ;
+  wire [44:0] \$219 ;
   wire \$22 ;
-  wire [7:0] \$220 ;
-  wire [7:0] \$221 ;
-  reg \$222 ;
-  reg [15:0] \$223 ;
-  reg \$224 ;
-  reg \$225 ;
-  reg [15:0] \$226 ;
-  reg [15:0] \$227 ;
-  reg [15:0] \$228 ;
-  reg \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire [45:0] \$222 ;
+  wire \$223 ;
+  wire [59:0] \$224 ;
+  wire [44:0] \$225 ;
+  wire [59:0] \$226 ;
+  wire [59:0] \$227 ;
+  wire \$228 ;
+  wire [59:0] \$229 ;
   wire \$23 ;
-  reg [32:0] \$230 ;
-  reg \$231 ;
-  reg [48:0] \$232 ;
-  reg [47:0] \$233 ;
-  reg [2:0] \$234 ;
-  reg [32:0] \$235 ;
-  reg [32:0] \$236 ;
-  reg [32:0] \$237 ;
-  reg [16:0] \$238 ;
-  reg [4:0] \$239 ;
+  wire [44:0] \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire [45:0] \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire [59:0] \$237 ;
+  wire [44:0] \$238 ;
+  wire [59:0] \$239 ;
   wire \$24 ;
-  reg [12:0] \$240 ;
+  wire [59:0] \$240 ;
+  wire \$241 ;
+  wire [59:0] \$242 ;
+  wire [44:0] \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire [45:0] \$246 ;
+  wire [59:0] \$247 ;
+  wire [44:0] \$248 ;
+  wire [59:0] \$249 ;
   wire \$25 ;
+  wire [59:0] \$250 ;
+  wire \$251 ;
+  wire [59:0] \$252 ;
+  wire [44:0] \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire [45:0] \$256 ;
+  wire [7:0] \$257 ;
+  wire [7:0] \$258 ;
+  reg \$259 ;
   wire \$26 ;
+  reg \$260 ;
+  reg [3:0] \$261 ;
+  reg [15:0] \$262 ;
+  reg \$263 ;
+  reg \$264 ;
+  reg [15:0] \$265 ;
+  reg [15:0] \$266 ;
+  reg [15:0] \$267 ;
+  reg \$268 ;
+  reg [32:0] \$269 ;
   wire \$27 ;
+  reg \$270 ;
+  reg [48:0] \$271 ;
+  reg [47:0] \$272 ;
+  reg [2:0] \$273 ;
+  reg [32:0] \$274 ;
+  reg [32:0] \$275 ;
+  reg [32:0] \$276 ;
+  reg [16:0] \$277 ;
+  reg [4:0] \$278 ;
+  reg [12:0] \$279 ;
   wire \$28 ;
   wire \$29 ;
   wire \$3 ;
@@ -10298,76 +10337,76 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire \$33 ;
   wire \$34 ;
   wire \$35 ;
-  wire \$36 ;
-  wire \$37 ;
-  wire [17:0] \$38 ;
+  wire [16:0] \$36 ;
+  wire [16:0] \$37 ;
+  wire \$38 ;
   wire \$39 ;
   wire \$4 ;
-  wire [17:0] \$40 ;
-  wire \$41 ;
-  wire \$42 ;
-  wire \$43 ;
-  wire [17:0] \$44 ;
-  wire [17:0] \$45 ;
-  wire [15:0] \$46 ;
-  wire [15:0] \$47 ;
-  wire \$48 ;
-  wire \$49 ;
+  wire [3:0] \$40 ;
+  wire [3:0] \$41 ;
+  wire [3:0] \$42 ;
+  wire [3:0] \$43 ;
+  wire [3:0] \$44 ;
+  wire [3:0] \$45 ;
+  wire [3:0] \$46 ;
+  wire [3:0] \$47 ;
+  wire [3:0] \$48 ;
+  wire [3:0] \$49 ;
   wire \$5 ;
-  wire \$50 ;
-  wire \$51 ;
-  wire \$52 ;
-  wire \$53 ;
-  wire \$54 ;
-  wire [15:0] \$55 ;
-  wire [15:0] \$56 ;
+  wire [3:0] \$50 ;
+  wire [3:0] \$51 ;
+  wire [3:0] \$52 ;
+  wire [3:0] \$53 ;
+  wire [3:0] \$54 ;
+  wire [3:0] \$55 ;
+  wire \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire [15:0] \$59 ;
+  wire [17:0] \$59 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$61 ;
+  wire [17:0] \$61 ;
   wire \$62 ;
   wire \$63 ;
-  wire [31:0] \$64 ;
-  wire [31:0] \$65 ;
+  wire \$64 ;
+  wire [17:0] \$65 ;
   wire [17:0] \$66 ;
-  wire \$67 ;
-  wire \$68 ;
+  wire [15:0] \$67 ;
+  wire [15:0] \$68 ;
   wire \$69 ;
   wire \$7 ;
-  wire [49:0] \$70 ;
-  wire [49:0] \$71 ;
-  wire [49:0] \$72 ;
-  wire [49:0] \$73 ;
+  wire \$70 ;
+  wire \$71 ;
+  wire \$72 ;
+  wire \$73 ;
   wire \$74 ;
-  wire [49:0] \$75 ;
-  wire [49:0] \$76 ;
-  wire \$77 ;
+  wire \$75 ;
+  wire [15:0] \$76 ;
+  wire [15:0] \$77 ;
   wire \$78 ;
-  wire [50:0] \$79 ;
+  wire \$79 ;
   wire \$8 ;
-  wire \$80 ;
-  wire [49:0] \$81 ;
-  wire [49:0] \$82 ;
-  wire [49:0] \$83 ;
-  wire [49:0] \$84 ;
-  wire \$85 ;
-  wire [49:0] \$86 ;
-  wire [49:0] \$87 ;
+  wire [15:0] \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire [31:0] \$85 ;
+  wire [31:0] \$86 ;
+  wire [17:0] \$87 ;
   wire \$88 ;
   wire \$89 ;
   wire \$9 ;
-  wire [50:0] \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
+  wire \$90 ;
+  wire [49:0] \$91 ;
+  wire [49:0] \$92 ;
+  wire [49:0] \$93 ;
   wire [49:0] \$94 ;
-  wire [49:0] \$95 ;
+  wire \$95 ;
   wire [49:0] \$96 ;
   wire [49:0] \$97 ;
   wire \$98 ;
-  wire [49:0] \$99 ;
+  wire \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   reg [5:0] bits;
@@ -10387,6 +10426,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire i__valid;
   input [15:0] n;
   wire [15:0] n;
+  reg [3:0] n_log2 = 4'h0;
+  reg n_pow2 = 1'h0;
   reg [47:0] num;
   output [15:0] o__payload;
   reg [15:0] o__payload = 16'h0000;
@@ -10412,7 +10453,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg [15:0] q_top = 16'h0000;
   reg q_valid = 1'h0;
   wire [47:0] quot;
-  reg [16:0] r_norm = 17'h00000;
+  reg [16:0] r = 17'h00000;
   reg [12:0] recip = 13'h0000;
   reg [32:0] rem = 33'h000000000;
   reg [16:0] rem_in;
@@ -10433,8 +10474,8 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$10  = p_valid & p_last;
   assign \$11  = \$9  | \$10 ;
   assign \$12  = ~ \$11 ;
-  assign \$14  = ! r_norm;
-  assign \$15  = ~ r_norm[16];
+  assign \$14  = ! r;
+  assign \$15  = r << z;
   assign \$16  = ~ q_valid;
   assign \$17  = ~ p_valid;
   assign \$18  = ~ o__valid;
@@ -10450,195 +10491,237 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$32  = fsm_state == 3'h5;
   assign \$33  = fsm_state == 3'h6;
   assign \$34  = fsm_state == 3'h7;
-  assign \$35  = ~ o__valid;
-  assign \$38  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$39  = & \$38 [17:15];
-  assign \$40  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$41  = | \$40 [17:15];
-  assign \$42  = ~ \$41 ;
-  assign \$43  = \$39  | \$42 ;
-  assign \$44  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$45  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
-  assign \$46  = \$45 [17] ? 16'h8000 : 16'h7fff;
-  assign \$47  = \$43  ? \$44 [15:0] : \$46 ;
-  assign \$48  = ~ q_valid;
-  assign \$49  = ~ p_valid;
-  assign \$50  = ~ o__valid;
-  assign \$54  = op == 2'h2;
-  assign \$55  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$56  = \$54  ? \$55  : { 1'h0, i__payload[30:16] };
-  assign \$57  = op == 1'h1;
-  assign \$58  = \$57  & i__payload[31];
-  assign \$59  = \$58  ? i__payload[15:0] : 16'h0000;
-  assign \$60  = ~ p_valid;
-  assign \$61  = ~ o__valid;
-  assign \$64  = $signed(q_a) * $signed(q_b);
-  assign \$65  = $signed(q_a) * $signed(q_b);
-  assign \$66  = $signed(\$65 [31:15]) + $signed(q_top);
-  assign \$67  = ~ o__valid;
-  assign \$70  = $signed(acc) + $signed(prod);
-  assign \$72  = $signed(acc) + $signed(prod);
-  assign \$73  = $signed(acc) + $signed(prod);
-  assign \$74  = | \$73 [13:0];
-  assign \$75  = $signed(acc) + $signed(prod);
-  assign \$77  = \$74  | \$76 [0];
-  assign \$78  = \$72 [14] & \$77 ;
-  assign \$79  = $signed(\$71 ) + $signed({ 1'h0, \$78  });
-  assign \$80  = & \$79 [50:15];
-  assign \$81  = $signed(acc) + $signed(prod);
-  assign \$83  = $signed(acc) + $signed(prod);
-  assign \$84  = $signed(acc) + $signed(prod);
-  assign \$85  = | \$84 [13:0];
-  assign \$86  = $signed(acc) + $signed(prod);
-  assign \$88  = \$85  | \$87 [0];
-  assign \$89  = \$83 [14] & \$88 ;
-  assign \$90  = $signed(\$82 ) + $signed({ 1'h0, \$89  });
-  assign \$91  = | \$90 [50:15];
-  assign \$92  = ~ \$91 ;
-  assign \$93  = \$80  | \$92 ;
+  assign \$35  = | n;
+  assign \$36  = n - 1'h1;
+  assign \$37  = { 1'h0, n } & \$36 ;
+  assign \$38  = ! \$37 ;
+  assign \$39  = \$35  & \$38 ;
+  assign \$40  = n[15] ? 4'hf : 4'h0;
+  assign \$41  = n[14] ? 4'he : \$40 ;
+  assign \$42  = n[13] ? 4'hd : \$41 ;
+  assign \$43  = n[12] ? 4'hc : \$42 ;
+  assign \$44  = n[11] ? 4'hb : \$43 ;
+  assign \$45  = n[10] ? 4'ha : \$44 ;
+  assign \$46  = n[9] ? 4'h9 : \$45 ;
+  assign \$47  = n[8] ? 4'h8 : \$46 ;
+  assign \$48  = n[7] ? 4'h7 : \$47 ;
+  assign \$49  = n[6] ? 4'h6 : \$48 ;
+  assign \$50  = n[5] ? 4'h5 : \$49 ;
+  assign \$51  = n[4] ? 4'h4 : \$50 ;
+  assign \$52  = n[3] ? 4'h3 : \$51 ;
+  assign \$53  = n[2] ? 4'h2 : \$52 ;
+  assign \$54  = n[1] ? 4'h1 : \$53 ;
+  assign \$55  = n[0] ? 4'h0 : \$54 ;
+  assign \$56  = ~ o__valid;
+  assign \$59  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$60  = & \$59 [17:15];
+  assign \$61  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$62  = | \$61 [17:15];
+  assign \$63  = ~ \$62 ;
+  assign \$64  = \$60  | \$63 ;
+  assign \$65  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$66  = $signed(i__payload[15:0]) + $signed(i__payload[32:16]);
+  assign \$67  = \$66 [17] ? 16'h8000 : 16'h7fff;
+  assign \$68  = \$64  ? \$65 [15:0] : \$67 ;
+  assign \$69  = ~ q_valid;
+  assign \$70  = ~ p_valid;
+  assign \$71  = ~ o__valid;
+  assign \$75  = op == 2'h2;
+  assign \$76  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$77  = \$75  ? \$76  : { 1'h0, i__payload[30:16] };
+  assign \$78  = op == 1'h1;
+  assign \$79  = \$78  & i__payload[31];
+  assign \$80  = \$79  ? i__payload[15:0] : 16'h0000;
+  assign \$81  = ~ p_valid;
+  assign \$82  = ~ o__valid;
+  assign \$85  = $signed(q_a) * $signed(q_b);
+  assign \$86  = $signed(q_a) * $signed(q_b);
+  assign \$87  = $signed(\$86 [31:15]) + $signed(q_top);
+  assign \$88  = ~ o__valid;
+  assign \$91  = $signed(acc) + $signed(prod);
+  assign \$93  = $signed(acc) + $signed(prod);
   assign \$94  = $signed(acc) + $signed(prod);
+  assign \$95  = | \$94 [13:0];
   assign \$96  = $signed(acc) + $signed(prod);
-  assign \$97  = $signed(acc) + $signed(prod);
-  assign \$98  = | \$97 [13:0];
-  assign \$99  = $signed(acc) + $signed(prod);
-  assign \$101  = \$98  | \$100 [0];
-  assign \$102  = \$96 [14] & \$101 ;
-  assign \$103  = $signed(\$95 ) + $signed({ 1'h0, \$102  });
+  assign \$98  = \$95  | \$97 [0];
+  assign \$99  = \$93 [14] & \$98 ;
+  assign \$100  = $signed(\$92 ) + $signed({ 1'h0, \$99  });
+  assign \$101  = & \$100 [50:15];
+  assign \$102  = $signed(acc) + $signed(prod);
   assign \$104  = $signed(acc) + $signed(prod);
-  assign \$106  = $signed(acc) + $signed(prod);
+  assign \$105  = $signed(acc) + $signed(prod);
+  assign \$106  = | \$105 [13:0];
   assign \$107  = $signed(acc) + $signed(prod);
-  assign \$108  = | \$107 [13:0];
-  assign \$109  = $signed(acc) + $signed(prod);
-  assign \$111  = \$108  | \$110 [0];
-  assign \$112  = \$106 [14] & \$111 ;
-  assign \$113  = $signed(\$105 ) + $signed({ 1'h0, \$112  });
-  assign \$114  = \$113 [50] ? 16'h8000 : 16'h7fff;
-  assign \$115  = \$93  ? \$103 [15:0] : \$114 ;
-  assign \$116  = $signed(acc) + $signed(prod);
-  assign \$117  = q_valid & q_last;
-  assign \$118  = p_valid & p_last;
-  assign \$119  = \$117  | \$118 ;
-  assign \$120  = ~ \$119 ;
-  assign \$121  = i__valid & \$120 ;
-  assign \$122  = $signed(q_a) * $signed(q_b);
-  assign \$123  = $signed(q_a) * $signed(q_b);
-  assign \$124  = $signed(\$123 [31:15]) + $signed(q_top);
-  assign \$125  = op == 2'h2;
-  assign \$126  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$127  = \$125  ? \$126  : { 1'h0, i__payload[30:16] };
-  assign \$128  = op == 1'h1;
-  assign \$129  = \$128  & i__payload[31];
-  assign \$130  = \$129  ? i__payload[15:0] : 16'h0000;
-  assign \$131  = $signed({ 1'h0, sumsq }) + $signed(prod);
-  assign \$132  = p_valid & p_last;
-  assign \$133  = ~ busy;
-  assign \$134  = quot + 1'h1;
-  assign \$135  = root + \bit ;
-  assign \$136  = rem >= \$135 ;
-  assign \$137  = root + \bit ;
-  assign \$138  = rem - \$137 ;
-  assign \$140  = \$139  + \bit ;
-  assign \$143  = \bit  == 1'h1;
-  assign \$144  = ! r_norm;
-  assign \$145  = ~ r_norm[16];
-  assign \$147  = z + 1'h1;
-  assign \$148  = ~ busy;
-  assign \$149  = ~ q_valid;
-  assign \$150  = ~ p_valid;
-  assign \$151  = ~ o__valid;
-  assign \$155  = q_valid & q_last;
-  assign \$156  = p_valid & p_last;
-  assign \$157  = \$155  | \$156 ;
-  assign \$158  = ~ \$157 ;
-  assign \$159  = i__valid & \$158 ;
-  assign \$160  = op == 2'h2;
-  assign \$161  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$162  = \$160  ? \$161  : { 1'h0, i__payload[30:16] };
-  assign \$163  = op == 1'h1;
-  assign \$164  = \$163  & i__payload[31];
-  assign \$165  = \$164  ? i__payload[15:0] : 16'h0000;
-  assign \$166  = ~ p_valid;
-  assign \$167  = ~ o__valid;
-  assign \$170  = $signed(q_a) * $signed(q_b);
-  assign \$171  = $signed(q_a) * $signed(q_b);
-  assign \$172  = $signed(\$171 [31:15]) + $signed(q_top);
-  assign \$173  = ~ o__valid;
-  assign \$176  = $signed(prod[28:0]) << z;
-  assign \$178  = $signed(prod[28:0]) << z;
-  assign \$179  = $signed(prod[28:0]) << z;
-  assign \$180  = | \$179 [21:0];
-  assign \$181  = $signed(prod[28:0]) << z;
-  assign \$183  = \$180  | \$182 [0];
-  assign \$184  = \$178 [22] & \$183 ;
-  assign \$185  = $signed(\$177 ) + $signed({ 1'h0, \$184  });
-  assign \$186  = & \$185 [45:7];
-  assign \$187  = $signed(prod[28:0]) << z;
-  assign \$189  = $signed(prod[28:0]) << z;
-  assign \$190  = $signed(prod[28:0]) << z;
-  assign \$191  = | \$190 [21:0];
-  assign \$192  = $signed(prod[28:0]) << z;
-  assign \$194  = \$191  | \$193 [0];
-  assign \$195  = \$189 [22] & \$194 ;
-  assign \$196  = $signed(\$188 ) + $signed({ 1'h0, \$195  });
-  assign \$197  = | \$196 [45:7];
-  assign \$198  = ~ \$197 ;
-  assign \$199  = \$186  | \$198 ;
-  assign \$200  = $signed(prod[28:0]) << z;
-  assign \$202  = $signed(prod[28:0]) << z;
-  assign \$203  = $signed(prod[28:0]) << z;
-  assign \$204  = | \$203 [21:0];
-  assign \$205  = $signed(prod[28:0]) << z;
-  assign \$207  = \$204  | \$206 [0];
-  assign \$208  = \$202 [22] & \$207 ;
-  assign \$209  = $signed(\$201 ) + $signed({ 1'h0, \$208  });
-  assign \$210  = $signed(prod[28:0]) << z;
-  assign \$212  = $signed(prod[28:0]) << z;
+  assign \$109  = \$106  | \$108 [0];
+  assign \$110  = \$104 [14] & \$109 ;
+  assign \$111  = $signed(\$103 ) + $signed({ 1'h0, \$110  });
+  assign \$112  = | \$111 [50:15];
+  assign \$113  = ~ \$112 ;
+  assign \$114  = \$101  | \$113 ;
+  assign \$115  = $signed(acc) + $signed(prod);
+  assign \$117  = $signed(acc) + $signed(prod);
+  assign \$118  = $signed(acc) + $signed(prod);
+  assign \$119  = | \$118 [13:0];
+  assign \$120  = $signed(acc) + $signed(prod);
+  assign \$122  = \$119  | \$121 [0];
+  assign \$123  = \$117 [14] & \$122 ;
+  assign \$124  = $signed(\$116 ) + $signed({ 1'h0, \$123  });
+  assign \$125  = $signed(acc) + $signed(prod);
+  assign \$127  = $signed(acc) + $signed(prod);
+  assign \$128  = $signed(acc) + $signed(prod);
+  assign \$129  = | \$128 [13:0];
+  assign \$130  = $signed(acc) + $signed(prod);
+  assign \$132  = \$129  | \$131 [0];
+  assign \$133  = \$127 [14] & \$132 ;
+  assign \$134  = $signed(\$126 ) + $signed({ 1'h0, \$133  });
+  assign \$135  = \$134 [50] ? 16'h8000 : 16'h7fff;
+  assign \$136  = \$114  ? \$124 [15:0] : \$135 ;
+  assign \$137  = $signed(acc) + $signed(prod);
+  assign \$138  = q_valid & q_last;
+  assign \$139  = p_valid & p_last;
+  assign \$140  = \$138  | \$139 ;
+  assign \$141  = ~ \$140 ;
+  assign \$142  = i__valid & \$141 ;
+  assign \$143  = $signed(q_a) * $signed(q_b);
+  assign \$144  = $signed(q_a) * $signed(q_b);
+  assign \$145  = $signed(\$144 [31:15]) + $signed(q_top);
+  assign \$146  = op == 2'h2;
+  assign \$147  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$148  = \$146  ? \$147  : { 1'h0, i__payload[30:16] };
+  assign \$149  = op == 1'h1;
+  assign \$150  = \$149  & i__payload[31];
+  assign \$151  = \$150  ? i__payload[15:0] : 16'h0000;
+  assign \$152  = $signed({ 1'h0, sumsq }) + $signed(prod);
+  assign \$153  = p_valid & p_last;
+  assign \$154  = sumsq >> n_log2;
+  assign \$155  = \$154 [32:0] + 1'h1;
+  assign \$156  = ~ busy;
+  assign \$157  = quot + 1'h1;
+  assign \$158  = root + \bit ;
+  assign \$159  = rem >= \$158 ;
+  assign \$160  = root + \bit ;
+  assign \$161  = rem - \$160 ;
+  assign \$163  = \$162  + \bit ;
+  assign \$166  = \bit  == 1'h1;
+  assign \$167  = root[0] ? 5'h10 : 5'h11;
+  assign \$168  = root[1] ? 5'h0f : \$167 ;
+  assign \$169  = root[2] ? 5'h0e : \$168 ;
+  assign \$170  = root[3] ? 5'h0d : \$169 ;
+  assign \$171  = root[4] ? 5'h0c : \$170 ;
+  assign \$172  = root[5] ? 5'h0b : \$171 ;
+  assign \$173  = root[6] ? 5'h0a : \$172 ;
+  assign \$174  = root[7] ? 5'h09 : \$173 ;
+  assign \$175  = root[8] ? 5'h08 : \$174 ;
+  assign \$176  = root[9] ? 5'h07 : \$175 ;
+  assign \$177  = root[10] ? 5'h06 : \$176 ;
+  assign \$178  = root[11] ? 5'h05 : \$177 ;
+  assign \$179  = root[12] ? 5'h04 : \$178 ;
+  assign \$180  = root[13] ? 5'h03 : \$179 ;
+  assign \$181  = root[14] ? 5'h02 : \$180 ;
+  assign \$182  = root[15] ? 5'h01 : \$181 ;
+  assign \$183  = root[16] ? 5'h00 : \$182 ;
+  assign \$184  = ! r;
+  assign \$185  = ~ busy;
+  assign \$186  = ~ q_valid;
+  assign \$187  = ~ p_valid;
+  assign \$188  = ~ o__valid;
+  assign \$192  = q_valid & q_last;
+  assign \$193  = p_valid & p_last;
+  assign \$194  = \$192  | \$193 ;
+  assign \$195  = ~ \$194 ;
+  assign \$196  = i__valid & \$195 ;
+  assign \$197  = op == 2'h2;
+  assign \$198  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$199  = \$197  ? \$198  : { 1'h0, i__payload[30:16] };
+  assign \$200  = op == 1'h1;
+  assign \$201  = \$200  & i__payload[31];
+  assign \$202  = \$201  ? i__payload[15:0] : 16'h0000;
+  assign \$203  = ~ p_valid;
+  assign \$204  = ~ o__valid;
+  assign \$207  = $signed(q_a) * $signed(q_b);
+  assign \$208  = $signed(q_a) * $signed(q_b);
+  assign \$209  = $signed(\$208 [31:15]) + $signed(q_top);
+  assign \$210  = ~ o__valid;
   assign \$213  = $signed(prod[28:0]) << z;
-  assign \$214  = | \$213 [21:0];
   assign \$215  = $signed(prod[28:0]) << z;
-  assign \$217  = \$214  | \$216 [0];
-  assign \$218  = \$212 [22] & \$217 ;
-  assign \$219  = $signed(\$211 ) + $signed({ 1'h0, \$218  });
-  assign \$220  = \$219 [45] ? 8'h80 : 8'h7f;
-  assign \$221  = \$199  ? \$209 [7:0] : \$220 ;
+  assign \$216  = $signed(prod[28:0]) << z;
+  assign \$217  = | \$216 [21:0];
+  assign \$218  = $signed(prod[28:0]) << z;
+  assign \$220  = \$217  | \$219 [0];
+  assign \$221  = \$215 [22] & \$220 ;
+  assign \$222  = $signed(\$214 ) + $signed({ 1'h0, \$221  });
+  assign \$223  = & \$222 [45:7];
+  assign \$224  = $signed(prod[28:0]) << z;
+  assign \$226  = $signed(prod[28:0]) << z;
+  assign \$227  = $signed(prod[28:0]) << z;
+  assign \$228  = | \$227 [21:0];
+  assign \$229  = $signed(prod[28:0]) << z;
+  assign \$231  = \$228  | \$230 [0];
+  assign \$232  = \$226 [22] & \$231 ;
+  assign \$233  = $signed(\$225 ) + $signed({ 1'h0, \$232  });
+  assign \$234  = | \$233 [45:7];
+  assign \$235  = ~ \$234 ;
+  assign \$236  = \$223  | \$235 ;
+  assign \$237  = $signed(prod[28:0]) << z;
+  assign \$239  = $signed(prod[28:0]) << z;
+  assign \$240  = $signed(prod[28:0]) << z;
+  assign \$241  = | \$240 [21:0];
+  assign \$242  = $signed(prod[28:0]) << z;
+  assign \$244  = \$241  | \$243 [0];
+  assign \$245  = \$239 [22] & \$244 ;
+  assign \$246  = $signed(\$238 ) + $signed({ 1'h0, \$245  });
+  assign \$247  = $signed(prod[28:0]) << z;
+  assign \$249  = $signed(prod[28:0]) << z;
+  assign \$250  = $signed(prod[28:0]) << z;
+  assign \$251  = | \$250 [21:0];
+  assign \$252  = $signed(prod[28:0]) << z;
+  assign \$254  = \$251  | \$253 [0];
+  assign \$255  = \$249 [22] & \$254 ;
+  assign \$256  = $signed(\$248 ) + $signed({ 1'h0, \$255  });
+  assign \$257  = \$256 [45] ? 8'h80 : 8'h7f;
+  assign \$258  = \$236  ? \$246 [7:0] : \$257 ;
   always @(posedge clk)
-    o__valid <= \$222 ;
+    o__valid <= \$259 ;
   always @(posedge clk)
-    o__payload <= \$223 ;
+    n_pow2 <= \$260 ;
   always @(posedge clk)
-    q_valid <= \$224 ;
+    n_log2 <= \$261 ;
   always @(posedge clk)
-    q_last <= \$225 ;
+    o__payload <= \$262 ;
   always @(posedge clk)
-    q_a <= \$226 ;
+    q_valid <= \$263 ;
   always @(posedge clk)
-    q_b <= \$227 ;
+    q_last <= \$264 ;
   always @(posedge clk)
-    q_top <= \$228 ;
+    q_a <= \$265 ;
   always @(posedge clk)
-    p_valid <= \$229 ;
+    q_b <= \$266 ;
   always @(posedge clk)
-    prod <= \$230 ;
+    q_top <= \$267 ;
   always @(posedge clk)
-    p_last <= \$231 ;
+    p_valid <= \$268 ;
   always @(posedge clk)
-    acc <= \$232 ;
+    prod <= \$269 ;
   always @(posedge clk)
-    sumsq <= \$233 ;
+    p_last <= \$270 ;
   always @(posedge clk)
-    fsm_state <= \$234 ;
+    acc <= \$271 ;
   always @(posedge clk)
-    rem <= \$235 ;
+    sumsq <= \$272 ;
   always @(posedge clk)
-    root <= \$236 ;
+    fsm_state <= \$273 ;
   always @(posedge clk)
-    \bit  <= \$237 ;
+    rem <= \$274 ;
   always @(posedge clk)
-    r_norm <= \$238 ;
+    root <= \$275 ;
   always @(posedge clk)
-    z <= \$239 ;
+    \bit  <= \$276 ;
   always @(posedge clk)
-    recip <= \$240 ;
+    r <= \$277 ;
+  always @(posedge clk)
+    z <= \$278 ;
+  always @(posedge clk)
+    recip <= \$279 ;
   \nanokpu_kpu.elementwise.vector.div  div (
     .bits(bits),
     .busy(busy),
@@ -10666,9 +10749,9 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 i__ready = \$12 ;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -10694,17 +10777,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                start = 1'h1;
-            3'h2:
-                /* empty */;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                end else begin
+                  start = 1'h1;
+                end
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
                 if (\$14 ) begin
-                end else if (\$15 ) begin
                 end else begin
                   start = 1'h1;
                 end
@@ -10724,19 +10810,22 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                den = { 1'h0, n };
-            3'h2:
-                /* empty */;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                end else begin
+                  den = { 1'h0, n };
+                end
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
                 if (\$14 ) begin
-                end else if (\$15 ) begin
                 end else begin
-                  den = r_norm;
+                  den = \$15 [16:0];
                 end
           endcase
     endcase
@@ -10754,17 +10843,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                bits = 6'h1f;
-            3'h2:
-                /* empty */;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                end else begin
+                  bits = 6'h1f;
+                end
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
                 if (\$14 ) begin
-                end else if (\$15 ) begin
                 end else begin
                   bits = 6'h0d;
                 end
@@ -10784,17 +10876,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                rem_in = sumsq[47:31];
-            3'h2:
-                /* empty */;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                end else begin
+                  rem_in = sumsq[47:31];
+                end
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
                 if (\$14 ) begin
-                end else if (\$15 ) begin
                 end else begin
                   rem_in = 17'h08000;
                 end
@@ -10814,17 +10909,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                num = \$13 [47:0];
-            3'h2:
-                /* empty */;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                end else begin
+                  num = \$13 [47:0];
+                end
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
             3'h5:
                 (* full_case = 32'd1 *)
                 if (\$14 ) begin
-                end else if (\$15 ) begin
                 end else begin
                   num = 48'h000000000000;
                 end
@@ -10846,9 +10944,9 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -10863,16 +10961,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$222  = 1'h0;
+    \$259  = 1'h0;
     casez (op)
       2'h0:
-          if (\$37 ) begin
-            \$222  = 1'h1;
+          if (\$58 ) begin
+            \$259  = 1'h1;
           end
       2'h1:
-          if (\$69 ) begin
+          if (\$90 ) begin
             if (p_last) begin
-              \$222  = 1'h1;
+              \$259  = 1'h1;
             end
           end
       2'h2:
@@ -10882,9 +10980,9 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -10893,30 +10991,50 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$175 ) begin
-                  \$222  = 1'h1;
+                if (\$212 ) begin
+                  \$259  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$222  = 1'h0;
+      \$259  = 1'h0;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$223  = o__payload;
+    \$260  = \$39 ;
+    if (unit_rst) begin
+      \$260  = 1'h0;
+    end
+    if (rst) begin
+      \$260  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$261  = \$55 ;
+    if (unit_rst) begin
+      \$261  = 4'h0;
+    end
+    if (rst) begin
+      \$261  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$262  = o__payload;
     casez (op)
       2'h0:
-          if (\$37 ) begin
-            \$223  = \$47 ;
+          if (\$58 ) begin
+            \$262  = \$68 ;
           end
       2'h1:
-          if (\$69 ) begin
+          if (\$90 ) begin
             if (p_last) begin
-              \$223  = \$115 ;
+              \$262  = \$136 ;
             end
           end
       2'h2:
@@ -10926,9 +11044,9 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -10937,38 +11055,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$175 ) begin
-                  \$223  = { \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221 [7], \$221  };
+                if (\$212 ) begin
+                  \$262  = { \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$223  = 16'h0000;
+      \$262  = 16'h0000;
     end
     if (rst) begin
-      \$223  = 16'h0000;
+      \$262  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$224  = q_valid;
+    \$263  = q_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
-            \$224  = i__valid;
+          if (\$74 ) begin
+            \$263  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$224  = \$121 ;
+                \$263  = \$142 ;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -10977,38 +11095,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$154 ) begin
-                  \$224  = \$159 ;
+                if (\$191 ) begin
+                  \$263  = \$196 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$224  = 1'h0;
+      \$263  = 1'h0;
     end
     if (rst) begin
-      \$224  = 1'h0;
+      \$263  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$225  = q_last;
+    \$264  = q_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
-            \$225  = i__payload[33];
+          if (\$74 ) begin
+            \$264  = i__payload[33];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$225  = i__payload[33];
+                \$264  = i__payload[33];
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11017,38 +11135,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$154 ) begin
-                  \$225  = i__payload[33];
+                if (\$191 ) begin
+                  \$264  = i__payload[33];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$225  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$225  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$226  = q_a;
+    \$265  = q_a;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
-            \$226  = i__payload[15:0];
+          if (\$74 ) begin
+            \$265  = i__payload[15:0];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$226  = i__payload[15:0];
+                \$265  = i__payload[15:0];
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11057,38 +11175,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$154 ) begin
-                  \$226  = i__payload[15:0];
+                if (\$191 ) begin
+                  \$265  = i__payload[15:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$226  = 16'h0000;
+      \$265  = 16'h0000;
     end
     if (rst) begin
-      \$226  = 16'h0000;
+      \$265  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$227  = q_b;
+    \$266  = q_b;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
-            \$227  = \$56 ;
+          if (\$74 ) begin
+            \$266  = \$77 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$227  = \$127 ;
+                \$266  = \$148 ;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11097,38 +11215,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$154 ) begin
-                  \$227  = \$162 ;
+                if (\$191 ) begin
+                  \$266  = \$199 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$227  = 16'h0000;
+      \$266  = 16'h0000;
     end
     if (rst) begin
-      \$227  = 16'h0000;
+      \$266  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$228  = q_top;
+    \$267  = q_top;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$53 ) begin
-            \$228  = \$59 ;
+          if (\$74 ) begin
+            \$267  = \$80 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$228  = \$130 ;
+                \$267  = \$151 ;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11137,38 +11255,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$154 ) begin
-                  \$228  = \$165 ;
+                if (\$191 ) begin
+                  \$267  = \$202 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$228  = 16'h0000;
+      \$267  = 16'h0000;
     end
     if (rst) begin
-      \$228  = 16'h0000;
+      \$267  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$229  = p_valid;
+    \$268  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$63 ) begin
-            \$229  = q_valid;
+          if (\$84 ) begin
+            \$268  = q_valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$229  = q_valid;
+                \$268  = q_valid;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11178,44 +11296,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h6:
               begin
-                if (\$169 ) begin
-                  \$229  = q_valid;
+                if (\$206 ) begin
+                  \$268  = q_valid;
                 end
-                if (\$175 ) begin
+                if (\$212 ) begin
                   if (p_last) begin
-                    \$229  = 1'h0;
+                    \$268  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$229  = 1'h0;
+      \$268  = 1'h0;
     end
     if (rst) begin
-      \$229  = 1'h0;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$230  = prod;
+    \$269  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$63 ) begin
-            \$230  = { \$66 , \$64 [14:0] };
+          if (\$84 ) begin
+            \$269  = { \$87 , \$85 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$230  = { \$124 , \$122 [14:0] };
+                \$269  = { \$145 , \$143 [14:0] };
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11224,38 +11342,38 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$169 ) begin
-                  \$230  = { \$172 , \$170 [14:0] };
+                if (\$206 ) begin
+                  \$269  = { \$209 , \$207 [14:0] };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$230  = 33'h000000000;
+      \$269  = 33'h000000000;
     end
     if (rst) begin
-      \$230  = 33'h000000000;
+      \$269  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$231  = p_last;
+    \$270  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$63 ) begin
-            \$231  = q_last;
+          if (\$84 ) begin
+            \$270  = q_last;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$231  = q_last;
+                \$270  = q_last;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
+                /* empty */;
+            3'h2:
                 /* empty */;
             3'h4:
                 /* empty */;
@@ -11264,44 +11382,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$169 ) begin
-                  \$231  = q_last;
+                if (\$206 ) begin
+                  \$270  = q_last;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$231  = 1'h0;
+      \$270  = 1'h0;
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$270  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$232  = acc;
+    \$271  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$69 ) begin
+          if (\$90 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$232  = 49'h0000000000000;
+              \$271  = 49'h0000000000000;
             end else begin
-              \$232  = \$116 [48:0];
+              \$271  = \$137 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$232  = 49'h0000000000000;
+      \$271  = 49'h0000000000000;
     end
     if (rst) begin
-      \$232  = 49'h0000000000000;
+      \$271  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$233  = sumsq;
+    \$272  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -11311,26 +11429,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (p_valid) begin
-                  \$233  = \$131 [47:0];
+                  \$272  = \$152 [47:0];
                 end
             3'h1:
-                /* empty */;
-            3'h2:
-                if (\$133 ) begin
-                  \$233  = 48'h000000000000;
+                if (n_pow2) begin
+                  \$272  = 48'h000000000000;
+                end
+            3'h3:
+                if (\$156 ) begin
+                  \$272  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$233  = 48'h000000000000;
+      \$272  = 48'h000000000000;
     end
     if (rst) begin
-      \$233  = 48'h000000000000;
+      \$272  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$234  = fsm_state;
+    \$273  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -11340,51 +11460,55 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                if (\$132 ) begin
-                  \$234  = 3'h1;
+                if (\$153 ) begin
+                  \$273  = 3'h1;
                 end
             3'h1:
-                \$234  = 3'h2;
-            3'h2:
-                if (\$133 ) begin
-                  \$234  = 3'h3;
+                (* full_case = 32'd1 *)
+                if (n_pow2) begin
+                  \$273  = 3'h2;
+                end else begin
+                  \$273  = 3'h3;
                 end
             3'h3:
-                if (\$143 ) begin
-                  \$234  = 3'h4;
+                if (\$156 ) begin
+                  \$273  = 3'h2;
+                end
+            3'h2:
+                if (\$166 ) begin
+                  \$273  = 3'h4;
                 end
             3'h4:
-                \$234  = 3'h5;
+                \$273  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$144 ) begin
-                  \$234  = 3'h6;
-                end else if (\$145 ) begin
+                if (\$184 ) begin
+                  \$273  = 3'h6;
                 end else begin
-                  \$234  = 3'h7;
+                  \$273  = 3'h7;
                 end
             3'h7:
-                if (\$148 ) begin
-                  \$234  = 3'h6;
+                if (\$185 ) begin
+                  \$273  = 3'h6;
                 end
             3'h6:
-                if (\$175 ) begin
+                if (\$212 ) begin
                   if (p_last) begin
-                    \$234  = 3'h0;
+                    \$273  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$234  = 3'h0;
+      \$273  = 3'h0;
     end
     if (rst) begin
-      \$234  = 3'h0;
+      \$273  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$235  = rem;
+    \$274  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -11395,27 +11519,29 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                /* empty */;
-            3'h2:
-                if (\$133 ) begin
-                  \$235  = \$134 [32:0];
+                if (n_pow2) begin
+                  \$274  = \$155 [32:0];
                 end
             3'h3:
-                if (\$136 ) begin
-                  \$235  = \$138 [32:0];
+                if (\$156 ) begin
+                  \$274  = \$157 [32:0];
+                end
+            3'h2:
+                if (\$159 ) begin
+                  \$274  = \$161 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$235  = 33'h000000000;
+      \$274  = 33'h000000000;
     end
     if (rst) begin
-      \$235  = 33'h000000000;
+      \$274  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$236  = root;
+    \$275  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -11426,30 +11552,63 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                /* empty */;
-            3'h2:
-                if (\$133 ) begin
-                  \$236  = 33'h000000000;
+                if (n_pow2) begin
+                  \$275  = 33'h000000000;
                 end
             3'h3:
+                if (\$156 ) begin
+                  \$275  = 33'h000000000;
+                end
+            3'h2:
                 (* full_case = 32'd1 *)
-                if (\$136 ) begin
-                  \$236  = \$140 [32:0];
+                if (\$159 ) begin
+                  \$275  = \$163 [32:0];
                 end else begin
-                  \$236  = \$141 ;
+                  \$275  = \$164 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$236  = 33'h000000000;
+      \$275  = 33'h000000000;
     end
     if (rst) begin
-      \$236  = 33'h000000000;
+      \$275  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$237  = \bit ;
+    \$276  = \bit ;
+    casez (op)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h2:
+          casez (fsm_state)
+            3'h0:
+                /* empty */;
+            3'h1:
+                if (n_pow2) begin
+                  \$276  = 33'h100000000;
+                end
+            3'h3:
+                if (\$156 ) begin
+                  \$276  = 33'h100000000;
+                end
+            3'h2:
+                \$276  = \$165 ;
+          endcase
+    endcase
+    if (unit_rst) begin
+      \$276  = 33'h000000000;
+    end
+    if (rst) begin
+      \$276  = 33'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
+    \$277  = r;
     casez (op)
       2'h0:
           /* empty */;
@@ -11461,58 +11620,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                if (\$133 ) begin
-                  \$237  = 33'h100000000;
-                end
             3'h3:
-                \$237  = \$142 ;
-          endcase
-    endcase
-    if (unit_rst) begin
-      \$237  = 33'h000000000;
-    end
-    if (rst) begin
-      \$237  = 33'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$238  = r_norm;
-    casez (op)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h2:
-          casez (fsm_state)
-            3'h0:
-                /* empty */;
-            3'h1:
                 /* empty */;
             3'h2:
-                /* empty */;
-            3'h3:
                 /* empty */;
             3'h4:
-                \$238  = root[16:0];
-            3'h5:
-                if (\$144 ) begin
-                end else if (\$145 ) begin
-                  \$238  = \$146 [16:0];
-                end
+                \$277  = root[16:0];
           endcase
     endcase
     if (unit_rst) begin
-      \$238  = 17'h00000;
+      \$277  = 17'h00000;
     end
     if (rst) begin
-      \$238  = 17'h00000;
+      \$277  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$239  = z;
+    \$278  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -11524,29 +11649,24 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
                 /* empty */;
+            3'h2:
+                /* empty */;
             3'h4:
-                \$239  = 5'h00;
-            3'h5:
-                if (\$144 ) begin
-                end else if (\$145 ) begin
-                  \$239  = \$147 [4:0];
-                end
+                \$278  = \$183 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$239  = 5'h00;
+      \$278  = 5'h00;
     end
     if (rst) begin
-      \$239  = 5'h00;
+      \$278  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$240  = recip;
+    \$279  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -11558,25 +11678,25 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 /* empty */;
-            3'h2:
-                /* empty */;
             3'h3:
                 /* empty */;
+            3'h2:
+                /* empty */;
             3'h4:
-                \$240  = 13'h0000;
+                \$279  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$148 ) begin
-                  \$240  = quot[12:0];
+                if (\$185 ) begin
+                  \$279  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$240  = 13'h0000;
+      \$279  = 13'h0000;
     end
     if (rst) begin
-      \$240  = 13'h0000;
+      \$279  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -11594,42 +11714,41 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$20  = 1'h1;
   assign \$21  = 1'h1;
   assign \$26  = \$25 ;
-  assign \$36  = 1'h1;
-  assign \$37  = i__valid;
-  assign \$51  = 1'h1;
-  assign \$52  = 1'h1;
-  assign \$53  = 1'h1;
-  assign \$62  = 1'h1;
-  assign \$63  = 1'h1;
-  assign \$68  = 1'h1;
-  assign \$69  = p_valid;
-  assign \$71  = { \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49], \$70 [49:15] };
-  assign \$76  = { \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49], \$75 [49:15] };
-  assign \$82  = { \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49], \$81 [49:15] };
-  assign \$87  = { \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49], \$86 [49:15] };
-  assign \$95  = { \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49], \$94 [49:15] };
-  assign \$100  = { \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49], \$99 [49:15] };
-  assign \$105  = { \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49:15] };
-  assign \$110  = { \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49:15] };
-  assign \$139  = { 1'h0, root[32:1] };
-  assign \$141  = { 1'h0, root[32:1] };
-  assign \$142  = { 2'h0, \bit [32:2] };
-  assign \$146  = { r_norm, 1'h0 };
-  assign \$152  = 1'h1;
-  assign \$153  = 1'h1;
-  assign \$154  = 1'h1;
-  assign \$168  = 1'h1;
-  assign \$169  = 1'h1;
-  assign \$174  = 1'h1;
-  assign \$175  = p_valid;
-  assign \$177  = { \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44], \$176 [44:23] };
-  assign \$182  = { \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44], \$181 [44:23] };
-  assign \$188  = { \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44], \$187 [44:23] };
-  assign \$193  = { \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44], \$192 [44:23] };
-  assign \$201  = { \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44], \$200 [44:23] };
-  assign \$206  = { \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44], \$205 [44:23] };
-  assign \$211  = { \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44], \$210 [44:23] };
-  assign \$216  = { \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44], \$215 [44:23] };
+  assign \$57  = 1'h1;
+  assign \$58  = i__valid;
+  assign \$72  = 1'h1;
+  assign \$73  = 1'h1;
+  assign \$74  = 1'h1;
+  assign \$83  = 1'h1;
+  assign \$84  = 1'h1;
+  assign \$89  = 1'h1;
+  assign \$90  = p_valid;
+  assign \$92  = { \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49:15] };
+  assign \$97  = { \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49:15] };
+  assign \$103  = { \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49:15] };
+  assign \$108  = { \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49:15] };
+  assign \$116  = { \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49:15] };
+  assign \$121  = { \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49:15] };
+  assign \$126  = { \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49:15] };
+  assign \$131  = { \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49:15] };
+  assign \$162  = { 1'h0, root[32:1] };
+  assign \$164  = { 1'h0, root[32:1] };
+  assign \$165  = { 2'h0, \bit [32:2] };
+  assign \$189  = 1'h1;
+  assign \$190  = 1'h1;
+  assign \$191  = 1'h1;
+  assign \$205  = 1'h1;
+  assign \$206  = 1'h1;
+  assign \$211  = 1'h1;
+  assign \$212  = p_valid;
+  assign \$214  = { \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44:23] };
+  assign \$219  = { \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44:23] };
+  assign \$225  = { \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44:23] };
+  assign \$230  = { \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44:23] };
+  assign \$238  = { \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44:23] };
+  assign \$243  = { \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44:23] };
+  assign \$248  = { \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44:23] };
+  assign \$253  = { \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30032,7 +30151,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4197$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4234$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr
 , clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__data, clients__0__rd1__data, clk);
   wire \$1 ;
   wire \$10 ;
@@ -30212,8 +30331,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4197$0 ;
-  wire [4:0] \port$4197$0 ;
+  input [4:0] \port$4234$0 ;
+  wire [4:0] \port$4234$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30226,68 +30345,68 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
   wire [12:0] wr__addr;
   wire [31:0] wr__data;
   wire wr__en;
-  assign \$22  = clients__5__rd0__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4197$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4234$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4197$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4234$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4197$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4234$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4197$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4197$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4234$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4234$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4197$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4234$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4197$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4234$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4197$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4234$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4], \port$4197$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4], \port$4234$0 [4] };
   assign wr__data = \$76  | \$77 ;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4197$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4234$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4197$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4234$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4197$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4234$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4197$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4234$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4197$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4234$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0], \port$4197$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0], \port$4234$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1], \port$4197$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1], \port$4234$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2], \port$4197$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2], \port$4234$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3], \port$4197$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3], \port$4234$0 [3] };
   assign \$21  = \$19  | \$20 ;
   \nanokpu_kpu.spad.memory  memory (
     .clk(clk),
@@ -30302,7 +30421,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd0__addr, clients__0__rd
     .wr__data(wr__data),
     .wr__en(wr__en)
   );
-  assign select = { \port$4197$0 , \port$2$0  };
+  assign select = { \port$4234$0 , \port$2$0  };
   assign rd0__data = clients__0__rd0__data;
   assign clients__1__rd0__data = clients__0__rd0__data;
   assign clients__2__rd0__data = clients__0__rd0__data;

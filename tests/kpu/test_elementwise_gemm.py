@@ -123,6 +123,7 @@ def _cases(rng):
         ("add", Instr(Op.ADD, m=m, n=n, a=a, b=b, c=c), (_act(rng, m * n), _act(rng, m * n))),
         ("combine", Instr(Op.COMBINE, m=m, n=n, k=k, a=a, b=b, c=c), (_act(rng, m * k * n), w)),
         ("norm", Instr(Op.NORM, m=m, n=n, a=a, c=c), _act(rng, m * n, extremes=False)),
+        ("norm-8", Instr(Op.NORM, m=m, n=8, a=a, c=c), _act(rng, m * 8, extremes=False)),   # mean a shift
     ]
 
 
