@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from golden import block, k3
+from golden import attn_res, block, k3
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
-__all__ = ["OpError", "op_errors", "block_errors", "format_table"]
+__all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table"]
 
 
 @dataclass(frozen=True)
@@ -96,10 +96,75 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
     # floor(mean) and floor(isqrt) make r low by < 1/(2 r_min) + ... relative (r >= ~1000 LSB
     # here); the truncated reciprocal is low by a relative < 2**-(M-1)
     rel = 1.0 / np.min(I.isqrt((uu * uu).sum(axis=1) // uu.shape[1])) + 2.0 ** -(I.norm_recip_bits(cfg) - 1)
-    rows.append(OpError("RMSNorm", "2k random rows", float(np.max(np.abs(norm - ref))), n_lsb,
-                        n_lsb / 2 + float(np.max(np.abs(ref))) * 1.01 * rel,
+    norm_bound = n_lsb / 2 + float(np.max(np.abs(ref))) * 1.01 * rel
+    rows.append(OpError("RMSNorm", "2k random rows", float(np.max(np.abs(norm - ref))), n_lsb, norm_bound,
                         "floor mean, floor isqrt, truncated reciprocal, multiply, round"))
+    # weight ~ 1 + 0.1 N(0, 1) (as golden.k3.init_layer); the weight's own rounding (half a
+    # 2**-weight_shift LSB) scales |n|, the RMSNorm error scales |weight|, then one rounding
+    weight = 1.0 + 0.1 * rng.standard_normal(cfg.d_latent)
+    weight_q, weight_shift = I.quantize_norm_weight(weight, cfg)
+    normw = I.rmsnorm_weight_int(uu, weight_q, weight_shift, cfg) * n_lsb
+    refw = k3.rmsnorm(uu * act_lsb, weight, cfg.rms_eps)
+    rows.append(OpError("RMSNorm x weight", "2k random rows", float(np.max(np.abs(normw - refw))), n_lsb,
+                        n_lsb / 2 + float(np.max(np.abs(norm))) * 2.0 ** -(weight_shift + 1)
+                        + float(np.max(np.abs(weight))) * norm_bound,
+                        f"RMSNorm, times the weight in Q{cfg.mult_width}.{weight_shift}, round"))
+    e_lsb = 2.0 ** -cfg.score_frac
+    ex = I.exp_table(cfg)
+    exp_err = float(np.max(np.abs(I.exp_q(xs, cfg) * e_lsb - np.exp(np.minimum(xr, 0.0)))))
+    rows.append(OpError("exp", f"all {len(xs)}", exp_err, e_lsb, 1.5 * e_lsb,
+                        f"exp(min(x, 0)); PWL, {ex.n_seg} segments of {2 ** ex.seg_shift} LSB; "
+                        "<= 1 LSB from correctly rounded"))
+    # softmax over the candidates of the deepest Attention Residuals, logits N(0, 2**2): weights
+    # from flat to one-hot. Every e_j is within exp_err (the exp row, over every input) of
+    # exp(s_j - m), the max term exact, so with S = sum e, a_i = e_i / S exact:
+    # |e_i/S - a_i| <= exp_err ((1 - a_i) [i not the max] + a_i (others not the max)) / S; then 1 weight LSB
+    n_cand = attn_res_candidates(cfg)
+    logits = I.saturate(np.round(2.0 * rng.standard_normal((20_000, n_cand)) / act_lsb).astype(np.int64),
+                        cfg.act_width)
+    sm = I.softmax_int(logits, cfg) * w_lsb
+    z = np.exp((logits - np.max(logits, axis=1, keepdims=True)) * act_lsb)
+    a = z / z.sum(axis=1, keepdims=True)
+    is_max = logits == np.max(logits, axis=1, keepdims=True)
+    total = I.exp_q(logits - np.max(logits, axis=1, keepdims=True), cfg).sum(axis=1, keepdims=True) * e_lsb
+    moved = exp_err * (np.where(is_max, 0.0, 1.0 - a) + a * (n_cand - 1 - ~is_max)) / total
+    rows.append(OpError("softmax weights", f"20k random rows of {n_cand} logits", float(np.max(np.abs(sm - a))),
+                        w_lsb, float(np.max(moved)) + w_lsb,
+                        "running max, exp, one reciprocal per row, multiply, round"))
     return rows
+
+
+def attn_res_candidates(cfg: KpuConfig) -> int:
+    """``N`` of the deepest Attention Residuals of ``cfg``: the embedding, one representative per
+    later block (``ceil(n_layers / attnres_block)`` in all) and the partial sum ``P``."""
+    return -(-cfg.n_layers // cfg.attnres_block) + 1
+
+
+def attn_res_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 256) -> dict:
+    """End to end: :func:`golden.attn_res.attn_res_int` against :func:`golden.k3.attn_res` on the
+    same act-format candidates (so input quantisation is not counted; the query's is).
+
+    :func:`attn_res_candidates` candidates ``V_n ~ N(0, 4**n / 4)`` (the stream grows with depth)
+    ``[tokens, d_model]``, rounded to the act format, and a query ``q ~ N(0, 4 / d_model)`` (scores
+    of standard deviation ~2), drawn from ``seed`` in that order. Keys: ``cosine``, ``max_abs`` and
+    ``max_rel`` (max abs error / max abs h) of ``h``; ``weights_max_abs`` of the softmax weights.
+    """
+    rng = np.random.default_rng(seed)
+    n_cand, d = attn_res_candidates(cfg), cfg.d_model
+    sigma = 2.0 ** (np.arange(n_cand) - 1)
+    act_lsb = 2.0 ** -cfg.act_frac
+    V = rng.standard_normal((n_cand, tokens, d)) * sigma[:, None, None]
+    V = I.saturate(np.round(V / act_lsb).astype(np.int64), cfg.act_width)
+    q = 2.0 * rng.standard_normal(d) / np.sqrt(d)
+    Q = attn_res.quantize_attn_res(q, cfg)
+    Bl, P = list(V[:-1]), V[-1]
+    h = attn_res.attn_res_int(P, Bl, Q, cfg) * act_lsb
+    a = attn_res.attn_res_weights_int(P, Bl, Q, cfg) * 2.0 ** -cfg.weight_frac
+    Bl_real = [v * act_lsb for v in Bl]
+    ref = k3.attn_res(P * act_lsb, Bl_real, q, cfg.rms_eps)
+    err = block.block_error(h / act_lsb, ref, cfg)
+    return {"cosine": err["cosine"], "max_abs": err["max_abs"], "max_rel": err["max_rel"],
+            "weights_max_abs": float(np.max(np.abs(a - k3.attn_res_weights(P * act_lsb, Bl_real, q, cfg.rms_eps))))}
 
 
 def block_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:

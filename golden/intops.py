@@ -21,9 +21,10 @@ from nanokpu.config import ROUNDING_MODES, KpuConfig
 
 __all__ = [
     "wrap", "saturate", "round_shift", "requantize", "matmul_int", "split_digits", "join_partials",
-    "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table",
-    "sigmoid_q", "gate_q", "up_q", "situ_q", "topk_int", "route_weights_int", "quantize_bias",
-    "route_int", "combine_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int", "isqrt", "add_sat",
+    "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table", "exp_table",
+    "sigmoid_q", "gate_q", "up_q", "situ_q", "exp_q", "topk_int", "route_weights_int", "quantize_bias",
+    "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int",
+    "quantize_norm_weight", "rmsnorm_weight_int", "isqrt", "add_sat",
 ]
 
 
@@ -195,7 +196,8 @@ def fit_pwl(func, in_width: int, in_frac: int, out_frac: int, guard: int,
     ``func`` maps float64 reals to float64 reals. The search takes the narrowest domain
     ``[-2**a, 2**b)`` (in input LSBs) outside which the correctly rounded function is
     constant and equal to the table's end value (so saturated outputs are exact), then the
-    widest segments that meet the bound inside.
+    widest segments ``2**s`` that meet the bound inside, the top end ``2**b`` raised to
+    ``lo + ceil(span / 2**s) * 2**s`` (inputs there lie in the flat top tail).
     """
     xs = _all_inputs(in_width)
     real = func(xs / 2.0 ** in_frac)
@@ -217,12 +219,10 @@ def fit_pwl(func, in_width: int, in_frac: int, out_frac: int, guard: int,
 
     a = next((e for e in range(top + 1) if e == top or tail_ok(-(1 << e), "lo")), top)
     b = next((e for e in range(top + 1) if e == top or tail_ok((1 << e) - 1, "hi")), top)
-    lo, hi = -(1 << a), 1 << b  # hi may lie one past the largest input: it is never reached
+    lo, hi = -(1 << a), 1 << b  # hi may lie past the largest input: it is never reached
     span = hi - lo
     for s in range(span.bit_length(), -1, -1):
-        if span % (1 << s):
-            continue
-        table = build(lo, hi, s)
+        table = build(lo, lo + (-(-span >> s) << s), s)   # hi raised to a whole number of segments
         if np.max(np.abs(table(xs) - ref)) <= max_err_lsb:
             return table
     raise ValueError(f"no PWL table of {func} meets {max_err_lsb} LSB")  # s = 0 is exact
@@ -233,6 +233,8 @@ def _cached_table(kind: str, in_width: int, in_frac: int, out_frac: int, guard: 
                   rounding: str, beta: float) -> PwlTable:
     if kind == "sigmoid":
         func = _sigmoid
+    elif kind == "exp":
+        func = _exp_nonpositive
     elif kind == "gate":
         def func(g):
             return beta * np.tanh(g / beta) * _sigmoid(g)
@@ -244,6 +246,10 @@ def _cached_table(kind: str, in_width: int, in_frac: int, out_frac: int, guard: 
 
 def _sigmoid(x):
     return 0.5 * (1.0 + np.tanh(0.5 * np.asarray(x, dtype=np.float64)))
+
+
+def _exp_nonpositive(x):
+    return np.exp(np.minimum(np.asarray(x, dtype=np.float64), 0.0))
 
 
 def sigmoid_table(cfg: KpuConfig) -> PwlTable:
@@ -266,9 +272,22 @@ def up_table(cfg: KpuConfig) -> PwlTable:
                          cfg.pwl_guard, cfg.rounding, float(cfg.beta2))
 
 
+def exp_table(cfg: KpuConfig) -> PwlTable:
+    """``exp(min(x, 0))``: act format -> unsigned, ``score_frac`` bits (the score format: values in
+    ``[0, 2**score_frac]``, 1.0 included). The softmax feeds it ``x <= 0``; every ``x >= 0`` gives
+    exactly ``2**score_frac`` (the table's flat top tail), every ``x`` below ``-(score_frac + 1) ln 2``
+    (where the correctly rounded value is 0) gives exactly 0."""
+    return _cached_table("exp", cfg.act_width, cfg.act_frac, cfg.score_frac, cfg.pwl_guard, cfg.rounding, 0.0)
+
+
 def sigmoid_q(x, cfg: KpuConfig) -> np.ndarray:
     """Fixed-point sigmoid of router-format logits; scores in ``[0, 2**score_frac]``."""
     return sigmoid_table(cfg)(x)
+
+
+def exp_q(x, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point ``exp(min(x, 0))`` of act-format ``x``; unsigned, ``score_frac`` bits."""
+    return exp_table(cfg)(x)
 
 
 def gate_q(g, cfg: KpuConfig) -> np.ndarray:
@@ -353,6 +372,25 @@ def combine_int(expert_out, weights, cfg: KpuConfig) -> np.ndarray:
     return saturate(round_shift(acc, cfg.weight_frac, cfg.rounding), cfg.act_width)
 
 
+def softmax_int(s, cfg: KpuConfig) -> np.ndarray:
+    """Softmax over the last axis: act-format logits ``s [..., N]`` -> unsigned weights, ``weight_frac``
+    bits ``[..., N]``::
+
+        m   = max_n s_n                                  (a running max over the row)
+        e_n = exp_q(saturate(s_n - m, act_width))        score format, e = 2**score_frac at the max
+        w   = route_weights_int(e)                       one reciprocal floor(2**R / sum e) per row,
+                                                         one multiply and rounding per weight
+
+    The largest logit's term is exactly 1.0, so ``sum e >= 2**score_frac`` (no division by zero) and
+    each ``e_n <= 2**score_frac`` (the range :func:`route_weights_int` is bounded for). Each ``e_n`` is
+    within 1.5 score LSB of ``exp(s_n - m)``; each weight within 1 weight LSB of ``e_n / sum e``.
+    Adding a constant to a row changes nothing while ``s`` stays in range.
+    """
+    s = _i64(s)
+    e = exp_q(saturate(s - s.max(axis=-1, keepdims=True), cfg.act_width), cfg)
+    return route_weights_int(e, cfg)
+
+
 #: Guard bits of the RMSNorm reciprocal: it carries ``out_width + NORM_GUARD`` significant
 #: bits, so its truncation moves an unsaturated output by less than ``2**-(NORM_GUARD - 1)`` LSB.
 NORM_GUARD = 4
@@ -391,3 +429,34 @@ def rmsnorm_int(u, cfg: KpuConfig) -> np.ndarray:
             recip = (1 << (p + bits)) // rt
             y[t] = round_shift(u[t] * recip, p + bits - cfg.norm_frac, cfg.rounding)
     return saturate(y, cfg.out_width)
+
+
+def quantize_norm_weight(weight, cfg: KpuConfig) -> tuple[np.ndarray, int]:
+    """An RMSNorm weight ``[n]`` (real) as ``(weight_q, weight_shift)``: ``weight_q = round(weight *
+    2**weight_shift)`` (half-even, the host-side conversion), signed ``mult_width`` bits, with the
+    largest ``weight_shift`` in ``[0, 63]`` that keeps ``max |weight_q| <= 2**(mult_width-1) - 1``.
+    Each ``weight_q / 2**weight_shift`` is within ``2**-(weight_shift+1)`` of ``weight``. ValueError
+    when ``max |weight|`` needs ``weight_shift < 0``."""
+    w = np.asarray(weight, dtype=np.float64)
+    top = float(np.max(np.abs(w)))
+    qmax = (1 << (cfg.mult_width - 1)) - 1
+    shift = min(cfg.mult_width - 1 - math.frexp(top)[1], 63)   # frexp: top < 2**e, so top * 2**shift < qmax + 1
+    if round(top * 2.0 ** shift) > qmax:
+        shift -= 1
+    if shift < 0:
+        raise ValueError(f"RMSNorm weight max |w| = {top:g} does not fit mult_width = {cfg.mult_width} bits")
+    return np.round(w * 2.0 ** shift).astype(np.int64), shift
+
+
+def rmsnorm_weight_int(u, weight_q, weight_shift: int, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point RMSNorm with weight: ``u [T, n]`` act format -> ``[T, n]`` in ``Q<out_width>.<norm_frac>``::
+
+        y = saturate(round_shift(rmsnorm_int(u) * weight_q, weight_shift, rounding), out_width)
+
+    ``weight_q [n]`` signed ``mult_width`` bits worth ``weight_q / 2**weight_shift``
+    (:func:`quantize_norm_weight`). One multiply per element (``out_width x mult_width`` bits), its
+    product rounded once. ``rmsnorm_int`` saturates first: a normalised value beyond the format's
+    range is clipped before it is weighted.
+    """
+    prod = rmsnorm_int(u, cfg) * _i64(weight_q)
+    return saturate(round_shift(prod, weight_shift, cfg.rounding), cfg.out_width)

@@ -29,6 +29,19 @@ def render(profiles: list[str], seed: int) -> str:
     parts += ["", "Tokens whose scores are near a tie between two experts can route differently "
               "after int8 quantisation of x and W_r; such a token's output differs by a whole "
               "expert's contribution, which dominates the maximum error of the larger profile.", ""]
+    parts += ["## End to end: Attention Residuals (256 tokens, random candidates and query)", "",
+              "The deepest layer's candidates (embedding, one per block, P), `V_n ~ N(0, 4^n / 4)` in the "
+              "act format, query `q ~ N(0, 4 / d)`; `golden/attn_res.py` against `k3.attn_res` on the same "
+              "candidates. Keys take RMSNorm's output format `Q<out_width>.<norm_frac>`: an element beyond "
+              "`2^(out_width-1-norm_frac)` times its row's RMS saturates.", "",
+              "| profile | candidates | cosine | max abs error | max error / max abs h | max weight error |",
+              "|---|---|---|---|---|---|"]
+    for name in profiles:
+        cfg = profile(name)
+        e = errors.attn_res_errors(cfg, seed)
+        parts.append(f"| {name} | {errors.attn_res_candidates(cfg)} | {e['cosine']:.6f} | {e['max_abs']:.3g} "
+                     f"| {e['max_rel']:.3g} | {e['weights_max_abs']:.3g} |")
+    parts.append("")
     return "\n".join(parts)
 
 

@@ -244,3 +244,115 @@ def test_rmsnorm_int_error_bound():
     rel = 2.0 ** -(I.norm_recip_bits(cfg) - 1) + 0.02
     assert np.max(np.abs(got - ref)) <= 0.5 / 2 ** cfg.norm_frac + np.max(np.abs(ref)) * rel
     assert np.all(I.rmsnorm_int(np.zeros((2, 16), dtype=np.int64), cfg) == 0)
+
+
+# ---------------------------------------------------------------------------------------
+# exp and softmax (Attention Residuals)
+# ---------------------------------------------------------------------------------------
+EXP_CONFIGS = [TINY, profile("tiny", act_width=8, act_frac=4, score_frac=7),
+               profile("tiny", score_frac=16, bias_width=20)]
+
+
+@pytest.mark.parametrize("cfg", EXP_CONFIGS, ids=["tiny", "act8", "score16"])
+def test_exp_table_every_input(cfg):
+    """Over every act-format input: within 1 LSB of the correctly rounded exp(min(x, 0)) and 1.5 LSB
+    of the real value; exactly 1.0 from 0 up, exactly 0 where the rounded value is 0; monotone."""
+    xs = np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1))
+    real = np.exp(np.minimum(xs / 2.0 ** cfg.act_frac, 0.0)) * 2.0 ** cfg.score_frac
+    got = I.exp_q(xs, cfg)
+    assert np.max(np.abs(got - np.round(real))) <= 1
+    assert np.max(np.abs(got - real)) <= 1.5
+    assert np.all(got[xs >= 0] == 1 << cfg.score_frac)
+    assert np.all(got[np.round(real) == 0] == 0)
+    assert np.all(np.diff(got) >= 0)
+
+
+def test_exp_table_is_small():
+    """513 segments of 8 LSB for the default formats (the sigmoid's table has 256 of 32)."""
+    table = I.exp_table(TINY)
+    assert (table.n_seg, 1 << table.seg_shift, table.x0) == (513, 8, -4096)
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_softmax_int_directed(mode):
+    cfg = TINY.replace(rounding=mode)
+    one = 1 << cfg.weight_frac
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    assert I.softmax_int(np.array([[1234]]), cfg).tolist() == [[one]]             # one candidate
+    assert I.softmax_int(np.array([[7, 7]]), cfg).tolist() == [[one // 2] * 2]    # equal: exact halves
+    # three equal logits: recip = floor(2**28 / 3 * 2**12) = 21845, w = 21845 * 2**12 / 2**13 = 10922.5, a tie
+    third = exact_round(21845 << 12, 1 << 13, mode)
+    assert I.softmax_int(np.array([[-5, -5, -5]]), cfg).tolist() == [[third] * 3]
+    # one dominant logit (the others at least 9.4 below: exp rounds to 0), extremes included
+    assert I.softmax_int(np.array([[0, -2400, lo], [hi, lo, hi - 2400], [lo, lo + 2400, lo]]), cfg).tolist() == \
+        [[one, 0, 0], [one, 0, 0], [0, one, 0]]
+
+
+def test_softmax_int_shift_and_permutation():
+    """Adding a constant to a row changes nothing (the max is subtracted first); permuting the
+    logits permutes the weights."""
+    cfg = TINY
+    rng = np.random.default_rng(11)
+    s = rng.integers(-2000, 2000, (500, 5))
+    w = I.softmax_int(s, cfg)
+    assert np.array_equal(I.softmax_int(s + 20_000, cfg), w)
+    assert np.array_equal(I.softmax_int(s - 30_000, cfg), w)
+    perm = rng.permutation(5)
+    assert np.array_equal(I.softmax_int(s[:, perm], cfg), w[:, perm])
+    assert np.all(np.abs(w.sum(axis=1) - (1 << cfg.weight_frac)) <= 5)
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_softmax_int_integer_reference(mode):
+    """Row by row with Python integers: running max, exp table, sum, floor reciprocal, rounding."""
+    cfg = TINY.replace(rounding=mode)
+    rng = np.random.default_rng(12)
+    s = rng.integers(-3000, 3000, (50, 4))
+    r_bits = cfg.weight_frac + cfg.score_frac + 1
+    got = I.softmax_int(s, cfg)
+    for row, out in zip(s.tolist(), got.tolist(), strict=True):
+        m = row[0]
+        for v in row[1:]:
+            m = max(m, v)
+        e = [int(I.exp_q(np.array([v - m]), cfg)[0]) for v in row]
+        recip = (1 << r_bits) // sum(e)
+        assert out == [exact_round(v * recip, 1 << (r_bits - cfg.weight_frac), mode) for v in e]
+
+
+# ---------------------------------------------------------------------------------------
+# RMSNorm with weight
+# ---------------------------------------------------------------------------------------
+def test_quantize_norm_weight_format():
+    cfg = TINY
+    qmax = (1 << (cfg.mult_width - 1)) - 1
+    q, shift = I.quantize_norm_weight(np.array([1.0, -0.5, 0.25]), cfg)
+    assert (q.tolist(), shift) == ([1 << 14, -(1 << 13), 1 << 12], 14)
+    # just below 1.0: frexp says shift 15, but 32768 would not fit, so 14
+    q, shift = I.quantize_norm_weight(np.array([1.0 - 2.0 ** -20, 0.3]), cfg)
+    assert (int(q[0]), shift) == (1 << 14, 14)
+    rng = np.random.default_rng(13)
+    w = 1.0 + 0.1 * rng.standard_normal(100)
+    q, shift = I.quantize_norm_weight(w, cfg)
+    assert np.max(np.abs(q)) <= qmax < np.max(np.abs(np.round(w * 2.0 ** (shift + 1))))   # the largest shift
+    assert np.max(np.abs(q / 2.0 ** shift - w)) <= 2.0 ** -(shift + 1)
+    assert I.quantize_norm_weight(np.zeros(4), cfg)[1] == cfg.mult_width - 1
+    with pytest.raises(ValueError, match="mult_width"):
+        I.quantize_norm_weight(np.array([2.0 ** 15]), cfg)
+
+
+@pytest.mark.parametrize("mode", ROUNDING_MODES)
+def test_rmsnorm_weight_int_directed(mode):
+    """Weight 1 is RMSNorm itself; weight -1 negates (saturating -128 to 127); weight 0.5 halves
+    with a tie at every odd value, rounded by the mode."""
+    cfg = TINY.replace(rounding=mode)
+    rng = np.random.default_rng(14)
+    u = rng.integers(-(1 << 15), 1 << 15, (64, 16))
+    u[0] = [-(1 << 15)] + [0] * 15                      # one element: RMSNorm saturates to -128
+    n = I.rmsnorm_int(u, cfg)
+    assert n[0, 0] == -128
+    ones, shift = I.quantize_norm_weight(np.ones(16), cfg)
+    assert np.array_equal(I.rmsnorm_weight_int(u, ones, shift, cfg), n)
+    assert np.array_equal(I.rmsnorm_weight_int(u, -ones, shift, cfg), np.minimum(-n, 127))
+    halves = I.rmsnorm_weight_int(u, ones // 2, shift, cfg)
+    assert np.any(n % 2 == 1)
+    assert halves.tolist() == [[exact_round(v, 2, mode) for v in row] for row in n.tolist()]
