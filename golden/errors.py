@@ -12,11 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from golden import attn_res, block, k3
+from golden import attn_res, block, k3, kda
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table"]
+__all__ += ["kda_op_errors", "kda_errors"]
 
 
 @dataclass(frozen=True)
@@ -189,3 +190,53 @@ def format_table(rows: list[OpError]) -> str:
     for r in rows:
         lines.append(f"| {r.op} | {r.inputs} | {r.max_abs:.3g} | {r.max_lsb:.2f} | {r.bound:.3g} | {r.note} |")
     return "\n".join(lines)
+
+
+def kda_op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
+    """The ops the integer KDA adds (:mod:`golden.kda`): SiLU and the decay ``exp(kda_gate_min
+    sigmoid(z))`` over every act-format input, l2norm on 20k random rows of ``kda_head_dim`` act-format
+    values (each row ``N(0, s**2)`` LSB with ``log2 s`` uniform in ``[4, 12]``) against
+    :func:`golden.k3.l2norm`."""
+    rng = np.random.default_rng(seed)
+    xs = _all_act(cfg)
+    xr = xs / 2.0 ** cfg.act_frac
+    rows = []
+    for op, fq, table, frac, f in (
+        ("SiLU", I.silu_q, I.silu_table, cfg.act_frac, k3.silu),
+        ("KDA decay", I.decay_q, I.decay_table, cfg.score_frac,
+         lambda z: np.exp(cfg.kda_gate_min * k3.sigmoid(z))),
+    ):
+        lsb = 2.0 ** -frac
+        t = table(cfg)
+        rows.append(OpError(op, f"all {len(xs)}", float(np.max(np.abs(fq(xs, cfg) * lsb - f(xr)))), lsb, 1.5 * lsb,
+                            f"PWL, {t.n_seg} segments of {2 ** t.seg_shift} LSB; <= 1 LSB from correctly rounded"))
+    sigma = 2.0 ** rng.uniform(4, 12, (20_000, 1))
+    x = I.saturate(np.round(sigma * rng.standard_normal((20_000, cfg.kda_head_dim))).astype(np.int64), cfg.act_width)
+    u_lsb = 2.0 ** -kda.unit_frac(cfg)
+    ref = k3.l2norm(x * 2.0 ** -cfg.act_frac, cfg.l2_eps)
+    # the table's rounding and the relative < 2**-(NORM_GUARD-2) of floor isqrt and the truncated
+    # reciprocal (golden.intops.l2norm_int), plus the eps the format cannot hold: x/sqrt(ss) against
+    # x/sqrt(ss + eps) differs by up to 1 - sqrt(ss/(ss + eps)) of |y| <= 1
+    ss = (x * x).sum(axis=1) * 4.0 ** -cfg.act_frac
+    eps_gap = float(np.max(1.0 - np.sqrt(ss / (ss + cfg.l2_eps))))
+    rows.append(OpError("l2norm", f"20k random rows of {cfg.kda_head_dim}",
+                        float(np.max(np.abs(I.l2norm_int(x, kda.unit_frac(cfg), cfg) * u_lsb - ref))), u_lsb,
+                        u_lsb * (0.5 + 2.0 ** -(I.NORM_GUARD - 2)) + eps_gap,
+                        f"Q{cfg.act_width}.{kda.unit_frac(cfg)}; even shift, isqrt, one reciprocal per row, "
+                        "multiply, round"))
+    return rows
+
+
+def kda_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 64) -> dict:
+    """End to end: :func:`golden.kda.kda_int` against :func:`golden.k3.kda` (same weights, from
+    :func:`golden.k3.init_kda`, then ``x ~ N(0, 1)`` ``[tokens, d_model]``, both drawn from ``seed``);
+    the integer path's input quantisation is counted. Keys of :func:`golden.block.block_error`, plus
+    ``state_max`` (the largest ``|S|`` of the integer state after the last token, real units)."""
+    rng = np.random.default_rng(seed)
+    P = k3.init_kda(cfg, rng)
+    x = rng.standard_normal((tokens, cfg.d_model))
+    Q, x_q = kda.quantize_kda(P, x, cfg)
+    y, state = kda.kda_int(x_q, Q, cfg)
+    err = block.block_error(y, k3.kda(x, P, cfg), cfg)
+    err["state_max"] = float(np.max(np.abs(state.S))) * 2.0 ** -kda.state_frac(cfg)
+    return err

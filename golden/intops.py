@@ -25,6 +25,7 @@ __all__ = [
     "sigmoid_q", "gate_q", "up_q", "situ_q", "exp_q", "topk_int", "route_weights_int", "quantize_bias",
     "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int",
     "quantize_norm_weight", "rmsnorm_weight_int", "isqrt", "add_sat",
+    "silu_table", "silu_q", "decay_table", "decay_q", "l2norm_int",
 ]
 
 
@@ -235,6 +236,11 @@ def _cached_table(kind: str, in_width: int, in_frac: int, out_frac: int, guard: 
         func = _sigmoid
     elif kind == "exp":
         func = _exp_nonpositive
+    elif kind == "silu":
+        func = _silu
+    elif kind == "decay":
+        def func(z):
+            return np.exp(beta * _sigmoid(z))
     elif kind == "gate":
         def func(g):
             return beta * np.tanh(g / beta) * _sigmoid(g)
@@ -460,3 +466,70 @@ def rmsnorm_weight_int(u, weight_q, weight_shift: int, cfg: KpuConfig) -> np.nda
     """
     prod = rmsnorm_int(u, cfg) * _i64(weight_q)
     return saturate(round_shift(prod, weight_shift, cfg.rounding), cfg.out_width)
+
+
+# ----------------------------------------------------------------------------------------
+# KDA (Kimi Delta Attention)
+# ----------------------------------------------------------------------------------------
+def _silu(x):
+    x = np.asarray(x, dtype=np.float64)
+    return x * _sigmoid(x)
+
+
+def silu_table(cfg: KpuConfig) -> PwlTable:
+    """SiLU ``x sigmoid(x)``: act format -> act format (``silu(x)`` lies in ``[-0.279, x]``, so every
+    output fits ``act_width``)."""
+    return _cached_table("silu", cfg.act_width, cfg.act_frac, cfg.act_frac, cfg.pwl_guard, cfg.rounding, 0.0)
+
+
+def silu_q(x, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point SiLU of act-format ``x``; act format."""
+    return silu_table(cfg)(x)
+
+
+def decay_table(cfg: KpuConfig) -> PwlTable:
+    """The KDA decay ``exp(g)``, ``g = kda_gate_min * sigmoid(z)``, of the gate logit ``z``: act format ->
+    unsigned, ``score_frac`` bits, in ``[exp(kda_gate_min), 1]`` (1.0 included: exactly ``2**score_frac``
+    for every ``z`` low enough that the correctly rounded value is 1)."""
+    return _cached_table("decay", cfg.act_width, cfg.act_frac, cfg.score_frac, cfg.pwl_guard, cfg.rounding,
+                         float(cfg.kda_gate_min))
+
+
+def decay_q(z, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point ``exp(kda_gate_min * sigmoid(z))`` of act-format ``z``; unsigned, ``score_frac`` bits."""
+    return decay_table(cfg)(z)
+
+
+def l2norm_int(x, frac: int, cfg: KpuConfig) -> np.ndarray:
+    """Fixed-point l2norm ``x / sqrt(sum(x**2) + eps)`` over the last axis: ``x [..., n]`` act format ->
+    ``[..., n]`` with ``frac`` fractional bits (signed; ``|y| <= 2**frac`` plus rounding, see below).
+    One integer square root and one reciprocal per row, one multiply per element::
+
+        ss    = sum(x**2) + eps_q,   eps_q = round(l2_eps * 4**act_frac)     (0 at act_frac = 8)
+        P     = frac + NORM_GUARD + 1
+        e     = max(0, 2P - bit_length(ss)) rounded up to even      (a leading-zero count)
+        r     = isqrt(ss << e)                    sqrt(ss) 2**(e/2), floor; P bits or more
+        p     = bit_length(r) - 1;   M = frac + NORM_GUARD
+        recip = floor(2**(p + M) / r)             in [2**(M-1), 2**M]
+        y     = round_shift(x * recip, p + M - frac - e/2, rounding)
+
+    (``ss == 0`` -> ``y = 0``, as the float formula with the eps below the format's resolution).
+    ``r`` and ``recip`` are each low by a relative ``< 2**-(P-1)``, so every output is within
+    ``h + |y| 2**-(NORM_GUARD - 2)`` LSB of ``x / sqrt(ss) * 2**frac`` (``|y|`` real, ``h`` the rounding:
+    0.5, 1 for ``floor``); with ``|y| <= 1`` that is 0.75 LSB (1.25), and ``|y| <= 2**frac + 1``.
+    """
+    x = _i64(x)
+    eps_q = int(round(cfg.l2_eps * 4 ** cfg.act_frac))
+    ss = (x * x).sum(axis=-1) + eps_q
+    bits = frac + NORM_GUARD
+    y = np.zeros_like(x)
+    for t in np.ndindex(ss.shape):
+        st = int(ss[t])
+        if st:
+            e = max(0, 2 * (bits + 1) - st.bit_length())
+            e += e & 1
+            r = math.isqrt(st << e)
+            p = r.bit_length() - 1
+            recip = (1 << (p + bits)) // r
+            y[t] = round_shift(x[t] * recip, p + bits - frac - e // 2, cfg.rounding)
+    return y

@@ -41,8 +41,27 @@ def render(profiles: list[str], seed: int) -> str:
         e = errors.attn_res_errors(cfg, seed)
         parts.append(f"| {name} | {errors.attn_res_candidates(cfg)} | {e['cosine']:.6f} | {e['max_abs']:.3g} "
                      f"| {e['max_rel']:.3g} | {e['weights_max_abs']:.3g} |")
+    parts += kda_section(profiles, seed)
     parts.append("")
     return "\n".join(parts)
+
+
+def kda_section(profiles: list[str], seed: int) -> list[str]:
+    """The KDA rows: its ops per profile, then the mixer end to end."""
+    parts = ["", "## KDA (decode form, `golden/kda.py`)", "",
+             "The ops the integer KDA adds, then the whole mixer (`kda_int` against `k3.kda`, 64 tokens, "
+             "weights from `k3.init_kda`, `x ~ N(0, 1)`, input quantisation counted). The state `S` is "
+             "`Q<2 act_width>.<2 act_frac>`; `state max` is its largest element after the last token. "
+             "`tests/golden/test_kda.py` asserts the rows and the end-to-end values.", ""]
+    for name in profiles:
+        parts += [f"### Profile `{name}`", "", errors.format_table(errors.kda_op_errors(profile(name), seed)), ""]
+    parts += ["| profile | cosine | max abs error | max error / max abs y | rms rel error | state max |",
+              "|---|---|---|---|---|---|"]
+    for name in profiles:
+        e = errors.kda_errors(profile(name), seed)
+        parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} "
+                     f"| {e['rms_rel']:.3g} | {e['state_max']:.3g} |")
+    return parts
 
 
 def add_arguments(parser) -> None:
