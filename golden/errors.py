@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from golden import attn_res, block, k3
+from golden import attn_res, block, k3, mla
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
@@ -189,3 +189,18 @@ def format_table(rows: list[OpError]) -> str:
     for r in rows:
         lines.append(f"| {r.op} | {r.inputs} | {r.max_abs:.3g} | {r.max_lsb:.2f} | {r.bound:.3g} | {r.note} |")
     return "\n".join(lines)
+
+
+def mla_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:
+    """End to end: :func:`golden.mla.mla_int` against :func:`golden.k3.mla` (same weights, one causal
+    call). Weights from :func:`golden.k3.init_mla`, then ``x ~ N(0, 1)`` ``[tokens, d_model]``, both
+    drawn from ``seed`` in that order; scales calibrated on that ``x`` (:func:`golden.mla.quantize_mla`,
+    so the int8 quantisation of ``x`` is counted). Keys of :func:`golden.block.block_error`."""
+    rng = np.random.default_rng(seed)
+    P = k3.init_mla(cfg, rng)
+    x = rng.standard_normal((tokens, cfg.d_model))
+    Q, x_q = mla.quantize_mla(P, x, cfg)
+    return block.block_error(mla.mla_int(x_q, Q, cfg)[0], k3.mla(x, P, cfg), cfg)
+
+
+__all__ += ["mla_errors"]
