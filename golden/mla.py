@@ -62,8 +62,10 @@ __all__ = ["ONLINE_WIDTH", "RECIP_BITS", "QuantMLA", "MLACache", "quantize_mla",
 #: ``acc`` (signed).
 ONLINE_WIDTH = 32
 
-#: The final reciprocal ``floor(2**(b + RECIP_BITS) / l)`` lies in ``(2**RECIP_BITS, 2**(RECIP_BITS+1)]``:
-#: ``1 / l`` truncated to ``RECIP_BITS`` significant bits, low by a relative ``< 2**-RECIP_BITS``.
+#: The final reciprocal ``floor(2**(b + RECIP_BITS) / l)``, ``2**b <= l < 2**(b+1)``, lies in
+#: ``(2**(RECIP_BITS-1), 2**RECIP_BITS]``: ``1 / l`` truncated to ``RECIP_BITS`` significant bits, low by a
+#: relative ``< 2**-(RECIP_BITS-1)``; it moves ``o`` by less than ``2**(in_width + score_frac - RECIP_BITS)``
+#: units (``|acc| <= 2**(in_width-1) l``).
 RECIP_BITS = 16
 
 

@@ -106,7 +106,8 @@ def test_first_token_output_is_its_own_value():
 @pytest.mark.parametrize("mode", ROUNDING_MODES)
 def test_equal_keys_give_the_mean(mode):
     """Equal scores: l = S 2**12 and acc = 2**12 sum v exactly, so o is the mean of v within the
-    reciprocal's 2**-16 relative truncation and one rounding: |o - 2**12 mean(v)| <= 0.5 + 16."""
+    reciprocal's truncation (< 2**(8 + 12 - 16) = 16 units, RECIP_BITS) and one rounding:
+    |o - 2**12 mean(v)| <= 16.5."""
     cfg = TINY.replace(rounding=mode)
     rng = np.random.default_rng(4)
     S = 24
