@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from golden import attn_res, block, k3, kda
+from golden import attn_res, block, k3, kda, mla
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
-__all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table"]
-__all__ += ["kda_op_errors", "kda_errors"]
+__all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table",
+           "kda_op_errors", "kda_errors", "mla_errors"]
 
 
 @dataclass(frozen=True)
@@ -240,3 +240,14 @@ def kda_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 64) -> dict:
     err = block.block_error(y, k3.kda(x, P, cfg), cfg)
     err["state_max"] = float(np.max(np.abs(state.S))) * 2.0 ** -kda.state_frac(cfg)
     return err
+
+def mla_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:
+    """End to end: :func:`golden.mla.mla_int` against :func:`golden.k3.mla` (same weights, one causal
+    call). Weights from :func:`golden.k3.init_mla`, then ``x ~ N(0, 1)`` ``[tokens, d_model]``, both
+    drawn from ``seed`` in that order; scales calibrated on that ``x`` (:func:`golden.mla.quantize_mla`,
+    so the int8 quantisation of ``x`` is counted). Keys of :func:`golden.block.block_error`."""
+    rng = np.random.default_rng(seed)
+    P = k3.init_mla(cfg, rng)
+    x = rng.standard_normal((tokens, cfg.d_model))
+    Q, x_q = mla.quantize_mla(P, x, cfg)
+    return block.block_error(mla.mla_int(x_q, Q, cfg)[0], k3.mla(x, P, cfg), cfg)

@@ -43,6 +43,14 @@ def render(profiles: list[str], seed: int) -> str:
                      f"| {e['max_rel']:.3g} | {e['weights_max_abs']:.3g} |")
     parts += kda_section(profiles, seed)
     parts.append("")
+    parts += ["## End to end: MLA without positions (32 tokens, random weights, one causal call)", "",
+              "`golden/mla.py` against `k3.mla`, `x ~ N(0, 1)` quantised to int8: int8 projections, RMSNorm with "
+              "weight, online softmax over the keys in sequence order, sigmoid gate.", "",
+              "| profile | cosine | max abs error | max error / max abs y | rms rel error |", "|---|---|---|---|---|"]
+    for name in profiles:
+        e = errors.mla_errors(profile(name), seed)
+        parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['rms_rel']:.3g} |")
+    parts.append("")
     return "\n".join(parts)
 
 
