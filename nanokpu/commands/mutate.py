@@ -195,6 +195,15 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("gemm-store-row", "nanokpu/units/gemm.py",
            "with m.If(s_n == cmd.n - 1):", "with m.If(s_n == cmd.n):",
            (_GEMM,), what="store row mask one word late"),
+    # -- the executors -------------------------------------------------------------------
+    Mutant("move-lane-mask", "nanokpu/kpu/executors/move.py",
+           "wr.upper_en[j - 1].eq(wn > j)", "wr.upper_en[j - 1].eq(wn >= j)",
+           ("tests/kpu/test_move_executor.py::test_rows_back_to_back[33-7-10]",),
+           what="GATHER/SCATTER write a word past a row's end"),
+    Mutant("load-lane-mask", "nanokpu/kpu/executors/loadstore.py",
+           "spad.wr.upper_en[j - 1].eq(n_now > j)", "spad.wr.upper_en[j - 1].eq(n_now >= j)",
+           ("tests/kpu/test_loadstore.py::test_load[8-1-1]",),
+           what="LOAD writes an element past the beat's or the instruction's end"),
     # -- the golden model ----------------------------------------------------------------
     Mutant("golden-round-half-even", "golden/intops.py",
            "((r == half) & ((q & 1) == 1))", "((r == half) & ((q & 1) == 0))",

@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4449$254 (cur[269:254]),
+    .\port$4515$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1212,6 +1212,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .spad__wr__addr(clients__1__wr__addr),
     .spad__wr__data(clients__1__wr__data),
     .spad__wr__en(clients__1__wr__en),
+    .spad__wr__upper(clients__1__wr__upper),
+    .spad__wr__upper_en(clients__1__wr__upper_en),
     .start(exec_start[0]),
     .unit_rst(unit_rst)
   );
@@ -1222,14 +1224,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .ins(cur[220:0]),
     .rst(rst),
     .spad__rd0__addr(clients__5__rd0__addr),
-    .spad__rd0__data(spad__rd0__lanes[31:0]),
     .spad__rd0__en(clients__5__rd0__en),
+    .spad__rd0__lanes(spad__rd0__lanes),
     .spad__rd1__addr(clients__5__rd1__addr),
     .spad__rd1__data(spad__rd1__data),
     .spad__rd1__en(clients__5__rd1__en),
     .spad__wr__addr(clients__5__wr__addr),
     .spad__wr__data(clients__5__wr__data),
     .spad__wr__en(clients__5__wr__en),
+    .spad__wr__upper(clients__5__wr__upper),
+    .spad__wr__upper_en(clients__5__wr__upper_en),
     .start(exec_start[4]),
     .unit_rst(unit_rst)
   );
@@ -1286,6 +1290,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__1__wr__addr(clients__1__wr__addr),
     .clients__1__wr__data(clients__1__wr__data),
     .clients__1__wr__en(clients__1__wr__en),
+    .clients__1__wr__upper(clients__1__wr__upper),
+    .clients__1__wr__upper_en(clients__1__wr__upper_en),
     .clients__2__rd0__addr(clients__2__rd0__addr),
     .clients__2__rd0__en(clients__2__rd0__en),
     .clients__2__rd1__addr(clients__2__rd1__addr),
@@ -1312,9 +1318,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__addr(clients__5__wr__addr),
     .clients__5__wr__data(clients__5__wr__data),
     .clients__5__wr__en(clients__5__wr__en),
+    .clients__5__wr__upper(clients__5__wr__upper),
+    .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4451$0 (running_exec),
+    .\port$4517$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -2601,10 +2609,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign spad__wr__addr = clients__1__wr__addr;
   assign spad__wr__data = clients__1__wr__data;
   assign spad__wr__en = clients__1__wr__en;
-  assign clients__1__wr__upper = 96'h000000000000000000000000;
-  assign spad__wr__upper = 96'h000000000000000000000000;
-  assign clients__1__wr__upper_en = 3'h0;
-  assign spad__wr__upper_en = 3'h0;
+  assign spad__wr__upper = clients__1__wr__upper;
+  assign spad__wr__upper_en = clients__1__wr__upper_en;
   assign \spad__blocked$167  = 1'h0;
   assign clients__2__blocked = 1'h0;
   assign \spad__rd0__addr$170  = clients__2__rd0__addr;
@@ -2679,10 +2685,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \spad__wr__addr$262  = clients__5__wr__addr;
   assign \spad__wr__data$264  = clients__5__wr__data;
   assign \spad__wr__en$266  = clients__5__wr__en;
-  assign clients__5__wr__upper = 96'h000000000000000000000000;
-  assign \spad__wr__upper$268  = 96'h000000000000000000000000;
-  assign clients__5__wr__upper_en = 3'h0;
-  assign \spad__wr__upper_en$270  = 3'h0;
+  assign \spad__wr__upper$268  = clients__5__wr__upper;
+  assign \spad__wr__upper_en$270  = clients__5__wr__upper_en;
   assign \running$272  = running;
   assign \done$274  = done;
   assign err = error;
@@ -2770,12 +2774,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \clients__1__rd0__lanes[1]  = spad__rd0__lanes[63:32];
   assign \clients__1__rd0__lanes[2]  = spad__rd0__lanes[95:64];
   assign \clients__1__rd0__lanes[3]  = spad__rd0__lanes[127:96];
-  assign \clients__1__wr__upper[0]  = 32'd0;
-  assign \clients__1__wr__upper[1]  = 32'd0;
-  assign \clients__1__wr__upper[2]  = 32'd0;
-  assign \spad__wr__upper[0]  = 32'd0;
-  assign \spad__wr__upper[1]  = 32'd0;
-  assign \spad__wr__upper[2]  = 32'd0;
+  assign \clients__1__wr__upper[0]  = clients__1__wr__upper[31:0];
+  assign \clients__1__wr__upper[1]  = clients__1__wr__upper[63:32];
+  assign \clients__1__wr__upper[2]  = clients__1__wr__upper[95:64];
+  assign \spad__wr__upper[0]  = clients__1__wr__upper[31:0];
+  assign \spad__wr__upper[1]  = clients__1__wr__upper[63:32];
+  assign \spad__wr__upper[2]  = clients__1__wr__upper[95:64];
   assign \spad__rd0__lanes$175[0]  = spad__rd0__lanes[31:0];
   assign \spad__rd0__lanes$175[1]  = spad__rd0__lanes[63:32];
   assign \spad__rd0__lanes$175[2]  = spad__rd0__lanes[95:64];
@@ -2826,12 +2830,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \clients__5__rd0__lanes[1]  = spad__rd0__lanes[63:32];
   assign \clients__5__rd0__lanes[2]  = spad__rd0__lanes[95:64];
   assign \clients__5__rd0__lanes[3]  = spad__rd0__lanes[127:96];
-  assign \clients__5__wr__upper[0]  = 32'd0;
-  assign \clients__5__wr__upper[1]  = 32'd0;
-  assign \clients__5__wr__upper[2]  = 32'd0;
-  assign \spad__wr__upper$268[0]  = 32'd0;
-  assign \spad__wr__upper$268[1]  = 32'd0;
-  assign \spad__wr__upper$268[2]  = 32'd0;
+  assign \clients__5__wr__upper[0]  = clients__5__wr__upper[31:0];
+  assign \clients__5__wr__upper[1]  = clients__5__wr__upper[63:32];
+  assign \clients__5__wr__upper[2]  = clients__5__wr__upper[95:64];
+  assign \spad__wr__upper$268[0]  = clients__5__wr__upper[31:0];
+  assign \spad__wr__upper$268[1]  = clients__5__wr__upper[63:32];
+  assign \spad__wr__upper$268[2]  = clients__5__wr__upper[95:64];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.m  = ins[31:16];
@@ -5158,7 +5162,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4449$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4515$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5301,8 +5305,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4449$254 ;
-  wire [15:0] \port$4449$254 ;
+  input [15:0] \port$4515$254 ;
+  wire [15:0] \port$4515$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5467,7 +5471,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4449$254  };
+      \$74  = { 8'h00, \port$4515$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5503,7 +5507,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4449$254  };
+      \$77  = { 8'h00, \port$4515$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5548,9 +5552,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4449$254  };
+  assign rd_beats = { 8'h00, \port$4515$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4449$254  };
+  assign wr_beats = { 8'h00, \port$4515$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6314,9 +6318,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$3968$0 (spad__rd1__data),
-    .\port$5514$0 (\$signal ),
-    .\port$5883$0 (spad__rd0__data),
+    .\port$4034$0 (spad__rd1__data),
+    .\port$5582$0 (\$signal ),
+    .\port$5957$0 (spad__rd0__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10185,7 +10189,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968$0 , unit_rst, \port$5514$0 , level, \port$5883$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4034$0 , unit_rst, \port$5582$0 , level, \port$5957$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10210,12 +10214,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$3968$0 ;
-  wire [31:0] \port$3968$0 ;
-  input \port$5514$0 ;
-  wire \port$5514$0 ;
-  input [31:0] \port$5883$0 ;
-  wire [31:0] \port$5883$0 ;
+  input [31:0] \port$4034$0 ;
+  wire [31:0] \port$4034$0 ;
+  input \port$5582$0 ;
+  wire \port$5582$0 ;
+  input [31:0] \port$5957$0 ;
+  wire [31:0] \port$5957$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10248,7 +10252,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5514$0 , \port$3968$0 , \port$5883$0  };
+      storage[w_port__addr] <= { \port$5582$0 , \port$4034$0 , \port$5957$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10319,8 +10323,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5514$0 , \port$3968$0 , \port$5883$0  };
-  assign w_data = { \port$5514$0 , \port$3968$0 , \port$5883$0  };
+  assign w_port__data = { \port$5582$0 , \port$4034$0 , \port$5957$0  };
+  assign w_data = { \port$5582$0 , \port$4034$0 , \port$5957$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -24576,8 +24580,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1545$0 (mult),
-    .\port$1550$0 (i__payload),
+    .\port$1605$0 (mult),
+    .\port$1610$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -25433,7 +25437,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25519,10 +25523,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1545$0 ;
-  wire [15:0] \port$1545$0 ;
-  input [95:0] \port$1550$0 ;
-  wire [95:0] \port$1550$0 ;
+  input [15:0] \port$1605$0 ;
+  wire [15:0] \port$1605$0 ;
+  input [95:0] \port$1610$0 ;
+  wire [95:0] \port$1610$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25587,7 +25591,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1550$0 [16:0] };
+      \$9  = { 1'h0, \port$1610$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25600,7 +25604,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1545$0  };
+      \$10  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25626,7 +25630,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
+      \$12  = { \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25639,7 +25643,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1545$0  };
+      \$13  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25665,7 +25669,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1550$0 [40:24] };
+      \$15  = { 1'h0, \port$1610$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25678,7 +25682,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1545$0  };
+      \$16  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25704,7 +25708,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
+      \$18  = { \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25717,7 +25721,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1545$0  };
+      \$19  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25743,7 +25747,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1550$0 [64:48] };
+      \$21  = { 1'h0, \port$1610$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25756,7 +25760,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1545$0  };
+      \$22  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25782,7 +25786,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
+      \$24  = { \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25795,7 +25799,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1545$0  };
+      \$25  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -25821,7 +25825,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1550$0 [88:72] };
+      \$27  = { 1'h0, \port$1610$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -25834,7 +25838,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1545$0  };
+      \$28  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -25860,7 +25864,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
+      \$30  = { \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -25873,7 +25877,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1545$0  };
+      \$31  = { 2'h0, \port$1605$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -25895,63 +25899,120 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1550$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1545$0  };
-  assign a__1 = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1545$0  };
-  assign a__2 = { 1'h0, \port$1550$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1545$0  };
-  assign a__3 = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1545$0  };
-  assign a__4 = { 1'h0, \port$1550$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1545$0  };
-  assign a__5 = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1545$0  };
-  assign a__6 = { 1'h0, \port$1550$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1545$0  };
-  assign a__7 = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1545$0  };
+  assign a__0 = { 1'h0, \port$1610$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1605$0  };
+  assign a__1 = { \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1605$0  };
+  assign a__2 = { 1'h0, \port$1610$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1605$0  };
+  assign a__3 = { \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1605$0  };
+  assign a__4 = { 1'h0, \port$1610$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1605$0  };
+  assign a__5 = { \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1605$0  };
+  assign a__6 = { 1'h0, \port$1610$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1605$0  };
+  assign a__7 = { \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1605$0  };
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done, spad__rd0__addr, spad__rd0__en, dma__wr_data__valid
-, error, spad__rd0__data, dma__rd_data__payload);
+module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, spad__wr__upper, spad__wr__upper_en, done, spad__rd0__addr
+, spad__rd0__en, dma__wr_data__valid, error, spad__rd0__data, dma__rd_data__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire \$100 ;
-  wire \$101 ;
+  wire [3:0] \$100 ;
+  wire [7:0] \$101 ;
   wire \$102 ;
-  wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
-  wire [3:0] \$108 ;
-  reg \$109 ;
+  wire [3:0] \$103 ;
+  wire [15:0] \$104 ;
+  wire [3:0] \$105 ;
+  wire [31:0] \$106 ;
+  wire [31:0] \$107 ;
+  wire [31:0] \$108 ;
+  wire \$109 ;
   wire \$11 ;
-  reg \$110 ;
-  reg [13:0] \$111 ;
-  reg [31:0] \$112 ;
-  reg \$113 ;
-  reg [2:0] \$114 ;
-  reg \$115 ;
-  reg \$116 ;
-  reg \$117 ;
-  reg [35:0] \$118 ;
+  wire [3:0] \$110 ;
+  wire [7:0] \$111 ;
+  wire \$112 ;
+  wire [3:0] \$113 ;
+  wire [15:0] \$114 ;
+  wire [3:0] \$115 ;
+  wire [31:0] \$116 ;
+  wire [31:0] \$117 ;
+  wire [31:0] \$118 ;
+  wire \$119 ;
   wire \$12 ;
+  wire [3:0] \$120 ;
+  wire [7:0] \$121 ;
+  wire \$122 ;
+  wire [3:0] \$123 ;
+  wire [15:0] \$124 ;
+  wire [3:0] \$125 ;
+  wire [31:0] \$126 ;
+  wire [31:0] \$127 ;
+  wire [31:0] \$128 ;
+  wire \$129 ;
   wire [14:0] \$13 ;
+  wire [3:0] \$130 ;
+  wire [7:0] \$131 ;
+  wire \$132 ;
+  wire [3:0] \$133 ;
+  wire [15:0] \$134 ;
+  wire [3:0] \$135 ;
+  wire [31:0] \$136 ;
+  wire [31:0] \$137 ;
+  wire [31:0] \$138 ;
+  wire \$139 ;
   wire [3:0] \$14 ;
+  wire \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  wire \$148 ;
+  wire \$149 ;
   wire \$15 ;
+  wire [14:0] \$150 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
+  wire \$156 ;
+  wire \$157 ;
+  wire \$158 ;
+  wire \$159 ;
   wire \$16 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
+  wire \$163 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
+  wire \$167 ;
+  wire [3:0] \$168 ;
+  reg \$169 ;
   wire [1:0] \$17 ;
+  reg \$170 ;
+  reg [13:0] \$171 ;
+  reg [31:0] \$172 ;
+  reg \$173 ;
+  reg [2:0] \$174 ;
+  reg \$175 ;
+  reg \$176 ;
+  reg \$177 ;
+  reg [35:0] \$178 ;
   wire [2:0] \$18 ;
   wire \$19 ;
-  wire [6:0] \$194 ;
-  wire [7:0] \$198 ;
   wire \$2 ;
   wire \$20 ;
-  wire [8:0] \$201 ;
   wire \$21 ;
   wire [3:0] \$22 ;
   wire \$23 ;
@@ -25959,13 +26020,25 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
+  wire [7:0] \$279 ;
   wire \$28 ;
+  wire [8:0] \$284 ;
+  wire [9:0] \$288 ;
   wire \$29 ;
+  wire [7:0] \$295 ;
   wire \$3 ;
   wire \$30 ;
+  wire [8:0] \$300 ;
+  wire [9:0] \$304 ;
   wire \$31 ;
+  wire [7:0] \$311 ;
+  wire [8:0] \$316 ;
   wire \$32 ;
+  wire [9:0] \$320 ;
+  wire [7:0] \$327 ;
   wire \$33 ;
+  wire [8:0] \$332 ;
+  wire [9:0] \$336 ;
   wire \$34 ;
   wire \$35 ;
   wire [14:0] \$36 ;
@@ -25999,44 +26072,44 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
-  wire \$64 ;
-  wire [3:0] \$65 ;
-  wire \$66 ;
+  wire [1:0] \$64 ;
+  wire [2:0] \$65 ;
+  wire [3:0] \$66 ;
   wire \$67 ;
-  wire [1:0] \$68 ;
-  wire [2:0] \$69 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
-  wire \$70 ;
-  wire \$71 ;
-  wire \$72 ;
-  wire \$73 ;
-  wire [14:0] \$74 ;
+  wire [1:0] \$70 ;
+  wire [2:0] \$71 ;
+  wire [3:0] \$72 ;
+  wire [14:0] \$73 ;
+  wire \$74 ;
   wire \$75 ;
-  wire [7:0] \$76 ;
+  wire \$76 ;
   wire \$77 ;
-  wire [15:0] \$78 ;
-  wire [31:0] \$79 ;
+  wire [1:0] \$78 ;
+  wire [2:0] \$79 ;
   wire [1:0] \$8 ;
-  wire [31:0] \$80 ;
-  wire [31:0] \$81 ;
+  wire [3:0] \$80 ;
+  wire [14:0] \$81 ;
   wire \$82 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
+  wire [14:0] \$83 ;
+  wire [14:0] \$84 ;
+  wire [14:0] \$85 ;
   wire \$86 ;
   wire \$87 ;
   wire \$88 ;
-  wire \$89 ;
+  wire [3:0] \$89 ;
   wire [2:0] \$9 ;
-  wire [14:0] \$90 ;
+  wire \$90 ;
   wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
+  wire [1:0] \$92 ;
+  wire [2:0] \$93 ;
   wire \$94 ;
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire \$98 ;
+  wire [14:0] \$98 ;
   wire \$99 ;
   reg [31:0] beat = 32'd0;
   reg busy = 1'h0;
@@ -26091,6 +26164,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg [2:0] lane = 3'h0;
+  wire [2:0] n_now;
   output [35:0] out;
   reg [35:0] out = 36'h000000000;
   wire [31:0] \out.data ;
@@ -26112,6 +26186,13 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   reg [31:0] spad__wr__data;
   output spad__wr__en;
   reg spad__wr__en;
+  output [95:0] spad__wr__upper;
+  reg [95:0] spad__wr__upper;
+  wire [31:0] \spad__wr__upper[0] ;
+  wire [31:0] \spad__wr__upper[1] ;
+  wire [31:0] \spad__wr__upper[2] ;
+  output [2:0] spad__wr__upper_en;
+  reg [2:0] spad__wr__upper_en;
   input start;
   wire start;
   reg store = 1'h0;
@@ -26121,7 +26202,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$2  = ~ store;
   assign \$3  = busy & \$2 ;
   assign \$4  = dma__rd_data__valid & dma__rd_data__ready;
-  assign \$5  = lane + 1'h1;
+  assign \$5  = lane + 3'h4;
   assign \$6  = ins[21:16] == 1'h1;
   assign \$7  = ins[21:16] == 2'h2;
   assign \$8  = \$7  ? 2'h2 : 2'h1;
@@ -26129,8 +26210,8 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$10  = \$5  >= \$9 ;
   assign \$11  = full & \$10 ;
   assign \$12  = el < ins[122:109];
-  assign \$13  = el + 1'h1;
-  assign \$14  = lane + 1'h1;
+  assign \$13  = el + \$85 [2:0];
+  assign \$14  = lane + 3'h4;
   assign \$15  = ins[21:16] == 1'h1;
   assign \$16  = ins[21:16] == 2'h2;
   assign \$17  = \$16  ? 2'h2 : 2'h1;
@@ -26138,7 +26219,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$19  = \$14  >= \$18 ;
   assign \$20  = full & \$19 ;
   assign \$21  = ~ \$20 ;
-  assign \$22  = lane + 1'h1;
+  assign \$22  = lane + 3'h4;
   assign \$23  = busy & store;
   assign \$24  = el < ins[122:109];
   assign \$25  = ~ pending;
@@ -26177,263 +26258,332 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$58  = \$57  ? 1'h0 : out_lane;
   assign \$60  = ins[5:0] == 1'h1;
   assign \$61  = ins[5:0] == 2'h2;
-  assign \$62  = ~ store;
-  assign \$63  = busy & \$62 ;
-  assign \$64  = ~ full;
-  assign \$65  = lane + 1'h1;
-  assign \$66  = ins[21:16] == 1'h1;
-  assign \$67  = ins[21:16] == 2'h2;
-  assign \$68  = \$67  ? 2'h2 : 2'h1;
-  assign \$69  = \$66  ? 3'h4 : { 1'h0, \$68  };
-  assign \$70  = \$65  >= \$69 ;
-  assign \$71  = full & \$70 ;
-  assign \$72  = \$64  | \$71 ;
-  assign \$73  = el < ins[122:109];
-  assign \$74  = ins[60:48] + el;
-  assign \$75  = ins[21:16] == 1'h1;
-  assign \$194  = lane * 4'h8;
-  assign \$76  = beat >> \$194 ;
+  assign \$62  = ins[21:16] == 1'h1;
+  assign \$63  = ins[21:16] == 2'h2;
+  assign \$64  = \$63  ? 2'h2 : 2'h1;
+  assign \$65  = \$62  ? 3'h4 : { 1'h0, \$64  };
+  assign \$66  = \$65  - lane;
+  assign \$67  = $signed(\$66 ) < $signed(4'h4);
+  assign \$68  = ins[21:16] == 1'h1;
+  assign \$69  = ins[21:16] == 2'h2;
+  assign \$70  = \$69  ? 2'h2 : 2'h1;
+  assign \$71  = \$68  ? 3'h4 : { 1'h0, \$70  };
+  assign \$72  = \$71  - lane;
+  assign \$73  = ins[122:109] - el;
+  assign \$74  = $signed(\$72 ) < $signed(\$73 );
+  assign \$75  = \$67  & \$74 ;
+  assign \$76  = ins[21:16] == 1'h1;
   assign \$77  = ins[21:16] == 2'h2;
-  assign \$198  = lane * 5'h10;
-  assign \$78  = beat >> \$198 ;
-  assign \$201  = lane * 6'h20;
-  assign \$79  = beat >> \$201 ;
-  assign \$80  = \$77  ? { \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78 [15], \$78  } : \$79 ;
-  assign \$81  = \$75  ? { \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76 [7], \$76  } : \$80 ;
-  assign \$82  = ~ dma__rd_busy;
-  assign \$83  = ~ full;
-  assign \$84  = \$82  & \$83 ;
-  assign \$85  = el < ins[122:109];
-  assign \$86  = ~ \$85 ;
-  assign \$87  = \$84  & \$86 ;
-  assign \$88  = dma__error | \$87 ;
-  assign \$89  = busy & store;
-  assign \$90  = ins[34:22] + el;
-  assign \$91  = el < ins[122:109];
-  assign \$92  = ~ pending;
-  assign \$93  = ~ out_full;
-  assign \$94  = out_full & dma__wr_data__ready;
-  assign \$95  = \$93  | \$94 ;
-  assign \$96  = pending & \$95 ;
-  assign \$97  = \$92  | \$96 ;
-  assign \$98  = \$91  & \$97 ;
-  assign \$99  = ~ dma__wr_busy;
-  assign \$100  = el < ins[122:109];
-  assign \$101  = ~ \$100 ;
-  assign \$102  = \$99  & \$101 ;
-  assign \$103  = ~ pending;
-  assign \$104  = \$102  & \$103 ;
-  assign \$105  = ~ out_full;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = dma__error | \$106 ;
-  assign \$108  = dma__error ? 4'h7 : 4'h0;
+  assign \$78  = \$77  ? 2'h2 : 2'h1;
+  assign \$79  = \$76  ? 3'h4 : { 1'h0, \$78  };
+  assign \$80  = \$79  - lane;
+  assign \$81  = ins[122:109] - el;
+  assign \$82  = $signed(\$81 ) < $signed(4'h4);
+  assign \$83  = ins[122:109] - el;
+  assign \$84  = \$82  ? \$83  : 15'h0004;
+  assign \$85  = \$75  ? { \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80  } : \$84 ;
+  assign \$86  = ~ store;
+  assign \$87  = busy & \$86 ;
+  assign \$88  = ~ full;
+  assign \$89  = lane + 3'h4;
+  assign \$90  = ins[21:16] == 1'h1;
+  assign \$91  = ins[21:16] == 2'h2;
+  assign \$92  = \$91  ? 2'h2 : 2'h1;
+  assign \$93  = \$90  ? 3'h4 : { 1'h0, \$92  };
+  assign \$94  = \$89  >= \$93 ;
+  assign \$95  = full & \$94 ;
+  assign \$96  = \$88  | \$95 ;
+  assign \$97  = el < ins[122:109];
+  assign \$98  = ins[60:48] + el;
+  assign \$99  = ins[21:16] == 1'h1;
+  assign \$100  = lane + 1'h0;
+  assign \$279  = \$100  * 4'h8;
+  assign \$101  = beat >> \$279 ;
+  assign \$102  = ins[21:16] == 2'h2;
+  assign \$103  = lane + 1'h0;
+  assign \$284  = \$103  * 5'h10;
+  assign \$104  = beat >> \$284 ;
+  assign \$105  = lane + 1'h0;
+  assign \$288  = \$105  * 6'h20;
+  assign \$106  = beat >> \$288 ;
+  assign \$107  = \$102  ? { \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104  } : \$106 ;
+  assign \$108  = \$99  ? { \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101  } : \$107 ;
+  assign \$109  = ins[21:16] == 1'h1;
+  assign \$110  = lane + 1'h1;
+  assign \$295  = \$110  * 4'h8;
+  assign \$111  = beat >> \$295 ;
+  assign \$112  = ins[21:16] == 2'h2;
+  assign \$113  = lane + 1'h1;
+  assign \$300  = \$113  * 5'h10;
+  assign \$114  = beat >> \$300 ;
+  assign \$115  = lane + 1'h1;
+  assign \$304  = \$115  * 6'h20;
+  assign \$116  = beat >> \$304 ;
+  assign \$117  = \$112  ? { \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114  } : \$116 ;
+  assign \$118  = \$109  ? { \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111  } : \$117 ;
+  assign \$119  = ins[21:16] == 1'h1;
+  assign \$120  = lane + 2'h2;
+  assign \$311  = \$120  * 4'h8;
+  assign \$121  = beat >> \$311 ;
+  assign \$122  = ins[21:16] == 2'h2;
+  assign \$123  = lane + 2'h2;
+  assign \$316  = \$123  * 5'h10;
+  assign \$124  = beat >> \$316 ;
+  assign \$125  = lane + 2'h2;
+  assign \$320  = \$125  * 6'h20;
+  assign \$126  = beat >> \$320 ;
+  assign \$127  = \$122  ? { \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124  } : \$126 ;
+  assign \$128  = \$119  ? { \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121  } : \$127 ;
+  assign \$129  = ins[21:16] == 1'h1;
+  assign \$130  = lane + 2'h3;
+  assign \$327  = \$130  * 4'h8;
+  assign \$131  = beat >> \$327 ;
+  assign \$132  = ins[21:16] == 2'h2;
+  assign \$133  = lane + 2'h3;
+  assign \$332  = \$133  * 5'h10;
+  assign \$134  = beat >> \$332 ;
+  assign \$135  = lane + 2'h3;
+  assign \$336  = \$135  * 6'h20;
+  assign \$136  = beat >> \$336 ;
+  assign \$137  = \$132  ? { \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134  } : \$136 ;
+  assign \$138  = \$129  ? { \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131  } : \$137 ;
+  assign \$139  = \$85 [2:0] > 1'h1;
+  assign \$140  = \$85 [2:0] > 2'h2;
+  assign \$141  = \$85 [2:0] > 2'h3;
+  assign \$142  = ~ dma__rd_busy;
+  assign \$143  = ~ full;
+  assign \$144  = \$142  & \$143 ;
+  assign \$145  = el < ins[122:109];
+  assign \$146  = ~ \$145 ;
+  assign \$147  = \$144  & \$146 ;
+  assign \$148  = dma__error | \$147 ;
+  assign \$149  = busy & store;
+  assign \$150  = ins[34:22] + el;
+  assign \$151  = el < ins[122:109];
+  assign \$152  = ~ pending;
+  assign \$153  = ~ out_full;
+  assign \$154  = out_full & dma__wr_data__ready;
+  assign \$155  = \$153  | \$154 ;
+  assign \$156  = pending & \$155 ;
+  assign \$157  = \$152  | \$156 ;
+  assign \$158  = \$151  & \$157 ;
+  assign \$159  = ~ dma__wr_busy;
+  assign \$160  = el < ins[122:109];
+  assign \$161  = ~ \$160 ;
+  assign \$162  = \$159  & \$161 ;
+  assign \$163  = ~ pending;
+  assign \$164  = \$162  & \$163 ;
+  assign \$165  = ~ out_full;
+  assign \$166  = \$164  & \$165 ;
+  assign \$167  = dma__error | \$166 ;
+  assign \$168  = dma__error ? 4'h7 : 4'h0;
   always @(posedge clk)
-    busy <= \$109 ;
+    busy <= \$169 ;
   always @(posedge clk)
-    store <= \$110 ;
+    store <= \$170 ;
   always @(posedge clk)
-    el <= \$111 ;
+    el <= \$171 ;
   always @(posedge clk)
-    beat <= \$112 ;
+    beat <= \$172 ;
   always @(posedge clk)
-    full <= \$113 ;
+    full <= \$173 ;
   always @(posedge clk)
-    lane <= \$114 ;
+    lane <= \$174 ;
   always @(posedge clk)
-    pending <= \$115 ;
+    pending <= \$175 ;
   always @(posedge clk)
-    out_full <= \$116 ;
+    out_full <= \$176 ;
   always @(posedge clk)
-    out_lane <= \$117 ;
+    out_lane <= \$177 ;
   always @(posedge clk)
-    out <= \$118 ;
+    out <= \$178 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$109  = busy;
+    \$169  = busy;
     if (start) begin
-      \$109  = 1'h1;
+      \$169  = 1'h1;
     end
     if (done) begin
-      \$109  = 1'h0;
+      \$169  = 1'h0;
     end
     if (unit_rst) begin
-      \$109  = 1'h0;
+      \$169  = 1'h0;
     end
     if (rst) begin
-      \$109  = 1'h0;
+      \$169  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$110  = store;
+    \$170  = store;
     if (start) begin
-      \$110  = \$1 ;
+      \$170  = \$1 ;
     end
     if (unit_rst) begin
-      \$110  = 1'h0;
+      \$170  = 1'h0;
     end
     if (rst) begin
-      \$110  = 1'h0;
+      \$170  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$111  = el;
+    \$171  = el;
     if (start) begin
-      \$111  = 14'h0000;
+      \$171  = 14'h0000;
     end
     if (\$3 ) begin
       if (full) begin
         if (\$12 ) begin
-          \$111  = \$13 [13:0];
+          \$171  = \$13 [13:0];
         end
       end
     end
     if (\$23 ) begin
       if (\$31 ) begin
-        \$111  = \$36 [13:0];
+        \$171  = \$36 [13:0];
       end
     end
     if (unit_rst) begin
-      \$111  = 14'h0000;
+      \$171  = 14'h0000;
     end
     if (rst) begin
-      \$111  = 14'h0000;
+      \$171  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$112  = beat;
+    \$172  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$112  = dma__rd_data__payload;
+        \$172  = dma__rd_data__payload;
       end
     end
     if (unit_rst) begin
-      \$112  = 32'd0;
+      \$172  = 32'd0;
     end
     if (rst) begin
-      \$112  = 32'd0;
+      \$172  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$113  = full;
+    \$173  = full;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$113  = 1'h1;
+        \$173  = 1'h1;
       end else if (\$11 ) begin
-        \$113  = 1'h0;
+        \$173  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$113  = 1'h0;
+      \$173  = 1'h0;
     end
     if (rst) begin
-      \$113  = 1'h0;
+      \$173  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$114  = lane;
+    \$174  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$114  = 3'h0;
+        \$174  = 3'h0;
       end
       if (full) begin
         if (\$21 ) begin
-          \$114  = \$22 [2:0];
+          \$174  = \$22 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$114  = 3'h0;
+      \$174  = 3'h0;
     end
     if (rst) begin
-      \$114  = 3'h0;
+      \$174  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$115  = pending;
+    \$175  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
-        \$115  = 1'h1;
+        \$175  = 1'h1;
       end else if (\$35 ) begin
-        \$115  = 1'h0;
+        \$175  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$115  = 1'h0;
+      \$175  = 1'h0;
     end
     if (rst) begin
-      \$115  = 1'h0;
+      \$175  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$116  = out_full;
+    \$176  = out_full;
     if (\$23 ) begin
       if (\$37 ) begin
-        \$116  = 1'h0;
+        \$176  = 1'h0;
       end
       if (\$41 ) begin
-        \$116  = \$55 ;
+        \$176  = \$55 ;
       end
     end
     if (unit_rst) begin
-      \$116  = 1'h0;
+      \$176  = 1'h0;
     end
     if (rst) begin
-      \$116  = 1'h0;
+      \$176  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$117  = out_lane;
+    \$177  = out_lane;
     if (\$23 ) begin
       if (\$37 ) begin
-        \$117  = 1'h0;
+        \$177  = 1'h0;
       end
       if (\$41 ) begin
-        \$117  = \$48 [0];
+        \$177  = \$48 [0];
       end
     end
     if (unit_rst) begin
-      \$117  = 1'h0;
+      \$177  = 1'h0;
     end
     if (rst) begin
-      \$117  = 1'h0;
+      \$177  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$118  = out;
+    \$178  = out;
     if (\$23 ) begin
       if (\$37 ) begin
-        \$118 [35:32] = 4'h0;
+        \$178 [35:32] = 4'h0;
       end
       if (\$41 ) begin
         casez (\$43 )
           1'h0:
-              \$118 [31:0] = spad__rd0__data;
+              \$178 [31:0] = spad__rd0__data;
         endcase
         casez (\$45 )
           1'h0:
-              \$118 [35:32] = 4'hf;
+              \$178 [35:32] = 4'hf;
         endcase
         if (\$56 ) begin
           if (\$59 ) begin
-            \$118 [35:32] = 4'h0;
+            \$178 [35:32] = 4'h0;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$118  = 36'h000000000;
+      \$178  = 36'h000000000;
     end
     if (rst) begin
-      \$118  = 36'h000000000;
+      \$178  = 36'h000000000;
     end
   end
   always @* begin
@@ -26453,17 +26603,17 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_data__ready = 1'h0;
-    if (\$63 ) begin
-      dma__rd_data__ready = \$72 ;
+    if (\$87 ) begin
+      dma__rd_data__ready = \$96 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__addr = 13'h0000;
-    if (\$63 ) begin
+    if (\$87 ) begin
       if (full) begin
-        if (\$73 ) begin
-          spad__wr__addr = \$74 [12:0];
+        if (\$97 ) begin
+          spad__wr__addr = \$98 [12:0];
         end
       end
     end
@@ -26471,10 +26621,10 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__data = 32'd0;
-    if (\$63 ) begin
+    if (\$87 ) begin
       if (full) begin
-        if (\$73 ) begin
-          spad__wr__data = \$81 ;
+        if (\$97 ) begin
+          spad__wr__data = \$108 ;
         end
       end
     end
@@ -26482,9 +26632,9 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__en = 1'h0;
-    if (\$63 ) begin
+    if (\$87 ) begin
       if (full) begin
-        if (\$73 ) begin
+        if (\$97 ) begin
           spad__wr__en = 1'h1;
         end
       end
@@ -26492,14 +26642,40 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    spad__wr__upper = 96'h000000000000000000000000;
+    if (\$87 ) begin
+      if (full) begin
+        if (\$97 ) begin
+          spad__wr__upper[31:0] = \$118 ;
+          spad__wr__upper[63:32] = \$128 ;
+          spad__wr__upper[95:64] = \$138 ;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    spad__wr__upper_en = 3'h0;
+    if (\$87 ) begin
+      if (full) begin
+        if (\$97 ) begin
+          spad__wr__upper_en[0] = \$139 ;
+          spad__wr__upper_en[1] = \$140 ;
+          spad__wr__upper_en[2] = \$141 ;
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     done = 1'h0;
-    if (\$63 ) begin
-      if (\$88 ) begin
+    if (\$87 ) begin
+      if (\$148 ) begin
         done = 1'h1;
       end
     end
-    if (\$89 ) begin
-      if (\$107 ) begin
+    if (\$149 ) begin
+      if (\$167 ) begin
         done = 1'h1;
       end
     end
@@ -26507,21 +26683,21 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__addr = 13'h0000;
-    if (\$89 ) begin
-      spad__rd0__addr = \$90 [12:0];
+    if (\$149 ) begin
+      spad__rd0__addr = \$150 [12:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__en = 1'h0;
-    if (\$89 ) begin
-      spad__rd0__en = \$98 ;
+    if (\$149 ) begin
+      spad__rd0__en = \$158 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_data__valid = 1'h0;
-    if (\$89 ) begin
+    if (\$149 ) begin
       dma__wr_data__valid = out_full;
     end
   end
@@ -26529,9 +26705,10 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     error = 8'h00;
     if (done) begin
-      error = { 4'h0, \$108  };
+      error = { 4'h0, \$168  };
     end
   end
+  assign n_now = \$85 [2:0];
   assign dma__wr_data__payload = out;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
@@ -26553,14 +26730,21 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \out.strb  = out[35:32];
   assign \dma__wr_data__payload.data  = out[31:0];
   assign \dma__wr_data__payload.strb  = out[35:32];
+  assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
+  assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
+  assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \$59  = \$58 ;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__addr, spad__wr__data, spad__wr__en, spad__rd0__addr, spad__rd0__en, done, error, spad__rd1__addr, spad__rd1__en, spad__rd0__data, clk);
+module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__addr, spad__wr__data, spad__wr__en, spad__wr__upper, spad__wr__upper_en, spad__rd0__addr, spad__rd0__en, done, error, spad__rd1__addr, spad__rd1__en, spad__rd0__lanes, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$41  = 0;
   wire \$1 ;
   wire \$10 ;
+  reg [2:0] \$100 ;
+  reg [31:0] \$101 ;
+  reg [12:0] \$102 ;
+  reg [12:0] \$103 ;
   wire \$11 ;
   wire \$12 ;
   wire \$13 ;
@@ -26585,16 +26769,16 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   wire \$30 ;
   wire \$31 ;
   wire \$32 ;
-  wire [12:0] \$33 ;
-  wire [13:0] \$34 ;
-  wire [12:0] \$35 ;
-  wire [13:0] \$36 ;
-  wire [16:0] \$37 ;
-  wire [14:0] \$38 ;
-  wire \$39 ;
+  wire \$33 ;
+  wire \$34 ;
+  wire \$35 ;
+  wire [12:0] \$36 ;
+  wire [13:0] \$37 ;
+  wire [12:0] \$38 ;
+  wire [13:0] \$39 ;
   wire [13:0] \$4 ;
-  wire \$40 ;
-  wire \$41 ;
+  wire [16:0] \$40 ;
+  wire [14:0] \$41 ;
   wire \$42 ;
   wire \$43 ;
   wire \$44 ;
@@ -26613,49 +26797,55 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   wire \$56 ;
   wire \$57 ;
   wire \$58 ;
-  wire [14:0] \$59 ;
+  wire \$59 ;
   wire \$6 ;
-  wire [16:0] \$60 ;
+  wire \$60 ;
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
   wire \$64 ;
-  wire \$65 ;
-  wire \$66 ;
+  wire [14:0] \$65 ;
+  wire [16:0] \$66 ;
   wire \$67 ;
   wire \$68 ;
   wire \$69 ;
   wire \$7 ;
   wire \$70 ;
-  wire [3:0] \$71 ;
+  wire \$71 ;
   wire \$72 ;
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
-  wire \$77 ;
-  reg [31:0] \$78 ;
-  reg \$79 ;
+  wire [3:0] \$77 ;
+  wire \$78 ;
+  wire \$79 ;
   wire \$8 ;
-  reg [12:0] \$80 ;
-  reg \$81 ;
-  reg [12:0] \$82 ;
-  reg [12:0] \$83 ;
-  reg [14:0] \$84 ;
+  wire \$80 ;
+  wire \$81 ;
+  wire \$82 ;
+  wire \$83 ;
+  reg [127:0] \$84 ;
   reg \$85 ;
   reg [12:0] \$86 ;
-  reg \$87 ;
-  reg [15:0] \$88 ;
+  reg [2:0] \$87 ;
+  reg \$88 ;
   reg [12:0] \$89 ;
-  wire \$9 ;
-  reg \$90 ;
-  reg \$91 ;
-  reg [2:0] \$92 ;
-  reg [31:0] \$93 ;
-  reg [12:0] \$94 ;
-  reg [12:0] \$95 ;
+  wire [14:0] \$9 ;
+  reg [12:0] \$90 ;
+  reg [14:0] \$91 ;
+  reg \$92 ;
+  reg [12:0] \$93 ;
+  reg [2:0] \$94 ;
+  reg \$95 ;
+  reg [15:0] \$96 ;
+  reg [12:0] \$97 ;
+  reg \$98 ;
+  reg \$99 ;
   reg \$signal  = 1'h0;
   reg [12:0] \$signal$7  = 13'h0000;
+  reg [2:0] \$signal$8  = 3'h0;
+  reg [2:0] \$signal$9  = 3'h0;
   wire [12:0] acc;
   reg bad = 1'h0;
   wire busy;
@@ -26691,7 +26881,11 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   reg [14:0] left = 15'h0000;
   reg load;
   reg more = 1'h0;
-  reg [31:0] q = 32'd0;
+  reg [127:0] q = 128'h00000000000000000000000000000000;
+  wire [31:0] \q[0] ;
+  wire [31:0] \q[1] ;
+  wire [31:0] \q[2] ;
+  wire [31:0] \q[3] ;
   reg [12:0] row_i = 13'h0000;
   input rst;
   wire rst;
@@ -26702,10 +26896,14 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
-  input [31:0] spad__rd0__data;
-  wire [31:0] spad__rd0__data;
   output spad__rd0__en;
   reg spad__rd0__en;
+  input [127:0] spad__rd0__lanes;
+  wire [127:0] spad__rd0__lanes;
+  wire [31:0] \spad__rd0__lanes[0] ;
+  wire [31:0] \spad__rd0__lanes[1] ;
+  wire [31:0] \spad__rd0__lanes[2] ;
+  wire [31:0] \spad__rd0__lanes[3] ;
   output [12:0] spad__rd1__addr;
   reg [12:0] spad__rd1__addr;
   input [31:0] spad__rd1__data;
@@ -26718,6 +26916,13 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   reg [31:0] spad__wr__data;
   output spad__wr__en;
   reg spad__wr__en;
+  output [95:0] spad__wr__upper;
+  reg [95:0] spad__wr__upper;
+  wire [31:0] \spad__wr__upper[0] ;
+  wire [31:0] \spad__wr__upper[1] ;
+  wire [31:0] \spad__wr__upper[2] ;
+  output [2:0] spad__wr__upper_en;
+  reg [2:0] spad__wr__upper_en;
   reg [12:0] src = 13'h0000;
   input start;
   wire start;
@@ -26727,111 +26932,121 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   reg wv = 1'h0;
   reg [12:0] x;
   reg [15:0] y;
-  assign \$5  = left - 1'h1;
-  assign \$6  = left != 1'h1;
-  assign \$9  = left == 1'h1;
-  assign \$10  = \$8  & \$9 ;
-  assign \$11  = ~ \$10 ;
-  assign \$12  = more & \$11 ;
-  assign \$13  = ~ \$12 ;
-  assign \$14  = slot & \$13 ;
-  assign \$15  = ins[5:0] == 4'ha;
-  assign \$16  = i >= ins[206:191];
-  assign \$17  = ~ slot;
-  assign \$18  = ~ more;
-  assign \$19  = \$17  & \$18 ;
-  assign \$20  = ~ \$signal ;
-  assign \$21  = \$19  & \$20 ;
-  assign \$22  = ~ wv;
-  assign \$23  = \$21  & \$22 ;
-  assign \$24  = \$16  & \$23 ;
-  assign \$25  = i >= ins[206:191];
-  assign \$27  = | entry[31:16];
-  assign \$28  = entry[15:0] >= ins[76:61];
-  assign \$29  = \$27  | \$28 ;
-  assign \$30  = ~ busy;
-  assign \$31  = ~ slot;
-  assign \$32  = \$30  & \$31 ;
-  assign \$33  = gather ? acc : row_i;
-  assign \$34  = ins[34:22] + \$33 ;
-  assign \$35  = gather ? row_i : acc;
-  assign \$36  = ins[60:48] + \$35 ;
-  assign \$37  = i + 1'h1;
-  assign \$38  = row_i + ins[90:77];
-  assign \$39  = ~ slot;
-  assign \$40  = ~ more;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = ~ \$signal ;
-  assign \$43  = \$41  & \$42 ;
-  assign \$44  = ~ wv;
-  assign \$45  = \$43  & \$44 ;
-  assign \$48  = i >= ins[206:191];
-  assign \$49  = ~ slot;
-  assign \$50  = ~ more;
-  assign \$51  = \$49  & \$50 ;
-  assign \$52  = ~ \$signal ;
-  assign \$53  = \$51  & \$52 ;
-  assign \$54  = ~ wv;
-  assign \$55  = \$53  & \$54 ;
-  assign \$56  = \$48  & \$55 ;
-  assign \$57  = i >= ins[206:191];
-  assign \$59  = ins[47:35] + ins[220:207];
-  assign \$60  = \$59  + i;
-  assign \$61  = | entry[31:16];
-  assign \$62  = entry[15:0] >= ins[76:61];
-  assign \$63  = \$61  | \$62 ;
-  assign \$64  = ~ slot;
-  assign \$65  = ~ more;
-  assign \$66  = \$64  & \$65 ;
-  assign \$67  = ~ \$signal ;
-  assign \$68  = \$66  & \$67 ;
-  assign \$69  = ~ wv;
-  assign \$70  = \$68  & \$69 ;
-  assign \$71  = bad ? 4'h2 : 4'h0;
-  assign \$72  = ! fsm_state;
-  assign \$73  = fsm_state == 1'h1;
-  assign \$74  = fsm_state == 2'h2;
-  assign \$75  = fsm_state == 2'h3;
-  assign \$76  = fsm_state == 3'h4;
-  assign \$77  = fsm_state == 3'h5;
+  assign \$3  = src + 3'h4;
+  assign \$4  = dst + 3'h4;
+  assign \$5  = left - 3'h4;
+  assign \$6  = left <= 3'h4;
+  assign \$7  = ~ \$6 ;
+  assign \$8  = left <= 3'h4;
+  assign \$9  = \$8  ? left : 15'h0004;
+  assign \$12  = left <= 3'h4;
+  assign \$13  = \$11  & \$12 ;
+  assign \$14  = ~ \$13 ;
+  assign \$15  = more & \$14 ;
+  assign \$16  = ~ \$15 ;
+  assign \$17  = slot & \$16 ;
+  assign \$18  = ins[5:0] == 4'ha;
+  assign \$19  = i >= ins[206:191];
+  assign \$20  = ~ slot;
+  assign \$21  = ~ more;
+  assign \$22  = \$20  & \$21 ;
+  assign \$23  = ~ \$signal ;
+  assign \$24  = \$22  & \$23 ;
+  assign \$25  = ~ wv;
+  assign \$26  = \$24  & \$25 ;
+  assign \$27  = \$19  & \$26 ;
+  assign \$28  = i >= ins[206:191];
+  assign \$30  = | entry[31:16];
+  assign \$31  = entry[15:0] >= ins[76:61];
+  assign \$32  = \$30  | \$31 ;
+  assign \$33  = ~ busy;
+  assign \$34  = ~ slot;
+  assign \$35  = \$33  & \$34 ;
+  assign \$36  = gather ? acc : row_i;
+  assign \$37  = ins[34:22] + \$36 ;
+  assign \$38  = gather ? row_i : acc;
+  assign \$39  = ins[60:48] + \$38 ;
+  assign \$40  = i + 1'h1;
+  assign \$41  = row_i + ins[90:77];
+  assign \$42  = ~ slot;
+  assign \$43  = ~ more;
+  assign \$44  = \$42  & \$43 ;
+  assign \$45  = ~ \$signal ;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = ~ wv;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = \$signal$8  > 1'h1;
+  assign \$50  = \$signal$8  > 2'h2;
+  assign \$51  = \$signal$8  > 2'h3;
+  assign \$54  = i >= ins[206:191];
+  assign \$55  = ~ slot;
+  assign \$56  = ~ more;
+  assign \$57  = \$55  & \$56 ;
+  assign \$58  = ~ \$signal ;
+  assign \$59  = \$57  & \$58 ;
+  assign \$60  = ~ wv;
+  assign \$61  = \$59  & \$60 ;
+  assign \$62  = \$54  & \$61 ;
+  assign \$63  = i >= ins[206:191];
+  assign \$65  = ins[47:35] + ins[220:207];
+  assign \$66  = \$65  + i;
+  assign \$67  = | entry[31:16];
+  assign \$68  = entry[15:0] >= ins[76:61];
+  assign \$69  = \$67  | \$68 ;
+  assign \$70  = ~ slot;
+  assign \$71  = ~ more;
+  assign \$72  = \$70  & \$71 ;
+  assign \$73  = ~ \$signal ;
+  assign \$74  = \$72  & \$73 ;
+  assign \$75  = ~ wv;
+  assign \$76  = \$74  & \$75 ;
+  assign \$77  = bad ? 4'h2 : 4'h0;
+  assign \$78  = ! fsm_state;
+  assign \$79  = fsm_state == 1'h1;
+  assign \$80  = fsm_state == 2'h2;
+  assign \$81  = fsm_state == 2'h3;
+  assign \$82  = fsm_state == 3'h4;
+  assign \$83  = fsm_state == 3'h5;
   always @(posedge clk)
-    q <= \$78 ;
+    q <= \$84 ;
   always @(posedge clk)
-    wv <= \$79 ;
+    wv <= \$85 ;
   always @(posedge clk)
-    wa <= \$80 ;
+    wa <= \$86 ;
   always @(posedge clk)
-    \$signal  <= \$81 ;
+    \$signal$8  <= \$87 ;
   always @(posedge clk)
-    src <= \$82 ;
+    \$signal  <= \$88 ;
   always @(posedge clk)
-    dst <= \$83 ;
+    src <= \$89 ;
   always @(posedge clk)
-    left <= \$84 ;
+    dst <= \$90 ;
   always @(posedge clk)
-    more <= \$85 ;
+    left <= \$91 ;
   always @(posedge clk)
-    \$signal$7  <= \$86 ;
+    more <= \$92 ;
   always @(posedge clk)
-    slot <= \$87 ;
+    \$signal$7  <= \$93 ;
   always @(posedge clk)
-    i <= \$88 ;
+    \$signal$9  <= \$94 ;
   always @(posedge clk)
-    row_i <= \$89 ;
+    slot <= \$95 ;
   always @(posedge clk)
-    bad <= \$90 ;
+    i <= \$96 ;
   always @(posedge clk)
-    gather <= \$91 ;
+    row_i <= \$97 ;
   always @(posedge clk)
-    fsm_state <= \$92 ;
+    bad <= \$98 ;
   always @(posedge clk)
-    entry <= \$93 ;
+    gather <= \$99 ;
   always @(posedge clk)
-    slot_src <= \$94 ;
+    fsm_state <= \$100 ;
   always @(posedge clk)
-    slot_dst <= \$95 ;
-  assign \$3  = src + 1'h1;
-  assign \$4  = dst + 1'h1;
+    entry <= \$101 ;
+  always @(posedge clk)
+    slot_src <= \$102 ;
+  always @(posedge clk)
+    slot_dst <= \$103 ;
   \nanokpu_kpu.move.mul  mul (
     .acc(acc),
     .busy(busy),
@@ -26844,120 +27059,17 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$78  = spad__rd0__data;
+    \$84  = spad__rd0__lanes;
     if (unit_rst) begin
-      \$78  = 32'd0;
+      \$84  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$78  = 32'd0;
+      \$84  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$79  = \$signal ;
-    if (unit_rst) begin
-      \$79  = 1'h0;
-    end
-    if (rst) begin
-      \$79  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$80  = \$signal$7 ;
-    if (unit_rst) begin
-      \$80  = 13'h0000;
-    end
-    if (rst) begin
-      \$80  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$81  = 1'h0;
-    if (running) begin
-      if (\$2 ) begin
-        \$81  = 1'h1;
-      end
-    end
-    if (unit_rst) begin
-      \$81  = 1'h0;
-    end
-    if (rst) begin
-      \$81  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$82  = src;
-    if (running) begin
-      if (\$2 ) begin
-        \$82  = \$3 [12:0];
-      end
-      if (\$14 ) begin
-        \$82  = slot_src;
-      end
-    end
-    if (unit_rst) begin
-      \$82  = 13'h0000;
-    end
-    if (rst) begin
-      \$82  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$83  = dst;
-    if (running) begin
-      if (\$2 ) begin
-        \$83  = \$4 [12:0];
-      end
-      if (\$14 ) begin
-        \$83  = slot_dst;
-      end
-    end
-    if (unit_rst) begin
-      \$83  = 13'h0000;
-    end
-    if (rst) begin
-      \$83  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$84  = left;
-    if (running) begin
-      if (\$2 ) begin
-        \$84  = \$5 [14:0];
-      end
-      if (\$14 ) begin
-        \$84  = { 1'h0, ins[90:77] };
-      end
-    end
-    if (unit_rst) begin
-      \$84  = 15'h0000;
-    end
-    if (rst) begin
-      \$84  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$85  = more;
-    if (running) begin
-      if (\$2 ) begin
-        \$85  = \$6 ;
-      end
-      if (\$14 ) begin
-        \$85  = 1'h1;
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$85  = 1'h0;
-          end
-    endcase
+    \$85  = \$signal ;
     if (unit_rst) begin
       \$85  = 1'h0;
     end
@@ -26968,30 +27080,158 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     \$86  = \$signal$7 ;
+    if (unit_rst) begin
+      \$86  = 13'h0000;
+    end
+    if (rst) begin
+      \$86  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$87  = \$signal$9 ;
+    if (unit_rst) begin
+      \$87  = 3'h0;
+    end
+    if (rst) begin
+      \$87  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$88  = 1'h0;
     if (running) begin
       if (\$2 ) begin
-        \$86  = dst;
+        \$88  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$86  = 13'h0000;
+      \$88  = 1'h0;
     end
     if (rst) begin
-      \$86  = 13'h0000;
+      \$88  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$87  = slot;
+    \$89  = src;
     if (running) begin
-      if (\$14 ) begin
-        \$87  = 1'h0;
+      if (\$2 ) begin
+        \$89  = \$3 [12:0];
+      end
+      if (\$17 ) begin
+        \$89  = slot_src;
+      end
+    end
+    if (unit_rst) begin
+      \$89  = 13'h0000;
+    end
+    if (rst) begin
+      \$89  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$90  = dst;
+    if (running) begin
+      if (\$2 ) begin
+        \$90  = \$4 [12:0];
+      end
+      if (\$17 ) begin
+        \$90  = slot_dst;
+      end
+    end
+    if (unit_rst) begin
+      \$90  = 13'h0000;
+    end
+    if (rst) begin
+      \$90  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$91  = left;
+    if (running) begin
+      if (\$2 ) begin
+        \$91  = \$5 [14:0];
+      end
+      if (\$17 ) begin
+        \$91  = { 1'h0, ins[90:77] };
+      end
+    end
+    if (unit_rst) begin
+      \$91  = 15'h0000;
+    end
+    if (rst) begin
+      \$91  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$92  = more;
+    if (running) begin
+      if (\$2 ) begin
+        \$92  = \$7 ;
+      end
+      if (\$17 ) begin
+        \$92  = 1'h1;
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$87  = 1'h0;
+            \$92  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$92  = 1'h0;
+    end
+    if (rst) begin
+      \$92  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$93  = \$signal$7 ;
+    if (running) begin
+      if (\$2 ) begin
+        \$93  = dst;
+      end
+    end
+    if (unit_rst) begin
+      \$93  = 13'h0000;
+    end
+    if (rst) begin
+      \$93  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$94  = \$signal$9 ;
+    if (running) begin
+      if (\$2 ) begin
+        \$94  = \$9 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$94  = 3'h0;
+    end
+    if (rst) begin
+      \$94  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$95  = slot;
+    if (running) begin
+      if (\$17 ) begin
+        \$95  = 1'h0;
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$95  = 1'h0;
           end
       3'h1:
           /* empty */;
@@ -27000,24 +27240,24 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h4:
           /* empty */;
       3'h5:
-          if (\$32 ) begin
-            \$87  = 1'h1;
+          if (\$35 ) begin
+            \$95  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$87  = 1'h0;
+      \$95  = 1'h0;
     end
     if (rst) begin
-      \$87  = 1'h0;
+      \$95  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$88  = i;
+    \$96  = i;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$88  = 16'h0000;
+            \$96  = 16'h0000;
           end
       3'h1:
           /* empty */;
@@ -27026,24 +27266,24 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h4:
           /* empty */;
       3'h5:
-          if (\$32 ) begin
-            \$88  = \$37 [15:0];
+          if (\$35 ) begin
+            \$96  = \$40 [15:0];
           end
     endcase
     if (unit_rst) begin
-      \$88  = 16'h0000;
+      \$96  = 16'h0000;
     end
     if (rst) begin
-      \$88  = 16'h0000;
+      \$96  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$89  = row_i;
+    \$97  = row_i;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$89  = 13'h0000;
+            \$97  = 13'h0000;
           end
       3'h1:
           /* empty */;
@@ -27052,143 +27292,119 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h4:
           /* empty */;
       3'h5:
-          if (\$32 ) begin
-            \$89  = \$38 [12:0];
+          if (\$35 ) begin
+            \$97  = \$41 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$89  = 13'h0000;
+      \$97  = 13'h0000;
     end
     if (rst) begin
-      \$89  = 13'h0000;
+      \$97  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$90  = bad;
+    \$98  = bad;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$90  = 1'h0;
+            \$98  = 1'h0;
           end
       3'h1:
           /* empty */;
       3'h3:
           /* empty */;
       3'h4:
-          if (\$29 ) begin
-            \$90  = 1'h1;
+          if (\$32 ) begin
+            \$98  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$90  = 1'h0;
+      \$98  = 1'h0;
     end
     if (rst) begin
-      \$90  = 1'h0;
+      \$98  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$91  = gather;
+    \$99  = gather;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$91  = \$15 ;
+            \$99  = \$18 ;
           end
     endcase
     if (unit_rst) begin
-      \$91  = 1'h0;
+      \$99  = 1'h0;
     end
     if (rst) begin
-      \$91  = 1'h0;
+      \$99  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$92  = fsm_state;
+    \$100  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$92  = 3'h1;
+            \$100  = 3'h1;
           end
       3'h1:
-          if (\$24 ) begin
-            \$92  = 3'h0;
-          end else if (\$25 ) begin
-            \$92  = 3'h2;
-          end else if (\$26 ) begin
-            \$92  = 3'h3;
+          if (\$27 ) begin
+            \$100  = 3'h0;
+          end else if (\$28 ) begin
+            \$100  = 3'h2;
+          end else if (\$29 ) begin
+            \$100  = 3'h3;
           end
       3'h3:
-          \$92  = 3'h4;
+          \$100  = 3'h4;
       3'h4:
           (* full_case = 32'd1 *)
-          if (\$29 ) begin
-            \$92  = 3'h2;
+          if (\$32 ) begin
+            \$100  = 3'h2;
           end else begin
-            \$92  = 3'h5;
+            \$100  = 3'h5;
           end
       3'h5:
-          if (\$32 ) begin
-            \$92  = 3'h1;
+          if (\$35 ) begin
+            \$100  = 3'h1;
           end
       3'h2:
-          if (\$45 ) begin
-            \$92  = 3'h0;
+          if (\$48 ) begin
+            \$100  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$92  = 3'h0;
+      \$100  = 3'h0;
     end
     if (rst) begin
-      \$92  = 3'h0;
+      \$100  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$93  = entry;
+    \$101  = entry;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h3:
-          \$93  = spad__rd1__data;
+          \$101  = spad__rd1__data;
     endcase
     if (unit_rst) begin
-      \$93  = 32'd0;
+      \$101  = 32'd0;
     end
     if (rst) begin
-      \$93  = 32'd0;
+      \$101  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$94  = slot_src;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          /* empty */;
-      3'h5:
-          if (\$32 ) begin
-            \$94  = \$34 [12:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$94  = 13'h0000;
-    end
-    if (rst) begin
-      \$94  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
-    \$95  = slot_dst;
+    \$102  = slot_src;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -27199,15 +27415,39 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h4:
           /* empty */;
       3'h5:
-          if (\$32 ) begin
-            \$95  = \$36 [12:0];
+          if (\$35 ) begin
+            \$102  = \$37 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$95  = 13'h0000;
+      \$102  = 13'h0000;
     end
     if (rst) begin
-      \$95  = 13'h0000;
+      \$102  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    \$103  = slot_dst;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          /* empty */;
+      3'h5:
+          if (\$35 ) begin
+            \$103  = \$39 [12:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$103  = 13'h0000;
+    end
+    if (rst) begin
+      \$103  = 13'h0000;
     end
   end
   always @* begin
@@ -27221,7 +27461,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__wr__data = 32'd0;
     if (wv) begin
-      spad__wr__data = q;
+      spad__wr__data = q[31:0];
     end
   end
   always @* begin
@@ -27233,9 +27473,27 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__wr__upper = 96'h000000000000000000000000;
+    if (wv) begin
+      spad__wr__upper[31:0] = q[63:32];
+      spad__wr__upper[63:32] = q[95:64];
+      spad__wr__upper[95:64] = q[127:96];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
+    spad__wr__upper_en = 3'h0;
+    if (wv) begin
+      spad__wr__upper_en[0] = \$49 ;
+      spad__wr__upper_en[1] = \$50 ;
+      spad__wr__upper_en[2] = \$51 ;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$47 ) begin
+      if (\$53 ) begin
         spad__rd0__addr = src;
       end
     end
@@ -27244,7 +27502,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
     if (\$auto$verilog_backend.cc:2355:dump_module$41 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$47 ) begin
+      if (\$53 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -27274,7 +27532,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h0:
           /* empty */;
       3'h1:
-          if (\$56 ) begin
+          if (\$62 ) begin
             done = 1'h1;
           end
       3'h3:
@@ -27284,7 +27542,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h5:
           /* empty */;
       3'h2:
-          if (\$70 ) begin
+          if (\$76 ) begin
             done = 1'h1;
           end
     endcase
@@ -27296,7 +27554,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h0:
           /* empty */;
       3'h1:
-          if (\$56 ) begin
+          if (\$62 ) begin
             error = 8'h00;
           end
       3'h3:
@@ -27306,8 +27564,8 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h5:
           /* empty */;
       3'h2:
-          if (\$70 ) begin
-            error = { 4'h0, \$71  };
+          if (\$76 ) begin
+            error = { 4'h0, \$77  };
           end
     endcase
   end
@@ -27318,10 +27576,10 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h0:
           /* empty */;
       3'h1:
-          if (\$56 ) begin
-          end else if (\$57 ) begin
-          end else if (\$58 ) begin
-            spad__rd1__addr = \$60 [12:0];
+          if (\$62 ) begin
+          end else if (\$63 ) begin
+          end else if (\$64 ) begin
+            spad__rd1__addr = \$66 [12:0];
           end
     endcase
   end
@@ -27332,9 +27590,9 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
       3'h0:
           /* empty */;
       3'h1:
-          if (\$56 ) begin
-          end else if (\$57 ) begin
-          end else if (\$58 ) begin
+          if (\$62 ) begin
+          end else if (\$63 ) begin
+          end else if (\$64 ) begin
             spad__rd1__en = 1'h1;
           end
     endcase
@@ -27351,7 +27609,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
           /* empty */;
       3'h4:
           (* full_case = 32'd1 *)
-          if (\$63 ) begin
+          if (\$69 ) begin
           end else begin
             load = 1'h1;
           end
@@ -27369,7 +27627,7 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
           /* empty */;
       3'h4:
           (* full_case = 32'd1 *)
-          if (\$63 ) begin
+          if (\$69 ) begin
           end else begin
             y = entry[15:0];
           end
@@ -27387,13 +27645,21 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
           /* empty */;
       3'h4:
           (* full_case = 32'd1 *)
-          if (\$63 ) begin
+          if (\$69 ) begin
           end else begin
             x = ins[89:77];
           end
     endcase
   end
   assign spad__blocked = 1'h0;
+  assign \q[0]  = q[31:0];
+  assign \q[1]  = q[63:32];
+  assign \q[2]  = q[95:64];
+  assign \q[3]  = q[127:96];
+  assign \spad__rd0__lanes[0]  = spad__rd0__lanes[31:0];
+  assign \spad__rd0__lanes[1]  = spad__rd0__lanes[63:32];
+  assign \spad__rd0__lanes[2]  = spad__rd0__lanes[95:64];
+  assign \spad__rd0__lanes[3]  = spad__rd0__lanes[127:96];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.width  = ins[21:16];
@@ -27410,14 +27676,17 @@ module \nanokpu_kpu.move (rst, spad__rd1__data, start, unit_rst, ins, spad__wr__
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
+  assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
+  assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
+  assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \$1  = 1'h1;
   assign \$2  = more;
-  assign \$7  = 1'h1;
-  assign \$8  = more;
-  assign \$26  = 1'h1;
-  assign \$46  = 1'h1;
-  assign \$47  = more;
-  assign \$58  = 1'h1;
+  assign \$10  = 1'h1;
+  assign \$11  = more;
+  assign \$29  = 1'h1;
+  assign \$52  = 1'h1;
+  assign \$53  = more;
+  assign \$64  = 1'h1;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30232,8 +30501,9 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4451$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr
-, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4517$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en
+, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper, clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr
+, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
   wire \$10 ;
   wire \$11 ;
@@ -30379,10 +30649,12 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] clients__1__wr__data;
   input clients__1__wr__en;
   wire clients__1__wr__en;
+  input [95:0] clients__1__wr__upper;
   wire [95:0] clients__1__wr__upper;
   wire [31:0] \clients__1__wr__upper[0] ;
   wire [31:0] \clients__1__wr__upper[1] ;
   wire [31:0] \clients__1__wr__upper[2] ;
+  input [2:0] clients__1__wr__upper_en;
   wire [2:0] clients__1__wr__upper_en;
   wire clients__2__blocked;
   input [12:0] clients__2__rd0__addr;
@@ -30485,17 +30757,19 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] clients__5__wr__data;
   input clients__5__wr__en;
   wire clients__5__wr__en;
+  input [95:0] clients__5__wr__upper;
   wire [95:0] clients__5__wr__upper;
   wire [31:0] \clients__5__wr__upper[0] ;
   wire [31:0] \clients__5__wr__upper[1] ;
   wire [31:0] \clients__5__wr__upper[2] ;
+  input [2:0] clients__5__wr__upper_en;
   wire [2:0] clients__5__wr__upper_en;
   input clk;
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4451$0 ;
-  wire [4:0] \port$4451$0 ;
+  input [4:0] \port$4517$0 ;
+  wire [4:0] \port$4517$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30519,68 +30793,74 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4451$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4517$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4451$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4517$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4451$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4517$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4451$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4517$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4451$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4517$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4451$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4517$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4451$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4517$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4451$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4517$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4451$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4451$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4517$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4517$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4451$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4517$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4451$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4517$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4451$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4517$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
   assign wr__data = \$76  | \$77 ;
+  assign \$80  = clients__1__wr__upper & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
+  assign \$88  = clients__5__wr__upper & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign wr__upper = \$87  | \$88 ;
+  assign \$91  = clients__1__wr__upper_en & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
+  assign \$99  = clients__5__wr__upper_en & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
     .bank0_rd1_rd_en(rd1__en),
@@ -30593,10 +30873,10 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__addr(wr__addr),
     .wr__data(wr__data),
     .wr__en(wr__en),
-    .wr__upper(96'h000000000000000000000000),
-    .wr__upper_en(3'h0)
+    .wr__upper(wr__upper),
+    .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$4451$0 , \port$2$0  };
+  assign select = { \port$4517$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];
@@ -30624,17 +30904,13 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign clients__0__wr__addr = 13'h0000;
   assign clients__0__wr__data = 32'd0;
   assign clients__0__wr__upper = 96'h000000000000000000000000;
-  assign clients__1__wr__upper = 96'h000000000000000000000000;
   assign clients__2__wr__upper = 96'h000000000000000000000000;
   assign clients__3__wr__upper = 96'h000000000000000000000000;
   assign clients__4__wr__upper = 96'h000000000000000000000000;
-  assign clients__5__wr__upper = 96'h000000000000000000000000;
   assign clients__0__wr__upper_en = 3'h0;
-  assign clients__1__wr__upper_en = 3'h0;
   assign clients__2__wr__upper_en = 3'h0;
   assign clients__3__wr__upper_en = 3'h0;
   assign clients__4__wr__upper_en = 3'h0;
-  assign clients__5__wr__upper_en = 3'h0;
   assign clients__0__blocked = 1'h0;
   assign clients__1__blocked = 1'h0;
   assign clients__2__blocked = 1'h0;
@@ -30675,9 +30951,9 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \clients__0__wr__upper[0]  = 32'd0;
   assign \clients__0__wr__upper[1]  = 32'd0;
   assign \clients__0__wr__upper[2]  = 32'd0;
-  assign \clients__1__wr__upper[0]  = 32'd0;
-  assign \clients__1__wr__upper[1]  = 32'd0;
-  assign \clients__1__wr__upper[2]  = 32'd0;
+  assign \clients__1__wr__upper[0]  = clients__1__wr__upper[31:0];
+  assign \clients__1__wr__upper[1]  = clients__1__wr__upper[63:32];
+  assign \clients__1__wr__upper[2]  = clients__1__wr__upper[95:64];
   assign \clients__2__wr__upper[0]  = 32'd0;
   assign \clients__2__wr__upper[1]  = 32'd0;
   assign \clients__2__wr__upper[2]  = 32'd0;
@@ -30687,9 +30963,9 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \clients__4__wr__upper[0]  = 32'd0;
   assign \clients__4__wr__upper[1]  = 32'd0;
   assign \clients__4__wr__upper[2]  = 32'd0;
-  assign \clients__5__wr__upper[0]  = 32'd0;
-  assign \clients__5__wr__upper[1]  = 32'd0;
-  assign \clients__5__wr__upper[2]  = 32'd0;
+  assign \clients__5__wr__upper[0]  = clients__5__wr__upper[31:0];
+  assign \clients__5__wr__upper[1]  = clients__5__wr__upper[63:32];
+  assign \clients__5__wr__upper[2]  = clients__5__wr__upper[95:64];
   assign \$2  = \$1 ;
   assign \$13  = \$12 ;
   assign \$24  = \$23 ;
@@ -30713,28 +30989,22 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \$70  = \$69 ;
   assign \$78  = 96'h000000000000000000000000;
   assign \$79  = 96'h000000000000000000000000;
-  assign \$80  = 96'h000000000000000000000000;
-  assign \$81  = 96'h000000000000000000000000;
+  assign \$81  = \$80 ;
   assign \$82  = 96'h000000000000000000000000;
-  assign \$83  = 96'h000000000000000000000000;
+  assign \$83  = \$80 ;
   assign \$84  = 96'h000000000000000000000000;
-  assign \$85  = 96'h000000000000000000000000;
+  assign \$85  = \$80 ;
   assign \$86  = 96'h000000000000000000000000;
-  assign \$87  = 96'h000000000000000000000000;
-  assign \$88  = 96'h000000000000000000000000;
-  assign wr__upper = 96'h000000000000000000000000;
+  assign \$87  = \$80 ;
   assign \$89  = 3'h0;
   assign \$90  = 3'h0;
-  assign \$91  = 3'h0;
-  assign \$92  = 3'h0;
+  assign \$92  = \$91 ;
   assign \$93  = 3'h0;
-  assign \$94  = 3'h0;
+  assign \$94  = \$91 ;
   assign \$95  = 3'h0;
-  assign \$96  = 3'h0;
+  assign \$96  = \$91 ;
   assign \$97  = 3'h0;
-  assign \$98  = 3'h0;
-  assign \$99  = 3'h0;
-  assign wr__upper_en = 3'h0;
+  assign \$98  = \$91 ;
 endmodule
 
 (* generator = "Amaranth" *)

@@ -1,5 +1,5 @@
 """The load/store executor: ``LOAD`` (host memory -> scratchpad) and ``STORE`` (scratchpad -> host
-memory) through the AXI4 master, one element per cycle."""
+memory) through the AXI4 master: ``LOAD`` a beat per cycle, ``STORE`` an element per cycle."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from amaranth.lib.wiring import Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import Err, Op, bus_bytes
 from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import dma_client_signature, executor_signature
 
 __all__ = ["LoadStore"]
@@ -25,8 +26,9 @@ class LoadStore(wiring.Component):
     (its address and beat count are the decode's); a bus error ends the instruction at once with
     :attr:`~nanokpu.isa.Err.BUS_ERROR` (the controller then drains the bus).
 
-    Timing, the bus ready: ``LOAD`` writes one element per cycle and takes the next beat in
-    the cycle it writes the last element of a beat; ``STORE`` reads one element per cycle
+    Timing, the bus ready: ``LOAD`` writes up to ``B`` (:func:`~nanokpu.kpu.dmem.banks`)
+    elements of a beat per cycle (one wide write: ``ceil(bus_bytes / width / B)`` cycles a beat)
+    and takes the next beat in the cycle it writes the last elements of a beat; ``STORE`` reads one element per cycle
     (issued a cycle ahead, held in the scratchpad's read port while the beat waits) and offers
     a beat in the cycle after its last element arrived. ``done`` comes when the burst is over
     and every element written (``LOAD``) or sent (``STORE``).
@@ -50,14 +52,22 @@ class LoadStore(wiring.Component):
             m.d.sync += [busy.eq(1), store.eq(ins.op == Op.STORE), el.eq(0)]
             m.d.comb += [dma.rd_start.eq(ins.op == Op.LOAD), dma.wr_start.eq(ins.op == Op.STORE)]
 
-        # ---- LOAD: a beat held, its elements written one per cycle --------------------------
+        # ---- LOAD: a beat held, its elements written B per cycle (lanes lane .. lane + B - 1) --
+        B = banks(cfg)
         beat = Signal(8 * bw)
         full = Signal()
-        lane = Signal(range(bw + 1))
+        lane = Signal(range(bw + B))
         per_beat = Mux(ins.width == 1, bw, Mux(ins.width == 2, bw // 2, bw // 4))
-        elem = Mux(ins.width == 1, beat.word_select(lane, 8).as_signed(),
-                   Mux(ins.width == 2, beat.word_select(lane, 16).as_signed(), beat.word_select(lane, 32).as_signed()))
-        beat_end = full & (lane + 1 >= per_beat)
+
+        def elem(i):
+            """Element ``lane + i`` of the beat (0 past its end)."""
+            at = lane + i
+            return Mux(ins.width == 1, beat.word_select(at, 8).as_signed(),
+                       Mux(ins.width == 2, beat.word_select(at, 16).as_signed(), beat.word_select(at, 32).as_signed()))
+        beat_end = full & (lane + B >= per_beat)
+        n_now = Signal(range(B + 1))     # elements written this cycle
+        k_beat, k_len = per_beat - lane, ins.len - el
+        m.d.comb += n_now.eq(Mux((k_beat < B) & (k_beat < k_len), k_beat, Mux(k_len < B, k_len, B)))
         # ---- STORE: reads issued a cycle ahead; a beat filled, then offered ----------------------
         epb = bw // 4
         out = Signal(dma.wr_data.payload.shape())
@@ -79,10 +89,12 @@ class LoadStore(wiring.Component):
                 m.d.sync += full.eq(0)
             with m.If(full):
                 with m.If(more):
-                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem), spad.wr.en.eq(1)]
-                    m.d.sync += el.eq(el + 1)
+                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem(0)), spad.wr.en.eq(1)]
+                    m.d.comb += [spad.wr.upper[j - 1].eq(elem(j)) for j in range(1, B)]
+                    m.d.comb += [spad.wr.upper_en[j - 1].eq(n_now > j) for j in range(1, B)]
+                    m.d.sync += el.eq(el + n_now)
                 with m.If(~beat_end):
-                    m.d.sync += lane.eq(lane + 1)
+                    m.d.sync += lane.eq(lane + B)
             with m.If(dma.error | (~dma.rd_busy & ~full & ~more)):
                 m.d.comb += self.done.eq(1)
         with m.If(busy & store):
