@@ -204,6 +204,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "spad.wr.upper_en[j - 1].eq(n_now > j)", "spad.wr.upper_en[j - 1].eq(n_now >= j)",
            ("tests/kpu/test_loadstore.py::test_load[8-1-1]",),
            what="LOAD writes an element past the beat's or the instruction's end"),
+    Mutant("store-lane-mask", "nanokpu/kpu/executors/loadstore.py",
+           "with m.If((j >= p_lane) & (src < p_k)):", "with m.If((j >= p_lane) & (src <= p_k)):",
+           ("tests/kpu/test_loadstore.py::test_store[2-16-3-7]",),
+           what="STORE sends a lane past the instruction's end"),
     # -- the golden model ----------------------------------------------------------------
     Mutant("golden-round-half-even", "golden/intops.py",
            "((r == half) & ((q & 1) == 1))", "((r == half) & ((q & 1) == 0))",

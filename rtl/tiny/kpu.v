@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4515$254 (cur[269:254]),
+    .\port$4525$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1207,8 +1207,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .out(wr_data__payload),
     .rst(rst),
     .spad__rd0__addr(clients__1__rd0__addr),
-    .spad__rd0__data(spad__rd0__lanes[31:0]),
     .spad__rd0__en(clients__1__rd0__en),
+    .spad__rd0__lanes(spad__rd0__lanes),
     .spad__wr__addr(clients__1__wr__addr),
     .spad__wr__data(clients__1__wr__data),
     .spad__wr__en(clients__1__wr__en),
@@ -1322,7 +1322,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4517$0 (running_exec),
+    .\port$4527$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5162,7 +5162,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4515$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4525$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5305,8 +5305,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4515$254 ;
-  wire [15:0] \port$4515$254 ;
+  input [15:0] \port$4525$254 ;
+  wire [15:0] \port$4525$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5471,7 +5471,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4515$254  };
+      \$74  = { 8'h00, \port$4525$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5507,7 +5507,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4515$254  };
+      \$77  = { 8'h00, \port$4525$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5552,9 +5552,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4515$254  };
+  assign rd_beats = { 8'h00, \port$4525$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4515$254  };
+  assign wr_beats = { 8'h00, \port$4525$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6318,9 +6318,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4034$0 (spad__rd1__data),
-    .\port$5582$0 (\$signal ),
-    .\port$5957$0 (spad__rd0__data),
+    .\port$4044$0 (spad__rd1__data),
+    .\port$5592$0 (\$signal ),
+    .\port$5967$0 (spad__rd0__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10189,7 +10189,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4034$0 , unit_rst, \port$5582$0 , level, \port$5957$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4044$0 , unit_rst, \port$5592$0 , level, \port$5967$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10214,12 +10214,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4034
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$4034$0 ;
-  wire [31:0] \port$4034$0 ;
-  input \port$5582$0 ;
-  wire \port$5582$0 ;
-  input [31:0] \port$5957$0 ;
-  wire [31:0] \port$5957$0 ;
+  input [31:0] \port$4044$0 ;
+  wire [31:0] \port$4044$0 ;
+  input \port$5592$0 ;
+  wire \port$5592$0 ;
+  input [31:0] \port$5967$0 ;
+  wire [31:0] \port$5967$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10252,7 +10252,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4034
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5582$0 , \port$4034$0 , \port$5957$0  };
+      storage[w_port__addr] <= { \port$5592$0 , \port$4044$0 , \port$5967$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10323,8 +10323,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4034
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5582$0 , \port$4034$0 , \port$5957$0  };
-  assign w_data = { \port$5582$0 , \port$4034$0 , \port$5957$0  };
+  assign w_port__data = { \port$5592$0 , \port$4044$0 , \port$5967$0  };
+  assign w_data = { \port$5592$0 , \port$4044$0 , \port$5967$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -24580,8 +24580,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1605$0 (mult),
-    .\port$1610$0 (i__payload),
+    .\port$1615$0 (mult),
+    .\port$1620$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -25437,7 +25437,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1615$0 , \port$1620$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25523,10 +25523,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1605$0 ;
-  wire [15:0] \port$1605$0 ;
-  input [95:0] \port$1610$0 ;
-  wire [95:0] \port$1610$0 ;
+  input [15:0] \port$1615$0 ;
+  wire [15:0] \port$1615$0 ;
+  input [95:0] \port$1620$0 ;
+  wire [95:0] \port$1620$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25591,7 +25591,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1610$0 [16:0] };
+      \$9  = { 1'h0, \port$1620$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25604,7 +25604,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1605$0  };
+      \$10  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25630,7 +25630,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23:17] };
+      \$12  = { \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25643,7 +25643,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1605$0  };
+      \$13  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25669,7 +25669,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1610$0 [40:24] };
+      \$15  = { 1'h0, \port$1620$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25682,7 +25682,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1605$0  };
+      \$16  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25708,7 +25708,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47:41] };
+      \$18  = { \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25721,7 +25721,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1605$0  };
+      \$19  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25747,7 +25747,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1610$0 [64:48] };
+      \$21  = { 1'h0, \port$1620$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25760,7 +25760,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1605$0  };
+      \$22  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25786,7 +25786,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71:65] };
+      \$24  = { \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25799,7 +25799,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1605$0  };
+      \$25  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -25825,7 +25825,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1610$0 [88:72] };
+      \$27  = { 1'h0, \port$1620$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -25838,7 +25838,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1605$0  };
+      \$28  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -25864,7 +25864,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95:89] };
+      \$30  = { \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -25877,7 +25877,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1605$0  };
+      \$31  = { 2'h0, \port$1615$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -25899,39 +25899,39 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1605$0 , \port$1610$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1610$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1605$0  };
-  assign a__1 = { \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23], \port$1610$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1605$0  };
-  assign a__2 = { 1'h0, \port$1610$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1605$0  };
-  assign a__3 = { \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47], \port$1610$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1605$0  };
-  assign a__4 = { 1'h0, \port$1610$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1605$0  };
-  assign a__5 = { \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71], \port$1610$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1605$0  };
-  assign a__6 = { 1'h0, \port$1610$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1605$0  };
-  assign a__7 = { \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95], \port$1610$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1605$0  };
+  assign a__0 = { 1'h0, \port$1620$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1615$0  };
+  assign a__1 = { \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23], \port$1620$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1615$0  };
+  assign a__2 = { 1'h0, \port$1620$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1615$0  };
+  assign a__3 = { \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47], \port$1620$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1615$0  };
+  assign a__4 = { 1'h0, \port$1620$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1615$0  };
+  assign a__5 = { \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71], \port$1620$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1615$0  };
+  assign a__6 = { 1'h0, \port$1620$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1615$0  };
+  assign a__7 = { \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95], \port$1620$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1615$0  };
 endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma__wr_data__ready, dma__wr_busy, start, unit_rst, ins, dma__error, out, dma__rd_start, dma__wr_start, dma__rd_data__ready, spad__wr__addr, spad__wr__data, spad__wr__en, spad__wr__upper, spad__wr__upper_en, done, spad__rd0__addr
-, spad__rd0__en, dma__wr_data__valid, error, spad__rd0__data, dma__rd_data__payload);
+, spad__rd0__en, dma__wr_data__valid, error, spad__rd0__lanes, dma__rd_data__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$40  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [3:0] \$100 ;
-  wire [7:0] \$101 ;
-  wire \$102 ;
-  wire [3:0] \$103 ;
-  wire [15:0] \$104 ;
-  wire [3:0] \$105 ;
-  wire [31:0] \$106 ;
-  wire [31:0] \$107 ;
-  wire [31:0] \$108 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire [1:0] \$102 ;
+  wire [2:0] \$103 ;
+  wire \$104 ;
+  wire \$105 ;
+  wire \$106 ;
+  wire \$107 ;
+  wire [14:0] \$108 ;
   wire \$109 ;
   wire \$11 ;
   wire [3:0] \$110 ;
@@ -25967,18 +25967,18 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire [31:0] \$138 ;
   wire \$139 ;
   wire [3:0] \$14 ;
-  wire \$140 ;
-  wire \$141 ;
+  wire [3:0] \$140 ;
+  wire [7:0] \$141 ;
   wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
+  wire [3:0] \$143 ;
+  wire [15:0] \$144 ;
+  wire [3:0] \$145 ;
+  wire [31:0] \$146 ;
+  wire [31:0] \$147 ;
+  wire [31:0] \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire [14:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -25989,7 +25989,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [14:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -25997,19 +25997,29 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
-  wire [3:0] \$168 ;
-  reg \$169 ;
+  wire \$168 ;
+  wire \$169 ;
   wire [1:0] \$17 ;
-  reg \$170 ;
-  reg [13:0] \$171 ;
-  reg [31:0] \$172 ;
-  reg \$173 ;
-  reg [2:0] \$174 ;
-  reg \$175 ;
-  reg \$176 ;
-  reg \$177 ;
-  reg [35:0] \$178 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire [3:0] \$178 ;
+  reg \$179 ;
   wire [2:0] \$18 ;
+  reg \$180 ;
+  reg [13:0] \$181 ;
+  reg [31:0] \$182 ;
+  reg \$183 ;
+  reg [2:0] \$184 ;
+  reg \$185 ;
+  reg [2:0] \$186 ;
+  reg \$187 ;
+  reg [35:0] \$188 ;
   wire \$19 ;
   wire \$2 ;
   wire \$20 ;
@@ -26020,47 +26030,47 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$25 ;
   wire \$26 ;
   wire \$27 ;
-  wire [7:0] \$279 ;
   wire \$28 ;
-  wire [8:0] \$284 ;
-  wire [9:0] \$288 ;
   wire \$29 ;
-  wire [7:0] \$295 ;
+  wire [7:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [8:0] \$300 ;
-  wire [9:0] \$304 ;
+  wire [8:0] \$304 ;
+  wire [9:0] \$308 ;
   wire \$31 ;
-  wire [7:0] \$311 ;
-  wire [8:0] \$316 ;
+  wire [7:0] \$315 ;
   wire \$32 ;
-  wire [9:0] \$320 ;
-  wire [7:0] \$327 ;
+  wire [8:0] \$320 ;
+  wire [9:0] \$324 ;
   wire \$33 ;
-  wire [8:0] \$332 ;
-  wire [9:0] \$336 ;
+  wire [7:0] \$331 ;
+  wire [8:0] \$336 ;
   wire \$34 ;
+  wire [9:0] \$340 ;
+  wire [7:0] \$347 ;
   wire \$35 ;
+  wire [8:0] \$352 ;
+  wire [9:0] \$356 ;
   wire [14:0] \$36 ;
-  wire \$37 ;
+  wire [3:0] \$37 ;
   wire \$38 ;
-  wire \$39 ;
+  wire [3:0] \$39 ;
   wire \$4 ;
-  wire \$40 ;
+  wire [3:0] \$40 ;
   wire \$41 ;
   wire \$42 ;
   wire \$43 ;
   wire \$44 ;
   wire \$45 ;
   wire \$46 ;
-  wire \$47 ;
-  wire [1:0] \$48 ;
+  wire [1:0] \$47 ;
+  wire \$48 ;
   wire \$49 ;
   wire [3:0] \$5 ;
   wire \$50 ;
   wire [1:0] \$51 ;
-  wire \$52 ;
-  wire \$53 ;
+  reg [31:0] \$52 ;
+  wire [3:0] \$53 ;
   wire \$54 ;
   wire \$55 ;
   wire \$56 ;
@@ -26070,47 +26080,47 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$6 ;
   wire \$60 ;
   wire \$61 ;
-  wire \$62 ;
-  wire \$63 ;
-  wire [1:0] \$64 ;
-  wire [2:0] \$65 ;
-  wire [3:0] \$66 ;
+  wire [1:0] \$62 ;
+  wire [2:0] \$63 ;
+  wire [3:0] \$64 ;
+  wire \$65 ;
+  wire \$66 ;
   wire \$67 ;
-  wire \$68 ;
-  wire \$69 ;
+  wire [1:0] \$68 ;
+  wire [2:0] \$69 ;
   wire \$7 ;
-  wire [1:0] \$70 ;
-  wire [2:0] \$71 ;
-  wire [3:0] \$72 ;
-  wire [14:0] \$73 ;
+  wire [3:0] \$70 ;
+  wire [14:0] \$71 ;
+  wire \$72 ;
+  wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire \$76 ;
-  wire \$77 ;
-  wire [1:0] \$78 ;
-  wire [2:0] \$79 ;
+  wire [1:0] \$76 ;
+  wire [2:0] \$77 ;
+  wire [3:0] \$78 ;
+  wire [14:0] \$79 ;
   wire [1:0] \$8 ;
-  wire [3:0] \$80 ;
+  wire \$80 ;
   wire [14:0] \$81 ;
-  wire \$82 ;
+  wire [14:0] \$82 ;
   wire [14:0] \$83 ;
-  wire [14:0] \$84 ;
-  wire [14:0] \$85 ;
-  wire \$86 ;
-  wire \$87 ;
+  wire [1:0] \$84 ;
+  wire \$85 ;
+  wire [1:0] \$86 ;
+  wire [14:0] \$87 ;
   wire \$88 ;
-  wire [3:0] \$89 ;
+  wire \$89 ;
   wire [2:0] \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire [1:0] \$92 ;
-  wire [2:0] \$93 ;
-  wire \$94 ;
-  wire \$95 ;
+  wire [1:0] \$90 ;
+  wire [14:0] \$91 ;
+  wire \$92 ;
+  wire [14:0] \$93 ;
+  wire [14:0] \$94 ;
+  wire [14:0] \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire [14:0] \$98 ;
-  wire \$99 ;
+  wire \$98 ;
+  wire [3:0] \$99 ;
   reg [31:0] beat = 32'd0;
   reg busy = 1'h0;
   input clk;
@@ -26170,16 +26180,23 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire [31:0] \out.data ;
   wire [3:0] \out.strb ;
   reg out_full = 1'h0;
-  reg out_lane = 1'h0;
+  reg [2:0] p_k = 3'h0;
+  wire [-1:0] p_lane;
   reg pending = 1'h0;
+  wire [2:0] r_k;
+  wire [-1:0] r_lane;
   input rst;
   wire rst;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
-  input [31:0] spad__rd0__data;
-  wire [31:0] spad__rd0__data;
   output spad__rd0__en;
   reg spad__rd0__en;
+  input [127:0] spad__rd0__lanes;
+  wire [127:0] spad__rd0__lanes;
+  wire [31:0] \spad__rd0__lanes[0] ;
+  wire [31:0] \spad__rd0__lanes[1] ;
+  wire [31:0] \spad__rd0__lanes[2] ;
+  wire [31:0] \spad__rd0__lanes[3] ;
   output [12:0] spad__wr__addr;
   reg [12:0] spad__wr__addr;
   output [31:0] spad__wr__data;
@@ -26210,7 +26227,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$10  = \$5  >= \$9 ;
   assign \$11  = full & \$10 ;
   assign \$12  = el < ins[122:109];
-  assign \$13  = el + \$85 [2:0];
+  assign \$13  = el + \$83 [2:0];
   assign \$14  = lane + 3'h4;
   assign \$15  = ins[21:16] == 1'h1;
   assign \$16  = ins[21:16] == 2'h2;
@@ -26233,387 +26250,388 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$33  = out_full & dma__wr_data__ready;
   assign \$34  = \$32  | \$33 ;
   assign \$35  = pending & \$34 ;
-  assign \$36  = el + 1'h1;
-  assign \$37  = out_full & dma__wr_data__ready;
-  assign \$38  = ~ out_full;
-  assign \$39  = out_full & dma__wr_data__ready;
-  assign \$40  = \$38  | \$39 ;
-  assign \$41  = pending & \$40 ;
-  assign \$42  = out_full & dma__wr_data__ready;
-  assign \$43  = \$42  ? 1'h0 : out_lane;
-  assign \$44  = out_full & dma__wr_data__ready;
-  assign \$45  = \$44  ? 1'h0 : out_lane;
-  assign \$46  = out_full & dma__wr_data__ready;
-  assign \$47  = \$46  ? 1'h0 : out_lane;
-  assign \$48  = \$47  + 1'h1;
-  assign \$49  = out_full & dma__wr_data__ready;
-  assign \$50  = \$49  ? 1'h0 : out_lane;
-  assign \$51  = \$50  + 1'h1;
-  assign \$52  = \$51  == 1'h1;
-  assign \$53  = el < ins[122:109];
-  assign \$54  = ~ \$53 ;
-  assign \$55  = \$52  | \$54 ;
-  assign \$56  = out_full & dma__wr_data__ready;
-  assign \$57  = out_full & dma__wr_data__ready;
-  assign \$58  = \$57  ? 1'h0 : out_lane;
-  assign \$60  = ins[5:0] == 1'h1;
-  assign \$61  = ins[5:0] == 2'h2;
-  assign \$62  = ins[21:16] == 1'h1;
-  assign \$63  = ins[21:16] == 2'h2;
-  assign \$64  = \$63  ? 2'h2 : 2'h1;
-  assign \$65  = \$62  ? 3'h4 : { 1'h0, \$64  };
-  assign \$66  = \$65  - lane;
-  assign \$67  = $signed(\$66 ) < $signed(4'h4);
-  assign \$68  = ins[21:16] == 1'h1;
-  assign \$69  = ins[21:16] == 2'h2;
-  assign \$70  = \$69  ? 2'h2 : 2'h1;
-  assign \$71  = \$68  ? 3'h4 : { 1'h0, \$70  };
-  assign \$72  = \$71  - lane;
-  assign \$73  = ins[122:109] - el;
-  assign \$74  = $signed(\$72 ) < $signed(\$73 );
-  assign \$75  = \$67  & \$74 ;
-  assign \$76  = ins[21:16] == 1'h1;
-  assign \$77  = ins[21:16] == 2'h2;
-  assign \$78  = \$77  ? 2'h2 : 2'h1;
-  assign \$79  = \$76  ? 3'h4 : { 1'h0, \$78  };
-  assign \$80  = \$79  - lane;
+  assign \$36  = el + \$95 [2:0];
+  assign \$37  = 1'h0 + \$95 [2:0];
+  assign \$38  = \$37  == 1'h1;
+  assign \$39  = 1'h0 + \$95 [2:0];
+  assign \$40  = \$38  ? 4'h0 : \$39 ;
+  assign \$41  = out_full & dma__wr_data__ready;
+  assign \$42  = ~ out_full;
+  assign \$43  = out_full & dma__wr_data__ready;
+  assign \$44  = \$42  | \$43 ;
+  assign \$45  = pending & \$44 ;
+  assign \$48  = 2'h0 < p_k;
+  assign \$53  = 1'h0 + p_k;
+  assign \$54  = \$53  == 1'h1;
+  assign \$55  = el < ins[122:109];
+  assign \$56  = ~ \$55 ;
+  assign \$57  = \$54  | \$56 ;
+  assign \$58  = ins[5:0] == 1'h1;
+  assign \$59  = ins[5:0] == 2'h2;
+  assign \$60  = ins[21:16] == 1'h1;
+  assign \$61  = ins[21:16] == 2'h2;
+  assign \$62  = \$61  ? 2'h2 : 2'h1;
+  assign \$63  = \$60  ? 3'h4 : { 1'h0, \$62  };
+  assign \$64  = \$63  - lane;
+  assign \$65  = $signed(\$64 ) < $signed(4'h4);
+  assign \$66  = ins[21:16] == 1'h1;
+  assign \$67  = ins[21:16] == 2'h2;
+  assign \$68  = \$67  ? 2'h2 : 2'h1;
+  assign \$69  = \$66  ? 3'h4 : { 1'h0, \$68  };
+  assign \$70  = \$69  - lane;
+  assign \$71  = ins[122:109] - el;
+  assign \$72  = $signed(\$70 ) < $signed(\$71 );
+  assign \$73  = \$65  & \$72 ;
+  assign \$74  = ins[21:16] == 1'h1;
+  assign \$75  = ins[21:16] == 2'h2;
+  assign \$76  = \$75  ? 2'h2 : 2'h1;
+  assign \$77  = \$74  ? 3'h4 : { 1'h0, \$76  };
+  assign \$78  = \$77  - lane;
+  assign \$79  = ins[122:109] - el;
+  assign \$80  = $signed(\$79 ) < $signed(4'h4);
   assign \$81  = ins[122:109] - el;
-  assign \$82  = $signed(\$81 ) < $signed(4'h4);
-  assign \$83  = ins[122:109] - el;
-  assign \$84  = \$82  ? \$83  : 15'h0004;
-  assign \$85  = \$75  ? { \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80 [3], \$80  } : \$84 ;
-  assign \$86  = ~ store;
-  assign \$87  = busy & \$86 ;
-  assign \$88  = ~ full;
-  assign \$89  = lane + 3'h4;
-  assign \$90  = ins[21:16] == 1'h1;
-  assign \$91  = ins[21:16] == 2'h2;
-  assign \$92  = \$91  ? 2'h2 : 2'h1;
-  assign \$93  = \$90  ? 3'h4 : { 1'h0, \$92  };
-  assign \$94  = \$89  >= \$93 ;
-  assign \$95  = full & \$94 ;
-  assign \$96  = \$88  | \$95 ;
-  assign \$97  = el < ins[122:109];
-  assign \$98  = ins[60:48] + el;
-  assign \$99  = ins[21:16] == 1'h1;
-  assign \$100  = lane + 1'h0;
-  assign \$279  = \$100  * 4'h8;
-  assign \$101  = beat >> \$279 ;
-  assign \$102  = ins[21:16] == 2'h2;
-  assign \$103  = lane + 1'h0;
-  assign \$284  = \$103  * 5'h10;
-  assign \$104  = beat >> \$284 ;
-  assign \$105  = lane + 1'h0;
-  assign \$288  = \$105  * 6'h20;
-  assign \$106  = beat >> \$288 ;
-  assign \$107  = \$102  ? { \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104 [15], \$104  } : \$106 ;
-  assign \$108  = \$99  ? { \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101 [7], \$101  } : \$107 ;
+  assign \$82  = \$80  ? \$81  : 15'h0004;
+  assign \$83  = \$73  ? { \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78  } : \$82 ;
+  assign \$87  = ins[122:109] - el;
+  assign \$88  = $signed(2'h1) < $signed(\$87 );
+  assign \$91  = ins[122:109] - el;
+  assign \$92  = $signed(\$91 ) < $signed(4'h4);
+  assign \$93  = ins[122:109] - el;
+  assign \$94  = \$92  ? \$93  : 15'h0004;
+  assign \$95  = \$89  ? 15'h0001 : \$94 ;
+  assign \$96  = ~ store;
+  assign \$97  = busy & \$96 ;
+  assign \$98  = ~ full;
+  assign \$99  = lane + 3'h4;
+  assign \$100  = ins[21:16] == 1'h1;
+  assign \$101  = ins[21:16] == 2'h2;
+  assign \$102  = \$101  ? 2'h2 : 2'h1;
+  assign \$103  = \$100  ? 3'h4 : { 1'h0, \$102  };
+  assign \$104  = \$99  >= \$103 ;
+  assign \$105  = full & \$104 ;
+  assign \$106  = \$98  | \$105 ;
+  assign \$107  = el < ins[122:109];
+  assign \$108  = ins[60:48] + el;
   assign \$109  = ins[21:16] == 1'h1;
-  assign \$110  = lane + 1'h1;
-  assign \$295  = \$110  * 4'h8;
-  assign \$111  = beat >> \$295 ;
+  assign \$110  = lane + 1'h0;
+  assign \$299  = \$110  * 4'h8;
+  assign \$111  = beat >> \$299 ;
   assign \$112  = ins[21:16] == 2'h2;
-  assign \$113  = lane + 1'h1;
-  assign \$300  = \$113  * 5'h10;
-  assign \$114  = beat >> \$300 ;
-  assign \$115  = lane + 1'h1;
-  assign \$304  = \$115  * 6'h20;
-  assign \$116  = beat >> \$304 ;
+  assign \$113  = lane + 1'h0;
+  assign \$304  = \$113  * 5'h10;
+  assign \$114  = beat >> \$304 ;
+  assign \$115  = lane + 1'h0;
+  assign \$308  = \$115  * 6'h20;
+  assign \$116  = beat >> \$308 ;
   assign \$117  = \$112  ? { \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114  } : \$116 ;
   assign \$118  = \$109  ? { \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111  } : \$117 ;
   assign \$119  = ins[21:16] == 1'h1;
-  assign \$120  = lane + 2'h2;
-  assign \$311  = \$120  * 4'h8;
-  assign \$121  = beat >> \$311 ;
+  assign \$120  = lane + 1'h1;
+  assign \$315  = \$120  * 4'h8;
+  assign \$121  = beat >> \$315 ;
   assign \$122  = ins[21:16] == 2'h2;
-  assign \$123  = lane + 2'h2;
-  assign \$316  = \$123  * 5'h10;
-  assign \$124  = beat >> \$316 ;
-  assign \$125  = lane + 2'h2;
-  assign \$320  = \$125  * 6'h20;
-  assign \$126  = beat >> \$320 ;
+  assign \$123  = lane + 1'h1;
+  assign \$320  = \$123  * 5'h10;
+  assign \$124  = beat >> \$320 ;
+  assign \$125  = lane + 1'h1;
+  assign \$324  = \$125  * 6'h20;
+  assign \$126  = beat >> \$324 ;
   assign \$127  = \$122  ? { \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124  } : \$126 ;
   assign \$128  = \$119  ? { \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121  } : \$127 ;
   assign \$129  = ins[21:16] == 1'h1;
-  assign \$130  = lane + 2'h3;
-  assign \$327  = \$130  * 4'h8;
-  assign \$131  = beat >> \$327 ;
+  assign \$130  = lane + 2'h2;
+  assign \$331  = \$130  * 4'h8;
+  assign \$131  = beat >> \$331 ;
   assign \$132  = ins[21:16] == 2'h2;
-  assign \$133  = lane + 2'h3;
-  assign \$332  = \$133  * 5'h10;
-  assign \$134  = beat >> \$332 ;
-  assign \$135  = lane + 2'h3;
-  assign \$336  = \$135  * 6'h20;
-  assign \$136  = beat >> \$336 ;
+  assign \$133  = lane + 2'h2;
+  assign \$336  = \$133  * 5'h10;
+  assign \$134  = beat >> \$336 ;
+  assign \$135  = lane + 2'h2;
+  assign \$340  = \$135  * 6'h20;
+  assign \$136  = beat >> \$340 ;
   assign \$137  = \$132  ? { \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134  } : \$136 ;
   assign \$138  = \$129  ? { \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131  } : \$137 ;
-  assign \$139  = \$85 [2:0] > 1'h1;
-  assign \$140  = \$85 [2:0] > 2'h2;
-  assign \$141  = \$85 [2:0] > 2'h3;
-  assign \$142  = ~ dma__rd_busy;
-  assign \$143  = ~ full;
-  assign \$144  = \$142  & \$143 ;
-  assign \$145  = el < ins[122:109];
-  assign \$146  = ~ \$145 ;
-  assign \$147  = \$144  & \$146 ;
-  assign \$148  = dma__error | \$147 ;
-  assign \$149  = busy & store;
-  assign \$150  = ins[34:22] + el;
-  assign \$151  = el < ins[122:109];
-  assign \$152  = ~ pending;
-  assign \$153  = ~ out_full;
-  assign \$154  = out_full & dma__wr_data__ready;
-  assign \$155  = \$153  | \$154 ;
-  assign \$156  = pending & \$155 ;
-  assign \$157  = \$152  | \$156 ;
-  assign \$158  = \$151  & \$157 ;
-  assign \$159  = ~ dma__wr_busy;
-  assign \$160  = el < ins[122:109];
-  assign \$161  = ~ \$160 ;
-  assign \$162  = \$159  & \$161 ;
-  assign \$163  = ~ pending;
-  assign \$164  = \$162  & \$163 ;
-  assign \$165  = ~ out_full;
-  assign \$166  = \$164  & \$165 ;
-  assign \$167  = dma__error | \$166 ;
-  assign \$168  = dma__error ? 4'h7 : 4'h0;
+  assign \$139  = ins[21:16] == 1'h1;
+  assign \$140  = lane + 2'h3;
+  assign \$347  = \$140  * 4'h8;
+  assign \$141  = beat >> \$347 ;
+  assign \$142  = ins[21:16] == 2'h2;
+  assign \$143  = lane + 2'h3;
+  assign \$352  = \$143  * 5'h10;
+  assign \$144  = beat >> \$352 ;
+  assign \$145  = lane + 2'h3;
+  assign \$356  = \$145  * 6'h20;
+  assign \$146  = beat >> \$356 ;
+  assign \$147  = \$142  ? { \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144  } : \$146 ;
+  assign \$148  = \$139  ? { \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141  } : \$147 ;
+  assign \$149  = \$83 [2:0] > 1'h1;
+  assign \$150  = \$83 [2:0] > 2'h2;
+  assign \$151  = \$83 [2:0] > 2'h3;
+  assign \$152  = ~ dma__rd_busy;
+  assign \$153  = ~ full;
+  assign \$154  = \$152  & \$153 ;
+  assign \$155  = el < ins[122:109];
+  assign \$156  = ~ \$155 ;
+  assign \$157  = \$154  & \$156 ;
+  assign \$158  = dma__error | \$157 ;
+  assign \$159  = busy & store;
+  assign \$160  = ins[34:22] + el;
+  assign \$161  = el < ins[122:109];
+  assign \$162  = ~ pending;
+  assign \$163  = ~ out_full;
+  assign \$164  = out_full & dma__wr_data__ready;
+  assign \$165  = \$163  | \$164 ;
+  assign \$166  = pending & \$165 ;
+  assign \$167  = \$162  | \$166 ;
+  assign \$168  = \$161  & \$167 ;
+  assign \$169  = ~ dma__wr_busy;
+  assign \$170  = el < ins[122:109];
+  assign \$171  = ~ \$170 ;
+  assign \$172  = \$169  & \$171 ;
+  assign \$173  = ~ pending;
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = ~ out_full;
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = dma__error | \$176 ;
+  assign \$178  = dma__error ? 4'h7 : 4'h0;
   always @(posedge clk)
-    busy <= \$169 ;
+    busy <= \$179 ;
   always @(posedge clk)
-    store <= \$170 ;
+    store <= \$180 ;
   always @(posedge clk)
-    el <= \$171 ;
+    el <= \$181 ;
   always @(posedge clk)
-    beat <= \$172 ;
+    beat <= \$182 ;
   always @(posedge clk)
-    full <= \$173 ;
+    full <= \$183 ;
   always @(posedge clk)
-    lane <= \$174 ;
+    lane <= \$184 ;
   always @(posedge clk)
-    pending <= \$175 ;
+    pending <= \$185 ;
   always @(posedge clk)
-    out_full <= \$176 ;
+    p_k <= \$186 ;
   always @(posedge clk)
-    out_lane <= \$177 ;
+    out_full <= \$187 ;
   always @(posedge clk)
-    out <= \$178 ;
+    out <= \$188 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$169  = busy;
+    (* full_case = 32'd1 *)
+    casez (\$51 )
+      2'h0:
+          \$52  = spad__rd0__lanes[31:0];
+      2'h1:
+          \$52  = spad__rd0__lanes[63:32];
+      2'h2:
+          \$52  = spad__rd0__lanes[95:64];
+      2'h3:
+          \$52  = spad__rd0__lanes[127:96];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    \$179  = busy;
     if (start) begin
-      \$169  = 1'h1;
+      \$179  = 1'h1;
     end
     if (done) begin
-      \$169  = 1'h0;
+      \$179  = 1'h0;
     end
     if (unit_rst) begin
-      \$169  = 1'h0;
+      \$179  = 1'h0;
     end
     if (rst) begin
-      \$169  = 1'h0;
+      \$179  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$170  = store;
+    \$180  = store;
     if (start) begin
-      \$170  = \$1 ;
+      \$180  = \$1 ;
     end
     if (unit_rst) begin
-      \$170  = 1'h0;
+      \$180  = 1'h0;
     end
     if (rst) begin
-      \$170  = 1'h0;
+      \$180  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$171  = el;
+    \$181  = el;
     if (start) begin
-      \$171  = 14'h0000;
+      \$181  = 14'h0000;
     end
     if (\$3 ) begin
       if (full) begin
         if (\$12 ) begin
-          \$171  = \$13 [13:0];
+          \$181  = \$13 [13:0];
         end
       end
     end
     if (\$23 ) begin
       if (\$31 ) begin
-        \$171  = \$36 [13:0];
+        \$181  = \$36 [13:0];
       end
     end
     if (unit_rst) begin
-      \$171  = 14'h0000;
+      \$181  = 14'h0000;
     end
     if (rst) begin
-      \$171  = 14'h0000;
+      \$181  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$172  = beat;
+    \$182  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$172  = dma__rd_data__payload;
+        \$182  = dma__rd_data__payload;
       end
     end
     if (unit_rst) begin
-      \$172  = 32'd0;
+      \$182  = 32'd0;
     end
     if (rst) begin
-      \$172  = 32'd0;
+      \$182  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$173  = full;
+    \$183  = full;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$173  = 1'h1;
+        \$183  = 1'h1;
       end else if (\$11 ) begin
-        \$173  = 1'h0;
+        \$183  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$173  = 1'h0;
+      \$183  = 1'h0;
     end
     if (rst) begin
-      \$173  = 1'h0;
+      \$183  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$174  = lane;
+    \$184  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$174  = 3'h0;
+        \$184  = 3'h0;
       end
       if (full) begin
         if (\$21 ) begin
-          \$174  = \$22 [2:0];
+          \$184  = \$22 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$174  = 3'h0;
+      \$184  = 3'h0;
     end
     if (rst) begin
-      \$174  = 3'h0;
+      \$184  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$175  = pending;
+    \$185  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
-        \$175  = 1'h1;
+        \$185  = 1'h1;
       end else if (\$35 ) begin
-        \$175  = 1'h0;
+        \$185  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$175  = 1'h0;
+      \$185  = 1'h0;
     end
     if (rst) begin
-      \$175  = 1'h0;
+      \$185  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$176  = out_full;
+    \$186  = p_k;
     if (\$23 ) begin
-      if (\$37 ) begin
-        \$176  = 1'h0;
-      end
-      if (\$41 ) begin
-        \$176  = \$55 ;
+      if (\$31 ) begin
+        \$186  = \$95 [2:0];
       end
     end
     if (unit_rst) begin
-      \$176  = 1'h0;
+      \$186  = 3'h0;
     end
     if (rst) begin
-      \$176  = 1'h0;
+      \$186  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$177  = out_lane;
+    \$187  = out_full;
     if (\$23 ) begin
-      if (\$37 ) begin
-        \$177  = 1'h0;
-      end
       if (\$41 ) begin
-        \$177  = \$48 [0];
+        \$187  = 1'h0;
+      end
+      if (\$45 ) begin
+        \$187  = \$57 ;
       end
     end
     if (unit_rst) begin
-      \$177  = 1'h0;
+      \$187  = 1'h0;
     end
     if (rst) begin
-      \$177  = 1'h0;
+      \$187  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$178  = out;
+    \$188  = out;
     if (\$23 ) begin
-      if (\$37 ) begin
-        \$178 [35:32] = 4'h0;
-      end
-      if (\$41 ) begin
-        casez (\$43 )
-          1'h0:
-              \$178 [31:0] = spad__rd0__data;
-        endcase
-        casez (\$45 )
-          1'h0:
-              \$178 [35:32] = 4'hf;
-        endcase
-        if (\$56 ) begin
-          if (\$59 ) begin
-            \$178 [35:32] = 4'h0;
-          end
+      if (\$45 ) begin
+        if (\$49 ) begin
+          \$188 [31:0] = \$52 ;
+          \$188 [35:32] = 4'hf;
+        end else if (\$50 ) begin
+          \$188 [35:32] = 4'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$178  = 36'h000000000;
+      \$188  = 36'h000000000;
     end
     if (rst) begin
-      \$178  = 36'h000000000;
+      \$188  = 36'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_start = 1'h0;
     if (start) begin
-      dma__rd_start = \$60 ;
+      dma__rd_start = \$58 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_start = 1'h0;
     if (start) begin
-      dma__wr_start = \$61 ;
+      dma__wr_start = \$59 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__rd_data__ready = 1'h0;
-    if (\$87 ) begin
-      dma__rd_data__ready = \$96 ;
+    if (\$97 ) begin
+      dma__rd_data__ready = \$106 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__addr = 13'h0000;
-    if (\$87 ) begin
+    if (\$97 ) begin
       if (full) begin
-        if (\$97 ) begin
-          spad__wr__addr = \$98 [12:0];
+        if (\$107 ) begin
+          spad__wr__addr = \$108 [12:0];
         end
       end
     end
@@ -26621,10 +26639,10 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__data = 32'd0;
-    if (\$87 ) begin
+    if (\$97 ) begin
       if (full) begin
-        if (\$97 ) begin
-          spad__wr__data = \$108 ;
+        if (\$107 ) begin
+          spad__wr__data = \$118 ;
         end
       end
     end
@@ -26632,9 +26650,9 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__en = 1'h0;
-    if (\$87 ) begin
+    if (\$97 ) begin
       if (full) begin
-        if (\$97 ) begin
+        if (\$107 ) begin
           spad__wr__en = 1'h1;
         end
       end
@@ -26643,12 +26661,12 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__upper = 96'h000000000000000000000000;
-    if (\$87 ) begin
+    if (\$97 ) begin
       if (full) begin
-        if (\$97 ) begin
-          spad__wr__upper[31:0] = \$118 ;
-          spad__wr__upper[63:32] = \$128 ;
-          spad__wr__upper[95:64] = \$138 ;
+        if (\$107 ) begin
+          spad__wr__upper[31:0] = \$128 ;
+          spad__wr__upper[63:32] = \$138 ;
+          spad__wr__upper[95:64] = \$148 ;
         end
       end
     end
@@ -26656,12 +26674,12 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__wr__upper_en = 3'h0;
-    if (\$87 ) begin
+    if (\$97 ) begin
       if (full) begin
-        if (\$97 ) begin
-          spad__wr__upper_en[0] = \$139 ;
-          spad__wr__upper_en[1] = \$140 ;
-          spad__wr__upper_en[2] = \$141 ;
+        if (\$107 ) begin
+          spad__wr__upper_en[0] = \$149 ;
+          spad__wr__upper_en[1] = \$150 ;
+          spad__wr__upper_en[2] = \$151 ;
         end
       end
     end
@@ -26669,13 +26687,13 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     done = 1'h0;
-    if (\$87 ) begin
-      if (\$148 ) begin
+    if (\$97 ) begin
+      if (\$158 ) begin
         done = 1'h1;
       end
     end
-    if (\$149 ) begin
-      if (\$167 ) begin
+    if (\$159 ) begin
+      if (\$177 ) begin
         done = 1'h1;
       end
     end
@@ -26683,21 +26701,21 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__addr = 13'h0000;
-    if (\$149 ) begin
-      spad__rd0__addr = \$150 [12:0];
+    if (\$159 ) begin
+      spad__rd0__addr = \$160 [12:0];
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     spad__rd0__en = 1'h0;
-    if (\$149 ) begin
-      spad__rd0__en = \$158 ;
+    if (\$159 ) begin
+      spad__rd0__en = \$168 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     dma__wr_data__valid = 1'h0;
-    if (\$149 ) begin
+    if (\$159 ) begin
       dma__wr_data__valid = out_full;
     end
   end
@@ -26705,10 +26723,11 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     error = 8'h00;
     if (done) begin
-      error = { 4'h0, \$168  };
+      error = { 4'h0, \$178  };
     end
   end
-  assign n_now = \$85 [2:0];
+  assign n_now = \$83 [2:0];
+  assign r_k = \$95 [2:0];
   assign dma__wr_data__payload = out;
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
@@ -26728,12 +26747,25 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \ins.offset  = ins[220:207];
   assign \out.data  = out[31:0];
   assign \out.strb  = out[35:32];
+  assign \spad__rd0__lanes[0]  = spad__rd0__lanes[31:0];
+  assign \spad__rd0__lanes[1]  = spad__rd0__lanes[63:32];
+  assign \spad__rd0__lanes[2]  = spad__rd0__lanes[95:64];
+  assign \spad__rd0__lanes[3]  = spad__rd0__lanes[127:96];
   assign \dma__wr_data__payload.data  = out[31:0];
   assign \dma__wr_data__payload.strb  = out[35:32];
   assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
   assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
   assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
-  assign \$59  = \$58 ;
+  assign \$84  = 2'h1;
+  assign \$85  = 1'h1;
+  assign \$86  = 2'h1;
+  assign \$89  = \$88 ;
+  assign \$90  = 2'h1;
+  assign \$46  = 1'h1;
+  assign \$47  = 2'h0;
+  assign \$49  = \$48 ;
+  assign \$50  = 1'h1;
+  assign \$51  = 2'h0;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30501,7 +30533,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4517$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4527$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en
 , clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper, clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr
 , clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -30768,8 +30800,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4517$0 ;
-  wire [4:0] \port$4517$0 ;
+  input [4:0] \port$4527$0 ;
+  wire [4:0] \port$4527$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30793,73 +30825,73 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4517$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4527$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4517$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4527$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4517$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4527$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4517$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4527$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4517$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4527$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4517$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4527$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4517$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4527$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4517$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4527$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4517$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4517$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4527$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4527$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4517$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4527$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4517$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4527$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4517$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4527$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1], \port$4517$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2], \port$4517$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3], \port$4517$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
-  assign \$88  = clients__5__wr__upper & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$80  = clients__1__wr__upper & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
+  assign \$88  = clients__5__wr__upper & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$4517$0 [0], \port$4517$0 [0], \port$4517$0 [0] };
-  assign \$99  = clients__5__wr__upper_en & { \port$4517$0 [4], \port$4517$0 [4], \port$4517$0 [4] };
+  assign \$91  = clients__1__wr__upper_en & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
+  assign \$99  = clients__5__wr__upper_en & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -30876,7 +30908,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$4517$0 , \port$2$0  };
+  assign select = { \port$4527$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

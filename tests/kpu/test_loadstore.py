@@ -88,11 +88,15 @@ def test_load(width, seed, cols):
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 @pytest.mark.parametrize("seed", [3, 4])
-def test_store(n, seed):
+@pytest.mark.parametrize("rows, cols", [(8, 8), (2, 16)])
+def test_store(n, seed, rows, cols):
+    """STORE under stalls; with rows = 2, cols = 16 (2 banks, 4 int32 a beat) a beat takes two
+    reads."""
+    cfg = profile("small", rows=rows, cols=cols)
     rng = np.random.default_rng(seed)
     values = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, n)]
-    _spad, out, _beats, res = _run(Op.STORE, 4, n, seed, spad_init={5 + i: v for i, v in enumerate(values)})
-    epb = BW // 4
+    _spad, out, _beats, res = _run(Op.STORE, 4, n, seed, spad_init={5 + i: v for i, v in enumerate(values)}, cfg=cfg)
+    epb = bus_bytes(cfg) // 4
     assert len(out) == -(-n // epb)
     got = []
     for data, strb in out:
@@ -107,10 +111,10 @@ def test_store(n, seed):
 
 @pytest.mark.parametrize("op, width", [(Op.LOAD, 1), (Op.LOAD, 2), (Op.LOAD, 4), (Op.STORE, 4)])
 def test_a_beat_per_cycle_without_stalls(op, width):
-    """With the bus always ready: LOAD takes a beat per cycle (its BW / width elements, at most
-    banks(cfg) = 8 of them, one wide write), STORE an element per cycle: 64 elements more cost
-    exactly 64 / (BW / width) cycles more (LOAD) or 64 (STORE), results bit for bit (test_load
-    and test_store check the values under stalls)."""
+    """With the bus always ready, LOAD and STORE take a beat per cycle (its BW / width elements,
+    at most banks(cfg) = 8 of them, one wide write or read): 64 elements more cost exactly 64 /
+    (BW / width) cycles more, results bit for bit (test_load and test_store check the values
+    under stalls)."""
     cycles = []
     for n in (16, 80):
         spad, _o, beats, res = _run(op, width, n, 5, stall=0.0, spad_init={5 + i: i for i in range(n)})
@@ -120,8 +124,7 @@ def test_a_beat_per_cycle_without_stalls(op, width):
             assert [spad[7 + i] for i in range(n)] == [
                 int.from_bytes(raw[i * width:(i + 1) * width], "little", signed=True) for i in range(n)]
         cycles.append(res["cycles"])
-    per_cycle = BW // width if op == Op.LOAD else 1
-    assert cycles[1] - cycles[0] == 64 // per_cycle, (op, width, cycles)
+    assert cycles[1] - cycles[0] == 64 // (BW // width), (op, width, cycles)
 
 
 @pytest.mark.parametrize("op", [Op.LOAD, Op.STORE])
