@@ -208,6 +208,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "with m.If((j >= p_lane) & (src < p_k)):", "with m.If((j >= p_lane) & (src <= p_k)):",
            ("tests/kpu/test_loadstore.py::test_store[2-16-3-7]",),
            what="STORE sends a lane past the instruction's end"),
+    Mutant("requant-read-step", "nanokpu/kpu/executors/elementwise.py",
+           "[pa.eq(pa + r_k), q_read.eq(q_read + r_k)", "[pa.eq(pa + B), q_read.eq(q_read + r_k)",
+           ("tests/kpu/test_elementwise_gemm.py::test_requant_with_fewer_banks_than_rows[13-False]",),
+           what="REQUANT steps a full read after a word's short last read"),
     # -- the golden model ----------------------------------------------------------------
     Mutant("golden-round-half-even", "golden/intops.py",
            "((r == half) & ((q & 1) == 1))", "((r == half) & ((q & 1) == 0))",

@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4525$254 (cur[269:254]),
+    .\port$6118$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1135,14 +1135,16 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .rst(rst),
     .shift(rq__shift),
     .spad__rd0__addr(clients__3__rd0__addr),
-    .spad__rd0__data(spad__rd0__lanes[31:0]),
     .spad__rd0__en(clients__3__rd0__en),
+    .spad__rd0__lanes(spad__rd0__lanes),
     .spad__rd1__addr(clients__3__rd1__addr),
     .spad__rd1__data(spad__rd1__data),
     .spad__rd1__en(clients__3__rd1__en),
     .spad__wr__addr(clients__3__wr__addr),
     .spad__wr__data(clients__3__wr__data),
     .spad__wr__en(clients__3__wr__en),
+    .spad__wr__upper(clients__3__wr__upper),
+    .spad__wr__upper_en(clients__3__wr__upper_en),
     .start(exec_start[2]),
     .unit_rst(unit_rst)
   );
@@ -1306,6 +1308,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__3__wr__addr(clients__3__wr__addr),
     .clients__3__wr__data(clients__3__wr__data),
     .clients__3__wr__en(clients__3__wr__en),
+    .clients__3__wr__upper(clients__3__wr__upper),
+    .clients__3__wr__upper_en(clients__3__wr__upper_en),
     .clients__4__rd0__addr(clients__4__rd0__addr),
     .clients__4__rd0__en(clients__4__rd0__en),
     .clients__4__wr__addr(clients__4__wr__addr),
@@ -1322,7 +1326,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4527$0 (running_exec),
+    .\port$6120$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -2645,10 +2649,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \spad__wr__addr$210  = clients__3__wr__addr;
   assign \spad__wr__data$212  = clients__3__wr__data;
   assign \spad__wr__en$214  = clients__3__wr__en;
-  assign clients__3__wr__upper = 96'h000000000000000000000000;
-  assign \spad__wr__upper$216  = 96'h000000000000000000000000;
-  assign clients__3__wr__upper_en = 3'h0;
-  assign \spad__wr__upper_en$218  = 3'h0;
+  assign \spad__wr__upper$216  = clients__3__wr__upper;
+  assign \spad__wr__upper_en$218  = clients__3__wr__upper_en;
   assign \spad__blocked$219  = 1'h0;
   assign clients__4__blocked = 1'h0;
   assign \spad__rd0__addr$222  = clients__4__rd0__addr;
@@ -2802,12 +2804,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \clients__3__rd0__lanes[1]  = spad__rd0__lanes[63:32];
   assign \clients__3__rd0__lanes[2]  = spad__rd0__lanes[95:64];
   assign \clients__3__rd0__lanes[3]  = spad__rd0__lanes[127:96];
-  assign \clients__3__wr__upper[0]  = 32'd0;
-  assign \clients__3__wr__upper[1]  = 32'd0;
-  assign \clients__3__wr__upper[2]  = 32'd0;
-  assign \spad__wr__upper$216[0]  = 32'd0;
-  assign \spad__wr__upper$216[1]  = 32'd0;
-  assign \spad__wr__upper$216[2]  = 32'd0;
+  assign \clients__3__wr__upper[0]  = clients__3__wr__upper[31:0];
+  assign \clients__3__wr__upper[1]  = clients__3__wr__upper[63:32];
+  assign \clients__3__wr__upper[2]  = clients__3__wr__upper[95:64];
+  assign \spad__wr__upper$216[0]  = clients__3__wr__upper[31:0];
+  assign \spad__wr__upper$216[1]  = clients__3__wr__upper[63:32];
+  assign \spad__wr__upper$216[2]  = clients__3__wr__upper[95:64];
   assign \spad__rd0__lanes$227[0]  = spad__rd0__lanes[31:0];
   assign \spad__rd0__lanes$227[1]  = spad__rd0__lanes[63:32];
   assign \spad__rd0__lanes$227[2]  = spad__rd0__lanes[95:64];
@@ -5162,7 +5164,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4525$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6118$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5305,8 +5307,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4525$254 ;
-  wire [15:0] \port$4525$254 ;
+  input [15:0] \port$6118$254 ;
+  wire [15:0] \port$6118$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5471,7 +5473,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4525$254  };
+      \$74  = { 8'h00, \port$6118$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5507,7 +5509,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4525$254  };
+      \$77  = { 8'h00, \port$6118$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5552,9 +5554,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4525$254  };
+  assign rd_beats = { 8'h00, \port$6118$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4525$254  };
+  assign wr_beats = { 8'h00, \port$6118$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5570,100 +5572,910 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, done
-, error, spad__rd0__data, clk);
+module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq__i__ready, rq__o__valid, rq__o__payload, pack, mult, shift, spad__rd0__addr, spad__rd1__addr, spad__rd0__en, spad__rd1__en, rq__i__valid, rq__o__ready, spad__wr__addr, spad__wr__data, spad__wr__en, spad__wr__upper
+, spad__wr__upper_en, done, error, spad__rd0__lanes, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$7  = 0;
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire [23:0] \$101 ;
-  wire \$102 ;
+  wire \$1000 ;
+  wire \$1001 ;
+  wire \$1002 ;
+  wire \$1003 ;
+  wire \$1004 ;
+  wire \$1005 ;
+  wire \$1006 ;
+  wire \$1007 ;
+  wire \$1008 ;
+  wire \$1009 ;
+  wire [14:0] \$101 ;
+  wire \$1010 ;
+  wire \$1011 ;
+  wire \$1012 ;
+  wire \$1013 ;
+  wire \$1014 ;
+  wire \$1015 ;
+  wire \$1016 ;
+  wire \$1017 ;
+  wire \$1018 ;
+  wire \$1019 ;
+  wire [14:0] \$102 ;
+  wire \$1020 ;
+  wire \$1021 ;
+  wire \$1022 ;
+  wire \$1023 ;
+  wire \$1024 ;
+  wire \$1025 ;
+  wire \$1026 ;
+  wire \$1027 ;
+  wire \$1028 ;
+  wire \$1029 ;
   wire \$103 ;
+  wire \$1030 ;
+  wire \$1031 ;
+  wire \$1032 ;
+  wire \$1033 ;
+  wire \$1034 ;
+  wire [23:0] \$1035 ;
+  wire \$1036 ;
+  wire \$1037 ;
+  wire \$1038 ;
+  wire \$1039 ;
   wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
+  wire \$1040 ;
+  wire \$1041 ;
+  wire \$1042 ;
+  wire \$1043 ;
+  wire \$1044 ;
+  wire \$1045 ;
+  wire \$1046 ;
+  wire \$1047 ;
+  wire \$1048 ;
+  wire \$1049 ;
+  wire [1:0] \$105 ;
+  wire \$1050 ;
+  wire \$1051 ;
+  wire \$1052 ;
+  wire \$1053 ;
+  wire \$1054 ;
+  wire \$1055 ;
+  wire \$1056 ;
+  wire \$1057 ;
+  wire \$1058 ;
+  wire \$1059 ;
+  wire [1:0] \$106 ;
+  wire [23:0] \$1060 ;
+  wire [23:0] \$1061 ;
+  wire [23:0] \$1062 ;
+  wire \$1063 ;
+  wire \$1064 ;
+  wire \$1065 ;
+  wire \$1066 ;
+  wire \$1067 ;
+  wire \$1068 ;
+  wire \$1069 ;
   wire \$107 ;
+  wire \$1070 ;
+  wire \$1071 ;
+  wire \$1072 ;
+  wire \$1073 ;
+  wire \$1074 ;
+  wire \$1075 ;
+  wire \$1076 ;
+  wire \$1077 ;
+  wire \$1078 ;
+  wire \$1079 ;
   wire \$108 ;
+  wire \$1080 ;
+  wire \$1081 ;
+  wire \$1082 ;
+  wire \$1083 ;
+  wire \$1084 ;
+  wire \$1085 ;
+  wire \$1086 ;
+  wire \$1087 ;
+  wire \$1088 ;
+  wire \$1089 ;
   wire \$109 ;
+  wire \$1090 ;
+  wire \$1091 ;
+  wire \$1092 ;
+  wire \$1093 ;
+  wire \$1094 ;
+  wire \$1095 ;
+  wire \$1096 ;
+  wire \$1097 ;
+  wire \$1098 ;
+  wire \$1099 ;
   wire \$11 ;
-  wire \$110 ;
+  wire [9:0] \$110 ;
+  wire \$1100 ;
+  wire \$1101 ;
+  wire \$1102 ;
+  wire \$1103 ;
+  wire \$1104 ;
+  wire \$1105 ;
+  wire \$1106 ;
+  wire \$1107 ;
+  wire \$1108 ;
+  wire \$1109 ;
   wire \$111 ;
+  wire \$1110 ;
+  wire \$1111 ;
+  wire \$1112 ;
+  wire \$1113 ;
+  wire \$1114 ;
+  wire \$1115 ;
+  wire \$1116 ;
+  wire \$1117 ;
+  wire \$1118 ;
+  wire \$1119 ;
   wire \$112 ;
-  wire \$113 ;
+  wire \$1120 ;
+  wire \$1121 ;
+  wire \$1122 ;
+  wire \$1123 ;
+  wire \$1124 ;
+  wire \$1125 ;
+  wire \$1126 ;
+  wire \$1127 ;
+  wire \$1128 ;
+  wire \$1129 ;
+  wire [14:0] \$113 ;
+  wire \$1130 ;
+  wire \$1131 ;
+  wire \$1132 ;
+  wire [23:0] \$1133 ;
+  wire \$1134 ;
+  wire \$1135 ;
+  wire \$1136 ;
+  wire \$1137 ;
+  wire \$1138 ;
+  wire \$1139 ;
   wire \$114 ;
+  wire \$1140 ;
+  wire \$1141 ;
+  wire \$1142 ;
+  wire \$1143 ;
+  wire \$1144 ;
+  wire \$1145 ;
+  wire \$1146 ;
+  wire \$1147 ;
+  wire \$1148 ;
+  wire \$1149 ;
   wire \$115 ;
+  wire \$1150 ;
+  wire \$1151 ;
+  wire \$1152 ;
+  wire \$1153 ;
+  wire \$1154 ;
+  wire \$1155 ;
+  wire \$1156 ;
+  wire \$1157 ;
+  wire [23:0] \$1158 ;
+  wire [23:0] \$1159 ;
   wire \$116 ;
+  wire [23:0] \$1160 ;
+  wire \$1161 ;
+  wire \$1162 ;
+  wire \$1163 ;
+  wire \$1164 ;
+  wire \$1165 ;
+  wire \$1166 ;
+  wire \$1167 ;
+  wire \$1168 ;
+  wire \$1169 ;
   wire \$117 ;
+  wire \$1170 ;
+  wire \$1171 ;
+  wire \$1172 ;
+  wire \$1173 ;
+  wire \$1174 ;
+  wire \$1175 ;
+  wire \$1176 ;
+  wire \$1177 ;
+  wire \$1178 ;
+  wire \$1179 ;
   wire \$118 ;
+  wire \$1180 ;
+  wire \$1181 ;
+  wire \$1182 ;
+  wire \$1183 ;
+  wire \$1184 ;
+  wire \$1185 ;
+  wire \$1186 ;
+  wire \$1187 ;
+  wire \$1188 ;
+  wire \$1189 ;
   wire \$119 ;
+  wire \$1190 ;
+  wire \$1191 ;
+  wire \$1192 ;
+  wire \$1193 ;
+  wire \$1194 ;
+  wire \$1195 ;
+  wire \$1196 ;
+  wire \$1197 ;
+  wire \$1198 ;
+  wire \$1199 ;
   wire \$12 ;
   wire \$120 ;
+  wire \$1200 ;
+  wire \$1201 ;
+  wire \$1202 ;
+  wire \$1203 ;
+  wire \$1204 ;
+  wire \$1205 ;
+  wire \$1206 ;
+  wire \$1207 ;
+  wire \$1208 ;
+  wire \$1209 ;
   wire \$121 ;
+  wire \$1210 ;
+  wire \$1211 ;
+  wire \$1212 ;
+  wire \$1213 ;
+  wire \$1214 ;
+  wire \$1215 ;
+  wire \$1216 ;
+  wire \$1217 ;
+  wire \$1218 ;
+  wire \$1219 ;
   wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
+  wire \$1220 ;
+  wire \$1221 ;
+  wire \$1222 ;
+  wire \$1223 ;
+  wire \$1224 ;
+  wire \$1225 ;
+  wire \$1226 ;
+  wire \$1227 ;
+  wire \$1228 ;
+  wire \$1229 ;
+  wire [2:0] \$123 ;
+  wire \$1230 ;
+  wire [23:0] \$1231 ;
+  wire \$1232 ;
+  wire \$1233 ;
+  wire \$1234 ;
+  wire \$1235 ;
+  wire \$1236 ;
+  wire \$1237 ;
+  wire \$1238 ;
+  wire \$1239 ;
+  wire [3:0] \$124 ;
+  wire \$1240 ;
+  wire \$1241 ;
+  wire \$1242 ;
+  wire \$1243 ;
+  wire \$1244 ;
+  wire \$1245 ;
+  wire \$1246 ;
+  wire \$1247 ;
+  wire \$1248 ;
+  wire \$1249 ;
   wire \$125 ;
+  wire \$1250 ;
+  wire \$1251 ;
+  wire \$1252 ;
+  wire \$1253 ;
+  wire \$1254 ;
+  wire \$1255 ;
+  wire [23:0] \$1256 ;
+  wire [23:0] \$1257 ;
+  wire [23:0] \$1258 ;
+  wire \$1259 ;
   wire \$126 ;
+  wire \$1260 ;
+  wire \$1261 ;
+  wire \$1262 ;
+  wire \$1263 ;
+  wire \$1264 ;
+  wire \$1265 ;
+  wire \$1266 ;
+  wire \$1267 ;
+  wire \$1268 ;
+  wire \$1269 ;
   wire \$127 ;
+  wire \$1270 ;
+  wire \$1271 ;
+  wire \$1272 ;
+  wire \$1273 ;
+  wire \$1274 ;
+  wire \$1275 ;
+  wire \$1276 ;
+  wire \$1277 ;
+  wire \$1278 ;
+  wire \$1279 ;
   wire \$128 ;
-  wire \$129 ;
+  wire \$1280 ;
+  wire \$1281 ;
+  wire \$1282 ;
+  wire \$1283 ;
+  wire \$1284 ;
+  wire \$1285 ;
+  wire \$1286 ;
+  wire \$1287 ;
+  wire \$1288 ;
+  wire \$1289 ;
+  wire [2:0] \$129 ;
+  wire \$1290 ;
+  wire \$1291 ;
+  wire \$1292 ;
+  wire \$1293 ;
+  wire \$1294 ;
+  wire \$1295 ;
+  wire \$1296 ;
+  wire \$1297 ;
+  wire \$1298 ;
+  wire \$1299 ;
   wire \$13 ;
-  wire \$130 ;
+  wire [3:0] \$130 ;
+  wire \$1300 ;
+  wire \$1301 ;
+  wire \$1302 ;
+  wire \$1303 ;
+  wire \$1304 ;
+  wire \$1305 ;
+  wire \$1306 ;
+  wire \$1307 ;
+  wire \$1308 ;
+  wire \$1309 ;
   wire \$131 ;
+  wire \$1310 ;
+  wire \$1311 ;
+  wire \$1312 ;
+  wire \$1313 ;
+  wire \$1314 ;
+  wire \$1315 ;
+  wire \$1316 ;
+  wire \$1317 ;
+  wire \$1318 ;
+  wire \$1319 ;
   wire \$132 ;
-  wire \$133 ;
+  wire \$1320 ;
+  wire \$1321 ;
+  wire \$1322 ;
+  wire \$1323 ;
+  wire \$1324 ;
+  wire \$1325 ;
+  wire \$1326 ;
+  wire \$1327 ;
+  wire \$1328 ;
+  wire [23:0] \$1329 ;
+  wire [3:0] \$133 ;
+  wire \$1330 ;
+  wire \$1331 ;
+  wire \$1332 ;
+  wire \$1333 ;
+  wire \$1334 ;
+  wire \$1335 ;
+  wire \$1336 ;
+  wire \$1337 ;
+  wire \$1338 ;
+  wire \$1339 ;
   wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
+  wire \$1340 ;
+  wire \$1341 ;
+  wire \$1342 ;
+  wire \$1343 ;
+  wire \$1344 ;
+  wire \$1345 ;
+  wire \$1346 ;
+  wire \$1347 ;
+  wire \$1348 ;
+  wire \$1349 ;
+  wire [3:0] \$135 ;
+  wire \$1350 ;
+  wire \$1351 ;
+  wire \$1352 ;
+  wire \$1353 ;
+  wire [23:0] \$1354 ;
+  wire [23:0] \$1355 ;
+  wire [23:0] \$1356 ;
+  reg [23:0] \$1357 ;
+  wire [2:0] \$1358 ;
+  wire \$1359 ;
+  wire [14:0] \$136 ;
+  wire \$1360 ;
+  wire \$1361 ;
+  wire \$1362 ;
+  wire \$1363 ;
+  wire \$1364 ;
+  wire \$1365 ;
+  wire \$1366 ;
+  wire \$1367 ;
+  wire \$1368 ;
+  wire \$1369 ;
   wire \$137 ;
+  wire \$1370 ;
+  wire \$1371 ;
+  wire \$1372 ;
+  wire \$1373 ;
+  wire \$1374 ;
+  wire \$1375 ;
+  wire \$1376 ;
+  wire \$1377 ;
+  wire \$1378 ;
+  wire \$1379 ;
   wire \$138 ;
-  wire \$139 ;
+  wire \$1380 ;
+  wire \$1381 ;
+  wire \$1382 ;
+  wire \$1383 ;
+  wire \$1384 ;
+  wire \$1385 ;
+  wire \$1386 ;
+  wire \$1387 ;
+  wire \$1388 ;
+  wire \$1389 ;
+  wire [3:0] \$139 ;
+  wire \$1390 ;
+  wire \$1391 ;
+  wire \$1392 ;
+  wire \$1393 ;
+  wire \$1394 ;
+  wire \$1395 ;
+  wire \$1396 ;
+  wire \$1397 ;
+  wire \$1398 ;
+  wire \$1399 ;
   wire [2:0] \$14 ;
-  wire \$140 ;
+  wire [14:0] \$140 ;
+  wire \$1400 ;
+  wire \$1401 ;
+  wire \$1402 ;
+  wire \$1403 ;
+  wire \$1404 ;
+  wire \$1405 ;
+  wire \$1406 ;
+  wire \$1407 ;
+  wire \$1408 ;
+  wire \$1409 ;
   wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
+  wire \$1410 ;
+  wire \$1411 ;
+  wire \$1412 ;
+  wire \$1413 ;
+  wire \$1414 ;
+  wire \$1415 ;
+  wire \$1416 ;
+  wire \$1417 ;
+  wire \$1418 ;
+  wire \$1419 ;
+  wire [14:0] \$142 ;
+  wire \$1420 ;
+  wire \$1421 ;
+  wire \$1422 ;
+  wire \$1423 ;
+  wire \$1424 ;
+  wire \$1425 ;
+  wire \$1426 ;
+  wire \$1427 ;
+  wire \$1428 ;
+  wire [23:0] \$1429 ;
+  wire [14:0] \$143 ;
+  wire \$1430 ;
+  wire \$1431 ;
+  wire \$1432 ;
+  wire \$1433 ;
+  wire \$1434 ;
+  wire \$1435 ;
+  wire \$1436 ;
+  wire \$1437 ;
+  wire \$1438 ;
+  wire \$1439 ;
+  wire [14:0] \$144 ;
+  wire \$1440 ;
+  wire \$1441 ;
+  wire \$1442 ;
+  wire \$1443 ;
+  wire \$1444 ;
+  wire \$1445 ;
+  wire \$1446 ;
+  wire \$1447 ;
+  wire \$1448 ;
+  wire \$1449 ;
   wire \$145 ;
-  wire \$146 ;
+  wire \$1450 ;
+  wire \$1451 ;
+  wire \$1452 ;
+  wire \$1453 ;
+  wire [23:0] \$1454 ;
+  wire [23:0] \$1455 ;
+  wire [23:0] \$1456 ;
+  wire \$1457 ;
+  wire \$1458 ;
+  wire \$1459 ;
+  wire [16:0] \$146 ;
+  wire \$1460 ;
+  wire \$1461 ;
+  wire \$1462 ;
+  wire \$1463 ;
+  wire \$1464 ;
+  wire \$1465 ;
+  wire \$1466 ;
+  wire \$1467 ;
+  wire \$1468 ;
+  wire \$1469 ;
   wire \$147 ;
+  wire \$1470 ;
+  wire \$1471 ;
+  wire \$1472 ;
+  wire \$1473 ;
+  wire \$1474 ;
+  wire \$1475 ;
+  wire \$1476 ;
+  wire \$1477 ;
+  wire \$1478 ;
+  wire \$1479 ;
   wire \$148 ;
-  wire [23:0] \$149 ;
+  wire \$1480 ;
+  wire \$1481 ;
+  wire \$1482 ;
+  wire \$1483 ;
+  wire \$1484 ;
+  wire \$1485 ;
+  wire \$1486 ;
+  wire \$1487 ;
+  wire \$1488 ;
+  wire \$1489 ;
+  wire \$149 ;
+  wire \$1490 ;
+  wire \$1491 ;
+  wire \$1492 ;
+  wire \$1493 ;
+  wire \$1494 ;
+  wire \$1495 ;
+  wire \$1496 ;
+  wire \$1497 ;
+  wire \$1498 ;
+  wire \$1499 ;
   wire [3:0] \$15 ;
   wire \$150 ;
+  wire \$1500 ;
+  wire \$1501 ;
+  wire \$1502 ;
+  wire \$1503 ;
+  wire \$1504 ;
+  wire \$1505 ;
+  wire \$1506 ;
+  wire \$1507 ;
+  wire \$1508 ;
+  wire \$1509 ;
   wire \$151 ;
+  wire \$1510 ;
+  wire \$1511 ;
+  wire \$1512 ;
+  wire \$1513 ;
+  wire \$1514 ;
+  wire \$1515 ;
+  wire \$1516 ;
+  wire \$1517 ;
+  wire \$1518 ;
+  wire \$1519 ;
   wire \$152 ;
+  wire \$1520 ;
+  wire \$1521 ;
+  wire \$1522 ;
+  wire \$1523 ;
+  wire \$1524 ;
+  wire \$1525 ;
+  wire \$1526 ;
+  wire [23:0] \$1527 ;
+  wire \$1528 ;
+  wire \$1529 ;
   wire \$153 ;
+  wire \$1530 ;
+  wire \$1531 ;
+  wire \$1532 ;
+  wire \$1533 ;
+  wire \$1534 ;
+  wire \$1535 ;
+  wire \$1536 ;
+  wire \$1537 ;
+  wire \$1538 ;
+  wire \$1539 ;
   wire \$154 ;
+  wire \$1540 ;
+  wire \$1541 ;
+  wire \$1542 ;
+  wire \$1543 ;
+  wire \$1544 ;
+  wire \$1545 ;
+  wire \$1546 ;
+  wire \$1547 ;
+  wire \$1548 ;
+  wire \$1549 ;
   wire \$155 ;
+  wire \$1550 ;
+  wire \$1551 ;
+  wire [23:0] \$1552 ;
+  wire [23:0] \$1553 ;
+  wire [23:0] \$1554 ;
+  wire \$1555 ;
+  wire \$1556 ;
+  wire \$1557 ;
+  wire \$1558 ;
+  wire \$1559 ;
   wire \$156 ;
-  wire \$157 ;
+  wire \$1560 ;
+  wire \$1561 ;
+  wire \$1562 ;
+  wire \$1563 ;
+  wire \$1564 ;
+  wire \$1565 ;
+  wire \$1566 ;
+  wire \$1567 ;
+  wire \$1568 ;
+  wire \$1569 ;
+  wire [3:0] \$157 ;
+  wire \$1570 ;
+  wire \$1571 ;
+  wire \$1572 ;
+  wire \$1573 ;
+  wire \$1574 ;
+  wire \$1575 ;
+  wire \$1576 ;
+  wire \$1577 ;
+  wire \$1578 ;
+  wire \$1579 ;
   wire \$158 ;
-  wire \$159 ;
+  wire \$1580 ;
+  wire \$1581 ;
+  wire \$1582 ;
+  wire \$1583 ;
+  wire \$1584 ;
+  wire \$1585 ;
+  wire \$1586 ;
+  wire \$1587 ;
+  wire \$1588 ;
+  wire \$1589 ;
+  wire [3:0] \$159 ;
+  wire \$1590 ;
+  wire \$1591 ;
+  wire \$1592 ;
+  wire \$1593 ;
+  wire \$1594 ;
+  wire \$1595 ;
+  wire \$1596 ;
+  wire \$1597 ;
+  wire \$1598 ;
+  wire \$1599 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [14:0] \$160 ;
+  wire \$1600 ;
+  wire \$1601 ;
+  wire \$1602 ;
+  wire \$1603 ;
+  wire \$1604 ;
+  wire \$1605 ;
+  wire \$1606 ;
+  wire \$1607 ;
+  wire \$1608 ;
+  wire \$1609 ;
   wire \$161 ;
+  wire \$1610 ;
+  wire \$1611 ;
+  wire \$1612 ;
+  wire \$1613 ;
+  wire \$1614 ;
+  wire \$1615 ;
+  wire \$1616 ;
+  wire \$1617 ;
+  wire \$1618 ;
+  wire \$1619 ;
   wire \$162 ;
-  wire \$163 ;
-  wire \$164 ;
+  wire \$1620 ;
+  wire \$1621 ;
+  wire \$1622 ;
+  wire \$1623 ;
+  wire \$1624 ;
+  wire [23:0] \$1625 ;
+  wire \$1626 ;
+  wire \$1627 ;
+  wire \$1628 ;
+  wire \$1629 ;
+  wire [3:0] \$163 ;
+  wire \$1630 ;
+  wire \$1631 ;
+  wire \$1632 ;
+  wire \$1633 ;
+  wire \$1634 ;
+  wire \$1635 ;
+  wire \$1636 ;
+  wire \$1637 ;
+  wire \$1638 ;
+  wire \$1639 ;
+  wire [14:0] \$164 ;
+  wire \$1640 ;
+  wire \$1641 ;
+  wire \$1642 ;
+  wire \$1643 ;
+  wire \$1644 ;
+  wire \$1645 ;
+  wire \$1646 ;
+  wire \$1647 ;
+  wire \$1648 ;
+  wire \$1649 ;
   wire \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
+  wire [23:0] \$1650 ;
+  wire [23:0] \$1651 ;
+  wire [23:0] \$1652 ;
+  wire \$1653 ;
+  wire \$1654 ;
+  wire \$1655 ;
+  wire \$1656 ;
+  wire \$1657 ;
+  wire \$1658 ;
+  wire \$1659 ;
+  wire [14:0] \$166 ;
+  wire \$1660 ;
+  wire \$1661 ;
+  wire \$1662 ;
+  wire \$1663 ;
+  wire \$1664 ;
+  wire \$1665 ;
+  wire \$1666 ;
+  wire \$1667 ;
+  wire \$1668 ;
+  wire \$1669 ;
+  wire [14:0] \$167 ;
+  wire \$1670 ;
+  wire \$1671 ;
+  wire \$1672 ;
+  wire \$1673 ;
+  wire \$1674 ;
+  wire \$1675 ;
+  wire \$1676 ;
+  wire \$1677 ;
+  wire \$1678 ;
+  wire \$1679 ;
+  wire [14:0] \$168 ;
+  wire \$1680 ;
+  wire \$1681 ;
+  wire \$1682 ;
+  wire \$1683 ;
+  wire \$1684 ;
+  wire \$1685 ;
+  wire \$1686 ;
+  wire \$1687 ;
+  wire \$1688 ;
+  wire \$1689 ;
+  wire [3:0] \$169 ;
+  wire \$1690 ;
+  wire \$1691 ;
+  wire \$1692 ;
+  wire \$1693 ;
+  wire \$1694 ;
+  wire \$1695 ;
+  wire \$1696 ;
+  wire \$1697 ;
+  wire \$1698 ;
+  wire \$1699 ;
   wire \$17 ;
   wire \$170 ;
-  wire \$171 ;
+  wire \$1700 ;
+  wire \$1701 ;
+  wire \$1702 ;
+  wire \$1703 ;
+  wire \$1704 ;
+  wire \$1705 ;
+  wire \$1706 ;
+  wire \$1707 ;
+  wire \$1708 ;
+  wire \$1709 ;
+  wire [14:0] \$171 ;
+  wire \$1710 ;
+  wire \$1711 ;
+  wire \$1712 ;
+  wire \$1713 ;
+  wire \$1714 ;
+  wire \$1715 ;
+  wire \$1716 ;
+  wire \$1717 ;
+  wire \$1718 ;
+  wire \$1719 ;
   wire \$172 ;
-  wire [23:0] \$173 ;
+  wire \$1720 ;
+  wire \$1721 ;
+  wire \$1722 ;
+  wire [23:0] \$1723 ;
+  wire \$1724 ;
+  wire \$1725 ;
+  wire \$1726 ;
+  wire \$1727 ;
+  wire \$1728 ;
+  wire \$1729 ;
+  wire \$173 ;
+  wire \$1730 ;
+  wire \$1731 ;
+  wire \$1732 ;
+  wire \$1733 ;
+  wire \$1734 ;
+  wire \$1735 ;
+  wire \$1736 ;
+  wire \$1737 ;
+  wire \$1738 ;
+  wire \$1739 ;
   wire \$174 ;
+  wire \$1740 ;
+  wire \$1741 ;
+  wire \$1742 ;
+  wire \$1743 ;
+  wire \$1744 ;
+  wire \$1745 ;
+  wire \$1746 ;
+  wire \$1747 ;
+  wire [23:0] \$1748 ;
+  wire [23:0] \$1749 ;
   wire \$175 ;
-  wire \$176 ;
+  wire [23:0] \$1750 ;
+  reg [23:0] \$1751 ;
+  wire \$1752 ;
+  wire \$1753 ;
+  wire \$1754 ;
+  wire [16:0] \$1755 ;
+  wire [17:0] \$1756 ;
+  wire [16:0] \$1757 ;
+  wire [17:0] \$1758 ;
+  wire [18:0] \$1759 ;
+  wire [14:0] \$176 ;
+  wire [14:0] \$1760 ;
+  wire \$1761 ;
+  wire \$1762 ;
+  wire \$1763 ;
+  wire \$1764 ;
+  wire \$1765 ;
+  reg [64:0] \$1766 ;
+  reg \$1767 ;
+  reg \$1768 ;
+  reg \$1769 ;
   wire \$177 ;
+  reg [13:0] \$1770 ;
+  reg [12:0] \$1771 ;
+  reg [12:0] \$1772 ;
+  reg [13:0] \$1773 ;
+  reg [12:0] \$1774 ;
+  reg [12:0] \$1775 ;
+  reg [13:0] \$1776 ;
+  reg [12:0] \$1777 ;
+  reg [12:0] \$1778 ;
+  reg \$1779 ;
   wire \$178 ;
+  reg [13:0] \$1780 ;
+  reg \$1781 ;
+  reg [1:0] \$1782 ;
+  reg [2:0] \$1783 ;
+  reg [1:0] \$1784 ;
+  reg \$1785 ;
+  reg [95:0] \$1786 ;
+  reg [13:0] \$1787 ;
+  reg [1:0] \$1788 ;
+  reg \$1789 ;
   wire \$179 ;
+  reg [95:0] \$1790 ;
+  reg \$1791 ;
+  reg \$1792 ;
+  reg \$1793 ;
+  reg \$1794 ;
+  reg \$1795 ;
+  reg [14:0] \$1796 ;
+  reg [1:0] \$1797 ;
+  reg [5:0] \$1798 ;
+  reg [15:0] \$1799 ;
   wire \$18 ;
   wire \$180 ;
+  reg [5:0] \$1800 ;
+  reg [13:0] \$1801 ;
+  reg [13:0] \$1802 ;
+  reg [12:0] \$1803 ;
+  reg \$1804 ;
+  reg [12:0] \$1805 ;
+  reg \$1806 ;
+  reg \$1807 ;
+  reg [12:0] \$1808 ;
+  reg [1:0] \$1809 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
@@ -5682,157 +6494,896 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
-  wire [23:0] \$198 ;
-  wire [23:0] \$199 ;
+  wire \$198 ;
+  wire \$199 ;
   wire \$2 ;
   wire [14:0] \$20 ;
-  wire [23:0] \$200 ;
-  wire [23:0] \$201 ;
+  wire \$200 ;
+  wire \$201 ;
   wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire [16:0] \$206 ;
-  wire [17:0] \$207 ;
-  wire [16:0] \$208 ;
-  wire [17:0] \$209 ;
+  wire \$206 ;
+  wire \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire [13:0] \$21 ;
-  wire [18:0] \$210 ;
-  wire [14:0] \$211 ;
+  wire \$210 ;
+  wire \$211 ;
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
   wire \$216 ;
-  reg [64:0] \$217 ;
-  reg \$218 ;
-  reg \$219 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire [13:0] \$22 ;
-  reg \$220 ;
-  reg [13:0] \$221 ;
-  reg [12:0] \$222 ;
-  reg [12:0] \$223 ;
-  reg [13:0] \$224 ;
-  reg [12:0] \$225 ;
-  reg [12:0] \$226 ;
-  reg [13:0] \$227 ;
-  reg [12:0] \$228 ;
-  reg [12:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire [14:0] \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg [2:0] \$232 ;
-  reg [95:0] \$233 ;
-  reg [1:0] \$234 ;
-  reg \$235 ;
-  reg [95:0] \$236 ;
-  reg \$237 ;
-  reg \$238 ;
-  reg \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire [13:0] \$24 ;
-  reg \$240 ;
-  reg \$241 ;
-  reg [14:0] \$242 ;
-  reg [1:0] \$243 ;
-  reg [5:0] \$244 ;
-  reg [15:0] \$245 ;
-  reg [5:0] \$246 ;
-  reg \$247 ;
-  reg [13:0] \$248 ;
-  reg [13:0] \$249 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire \$244 ;
+  wire \$245 ;
+  wire \$246 ;
+  wire [23:0] \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire [13:0] \$25 ;
-  reg [12:0] \$250 ;
-  reg \$251 ;
-  reg [12:0] \$252 ;
-  reg \$253 ;
-  reg \$254 ;
-  reg [12:0] \$255 ;
-  reg [13:0] \$256 ;
-  reg [1:0] \$257 ;
+  wire \$250 ;
+  wire \$251 ;
+  wire \$252 ;
+  wire \$253 ;
+  wire \$254 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire [13:0] \$26 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire [13:0] \$27 ;
+  wire \$270 ;
+  wire \$271 ;
+  wire [23:0] \$272 ;
+  wire [23:0] \$273 ;
+  wire [23:0] \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire \$278 ;
+  wire \$279 ;
   wire [14:0] \$28 ;
+  wire \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire \$285 ;
+  wire \$286 ;
+  wire \$287 ;
+  wire \$288 ;
+  wire \$289 ;
   wire [13:0] \$29 ;
+  wire \$290 ;
+  wire \$291 ;
+  wire \$292 ;
+  wire \$293 ;
+  wire \$294 ;
+  wire \$295 ;
+  wire \$296 ;
+  wire \$297 ;
+  wire \$298 ;
+  wire \$299 ;
   wire [64:0] \$3 ;
   wire [13:0] \$30 ;
+  wire \$300 ;
+  wire \$301 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire \$304 ;
+  wire \$305 ;
+  wire \$306 ;
+  wire \$307 ;
+  wire \$308 ;
+  wire \$309 ;
   wire [13:0] \$31 ;
+  wire \$310 ;
+  wire \$311 ;
+  wire \$312 ;
+  wire \$313 ;
+  wire \$314 ;
+  wire \$315 ;
+  wire \$316 ;
+  wire \$317 ;
+  wire \$318 ;
+  wire \$319 ;
   wire [13:0] \$32 ;
+  wire \$320 ;
+  wire \$321 ;
+  wire \$322 ;
+  wire \$323 ;
+  wire \$324 ;
+  wire \$325 ;
+  wire \$326 ;
+  wire \$327 ;
+  wire \$328 ;
+  wire \$329 ;
   wire [13:0] \$33 ;
+  wire \$330 ;
+  wire \$331 ;
+  wire \$332 ;
+  wire \$333 ;
+  wire \$334 ;
+  wire \$335 ;
+  wire \$336 ;
+  wire \$337 ;
+  wire \$338 ;
+  wire \$339 ;
   wire [13:0] \$34 ;
+  wire \$340 ;
+  wire \$341 ;
+  wire \$342 ;
+  wire \$343 ;
+  wire \$344 ;
+  wire [23:0] \$345 ;
+  wire \$346 ;
+  wire \$347 ;
+  wire \$348 ;
+  wire \$349 ;
   wire \$35 ;
+  wire \$350 ;
+  wire \$351 ;
+  wire \$352 ;
+  wire \$353 ;
+  wire \$354 ;
+  wire \$355 ;
+  wire \$356 ;
+  wire \$357 ;
+  wire \$358 ;
+  wire \$359 ;
   wire \$36 ;
-  wire [6:0] \$360 ;
+  wire \$360 ;
+  wire \$361 ;
+  wire \$362 ;
+  wire \$363 ;
+  wire \$364 ;
+  wire \$365 ;
+  wire \$366 ;
+  wire \$367 ;
+  wire \$368 ;
+  wire \$369 ;
   wire \$37 ;
+  wire [23:0] \$370 ;
+  wire [23:0] \$371 ;
+  wire [23:0] \$372 ;
+  wire \$373 ;
+  wire \$374 ;
+  wire \$375 ;
+  wire \$376 ;
+  wire \$377 ;
+  wire \$378 ;
+  wire \$379 ;
   wire \$38 ;
+  wire \$380 ;
+  wire \$381 ;
+  wire \$382 ;
+  wire \$383 ;
+  wire \$384 ;
+  wire \$385 ;
+  wire \$386 ;
+  wire \$387 ;
+  wire \$388 ;
+  wire \$389 ;
   wire \$39 ;
+  wire \$390 ;
+  wire \$391 ;
+  wire \$392 ;
+  wire \$393 ;
+  wire \$394 ;
+  wire \$395 ;
+  wire \$396 ;
+  wire \$397 ;
+  wire \$398 ;
+  wire \$399 ;
   wire \$4 ;
-  wire [2:0] \$40 ;
+  wire \$40 ;
+  wire \$400 ;
+  wire \$401 ;
+  wire \$402 ;
+  wire \$403 ;
+  wire \$404 ;
+  wire \$405 ;
+  wire \$406 ;
+  wire \$407 ;
+  wire \$408 ;
+  wire \$409 ;
   wire \$41 ;
-  wire [6:0] \$410 ;
-  wire [2:0] \$42 ;
-  wire [3:0] \$43 ;
+  wire \$410 ;
+  wire \$411 ;
+  wire \$412 ;
+  wire \$413 ;
+  wire \$414 ;
+  wire \$415 ;
+  wire \$416 ;
+  wire \$417 ;
+  wire \$418 ;
+  wire \$419 ;
+  wire \$42 ;
+  wire \$420 ;
+  wire \$421 ;
+  wire \$422 ;
+  wire \$423 ;
+  wire \$424 ;
+  wire \$425 ;
+  wire \$426 ;
+  wire \$427 ;
+  wire \$428 ;
+  wire \$429 ;
+  wire \$43 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire \$432 ;
+  wire \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire \$439 ;
   wire \$44 ;
-  wire [2:0] \$45 ;
+  wire \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire [23:0] \$443 ;
+  wire \$444 ;
+  wire \$445 ;
+  wire \$446 ;
+  wire \$447 ;
+  wire \$448 ;
+  wire \$449 ;
+  wire \$45 ;
+  wire \$450 ;
+  wire \$451 ;
+  wire \$452 ;
+  wire \$453 ;
+  wire \$454 ;
+  wire \$455 ;
+  wire \$456 ;
+  wire \$457 ;
+  wire \$458 ;
+  wire \$459 ;
   wire \$46 ;
-  wire [6:0] \$462 ;
+  wire \$460 ;
+  wire \$461 ;
+  wire \$462 ;
+  wire \$463 ;
+  wire \$464 ;
+  wire \$465 ;
+  wire \$466 ;
+  wire \$467 ;
+  wire [23:0] \$468 ;
+  wire [23:0] \$469 ;
   wire \$47 ;
+  wire [23:0] \$470 ;
+  wire \$471 ;
+  wire \$472 ;
+  wire \$473 ;
+  wire \$474 ;
+  wire \$475 ;
+  wire \$476 ;
+  wire \$477 ;
+  wire \$478 ;
+  wire \$479 ;
   wire \$48 ;
+  wire \$480 ;
+  wire \$481 ;
+  wire \$482 ;
+  wire \$483 ;
+  wire \$484 ;
+  wire \$485 ;
+  wire \$486 ;
+  wire \$487 ;
+  wire \$488 ;
+  wire \$489 ;
   wire \$49 ;
+  wire \$490 ;
+  wire \$491 ;
+  wire \$492 ;
+  wire \$493 ;
+  wire \$494 ;
+  wire \$495 ;
+  wire \$496 ;
+  wire \$497 ;
+  wire \$498 ;
+  wire \$499 ;
   wire \$5 ;
-  wire [2:0] \$50 ;
-  wire [2:0] \$51 ;
-  wire \$52 ;
-  wire \$53 ;
+  wire \$50 ;
+  wire \$500 ;
+  wire \$501 ;
+  wire \$502 ;
+  wire \$503 ;
+  wire \$504 ;
+  wire \$505 ;
+  wire \$506 ;
+  wire \$507 ;
+  wire \$508 ;
+  wire \$509 ;
+  wire [13:0] \$51 ;
+  wire \$510 ;
+  wire \$511 ;
+  wire \$512 ;
+  wire \$513 ;
+  wire \$514 ;
+  wire \$515 ;
+  wire \$516 ;
+  wire \$517 ;
+  wire \$518 ;
+  wire \$519 ;
+  wire [14:0] \$52 ;
+  wire \$520 ;
+  wire \$521 ;
+  wire \$522 ;
+  wire \$523 ;
+  wire \$524 ;
+  wire \$525 ;
+  wire \$526 ;
+  wire \$527 ;
+  wire \$528 ;
+  wire \$529 ;
+  wire [3:0] \$53 ;
+  wire \$530 ;
+  wire \$531 ;
+  wire \$532 ;
+  wire \$533 ;
+  wire \$534 ;
+  wire \$535 ;
+  wire \$536 ;
+  wire \$537 ;
+  wire \$538 ;
+  wire \$539 ;
   wire \$54 ;
-  wire \$55 ;
-  wire \$56 ;
+  wire \$540 ;
+  wire [23:0] \$541 ;
+  wire \$542 ;
+  wire \$543 ;
+  wire \$544 ;
+  wire \$545 ;
+  wire \$546 ;
+  wire \$547 ;
+  wire \$548 ;
+  wire \$549 ;
+  wire [3:0] \$55 ;
+  wire \$550 ;
+  wire \$551 ;
+  wire \$552 ;
+  wire \$553 ;
+  wire \$554 ;
+  wire \$555 ;
+  wire \$556 ;
+  wire \$557 ;
+  wire \$558 ;
+  wire \$559 ;
+  wire [3:0] \$56 ;
+  wire \$560 ;
+  wire \$561 ;
+  wire \$562 ;
+  wire \$563 ;
+  wire \$564 ;
+  wire \$565 ;
+  wire [23:0] \$566 ;
+  wire [23:0] \$567 ;
+  wire [23:0] \$568 ;
+  reg [23:0] \$569 ;
   wire \$57 ;
+  wire [2:0] \$570 ;
+  wire \$571 ;
+  wire \$572 ;
+  wire \$573 ;
+  wire \$574 ;
+  wire \$575 ;
+  wire \$576 ;
+  wire \$577 ;
+  wire \$578 ;
+  wire \$579 ;
   wire \$58 ;
+  wire \$580 ;
+  wire \$581 ;
+  wire \$582 ;
+  wire \$583 ;
+  wire \$584 ;
+  wire \$585 ;
+  wire \$586 ;
+  wire \$587 ;
+  wire \$588 ;
+  wire \$589 ;
   wire \$59 ;
+  wire \$590 ;
+  wire \$591 ;
+  wire \$592 ;
+  wire \$593 ;
+  wire \$594 ;
+  wire \$595 ;
+  wire \$596 ;
+  wire \$597 ;
+  wire \$598 ;
+  wire \$599 ;
   wire \$6 ;
   wire \$60 ;
+  wire \$600 ;
+  wire \$601 ;
+  wire \$602 ;
+  wire \$603 ;
+  wire \$604 ;
+  wire \$605 ;
+  wire \$606 ;
+  wire \$607 ;
+  wire \$608 ;
+  wire \$609 ;
   wire \$61 ;
-  wire [14:0] \$62 ;
-  wire [14:0] \$63 ;
+  wire \$610 ;
+  wire \$611 ;
+  wire \$612 ;
+  wire \$613 ;
+  wire \$614 ;
+  wire \$615 ;
+  wire \$616 ;
+  wire \$617 ;
+  wire \$618 ;
+  wire \$619 ;
+  wire \$62 ;
+  wire \$620 ;
+  wire \$621 ;
+  wire \$622 ;
+  wire \$623 ;
+  wire \$624 ;
+  wire \$625 ;
+  wire \$626 ;
+  wire \$627 ;
+  wire \$628 ;
+  wire \$629 ;
+  wire [2:0] \$63 ;
+  wire \$630 ;
+  wire \$631 ;
+  wire \$632 ;
+  wire \$633 ;
+  wire \$634 ;
+  wire \$635 ;
+  wire \$636 ;
+  wire \$637 ;
+  wire \$638 ;
+  wire \$639 ;
   wire \$64 ;
+  wire \$640 ;
+  wire [23:0] \$641 ;
+  wire \$642 ;
+  wire \$643 ;
+  wire \$644 ;
+  wire \$645 ;
+  wire \$646 ;
+  wire \$647 ;
+  wire \$648 ;
+  wire \$649 ;
   wire \$65 ;
-  wire [1:0] \$66 ;
-  wire [1:0] \$67 ;
+  wire \$650 ;
+  wire \$651 ;
+  wire \$652 ;
+  wire \$653 ;
+  wire \$654 ;
+  wire \$655 ;
+  wire \$656 ;
+  wire \$657 ;
+  wire \$658 ;
+  wire \$659 ;
+  wire [2:0] \$66 ;
+  wire \$660 ;
+  wire \$661 ;
+  wire \$662 ;
+  wire \$663 ;
+  wire \$664 ;
+  wire \$665 ;
+  wire [23:0] \$666 ;
+  wire [23:0] \$667 ;
+  wire [23:0] \$668 ;
+  wire \$669 ;
+  reg [23:0] \$67 ;
+  wire \$670 ;
+  wire \$671 ;
+  wire \$672 ;
+  wire \$673 ;
+  wire \$674 ;
+  wire \$675 ;
+  wire \$676 ;
+  wire \$677 ;
+  wire \$678 ;
+  wire \$679 ;
   wire \$68 ;
-  wire \$69 ;
+  wire \$680 ;
+  wire \$681 ;
+  wire \$682 ;
+  wire \$683 ;
+  wire \$684 ;
+  wire \$685 ;
+  wire \$686 ;
+  wire \$687 ;
+  wire \$688 ;
+  wire \$689 ;
+  wire [2:0] \$69 ;
+  wire \$690 ;
+  wire \$691 ;
+  wire \$692 ;
+  wire \$693 ;
+  wire \$694 ;
+  wire \$695 ;
+  wire \$696 ;
+  wire \$697 ;
+  wire \$698 ;
+  wire \$699 ;
   wire [2:0] \$7 ;
   wire \$70 ;
+  wire \$700 ;
+  wire \$701 ;
+  wire \$702 ;
+  wire \$703 ;
+  wire \$704 ;
+  wire \$705 ;
+  wire \$706 ;
+  wire \$707 ;
+  wire \$708 ;
+  wire \$709 ;
   wire \$71 ;
-  wire [9:0] \$72 ;
-  wire \$73 ;
+  wire \$710 ;
+  wire \$711 ;
+  wire \$712 ;
+  wire \$713 ;
+  wire \$714 ;
+  wire \$715 ;
+  wire \$716 ;
+  wire \$717 ;
+  wire \$718 ;
+  wire \$719 ;
+  wire [2:0] \$72 ;
+  wire \$720 ;
+  wire \$721 ;
+  wire \$722 ;
+  wire \$723 ;
+  wire \$724 ;
+  wire \$725 ;
+  wire \$726 ;
+  wire \$727 ;
+  wire \$728 ;
+  wire \$729 ;
+  reg [23:0] \$73 ;
+  wire \$730 ;
+  wire \$731 ;
+  wire \$732 ;
+  wire \$733 ;
+  wire \$734 ;
+  wire \$735 ;
+  wire \$736 ;
+  wire \$737 ;
+  wire \$738 ;
+  wire [23:0] \$739 ;
   wire \$74 ;
-  wire [14:0] \$75 ;
-  wire [14:0] \$76 ;
+  wire \$740 ;
+  wire \$741 ;
+  wire \$742 ;
+  wire \$743 ;
+  wire \$744 ;
+  wire \$745 ;
+  wire \$746 ;
+  wire \$747 ;
+  wire \$748 ;
+  wire \$749 ;
+  wire [2:0] \$75 ;
+  wire \$750 ;
+  wire \$751 ;
+  wire \$752 ;
+  wire \$753 ;
+  wire \$754 ;
+  wire \$755 ;
+  wire \$756 ;
+  wire \$757 ;
+  wire \$758 ;
+  wire \$759 ;
+  wire \$76 ;
+  wire \$760 ;
+  wire \$761 ;
+  wire \$762 ;
+  wire \$763 ;
+  wire [23:0] \$764 ;
+  wire [23:0] \$765 ;
+  wire [23:0] \$766 ;
+  wire \$767 ;
+  wire \$768 ;
+  wire \$769 ;
   wire \$77 ;
-  wire \$78 ;
-  wire \$79 ;
+  wire \$770 ;
+  wire \$771 ;
+  wire \$772 ;
+  wire \$773 ;
+  wire \$774 ;
+  wire \$775 ;
+  wire \$776 ;
+  wire \$777 ;
+  wire \$778 ;
+  wire \$779 ;
+  wire [2:0] \$78 ;
+  wire \$780 ;
+  wire \$781 ;
+  wire \$782 ;
+  wire \$783 ;
+  wire \$784 ;
+  wire \$785 ;
+  wire \$786 ;
+  wire \$787 ;
+  wire \$788 ;
+  wire \$789 ;
+  reg [23:0] \$79 ;
+  wire \$790 ;
+  wire \$791 ;
+  wire \$792 ;
+  wire \$793 ;
+  wire \$794 ;
+  wire \$795 ;
+  wire \$796 ;
+  wire \$797 ;
+  wire \$798 ;
+  wire \$799 ;
   wire [3:0] \$8 ;
   wire \$80 ;
-  wire \$81 ;
+  wire \$800 ;
+  wire \$801 ;
+  wire \$802 ;
+  wire \$803 ;
+  wire \$804 ;
+  wire \$805 ;
+  wire \$806 ;
+  wire \$807 ;
+  wire \$808 ;
+  wire \$809 ;
+  wire [2:0] \$81 ;
+  wire \$810 ;
+  wire \$811 ;
+  wire \$812 ;
+  wire \$813 ;
+  wire \$814 ;
+  wire \$815 ;
+  wire \$816 ;
+  wire \$817 ;
+  wire \$818 ;
+  wire \$819 ;
   wire \$82 ;
+  wire \$820 ;
+  wire \$821 ;
+  wire \$822 ;
+  wire \$823 ;
+  wire \$824 ;
+  wire \$825 ;
+  wire \$826 ;
+  wire \$827 ;
+  wire \$828 ;
+  wire \$829 ;
   wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
-  wire [2:0] \$87 ;
-  wire [3:0] \$88 ;
+  wire \$830 ;
+  wire \$831 ;
+  wire \$832 ;
+  wire \$833 ;
+  wire \$834 ;
+  wire \$835 ;
+  wire \$836 ;
+  wire [23:0] \$837 ;
+  wire \$838 ;
+  wire \$839 ;
+  wire [2:0] \$84 ;
+  wire \$840 ;
+  wire \$841 ;
+  wire \$842 ;
+  wire \$843 ;
+  wire \$844 ;
+  wire \$845 ;
+  wire \$846 ;
+  wire \$847 ;
+  wire \$848 ;
+  wire \$849 ;
+  reg [23:0] \$85 ;
+  wire \$850 ;
+  wire \$851 ;
+  wire \$852 ;
+  wire \$853 ;
+  wire \$854 ;
+  wire \$855 ;
+  wire \$856 ;
+  wire \$857 ;
+  wire \$858 ;
+  wire \$859 ;
+  wire [3:0] \$86 ;
+  wire \$860 ;
+  wire \$861 ;
+  wire [23:0] \$862 ;
+  wire [23:0] \$863 ;
+  wire [23:0] \$864 ;
+  wire \$865 ;
+  wire \$866 ;
+  wire \$867 ;
+  wire \$868 ;
+  wire \$869 ;
+  wire \$87 ;
+  wire \$870 ;
+  wire \$871 ;
+  wire \$872 ;
+  wire \$873 ;
+  wire \$874 ;
+  wire \$875 ;
+  wire \$876 ;
+  wire \$877 ;
+  wire \$878 ;
+  wire \$879 ;
+  wire \$88 ;
+  wire \$880 ;
+  wire \$881 ;
+  wire \$882 ;
+  wire \$883 ;
+  wire \$884 ;
+  wire \$885 ;
+  wire \$886 ;
+  wire \$887 ;
+  wire \$888 ;
+  wire \$889 ;
   wire \$89 ;
+  wire \$890 ;
+  wire \$891 ;
+  wire \$892 ;
+  wire \$893 ;
+  wire \$894 ;
+  wire \$895 ;
+  wire \$896 ;
+  wire \$897 ;
+  wire \$898 ;
+  wire \$899 ;
   wire \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire [2:0] \$93 ;
-  wire [3:0] \$94 ;
+  wire [14:0] \$90 ;
+  wire \$900 ;
+  wire \$901 ;
+  wire \$902 ;
+  wire \$903 ;
+  wire \$904 ;
+  wire \$905 ;
+  wire \$906 ;
+  wire \$907 ;
+  wire \$908 ;
+  wire \$909 ;
+  wire [3:0] \$91 ;
+  wire \$910 ;
+  wire \$911 ;
+  wire \$912 ;
+  wire \$913 ;
+  wire \$914 ;
+  wire \$915 ;
+  wire \$916 ;
+  wire \$917 ;
+  wire \$918 ;
+  wire \$919 ;
+  wire [3:0] \$92 ;
+  wire \$920 ;
+  wire \$921 ;
+  wire \$922 ;
+  wire \$923 ;
+  wire \$924 ;
+  wire \$925 ;
+  wire \$926 ;
+  wire \$927 ;
+  wire \$928 ;
+  wire \$929 ;
+  wire \$93 ;
+  wire \$930 ;
+  wire \$931 ;
+  wire \$932 ;
+  wire \$933 ;
+  wire \$934 ;
+  wire [23:0] \$935 ;
+  wire \$936 ;
+  wire \$937 ;
+  wire \$938 ;
+  wire \$939 ;
+  wire \$94 ;
+  wire \$940 ;
+  wire \$941 ;
+  wire \$942 ;
+  wire \$943 ;
+  wire \$944 ;
+  wire \$945 ;
+  wire \$946 ;
+  wire \$947 ;
+  wire \$948 ;
+  wire \$949 ;
   wire \$95 ;
+  wire \$950 ;
+  wire \$951 ;
+  wire \$952 ;
+  wire \$953 ;
+  wire \$954 ;
+  wire \$955 ;
+  wire \$956 ;
+  wire \$957 ;
+  wire \$958 ;
+  wire \$959 ;
   wire \$96 ;
+  wire [23:0] \$960 ;
+  wire [23:0] \$961 ;
+  wire [23:0] \$962 ;
+  reg [23:0] \$963 ;
+  wire [2:0] \$964 ;
+  wire \$965 ;
+  wire \$966 ;
+  wire \$967 ;
+  wire \$968 ;
+  wire \$969 ;
   wire \$97 ;
-  wire [16:0] \$98 ;
+  wire \$970 ;
+  wire \$971 ;
+  wire \$972 ;
+  wire \$973 ;
+  wire \$974 ;
+  wire \$975 ;
+  wire \$976 ;
+  wire \$977 ;
+  wire \$978 ;
+  wire \$979 ;
+  wire \$98 ;
+  wire \$980 ;
+  wire \$981 ;
+  wire \$982 ;
+  wire \$983 ;
+  wire \$984 ;
+  wire \$985 ;
+  wire \$986 ;
+  wire \$987 ;
+  wire \$988 ;
+  wire \$989 ;
   wire \$99 ;
+  wire \$990 ;
+  wire \$991 ;
+  wire \$992 ;
+  wire \$993 ;
+  wire \$994 ;
+  wire \$995 ;
+  wire \$996 ;
+  wire \$997 ;
+  wire \$998 ;
+  wire \$999 ;
   reg \$signal  = 1'h0;
   reg \$signal$10  = 1'h0;
   reg [12:0] \$signal$17  = 13'h0000;
@@ -5845,7 +7396,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg \$signal$33  = 1'h0;
   reg \$signal$34  = 1'h0;
   reg \$signal$35  = 1'h0;
-  reg at_last = 1'h0;
+  wire [2:0] \$signal$41 ;
+  reg [1:0] \$signal$42  = 2'h0;
+  reg [1:0] \$signal$43  = 2'h0;
+  reg [2:0] \$signal$49 ;
+  reg [1:0] \$signal$50  = 2'h0;
+  reg \$signal$51 ;
   reg [64:0] beat = 65'h00000000000000000;
   wire [31:0] \beat.a ;
   wire [31:0] \beat.b ;
@@ -5859,7 +7415,6 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [13:0] el = 14'h0000;
   output [7:0] error;
   reg [7:0] error;
-  reg [2:0] fill = 3'h0;
   reg [1:0] fsm_state = 2'h0;
   reg h_valid = 1'h0;
   reg [95:0] hold = 96'h000000000000000000000000;
@@ -5869,21 +7424,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$70 ;
-  wire [31:0] \i__payload$70[0] ;
-  wire [15:0] \i__payload$70[0].g ;
-  wire [15:0] \i__payload$70[0].u ;
-  wire [33:0] \i__payload$71 ;
-  wire [15:0] \i__payload$71.a ;
-  wire [16:0] \i__payload$71.b ;
-  wire \i__payload$71.last ;
+  wire [31:0] \i__payload$77 ;
+  wire [31:0] \i__payload$77[0] ;
+  wire [15:0] \i__payload$77[0].g ;
+  wire [15:0] \i__payload$77[0].u ;
+  wire [33:0] \i__payload$78 ;
+  wire [15:0] \i__payload$78.a ;
+  wire [16:0] \i__payload$78.b ;
+  wire \i__payload$78.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$84 ;
-  wire \i__ready$88 ;
+  wire \i__ready$100 ;
+  wire \i__ready$96 ;
   reg i__valid;
-  reg \i__valid$83 ;
-  reg \i__valid$87 ;
+  reg \i__valid$95 ;
+  reg \i__valid$99 ;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -5903,23 +7458,22 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg issuing = 1'h0;
-  reg [1:0] lane = 2'h0;
   wire [1:0] level;
   reg low = 1'h0;
   output [15:0] mult;
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$86 ;
-  wire [15:0] \o__payload$86[0] ;
-  wire [15:0] \o__payload$90 ;
+  wire [15:0] \o__payload$102 ;
+  wire [15:0] \o__payload$98 ;
+  wire [15:0] \o__payload$98[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$75 ;
-  wire \o__ready$76 ;
+  wire \o__ready$82 ;
+  wire \o__ready$83 ;
   wire o__valid;
-  wire \o__valid$85 ;
-  wire \o__valid$89 ;
+  wire \o__valid$101 ;
+  wire \o__valid$97 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -5934,6 +7488,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [23:0] \pack[1] ;
   wire [23:0] \pack[2] ;
   wire [23:0] \pack[3] ;
+  reg [2:0] q_k = 3'h0;
+  reg q_pend = 1'h0;
+  reg [13:0] q_read = 14'h0000;
   wire [64:0] r_data;
   wire r_en;
   wire r_rdy;
@@ -5979,10 +7536,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
-  input [31:0] spad__rd0__data;
   wire [31:0] spad__rd0__data;
   output spad__rd0__en;
   reg spad__rd0__en;
+  input [127:0] spad__rd0__lanes;
+  wire [127:0] spad__rd0__lanes;
+  wire [31:0] \spad__rd0__lanes[0] ;
+  wire [31:0] \spad__rd0__lanes[1] ;
+  wire [31:0] \spad__rd0__lanes[2] ;
+  wire [31:0] \spad__rd0__lanes[3] ;
   output [12:0] spad__rd1__addr;
   reg [12:0] spad__rd1__addr;
   input [31:0] spad__rd1__data;
@@ -5995,6 +7557,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [31:0] spad__wr__data;
   output spad__wr__en;
   reg spad__wr__en;
+  output [95:0] spad__wr__upper;
+  reg [95:0] spad__wr__upper;
+  wire [31:0] \spad__wr__upper[0] ;
+  wire [31:0] \spad__wr__upper[1] ;
+  wire [31:0] \spad__wr__upper[2] ;
+  output [2:0] spad__wr__upper_en;
+  reg [2:0] spad__wr__upper_en;
   input start;
   wire start;
   reg unit_ready;
@@ -6011,7 +7580,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg wvalid = 1'h0;
   assign \$1  = ~ h_valid;
   assign \$2  = \$1  | unit_ready;
-  assign \$3  = r_rdy ? r_data : { \$signal , spad__rd1__data, spad__rd0__data };
+  assign \$3  = r_rdy ? r_data : { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign \$4  = r_rdy | \$signal$10 ;
   assign \$7  = \$signal$10  + level;
   assign \$8  = \$7  + h_valid;
@@ -6041,260 +7610,1800 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$34  = \$signal$30  + sb2;
   assign \$35  = | rem2[13:1];
   assign \$36  = ~ \$35 ;
-  assign \$37  = wvalid & rq__i__ready;
-  assign \$38  = h_valid & unit_ready;
-  assign \$39  = wvalid & rq__i__ready;
-  assign \$40  = \$39  ? 3'h0 : fill;
-  assign \$41  = wvalid & rq__i__ready;
-  assign \$42  = \$41  ? 3'h0 : fill;
-  assign \$43  = \$42  + 1'h1;
-  assign \$44  = wvalid & rq__i__ready;
-  assign \$45  = \$44  ? 3'h0 : fill;
-  assign \$46  = \$45  == 2'h3;
-  assign \$47  = \$46  | beat[64];
-  assign \$48  = lane == 2'h3;
-  assign \$49  = \$48  | at_last;
-  assign \$50  = lane + 1'h1;
-  assign \$51  = \$49  ? 3'h0 : \$50 ;
-  assign \$52  = lane == 2'h3;
-  assign \$53  = \$52  | at_last;
-  assign \$54  = rq__o__valid & rq__o__ready;
-  assign \$55  = ins[5:0] == 3'h4;
-  assign \$56  = ins[5:0] == 3'h5;
-  assign \$57  = ins[5:0] == 3'h6;
-  assign \$58  = ins[5:0] == 4'hf;
-  assign \$60  = ins[5:0] == 4'hf;
-  assign \$64  = ins[5:0] == 4'hd;
-  assign \$65  = ins[5:0] == 4'hc;
-  assign \$66  = \$65  ? 2'h1 : 2'h0;
-  assign \$67  = \$64  ? 2'h2 : \$66 ;
-  assign \$68  = ins[122:109] == 1'h1;
-  assign \$69  = ins[5:0] == 5'h10;
-  assign \$71  = ins[5:0] == 3'h4;
-  assign \$74  = \$71  & \$73 ;
-  assign \$75  = el + 1'h1;
-  assign \$76  = el + 2'h2;
-  assign \$77  = \$76  == ins[122:109];
-  assign \$78  = el >= results;
-  assign \$79  = ~ h_valid;
-  assign r_en = \$79  | unit_ready;
-  assign \$80  = ~ h_valid;
-  assign \$81  = \$80  | unit_ready;
-  assign \$82  = ~ r_rdy;
-  assign \$83  = \$81  & \$82 ;
-  assign \$84  = ~ \$83 ;
-  assign w_en = \$signal$10  & \$84 ;
-  assign \$87  = \$signal$10  + level;
-  assign \$88  = \$87  + h_valid;
-  assign \$89  = \$88  < 2'h3;
-  assign \$90  = \$86  & \$89 ;
-  assign \$93  = \$signal$10  + level;
-  assign \$94  = \$93  + h_valid;
-  assign \$95  = \$94  < 2'h3;
-  assign \$96  = \$92  & \$95 ;
-  assign \$97  = vec_op == 1'h1;
-  assign \$98  = \$97  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$99  = ~ wvalid;
-  assign \$100  = \$99  | rq__i__ready;
-  assign \$360  = lane * 5'h18;
-  assign \$101  = hold >> \$360 ;
-  assign \$102  = width > 1'h1;
-  assign \$103  = width > 2'h2;
-  assign \$104  = width > 2'h3;
-  assign \$105  = width > 3'h4;
-  assign \$106  = width > 3'h5;
-  assign \$107  = width > 3'h6;
-  assign \$108  = width > 3'h7;
-  assign \$109  = width > 4'h8;
-  assign \$110  = width > 4'h9;
-  assign \$111  = width > 4'ha;
-  assign \$112  = width > 4'hb;
-  assign \$113  = width > 4'hc;
-  assign \$114  = width > 4'hd;
-  assign \$115  = width > 4'he;
-  assign \$116  = width > 4'hf;
-  assign \$117  = width > 5'h10;
-  assign \$118  = width > 5'h11;
-  assign \$119  = width > 5'h12;
-  assign \$120  = width > 5'h13;
-  assign \$121  = width > 5'h14;
-  assign \$122  = width > 5'h15;
-  assign \$123  = width > 5'h16;
-  assign \$124  = width > 5'h17;
-  assign \$125  = $signed(\$101 ) > $signed({ 1'h0, \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102  });
-  assign \$126  = width > 1'h1;
-  assign \$127  = width > 2'h2;
-  assign \$128  = width > 2'h3;
-  assign \$129  = width > 3'h4;
-  assign \$130  = width > 3'h5;
-  assign \$131  = width > 3'h6;
-  assign \$132  = width > 3'h7;
-  assign \$133  = width > 4'h8;
-  assign \$134  = width > 4'h9;
-  assign \$135  = width > 4'ha;
-  assign \$136  = width > 4'hb;
-  assign \$137  = width > 4'hc;
-  assign \$138  = width > 4'hd;
-  assign \$139  = width > 4'he;
-  assign \$140  = width > 4'hf;
-  assign \$141  = width > 5'h10;
-  assign \$142  = width > 5'h11;
-  assign \$143  = width > 5'h12;
-  assign \$144  = width > 5'h13;
-  assign \$145  = width > 5'h14;
-  assign \$146  = width > 5'h15;
-  assign \$147  = width > 5'h16;
-  assign \$148  = width > 5'h17;
-  assign \$410  = lane * 5'h18;
-  assign \$149  = hold >> \$410 ;
-  assign \$150  = width > 1'h1;
-  assign \$151  = width > 2'h2;
-  assign \$152  = width > 2'h3;
-  assign \$153  = width > 3'h4;
-  assign \$154  = width > 3'h5;
-  assign \$155  = width > 3'h6;
-  assign \$156  = width > 3'h7;
-  assign \$157  = width > 4'h8;
-  assign \$158  = width > 4'h9;
-  assign \$159  = width > 4'ha;
-  assign \$160  = width > 4'hb;
-  assign \$161  = width > 4'hc;
-  assign \$162  = width > 4'hd;
-  assign \$163  = width > 4'he;
-  assign \$164  = width > 4'hf;
-  assign \$165  = width > 5'h10;
-  assign \$166  = width > 5'h11;
-  assign \$167  = width > 5'h12;
-  assign \$168  = width > 5'h13;
-  assign \$169  = width > 5'h14;
-  assign \$170  = width > 5'h15;
-  assign \$171  = width > 5'h16;
-  assign \$172  = width > 5'h17;
-  assign \$173  = ~ { 1'h0, \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150  };
-  assign \$174  = $signed(\$149 ) < $signed(\$173 );
-  assign \$175  = width > 1'h1;
-  assign \$176  = width > 2'h2;
-  assign \$177  = width > 2'h3;
-  assign \$178  = width > 3'h4;
-  assign \$179  = width > 3'h5;
-  assign \$180  = width > 3'h6;
-  assign \$181  = width > 3'h7;
-  assign \$182  = width > 4'h8;
-  assign \$183  = width > 4'h9;
-  assign \$184  = width > 4'ha;
-  assign \$185  = width > 4'hb;
-  assign \$186  = width > 4'hc;
-  assign \$187  = width > 4'hd;
-  assign \$188  = width > 4'he;
-  assign \$189  = width > 4'hf;
-  assign \$190  = width > 5'h10;
-  assign \$191  = width > 5'h11;
-  assign \$192  = width > 5'h12;
-  assign \$193  = width > 5'h13;
-  assign \$194  = width > 5'h14;
-  assign \$195  = width > 5'h15;
-  assign \$196  = width > 5'h16;
-  assign \$197  = width > 5'h17;
-  assign \$198  = ~ { 1'h0, \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175  };
-  assign \$462  = lane * 5'h18;
-  assign \$199  = hold >> \$462 ;
-  assign \$200  = \$174  ? \$198  : \$199 ;
-  assign \$201  = \$125  ? { 1'h0, \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126  } : \$200 ;
-  assign \$202  = ~ hold_valid;
-  assign \$203  = lane == 2'h3;
-  assign \$204  = \$203  | at_last;
-  assign \$205  = \$202  | \$204 ;
-  assign \$207  = ins[47:35] + \$206 ;
-  assign \$209  = ins[47:35] + \$208 ;
-  assign \$210  = \$209  + 1'h1;
-  assign \$211  = ins[60:48] + el;
-  assign \$212  = el >= results;
-  assign \$213  = ! fsm_state;
-  assign \$214  = fsm_state == 1'h1;
-  assign \$215  = fsm_state == 2'h2;
-  assign \$216  = fsm_state == 2'h3;
+  assign \$37  = q_read < ins[122:109];
+  assign \$40  = ~ q_pend;
+  assign \$41  = ~ wvalid;
+  assign \$42  = wvalid & rq__i__ready;
+  assign \$43  = \$41  | \$42 ;
+  assign \$44  = q_pend & \$43 ;
+  assign \$45  = \$40  | \$44 ;
+  assign \$46  = \$39  & \$45 ;
+  assign \$47  = ~ wvalid;
+  assign \$48  = wvalid & rq__i__ready;
+  assign \$49  = \$47  | \$48 ;
+  assign \$50  = q_pend & \$49 ;
+  assign \$51  = \$signal$17  + \$144 [2:0];
+  assign \$52  = q_read + \$144 [2:0];
+  assign \$53  = \$signal$43  + \$144 [2:0];
+  assign \$54  = \$53  == 3'h4;
+  assign \$55  = \$signal$43  + \$144 [2:0];
+  assign \$56  = \$54  ? 4'h0 : \$55 ;
+  assign \$57  = wvalid & rq__i__ready;
+  assign \$58  = ~ wvalid;
+  assign \$59  = wvalid & rq__i__ready;
+  assign \$60  = \$58  | \$59 ;
+  assign \$61  = q_pend & \$60 ;
+  assign \$62  = \$signal$42  <= 1'h0;
+  assign \$63  = 1'h0 - \$signal$42 ;
+  assign \$64  = \$63  < q_k;
+  assign \$65  = \$62  & \$64 ;
+  assign \$66  = 1'h0 - \$signal$42 ;
+  assign \$68  = \$signal$42  <= 1'h1;
+  assign \$69  = 1'h1 - \$signal$42 ;
+  assign \$70  = \$69  < q_k;
+  assign \$71  = \$68  & \$70 ;
+  assign \$72  = 1'h1 - \$signal$42 ;
+  assign \$74  = \$signal$42  <= 2'h2;
+  assign \$75  = 2'h2 - \$signal$42 ;
+  assign \$76  = \$75  < q_k;
+  assign \$77  = \$74  & \$76 ;
+  assign \$78  = 2'h2 - \$signal$42 ;
+  assign \$80  = \$signal$42  <= 2'h3;
+  assign \$81  = 2'h3 - \$signal$42 ;
+  assign \$82  = \$81  < q_k;
+  assign \$83  = \$80  & \$82 ;
+  assign \$84  = 2'h3 - \$signal$42 ;
+  assign \$86  = \$signal$42  + q_k;
+  assign \$87  = \$86  == 3'h4;
+  assign \$88  = q_read >= ins[122:109];
+  assign \$89  = \$87  | \$88 ;
+  assign \$90  = el + \$signal$49 ;
+  assign \$91  = \$signal$50  + 3'h4;
+  assign \$92  = \$signal$51  ? 4'h0 : \$91 ;
+  assign \$93  = rq__o__valid & rq__o__ready;
+  assign \$94  = ins[5:0] == 3'h4;
+  assign \$95  = ins[5:0] == 3'h5;
+  assign \$96  = ins[5:0] == 3'h6;
+  assign \$97  = ins[5:0] == 4'hf;
+  assign \$99  = ins[5:0] == 4'hf;
+  assign \$103  = ins[5:0] == 4'hd;
+  assign \$104  = ins[5:0] == 4'hc;
+  assign \$105  = \$104  ? 2'h1 : 2'h0;
+  assign \$106  = \$103  ? 2'h2 : \$105 ;
+  assign \$107  = ins[5:0] == 5'h10;
+  assign \$109  = ins[5:0] == 3'h4;
+  assign \$112  = \$109  & \$111 ;
+  assign \$113  = el + 1'h1;
+  assign \$114  = el >= results;
+  assign \$115  = ~ h_valid;
+  assign r_en = \$115  | unit_ready;
+  assign \$116  = ~ h_valid;
+  assign \$117  = \$116  | unit_ready;
+  assign \$118  = ~ r_rdy;
+  assign \$119  = \$117  & \$118 ;
+  assign \$120  = ~ \$119 ;
+  assign w_en = \$signal$10  & \$120 ;
+  assign \$123  = \$signal$10  + level;
+  assign \$124  = \$123  + h_valid;
+  assign \$125  = \$124  < 2'h3;
+  assign \$126  = \$122  & \$125 ;
+  assign \$129  = \$signal$10  + level;
+  assign \$130  = \$129  + h_valid;
+  assign \$131  = \$130  < 2'h3;
+  assign \$132  = \$128  & \$131 ;
+  assign \$133  = 3'h4 - \$signal$43 ;
+  assign \$134  = $signed(\$133 ) < $signed(4'h4);
+  assign \$135  = 3'h4 - \$signal$43 ;
+  assign \$136  = ins[122:109] - q_read;
+  assign \$137  = $signed(\$135 ) < $signed(\$136 );
+  assign \$138  = \$134  & \$137 ;
+  assign \$139  = 3'h4 - \$signal$43 ;
+  assign \$140  = ins[122:109] - q_read;
+  assign \$141  = $signed(\$140 ) < $signed(4'h4);
+  assign \$142  = ins[122:109] - q_read;
+  assign \$143  = \$141  ? \$142  : 15'h0004;
+  assign \$144  = \$138  ? { \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139  } : \$143 ;
+  assign \$145  = vec_op == 1'h1;
+  assign \$146  = \$145  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$147  = q_read < ins[122:109];
+  assign \$150  = ~ q_pend;
+  assign \$151  = ~ wvalid;
+  assign \$152  = wvalid & rq__i__ready;
+  assign \$153  = \$151  | \$152 ;
+  assign \$154  = q_pend & \$153 ;
+  assign \$155  = \$150  | \$154 ;
+  assign \$156  = \$149  & \$155 ;
+  assign \$157  = 3'h4 - \$signal$50 ;
+  assign \$158  = $signed(\$157 ) < $signed(4'h4);
+  assign \$159  = 3'h4 - \$signal$50 ;
+  assign \$160  = ins[122:109] - el;
+  assign \$161  = $signed(\$159 ) < $signed(\$160 );
+  assign \$162  = \$158  & \$161 ;
+  assign \$163  = 3'h4 - \$signal$50 ;
+  assign \$164  = ins[122:109] - el;
+  assign \$165  = $signed(\$164 ) < $signed(4'h4);
+  assign \$166  = ins[122:109] - el;
+  assign \$167  = \$165  ? \$166  : 15'h0004;
+  assign \$168  = \$162  ? { \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163  } : \$167 ;
+  assign \$169  = 3'h4 - \$signal$50 ;
+  assign \$170  = $signed(\$169 ) <= $signed(4'h4);
+  assign \$171  = ins[122:109] - el;
+  assign \$172  = $signed(\$171 ) <= $signed(4'h4);
+  assign \$173  = \$170  | \$172 ;
+  assign \$174  = ~ hold_valid;
+  assign \$175  = \$174  | \$signal$51 ;
+  assign \$176  = ins[60:48] + el;
+  assign \$177  = width > 1'h1;
+  assign \$178  = width > 2'h2;
+  assign \$179  = width > 2'h3;
+  assign \$180  = width > 3'h4;
+  assign \$181  = width > 3'h5;
+  assign \$182  = width > 3'h6;
+  assign \$183  = width > 3'h7;
+  assign \$184  = width > 4'h8;
+  assign \$185  = width > 4'h9;
+  assign \$186  = width > 4'ha;
+  assign \$187  = width > 4'hb;
+  assign \$188  = width > 4'hc;
+  assign \$189  = width > 4'hd;
+  assign \$190  = width > 4'he;
+  assign \$191  = width > 4'hf;
+  assign \$192  = width > 5'h10;
+  assign \$193  = width > 5'h11;
+  assign \$194  = width > 5'h12;
+  assign \$195  = width > 5'h13;
+  assign \$196  = width > 5'h14;
+  assign \$197  = width > 5'h15;
+  assign \$198  = width > 5'h16;
+  assign \$199  = width > 5'h17;
+  assign \$200  = $signed(hold[23:0]) > $signed({ 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177  });
+  assign \$201  = width > 1'h1;
+  assign \$202  = width > 2'h2;
+  assign \$203  = width > 2'h3;
+  assign \$204  = width > 3'h4;
+  assign \$205  = width > 3'h5;
+  assign \$206  = width > 3'h6;
+  assign \$207  = width > 3'h7;
+  assign \$208  = width > 4'h8;
+  assign \$209  = width > 4'h9;
+  assign \$210  = width > 4'ha;
+  assign \$211  = width > 4'hb;
+  assign \$212  = width > 4'hc;
+  assign \$213  = width > 4'hd;
+  assign \$214  = width > 4'he;
+  assign \$215  = width > 4'hf;
+  assign \$216  = width > 5'h10;
+  assign \$217  = width > 5'h11;
+  assign \$218  = width > 5'h12;
+  assign \$219  = width > 5'h13;
+  assign \$220  = width > 5'h14;
+  assign \$221  = width > 5'h15;
+  assign \$222  = width > 5'h16;
+  assign \$223  = width > 5'h17;
+  assign \$224  = width > 1'h1;
+  assign \$225  = width > 2'h2;
+  assign \$226  = width > 2'h3;
+  assign \$227  = width > 3'h4;
+  assign \$228  = width > 3'h5;
+  assign \$229  = width > 3'h6;
+  assign \$230  = width > 3'h7;
+  assign \$231  = width > 4'h8;
+  assign \$232  = width > 4'h9;
+  assign \$233  = width > 4'ha;
+  assign \$234  = width > 4'hb;
+  assign \$235  = width > 4'hc;
+  assign \$236  = width > 4'hd;
+  assign \$237  = width > 4'he;
+  assign \$238  = width > 4'hf;
+  assign \$239  = width > 5'h10;
+  assign \$240  = width > 5'h11;
+  assign \$241  = width > 5'h12;
+  assign \$242  = width > 5'h13;
+  assign \$243  = width > 5'h14;
+  assign \$244  = width > 5'h15;
+  assign \$245  = width > 5'h16;
+  assign \$246  = width > 5'h17;
+  assign \$247  = ~ { 1'h0, \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224  };
+  assign \$248  = $signed(hold[23:0]) < $signed(\$247 );
+  assign \$249  = width > 1'h1;
+  assign \$250  = width > 2'h2;
+  assign \$251  = width > 2'h3;
+  assign \$252  = width > 3'h4;
+  assign \$253  = width > 3'h5;
+  assign \$254  = width > 3'h6;
+  assign \$255  = width > 3'h7;
+  assign \$256  = width > 4'h8;
+  assign \$257  = width > 4'h9;
+  assign \$258  = width > 4'ha;
+  assign \$259  = width > 4'hb;
+  assign \$260  = width > 4'hc;
+  assign \$261  = width > 4'hd;
+  assign \$262  = width > 4'he;
+  assign \$263  = width > 4'hf;
+  assign \$264  = width > 5'h10;
+  assign \$265  = width > 5'h11;
+  assign \$266  = width > 5'h12;
+  assign \$267  = width > 5'h13;
+  assign \$268  = width > 5'h14;
+  assign \$269  = width > 5'h15;
+  assign \$270  = width > 5'h16;
+  assign \$271  = width > 5'h17;
+  assign \$272  = ~ { 1'h0, \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249  };
+  assign \$273  = \$248  ? \$272  : hold[23:0];
+  assign \$274  = \$200  ? { 1'h0, \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201  } : \$273 ;
+  assign \$275  = width > 1'h1;
+  assign \$276  = width > 2'h2;
+  assign \$277  = width > 2'h3;
+  assign \$278  = width > 3'h4;
+  assign \$279  = width > 3'h5;
+  assign \$280  = width > 3'h6;
+  assign \$281  = width > 3'h7;
+  assign \$282  = width > 4'h8;
+  assign \$283  = width > 4'h9;
+  assign \$284  = width > 4'ha;
+  assign \$285  = width > 4'hb;
+  assign \$286  = width > 4'hc;
+  assign \$287  = width > 4'hd;
+  assign \$288  = width > 4'he;
+  assign \$289  = width > 4'hf;
+  assign \$290  = width > 5'h10;
+  assign \$291  = width > 5'h11;
+  assign \$292  = width > 5'h12;
+  assign \$293  = width > 5'h13;
+  assign \$294  = width > 5'h14;
+  assign \$295  = width > 5'h15;
+  assign \$296  = width > 5'h16;
+  assign \$297  = width > 5'h17;
+  assign \$298  = $signed(hold[47:24]) > $signed({ 1'h0, \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275  });
+  assign \$299  = width > 1'h1;
+  assign \$300  = width > 2'h2;
+  assign \$301  = width > 2'h3;
+  assign \$302  = width > 3'h4;
+  assign \$303  = width > 3'h5;
+  assign \$304  = width > 3'h6;
+  assign \$305  = width > 3'h7;
+  assign \$306  = width > 4'h8;
+  assign \$307  = width > 4'h9;
+  assign \$308  = width > 4'ha;
+  assign \$309  = width > 4'hb;
+  assign \$310  = width > 4'hc;
+  assign \$311  = width > 4'hd;
+  assign \$312  = width > 4'he;
+  assign \$313  = width > 4'hf;
+  assign \$314  = width > 5'h10;
+  assign \$315  = width > 5'h11;
+  assign \$316  = width > 5'h12;
+  assign \$317  = width > 5'h13;
+  assign \$318  = width > 5'h14;
+  assign \$319  = width > 5'h15;
+  assign \$320  = width > 5'h16;
+  assign \$321  = width > 5'h17;
+  assign \$322  = width > 1'h1;
+  assign \$323  = width > 2'h2;
+  assign \$324  = width > 2'h3;
+  assign \$325  = width > 3'h4;
+  assign \$326  = width > 3'h5;
+  assign \$327  = width > 3'h6;
+  assign \$328  = width > 3'h7;
+  assign \$329  = width > 4'h8;
+  assign \$330  = width > 4'h9;
+  assign \$331  = width > 4'ha;
+  assign \$332  = width > 4'hb;
+  assign \$333  = width > 4'hc;
+  assign \$334  = width > 4'hd;
+  assign \$335  = width > 4'he;
+  assign \$336  = width > 4'hf;
+  assign \$337  = width > 5'h10;
+  assign \$338  = width > 5'h11;
+  assign \$339  = width > 5'h12;
+  assign \$340  = width > 5'h13;
+  assign \$341  = width > 5'h14;
+  assign \$342  = width > 5'h15;
+  assign \$343  = width > 5'h16;
+  assign \$344  = width > 5'h17;
+  assign \$345  = ~ { 1'h0, \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322  };
+  assign \$346  = $signed(hold[47:24]) < $signed(\$345 );
+  assign \$347  = width > 1'h1;
+  assign \$348  = width > 2'h2;
+  assign \$349  = width > 2'h3;
+  assign \$350  = width > 3'h4;
+  assign \$351  = width > 3'h5;
+  assign \$352  = width > 3'h6;
+  assign \$353  = width > 3'h7;
+  assign \$354  = width > 4'h8;
+  assign \$355  = width > 4'h9;
+  assign \$356  = width > 4'ha;
+  assign \$357  = width > 4'hb;
+  assign \$358  = width > 4'hc;
+  assign \$359  = width > 4'hd;
+  assign \$360  = width > 4'he;
+  assign \$361  = width > 4'hf;
+  assign \$362  = width > 5'h10;
+  assign \$363  = width > 5'h11;
+  assign \$364  = width > 5'h12;
+  assign \$365  = width > 5'h13;
+  assign \$366  = width > 5'h14;
+  assign \$367  = width > 5'h15;
+  assign \$368  = width > 5'h16;
+  assign \$369  = width > 5'h17;
+  assign \$370  = ~ { 1'h0, \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347  };
+  assign \$371  = \$346  ? \$370  : hold[47:24];
+  assign \$372  = \$298  ? { 1'h0, \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299  } : \$371 ;
+  assign \$373  = width > 1'h1;
+  assign \$374  = width > 2'h2;
+  assign \$375  = width > 2'h3;
+  assign \$376  = width > 3'h4;
+  assign \$377  = width > 3'h5;
+  assign \$378  = width > 3'h6;
+  assign \$379  = width > 3'h7;
+  assign \$380  = width > 4'h8;
+  assign \$381  = width > 4'h9;
+  assign \$382  = width > 4'ha;
+  assign \$383  = width > 4'hb;
+  assign \$384  = width > 4'hc;
+  assign \$385  = width > 4'hd;
+  assign \$386  = width > 4'he;
+  assign \$387  = width > 4'hf;
+  assign \$388  = width > 5'h10;
+  assign \$389  = width > 5'h11;
+  assign \$390  = width > 5'h12;
+  assign \$391  = width > 5'h13;
+  assign \$392  = width > 5'h14;
+  assign \$393  = width > 5'h15;
+  assign \$394  = width > 5'h16;
+  assign \$395  = width > 5'h17;
+  assign \$396  = $signed(hold[71:48]) > $signed({ 1'h0, \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373  });
+  assign \$397  = width > 1'h1;
+  assign \$398  = width > 2'h2;
+  assign \$399  = width > 2'h3;
+  assign \$400  = width > 3'h4;
+  assign \$401  = width > 3'h5;
+  assign \$402  = width > 3'h6;
+  assign \$403  = width > 3'h7;
+  assign \$404  = width > 4'h8;
+  assign \$405  = width > 4'h9;
+  assign \$406  = width > 4'ha;
+  assign \$407  = width > 4'hb;
+  assign \$408  = width > 4'hc;
+  assign \$409  = width > 4'hd;
+  assign \$410  = width > 4'he;
+  assign \$411  = width > 4'hf;
+  assign \$412  = width > 5'h10;
+  assign \$413  = width > 5'h11;
+  assign \$414  = width > 5'h12;
+  assign \$415  = width > 5'h13;
+  assign \$416  = width > 5'h14;
+  assign \$417  = width > 5'h15;
+  assign \$418  = width > 5'h16;
+  assign \$419  = width > 5'h17;
+  assign \$420  = width > 1'h1;
+  assign \$421  = width > 2'h2;
+  assign \$422  = width > 2'h3;
+  assign \$423  = width > 3'h4;
+  assign \$424  = width > 3'h5;
+  assign \$425  = width > 3'h6;
+  assign \$426  = width > 3'h7;
+  assign \$427  = width > 4'h8;
+  assign \$428  = width > 4'h9;
+  assign \$429  = width > 4'ha;
+  assign \$430  = width > 4'hb;
+  assign \$431  = width > 4'hc;
+  assign \$432  = width > 4'hd;
+  assign \$433  = width > 4'he;
+  assign \$434  = width > 4'hf;
+  assign \$435  = width > 5'h10;
+  assign \$436  = width > 5'h11;
+  assign \$437  = width > 5'h12;
+  assign \$438  = width > 5'h13;
+  assign \$439  = width > 5'h14;
+  assign \$440  = width > 5'h15;
+  assign \$441  = width > 5'h16;
+  assign \$442  = width > 5'h17;
+  assign \$443  = ~ { 1'h0, \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420  };
+  assign \$444  = $signed(hold[71:48]) < $signed(\$443 );
+  assign \$445  = width > 1'h1;
+  assign \$446  = width > 2'h2;
+  assign \$447  = width > 2'h3;
+  assign \$448  = width > 3'h4;
+  assign \$449  = width > 3'h5;
+  assign \$450  = width > 3'h6;
+  assign \$451  = width > 3'h7;
+  assign \$452  = width > 4'h8;
+  assign \$453  = width > 4'h9;
+  assign \$454  = width > 4'ha;
+  assign \$455  = width > 4'hb;
+  assign \$456  = width > 4'hc;
+  assign \$457  = width > 4'hd;
+  assign \$458  = width > 4'he;
+  assign \$459  = width > 4'hf;
+  assign \$460  = width > 5'h10;
+  assign \$461  = width > 5'h11;
+  assign \$462  = width > 5'h12;
+  assign \$463  = width > 5'h13;
+  assign \$464  = width > 5'h14;
+  assign \$465  = width > 5'h15;
+  assign \$466  = width > 5'h16;
+  assign \$467  = width > 5'h17;
+  assign \$468  = ~ { 1'h0, \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445  };
+  assign \$469  = \$444  ? \$468  : hold[71:48];
+  assign \$470  = \$396  ? { 1'h0, \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397  } : \$469 ;
+  assign \$471  = width > 1'h1;
+  assign \$472  = width > 2'h2;
+  assign \$473  = width > 2'h3;
+  assign \$474  = width > 3'h4;
+  assign \$475  = width > 3'h5;
+  assign \$476  = width > 3'h6;
+  assign \$477  = width > 3'h7;
+  assign \$478  = width > 4'h8;
+  assign \$479  = width > 4'h9;
+  assign \$480  = width > 4'ha;
+  assign \$481  = width > 4'hb;
+  assign \$482  = width > 4'hc;
+  assign \$483  = width > 4'hd;
+  assign \$484  = width > 4'he;
+  assign \$485  = width > 4'hf;
+  assign \$486  = width > 5'h10;
+  assign \$487  = width > 5'h11;
+  assign \$488  = width > 5'h12;
+  assign \$489  = width > 5'h13;
+  assign \$490  = width > 5'h14;
+  assign \$491  = width > 5'h15;
+  assign \$492  = width > 5'h16;
+  assign \$493  = width > 5'h17;
+  assign \$494  = $signed(hold[95:72]) > $signed({ 1'h0, \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471  });
+  assign \$495  = width > 1'h1;
+  assign \$496  = width > 2'h2;
+  assign \$497  = width > 2'h3;
+  assign \$498  = width > 3'h4;
+  assign \$499  = width > 3'h5;
+  assign \$500  = width > 3'h6;
+  assign \$501  = width > 3'h7;
+  assign \$502  = width > 4'h8;
+  assign \$503  = width > 4'h9;
+  assign \$504  = width > 4'ha;
+  assign \$505  = width > 4'hb;
+  assign \$506  = width > 4'hc;
+  assign \$507  = width > 4'hd;
+  assign \$508  = width > 4'he;
+  assign \$509  = width > 4'hf;
+  assign \$510  = width > 5'h10;
+  assign \$511  = width > 5'h11;
+  assign \$512  = width > 5'h12;
+  assign \$513  = width > 5'h13;
+  assign \$514  = width > 5'h14;
+  assign \$515  = width > 5'h15;
+  assign \$516  = width > 5'h16;
+  assign \$517  = width > 5'h17;
+  assign \$518  = width > 1'h1;
+  assign \$519  = width > 2'h2;
+  assign \$520  = width > 2'h3;
+  assign \$521  = width > 3'h4;
+  assign \$522  = width > 3'h5;
+  assign \$523  = width > 3'h6;
+  assign \$524  = width > 3'h7;
+  assign \$525  = width > 4'h8;
+  assign \$526  = width > 4'h9;
+  assign \$527  = width > 4'ha;
+  assign \$528  = width > 4'hb;
+  assign \$529  = width > 4'hc;
+  assign \$530  = width > 4'hd;
+  assign \$531  = width > 4'he;
+  assign \$532  = width > 4'hf;
+  assign \$533  = width > 5'h10;
+  assign \$534  = width > 5'h11;
+  assign \$535  = width > 5'h12;
+  assign \$536  = width > 5'h13;
+  assign \$537  = width > 5'h14;
+  assign \$538  = width > 5'h15;
+  assign \$539  = width > 5'h16;
+  assign \$540  = width > 5'h17;
+  assign \$541  = ~ { 1'h0, \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518  };
+  assign \$542  = $signed(hold[95:72]) < $signed(\$541 );
+  assign \$543  = width > 1'h1;
+  assign \$544  = width > 2'h2;
+  assign \$545  = width > 2'h3;
+  assign \$546  = width > 3'h4;
+  assign \$547  = width > 3'h5;
+  assign \$548  = width > 3'h6;
+  assign \$549  = width > 3'h7;
+  assign \$550  = width > 4'h8;
+  assign \$551  = width > 4'h9;
+  assign \$552  = width > 4'ha;
+  assign \$553  = width > 4'hb;
+  assign \$554  = width > 4'hc;
+  assign \$555  = width > 4'hd;
+  assign \$556  = width > 4'he;
+  assign \$557  = width > 4'hf;
+  assign \$558  = width > 5'h10;
+  assign \$559  = width > 5'h11;
+  assign \$560  = width > 5'h12;
+  assign \$561  = width > 5'h13;
+  assign \$562  = width > 5'h14;
+  assign \$563  = width > 5'h15;
+  assign \$564  = width > 5'h16;
+  assign \$565  = width > 5'h17;
+  assign \$566  = ~ { 1'h0, \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543  };
+  assign \$567  = \$542  ? \$566  : hold[95:72];
+  assign \$568  = \$494  ? { 1'h0, \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495  } : \$567 ;
+  assign \$570  = \$signal$50  + 1'h1;
+  assign \$571  = width > 1'h1;
+  assign \$572  = width > 2'h2;
+  assign \$573  = width > 2'h3;
+  assign \$574  = width > 3'h4;
+  assign \$575  = width > 3'h5;
+  assign \$576  = width > 3'h6;
+  assign \$577  = width > 3'h7;
+  assign \$578  = width > 4'h8;
+  assign \$579  = width > 4'h9;
+  assign \$580  = width > 4'ha;
+  assign \$581  = width > 4'hb;
+  assign \$582  = width > 4'hc;
+  assign \$583  = width > 4'hd;
+  assign \$584  = width > 4'he;
+  assign \$585  = width > 4'hf;
+  assign \$586  = width > 5'h10;
+  assign \$587  = width > 5'h11;
+  assign \$588  = width > 5'h12;
+  assign \$589  = width > 5'h13;
+  assign \$590  = width > 5'h14;
+  assign \$591  = width > 5'h15;
+  assign \$592  = width > 5'h16;
+  assign \$593  = width > 5'h17;
+  assign \$594  = $signed(hold[23:0]) > $signed({ 1'h0, \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571  });
+  assign \$595  = width > 1'h1;
+  assign \$596  = width > 2'h2;
+  assign \$597  = width > 2'h3;
+  assign \$598  = width > 3'h4;
+  assign \$599  = width > 3'h5;
+  assign \$600  = width > 3'h6;
+  assign \$601  = width > 3'h7;
+  assign \$602  = width > 4'h8;
+  assign \$603  = width > 4'h9;
+  assign \$604  = width > 4'ha;
+  assign \$605  = width > 4'hb;
+  assign \$606  = width > 4'hc;
+  assign \$607  = width > 4'hd;
+  assign \$608  = width > 4'he;
+  assign \$609  = width > 4'hf;
+  assign \$610  = width > 5'h10;
+  assign \$611  = width > 5'h11;
+  assign \$612  = width > 5'h12;
+  assign \$613  = width > 5'h13;
+  assign \$614  = width > 5'h14;
+  assign \$615  = width > 5'h15;
+  assign \$616  = width > 5'h16;
+  assign \$617  = width > 5'h17;
+  assign \$618  = width > 1'h1;
+  assign \$619  = width > 2'h2;
+  assign \$620  = width > 2'h3;
+  assign \$621  = width > 3'h4;
+  assign \$622  = width > 3'h5;
+  assign \$623  = width > 3'h6;
+  assign \$624  = width > 3'h7;
+  assign \$625  = width > 4'h8;
+  assign \$626  = width > 4'h9;
+  assign \$627  = width > 4'ha;
+  assign \$628  = width > 4'hb;
+  assign \$629  = width > 4'hc;
+  assign \$630  = width > 4'hd;
+  assign \$631  = width > 4'he;
+  assign \$632  = width > 4'hf;
+  assign \$633  = width > 5'h10;
+  assign \$634  = width > 5'h11;
+  assign \$635  = width > 5'h12;
+  assign \$636  = width > 5'h13;
+  assign \$637  = width > 5'h14;
+  assign \$638  = width > 5'h15;
+  assign \$639  = width > 5'h16;
+  assign \$640  = width > 5'h17;
+  assign \$641  = ~ { 1'h0, \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618  };
+  assign \$642  = $signed(hold[23:0]) < $signed(\$641 );
+  assign \$643  = width > 1'h1;
+  assign \$644  = width > 2'h2;
+  assign \$645  = width > 2'h3;
+  assign \$646  = width > 3'h4;
+  assign \$647  = width > 3'h5;
+  assign \$648  = width > 3'h6;
+  assign \$649  = width > 3'h7;
+  assign \$650  = width > 4'h8;
+  assign \$651  = width > 4'h9;
+  assign \$652  = width > 4'ha;
+  assign \$653  = width > 4'hb;
+  assign \$654  = width > 4'hc;
+  assign \$655  = width > 4'hd;
+  assign \$656  = width > 4'he;
+  assign \$657  = width > 4'hf;
+  assign \$658  = width > 5'h10;
+  assign \$659  = width > 5'h11;
+  assign \$660  = width > 5'h12;
+  assign \$661  = width > 5'h13;
+  assign \$662  = width > 5'h14;
+  assign \$663  = width > 5'h15;
+  assign \$664  = width > 5'h16;
+  assign \$665  = width > 5'h17;
+  assign \$666  = ~ { 1'h0, \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643  };
+  assign \$667  = \$642  ? \$666  : hold[23:0];
+  assign \$668  = \$594  ? { 1'h0, \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595  } : \$667 ;
+  assign \$669  = width > 1'h1;
+  assign \$670  = width > 2'h2;
+  assign \$671  = width > 2'h3;
+  assign \$672  = width > 3'h4;
+  assign \$673  = width > 3'h5;
+  assign \$674  = width > 3'h6;
+  assign \$675  = width > 3'h7;
+  assign \$676  = width > 4'h8;
+  assign \$677  = width > 4'h9;
+  assign \$678  = width > 4'ha;
+  assign \$679  = width > 4'hb;
+  assign \$680  = width > 4'hc;
+  assign \$681  = width > 4'hd;
+  assign \$682  = width > 4'he;
+  assign \$683  = width > 4'hf;
+  assign \$684  = width > 5'h10;
+  assign \$685  = width > 5'h11;
+  assign \$686  = width > 5'h12;
+  assign \$687  = width > 5'h13;
+  assign \$688  = width > 5'h14;
+  assign \$689  = width > 5'h15;
+  assign \$690  = width > 5'h16;
+  assign \$691  = width > 5'h17;
+  assign \$692  = $signed(hold[47:24]) > $signed({ 1'h0, \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669  });
+  assign \$693  = width > 1'h1;
+  assign \$694  = width > 2'h2;
+  assign \$695  = width > 2'h3;
+  assign \$696  = width > 3'h4;
+  assign \$697  = width > 3'h5;
+  assign \$698  = width > 3'h6;
+  assign \$699  = width > 3'h7;
+  assign \$700  = width > 4'h8;
+  assign \$701  = width > 4'h9;
+  assign \$702  = width > 4'ha;
+  assign \$703  = width > 4'hb;
+  assign \$704  = width > 4'hc;
+  assign \$705  = width > 4'hd;
+  assign \$706  = width > 4'he;
+  assign \$707  = width > 4'hf;
+  assign \$708  = width > 5'h10;
+  assign \$709  = width > 5'h11;
+  assign \$710  = width > 5'h12;
+  assign \$711  = width > 5'h13;
+  assign \$712  = width > 5'h14;
+  assign \$713  = width > 5'h15;
+  assign \$714  = width > 5'h16;
+  assign \$715  = width > 5'h17;
+  assign \$716  = width > 1'h1;
+  assign \$717  = width > 2'h2;
+  assign \$718  = width > 2'h3;
+  assign \$719  = width > 3'h4;
+  assign \$720  = width > 3'h5;
+  assign \$721  = width > 3'h6;
+  assign \$722  = width > 3'h7;
+  assign \$723  = width > 4'h8;
+  assign \$724  = width > 4'h9;
+  assign \$725  = width > 4'ha;
+  assign \$726  = width > 4'hb;
+  assign \$727  = width > 4'hc;
+  assign \$728  = width > 4'hd;
+  assign \$729  = width > 4'he;
+  assign \$730  = width > 4'hf;
+  assign \$731  = width > 5'h10;
+  assign \$732  = width > 5'h11;
+  assign \$733  = width > 5'h12;
+  assign \$734  = width > 5'h13;
+  assign \$735  = width > 5'h14;
+  assign \$736  = width > 5'h15;
+  assign \$737  = width > 5'h16;
+  assign \$738  = width > 5'h17;
+  assign \$739  = ~ { 1'h0, \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716  };
+  assign \$740  = $signed(hold[47:24]) < $signed(\$739 );
+  assign \$741  = width > 1'h1;
+  assign \$742  = width > 2'h2;
+  assign \$743  = width > 2'h3;
+  assign \$744  = width > 3'h4;
+  assign \$745  = width > 3'h5;
+  assign \$746  = width > 3'h6;
+  assign \$747  = width > 3'h7;
+  assign \$748  = width > 4'h8;
+  assign \$749  = width > 4'h9;
+  assign \$750  = width > 4'ha;
+  assign \$751  = width > 4'hb;
+  assign \$752  = width > 4'hc;
+  assign \$753  = width > 4'hd;
+  assign \$754  = width > 4'he;
+  assign \$755  = width > 4'hf;
+  assign \$756  = width > 5'h10;
+  assign \$757  = width > 5'h11;
+  assign \$758  = width > 5'h12;
+  assign \$759  = width > 5'h13;
+  assign \$760  = width > 5'h14;
+  assign \$761  = width > 5'h15;
+  assign \$762  = width > 5'h16;
+  assign \$763  = width > 5'h17;
+  assign \$764  = ~ { 1'h0, \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741  };
+  assign \$765  = \$740  ? \$764  : hold[47:24];
+  assign \$766  = \$692  ? { 1'h0, \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693  } : \$765 ;
+  assign \$767  = width > 1'h1;
+  assign \$768  = width > 2'h2;
+  assign \$769  = width > 2'h3;
+  assign \$770  = width > 3'h4;
+  assign \$771  = width > 3'h5;
+  assign \$772  = width > 3'h6;
+  assign \$773  = width > 3'h7;
+  assign \$774  = width > 4'h8;
+  assign \$775  = width > 4'h9;
+  assign \$776  = width > 4'ha;
+  assign \$777  = width > 4'hb;
+  assign \$778  = width > 4'hc;
+  assign \$779  = width > 4'hd;
+  assign \$780  = width > 4'he;
+  assign \$781  = width > 4'hf;
+  assign \$782  = width > 5'h10;
+  assign \$783  = width > 5'h11;
+  assign \$784  = width > 5'h12;
+  assign \$785  = width > 5'h13;
+  assign \$786  = width > 5'h14;
+  assign \$787  = width > 5'h15;
+  assign \$788  = width > 5'h16;
+  assign \$789  = width > 5'h17;
+  assign \$790  = $signed(hold[71:48]) > $signed({ 1'h0, \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767  });
+  assign \$791  = width > 1'h1;
+  assign \$792  = width > 2'h2;
+  assign \$793  = width > 2'h3;
+  assign \$794  = width > 3'h4;
+  assign \$795  = width > 3'h5;
+  assign \$796  = width > 3'h6;
+  assign \$797  = width > 3'h7;
+  assign \$798  = width > 4'h8;
+  assign \$799  = width > 4'h9;
+  assign \$800  = width > 4'ha;
+  assign \$801  = width > 4'hb;
+  assign \$802  = width > 4'hc;
+  assign \$803  = width > 4'hd;
+  assign \$804  = width > 4'he;
+  assign \$805  = width > 4'hf;
+  assign \$806  = width > 5'h10;
+  assign \$807  = width > 5'h11;
+  assign \$808  = width > 5'h12;
+  assign \$809  = width > 5'h13;
+  assign \$810  = width > 5'h14;
+  assign \$811  = width > 5'h15;
+  assign \$812  = width > 5'h16;
+  assign \$813  = width > 5'h17;
+  assign \$814  = width > 1'h1;
+  assign \$815  = width > 2'h2;
+  assign \$816  = width > 2'h3;
+  assign \$817  = width > 3'h4;
+  assign \$818  = width > 3'h5;
+  assign \$819  = width > 3'h6;
+  assign \$820  = width > 3'h7;
+  assign \$821  = width > 4'h8;
+  assign \$822  = width > 4'h9;
+  assign \$823  = width > 4'ha;
+  assign \$824  = width > 4'hb;
+  assign \$825  = width > 4'hc;
+  assign \$826  = width > 4'hd;
+  assign \$827  = width > 4'he;
+  assign \$828  = width > 4'hf;
+  assign \$829  = width > 5'h10;
+  assign \$830  = width > 5'h11;
+  assign \$831  = width > 5'h12;
+  assign \$832  = width > 5'h13;
+  assign \$833  = width > 5'h14;
+  assign \$834  = width > 5'h15;
+  assign \$835  = width > 5'h16;
+  assign \$836  = width > 5'h17;
+  assign \$837  = ~ { 1'h0, \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814  };
+  assign \$838  = $signed(hold[71:48]) < $signed(\$837 );
+  assign \$839  = width > 1'h1;
+  assign \$840  = width > 2'h2;
+  assign \$841  = width > 2'h3;
+  assign \$842  = width > 3'h4;
+  assign \$843  = width > 3'h5;
+  assign \$844  = width > 3'h6;
+  assign \$845  = width > 3'h7;
+  assign \$846  = width > 4'h8;
+  assign \$847  = width > 4'h9;
+  assign \$848  = width > 4'ha;
+  assign \$849  = width > 4'hb;
+  assign \$850  = width > 4'hc;
+  assign \$851  = width > 4'hd;
+  assign \$852  = width > 4'he;
+  assign \$853  = width > 4'hf;
+  assign \$854  = width > 5'h10;
+  assign \$855  = width > 5'h11;
+  assign \$856  = width > 5'h12;
+  assign \$857  = width > 5'h13;
+  assign \$858  = width > 5'h14;
+  assign \$859  = width > 5'h15;
+  assign \$860  = width > 5'h16;
+  assign \$861  = width > 5'h17;
+  assign \$862  = ~ { 1'h0, \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839  };
+  assign \$863  = \$838  ? \$862  : hold[71:48];
+  assign \$864  = \$790  ? { 1'h0, \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791  } : \$863 ;
+  assign \$865  = width > 1'h1;
+  assign \$866  = width > 2'h2;
+  assign \$867  = width > 2'h3;
+  assign \$868  = width > 3'h4;
+  assign \$869  = width > 3'h5;
+  assign \$870  = width > 3'h6;
+  assign \$871  = width > 3'h7;
+  assign \$872  = width > 4'h8;
+  assign \$873  = width > 4'h9;
+  assign \$874  = width > 4'ha;
+  assign \$875  = width > 4'hb;
+  assign \$876  = width > 4'hc;
+  assign \$877  = width > 4'hd;
+  assign \$878  = width > 4'he;
+  assign \$879  = width > 4'hf;
+  assign \$880  = width > 5'h10;
+  assign \$881  = width > 5'h11;
+  assign \$882  = width > 5'h12;
+  assign \$883  = width > 5'h13;
+  assign \$884  = width > 5'h14;
+  assign \$885  = width > 5'h15;
+  assign \$886  = width > 5'h16;
+  assign \$887  = width > 5'h17;
+  assign \$888  = $signed(hold[95:72]) > $signed({ 1'h0, \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865  });
+  assign \$889  = width > 1'h1;
+  assign \$890  = width > 2'h2;
+  assign \$891  = width > 2'h3;
+  assign \$892  = width > 3'h4;
+  assign \$893  = width > 3'h5;
+  assign \$894  = width > 3'h6;
+  assign \$895  = width > 3'h7;
+  assign \$896  = width > 4'h8;
+  assign \$897  = width > 4'h9;
+  assign \$898  = width > 4'ha;
+  assign \$899  = width > 4'hb;
+  assign \$900  = width > 4'hc;
+  assign \$901  = width > 4'hd;
+  assign \$902  = width > 4'he;
+  assign \$903  = width > 4'hf;
+  assign \$904  = width > 5'h10;
+  assign \$905  = width > 5'h11;
+  assign \$906  = width > 5'h12;
+  assign \$907  = width > 5'h13;
+  assign \$908  = width > 5'h14;
+  assign \$909  = width > 5'h15;
+  assign \$910  = width > 5'h16;
+  assign \$911  = width > 5'h17;
+  assign \$912  = width > 1'h1;
+  assign \$913  = width > 2'h2;
+  assign \$914  = width > 2'h3;
+  assign \$915  = width > 3'h4;
+  assign \$916  = width > 3'h5;
+  assign \$917  = width > 3'h6;
+  assign \$918  = width > 3'h7;
+  assign \$919  = width > 4'h8;
+  assign \$920  = width > 4'h9;
+  assign \$921  = width > 4'ha;
+  assign \$922  = width > 4'hb;
+  assign \$923  = width > 4'hc;
+  assign \$924  = width > 4'hd;
+  assign \$925  = width > 4'he;
+  assign \$926  = width > 4'hf;
+  assign \$927  = width > 5'h10;
+  assign \$928  = width > 5'h11;
+  assign \$929  = width > 5'h12;
+  assign \$930  = width > 5'h13;
+  assign \$931  = width > 5'h14;
+  assign \$932  = width > 5'h15;
+  assign \$933  = width > 5'h16;
+  assign \$934  = width > 5'h17;
+  assign \$935  = ~ { 1'h0, \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912  };
+  assign \$936  = $signed(hold[95:72]) < $signed(\$935 );
+  assign \$937  = width > 1'h1;
+  assign \$938  = width > 2'h2;
+  assign \$939  = width > 2'h3;
+  assign \$940  = width > 3'h4;
+  assign \$941  = width > 3'h5;
+  assign \$942  = width > 3'h6;
+  assign \$943  = width > 3'h7;
+  assign \$944  = width > 4'h8;
+  assign \$945  = width > 4'h9;
+  assign \$946  = width > 4'ha;
+  assign \$947  = width > 4'hb;
+  assign \$948  = width > 4'hc;
+  assign \$949  = width > 4'hd;
+  assign \$950  = width > 4'he;
+  assign \$951  = width > 4'hf;
+  assign \$952  = width > 5'h10;
+  assign \$953  = width > 5'h11;
+  assign \$954  = width > 5'h12;
+  assign \$955  = width > 5'h13;
+  assign \$956  = width > 5'h14;
+  assign \$957  = width > 5'h15;
+  assign \$958  = width > 5'h16;
+  assign \$959  = width > 5'h17;
+  assign \$960  = ~ { 1'h0, \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937  };
+  assign \$961  = \$936  ? \$960  : hold[95:72];
+  assign \$962  = \$888  ? { 1'h0, \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889  } : \$961 ;
+  assign \$964  = \$signal$50  + 2'h2;
+  assign \$965  = width > 1'h1;
+  assign \$966  = width > 2'h2;
+  assign \$967  = width > 2'h3;
+  assign \$968  = width > 3'h4;
+  assign \$969  = width > 3'h5;
+  assign \$970  = width > 3'h6;
+  assign \$971  = width > 3'h7;
+  assign \$972  = width > 4'h8;
+  assign \$973  = width > 4'h9;
+  assign \$974  = width > 4'ha;
+  assign \$975  = width > 4'hb;
+  assign \$976  = width > 4'hc;
+  assign \$977  = width > 4'hd;
+  assign \$978  = width > 4'he;
+  assign \$979  = width > 4'hf;
+  assign \$980  = width > 5'h10;
+  assign \$981  = width > 5'h11;
+  assign \$982  = width > 5'h12;
+  assign \$983  = width > 5'h13;
+  assign \$984  = width > 5'h14;
+  assign \$985  = width > 5'h15;
+  assign \$986  = width > 5'h16;
+  assign \$987  = width > 5'h17;
+  assign \$988  = $signed(hold[23:0]) > $signed({ 1'h0, \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965  });
+  assign \$989  = width > 1'h1;
+  assign \$990  = width > 2'h2;
+  assign \$991  = width > 2'h3;
+  assign \$992  = width > 3'h4;
+  assign \$993  = width > 3'h5;
+  assign \$994  = width > 3'h6;
+  assign \$995  = width > 3'h7;
+  assign \$996  = width > 4'h8;
+  assign \$997  = width > 4'h9;
+  assign \$998  = width > 4'ha;
+  assign \$999  = width > 4'hb;
+  assign \$1000  = width > 4'hc;
+  assign \$1001  = width > 4'hd;
+  assign \$1002  = width > 4'he;
+  assign \$1003  = width > 4'hf;
+  assign \$1004  = width > 5'h10;
+  assign \$1005  = width > 5'h11;
+  assign \$1006  = width > 5'h12;
+  assign \$1007  = width > 5'h13;
+  assign \$1008  = width > 5'h14;
+  assign \$1009  = width > 5'h15;
+  assign \$1010  = width > 5'h16;
+  assign \$1011  = width > 5'h17;
+  assign \$1012  = width > 1'h1;
+  assign \$1013  = width > 2'h2;
+  assign \$1014  = width > 2'h3;
+  assign \$1015  = width > 3'h4;
+  assign \$1016  = width > 3'h5;
+  assign \$1017  = width > 3'h6;
+  assign \$1018  = width > 3'h7;
+  assign \$1019  = width > 4'h8;
+  assign \$1020  = width > 4'h9;
+  assign \$1021  = width > 4'ha;
+  assign \$1022  = width > 4'hb;
+  assign \$1023  = width > 4'hc;
+  assign \$1024  = width > 4'hd;
+  assign \$1025  = width > 4'he;
+  assign \$1026  = width > 4'hf;
+  assign \$1027  = width > 5'h10;
+  assign \$1028  = width > 5'h11;
+  assign \$1029  = width > 5'h12;
+  assign \$1030  = width > 5'h13;
+  assign \$1031  = width > 5'h14;
+  assign \$1032  = width > 5'h15;
+  assign \$1033  = width > 5'h16;
+  assign \$1034  = width > 5'h17;
+  assign \$1035  = ~ { 1'h0, \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012  };
+  assign \$1036  = $signed(hold[23:0]) < $signed(\$1035 );
+  assign \$1037  = width > 1'h1;
+  assign \$1038  = width > 2'h2;
+  assign \$1039  = width > 2'h3;
+  assign \$1040  = width > 3'h4;
+  assign \$1041  = width > 3'h5;
+  assign \$1042  = width > 3'h6;
+  assign \$1043  = width > 3'h7;
+  assign \$1044  = width > 4'h8;
+  assign \$1045  = width > 4'h9;
+  assign \$1046  = width > 4'ha;
+  assign \$1047  = width > 4'hb;
+  assign \$1048  = width > 4'hc;
+  assign \$1049  = width > 4'hd;
+  assign \$1050  = width > 4'he;
+  assign \$1051  = width > 4'hf;
+  assign \$1052  = width > 5'h10;
+  assign \$1053  = width > 5'h11;
+  assign \$1054  = width > 5'h12;
+  assign \$1055  = width > 5'h13;
+  assign \$1056  = width > 5'h14;
+  assign \$1057  = width > 5'h15;
+  assign \$1058  = width > 5'h16;
+  assign \$1059  = width > 5'h17;
+  assign \$1060  = ~ { 1'h0, \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037  };
+  assign \$1061  = \$1036  ? \$1060  : hold[23:0];
+  assign \$1062  = \$988  ? { 1'h0, \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989  } : \$1061 ;
+  assign \$1063  = width > 1'h1;
+  assign \$1064  = width > 2'h2;
+  assign \$1065  = width > 2'h3;
+  assign \$1066  = width > 3'h4;
+  assign \$1067  = width > 3'h5;
+  assign \$1068  = width > 3'h6;
+  assign \$1069  = width > 3'h7;
+  assign \$1070  = width > 4'h8;
+  assign \$1071  = width > 4'h9;
+  assign \$1072  = width > 4'ha;
+  assign \$1073  = width > 4'hb;
+  assign \$1074  = width > 4'hc;
+  assign \$1075  = width > 4'hd;
+  assign \$1076  = width > 4'he;
+  assign \$1077  = width > 4'hf;
+  assign \$1078  = width > 5'h10;
+  assign \$1079  = width > 5'h11;
+  assign \$1080  = width > 5'h12;
+  assign \$1081  = width > 5'h13;
+  assign \$1082  = width > 5'h14;
+  assign \$1083  = width > 5'h15;
+  assign \$1084  = width > 5'h16;
+  assign \$1085  = width > 5'h17;
+  assign \$1086  = $signed(hold[47:24]) > $signed({ 1'h0, \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063  });
+  assign \$1087  = width > 1'h1;
+  assign \$1088  = width > 2'h2;
+  assign \$1089  = width > 2'h3;
+  assign \$1090  = width > 3'h4;
+  assign \$1091  = width > 3'h5;
+  assign \$1092  = width > 3'h6;
+  assign \$1093  = width > 3'h7;
+  assign \$1094  = width > 4'h8;
+  assign \$1095  = width > 4'h9;
+  assign \$1096  = width > 4'ha;
+  assign \$1097  = width > 4'hb;
+  assign \$1098  = width > 4'hc;
+  assign \$1099  = width > 4'hd;
+  assign \$1100  = width > 4'he;
+  assign \$1101  = width > 4'hf;
+  assign \$1102  = width > 5'h10;
+  assign \$1103  = width > 5'h11;
+  assign \$1104  = width > 5'h12;
+  assign \$1105  = width > 5'h13;
+  assign \$1106  = width > 5'h14;
+  assign \$1107  = width > 5'h15;
+  assign \$1108  = width > 5'h16;
+  assign \$1109  = width > 5'h17;
+  assign \$1110  = width > 1'h1;
+  assign \$1111  = width > 2'h2;
+  assign \$1112  = width > 2'h3;
+  assign \$1113  = width > 3'h4;
+  assign \$1114  = width > 3'h5;
+  assign \$1115  = width > 3'h6;
+  assign \$1116  = width > 3'h7;
+  assign \$1117  = width > 4'h8;
+  assign \$1118  = width > 4'h9;
+  assign \$1119  = width > 4'ha;
+  assign \$1120  = width > 4'hb;
+  assign \$1121  = width > 4'hc;
+  assign \$1122  = width > 4'hd;
+  assign \$1123  = width > 4'he;
+  assign \$1124  = width > 4'hf;
+  assign \$1125  = width > 5'h10;
+  assign \$1126  = width > 5'h11;
+  assign \$1127  = width > 5'h12;
+  assign \$1128  = width > 5'h13;
+  assign \$1129  = width > 5'h14;
+  assign \$1130  = width > 5'h15;
+  assign \$1131  = width > 5'h16;
+  assign \$1132  = width > 5'h17;
+  assign \$1133  = ~ { 1'h0, \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110  };
+  assign \$1134  = $signed(hold[47:24]) < $signed(\$1133 );
+  assign \$1135  = width > 1'h1;
+  assign \$1136  = width > 2'h2;
+  assign \$1137  = width > 2'h3;
+  assign \$1138  = width > 3'h4;
+  assign \$1139  = width > 3'h5;
+  assign \$1140  = width > 3'h6;
+  assign \$1141  = width > 3'h7;
+  assign \$1142  = width > 4'h8;
+  assign \$1143  = width > 4'h9;
+  assign \$1144  = width > 4'ha;
+  assign \$1145  = width > 4'hb;
+  assign \$1146  = width > 4'hc;
+  assign \$1147  = width > 4'hd;
+  assign \$1148  = width > 4'he;
+  assign \$1149  = width > 4'hf;
+  assign \$1150  = width > 5'h10;
+  assign \$1151  = width > 5'h11;
+  assign \$1152  = width > 5'h12;
+  assign \$1153  = width > 5'h13;
+  assign \$1154  = width > 5'h14;
+  assign \$1155  = width > 5'h15;
+  assign \$1156  = width > 5'h16;
+  assign \$1157  = width > 5'h17;
+  assign \$1158  = ~ { 1'h0, \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135  };
+  assign \$1159  = \$1134  ? \$1158  : hold[47:24];
+  assign \$1160  = \$1086  ? { 1'h0, \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087  } : \$1159 ;
+  assign \$1161  = width > 1'h1;
+  assign \$1162  = width > 2'h2;
+  assign \$1163  = width > 2'h3;
+  assign \$1164  = width > 3'h4;
+  assign \$1165  = width > 3'h5;
+  assign \$1166  = width > 3'h6;
+  assign \$1167  = width > 3'h7;
+  assign \$1168  = width > 4'h8;
+  assign \$1169  = width > 4'h9;
+  assign \$1170  = width > 4'ha;
+  assign \$1171  = width > 4'hb;
+  assign \$1172  = width > 4'hc;
+  assign \$1173  = width > 4'hd;
+  assign \$1174  = width > 4'he;
+  assign \$1175  = width > 4'hf;
+  assign \$1176  = width > 5'h10;
+  assign \$1177  = width > 5'h11;
+  assign \$1178  = width > 5'h12;
+  assign \$1179  = width > 5'h13;
+  assign \$1180  = width > 5'h14;
+  assign \$1181  = width > 5'h15;
+  assign \$1182  = width > 5'h16;
+  assign \$1183  = width > 5'h17;
+  assign \$1184  = $signed(hold[71:48]) > $signed({ 1'h0, \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161  });
+  assign \$1185  = width > 1'h1;
+  assign \$1186  = width > 2'h2;
+  assign \$1187  = width > 2'h3;
+  assign \$1188  = width > 3'h4;
+  assign \$1189  = width > 3'h5;
+  assign \$1190  = width > 3'h6;
+  assign \$1191  = width > 3'h7;
+  assign \$1192  = width > 4'h8;
+  assign \$1193  = width > 4'h9;
+  assign \$1194  = width > 4'ha;
+  assign \$1195  = width > 4'hb;
+  assign \$1196  = width > 4'hc;
+  assign \$1197  = width > 4'hd;
+  assign \$1198  = width > 4'he;
+  assign \$1199  = width > 4'hf;
+  assign \$1200  = width > 5'h10;
+  assign \$1201  = width > 5'h11;
+  assign \$1202  = width > 5'h12;
+  assign \$1203  = width > 5'h13;
+  assign \$1204  = width > 5'h14;
+  assign \$1205  = width > 5'h15;
+  assign \$1206  = width > 5'h16;
+  assign \$1207  = width > 5'h17;
+  assign \$1208  = width > 1'h1;
+  assign \$1209  = width > 2'h2;
+  assign \$1210  = width > 2'h3;
+  assign \$1211  = width > 3'h4;
+  assign \$1212  = width > 3'h5;
+  assign \$1213  = width > 3'h6;
+  assign \$1214  = width > 3'h7;
+  assign \$1215  = width > 4'h8;
+  assign \$1216  = width > 4'h9;
+  assign \$1217  = width > 4'ha;
+  assign \$1218  = width > 4'hb;
+  assign \$1219  = width > 4'hc;
+  assign \$1220  = width > 4'hd;
+  assign \$1221  = width > 4'he;
+  assign \$1222  = width > 4'hf;
+  assign \$1223  = width > 5'h10;
+  assign \$1224  = width > 5'h11;
+  assign \$1225  = width > 5'h12;
+  assign \$1226  = width > 5'h13;
+  assign \$1227  = width > 5'h14;
+  assign \$1228  = width > 5'h15;
+  assign \$1229  = width > 5'h16;
+  assign \$1230  = width > 5'h17;
+  assign \$1231  = ~ { 1'h0, \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208  };
+  assign \$1232  = $signed(hold[71:48]) < $signed(\$1231 );
+  assign \$1233  = width > 1'h1;
+  assign \$1234  = width > 2'h2;
+  assign \$1235  = width > 2'h3;
+  assign \$1236  = width > 3'h4;
+  assign \$1237  = width > 3'h5;
+  assign \$1238  = width > 3'h6;
+  assign \$1239  = width > 3'h7;
+  assign \$1240  = width > 4'h8;
+  assign \$1241  = width > 4'h9;
+  assign \$1242  = width > 4'ha;
+  assign \$1243  = width > 4'hb;
+  assign \$1244  = width > 4'hc;
+  assign \$1245  = width > 4'hd;
+  assign \$1246  = width > 4'he;
+  assign \$1247  = width > 4'hf;
+  assign \$1248  = width > 5'h10;
+  assign \$1249  = width > 5'h11;
+  assign \$1250  = width > 5'h12;
+  assign \$1251  = width > 5'h13;
+  assign \$1252  = width > 5'h14;
+  assign \$1253  = width > 5'h15;
+  assign \$1254  = width > 5'h16;
+  assign \$1255  = width > 5'h17;
+  assign \$1256  = ~ { 1'h0, \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233  };
+  assign \$1257  = \$1232  ? \$1256  : hold[71:48];
+  assign \$1258  = \$1184  ? { 1'h0, \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185  } : \$1257 ;
+  assign \$1259  = width > 1'h1;
+  assign \$1260  = width > 2'h2;
+  assign \$1261  = width > 2'h3;
+  assign \$1262  = width > 3'h4;
+  assign \$1263  = width > 3'h5;
+  assign \$1264  = width > 3'h6;
+  assign \$1265  = width > 3'h7;
+  assign \$1266  = width > 4'h8;
+  assign \$1267  = width > 4'h9;
+  assign \$1268  = width > 4'ha;
+  assign \$1269  = width > 4'hb;
+  assign \$1270  = width > 4'hc;
+  assign \$1271  = width > 4'hd;
+  assign \$1272  = width > 4'he;
+  assign \$1273  = width > 4'hf;
+  assign \$1274  = width > 5'h10;
+  assign \$1275  = width > 5'h11;
+  assign \$1276  = width > 5'h12;
+  assign \$1277  = width > 5'h13;
+  assign \$1278  = width > 5'h14;
+  assign \$1279  = width > 5'h15;
+  assign \$1280  = width > 5'h16;
+  assign \$1281  = width > 5'h17;
+  assign \$1282  = $signed(hold[95:72]) > $signed({ 1'h0, \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259  });
+  assign \$1283  = width > 1'h1;
+  assign \$1284  = width > 2'h2;
+  assign \$1285  = width > 2'h3;
+  assign \$1286  = width > 3'h4;
+  assign \$1287  = width > 3'h5;
+  assign \$1288  = width > 3'h6;
+  assign \$1289  = width > 3'h7;
+  assign \$1290  = width > 4'h8;
+  assign \$1291  = width > 4'h9;
+  assign \$1292  = width > 4'ha;
+  assign \$1293  = width > 4'hb;
+  assign \$1294  = width > 4'hc;
+  assign \$1295  = width > 4'hd;
+  assign \$1296  = width > 4'he;
+  assign \$1297  = width > 4'hf;
+  assign \$1298  = width > 5'h10;
+  assign \$1299  = width > 5'h11;
+  assign \$1300  = width > 5'h12;
+  assign \$1301  = width > 5'h13;
+  assign \$1302  = width > 5'h14;
+  assign \$1303  = width > 5'h15;
+  assign \$1304  = width > 5'h16;
+  assign \$1305  = width > 5'h17;
+  assign \$1306  = width > 1'h1;
+  assign \$1307  = width > 2'h2;
+  assign \$1308  = width > 2'h3;
+  assign \$1309  = width > 3'h4;
+  assign \$1310  = width > 3'h5;
+  assign \$1311  = width > 3'h6;
+  assign \$1312  = width > 3'h7;
+  assign \$1313  = width > 4'h8;
+  assign \$1314  = width > 4'h9;
+  assign \$1315  = width > 4'ha;
+  assign \$1316  = width > 4'hb;
+  assign \$1317  = width > 4'hc;
+  assign \$1318  = width > 4'hd;
+  assign \$1319  = width > 4'he;
+  assign \$1320  = width > 4'hf;
+  assign \$1321  = width > 5'h10;
+  assign \$1322  = width > 5'h11;
+  assign \$1323  = width > 5'h12;
+  assign \$1324  = width > 5'h13;
+  assign \$1325  = width > 5'h14;
+  assign \$1326  = width > 5'h15;
+  assign \$1327  = width > 5'h16;
+  assign \$1328  = width > 5'h17;
+  assign \$1329  = ~ { 1'h0, \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306  };
+  assign \$1330  = $signed(hold[95:72]) < $signed(\$1329 );
+  assign \$1331  = width > 1'h1;
+  assign \$1332  = width > 2'h2;
+  assign \$1333  = width > 2'h3;
+  assign \$1334  = width > 3'h4;
+  assign \$1335  = width > 3'h5;
+  assign \$1336  = width > 3'h6;
+  assign \$1337  = width > 3'h7;
+  assign \$1338  = width > 4'h8;
+  assign \$1339  = width > 4'h9;
+  assign \$1340  = width > 4'ha;
+  assign \$1341  = width > 4'hb;
+  assign \$1342  = width > 4'hc;
+  assign \$1343  = width > 4'hd;
+  assign \$1344  = width > 4'he;
+  assign \$1345  = width > 4'hf;
+  assign \$1346  = width > 5'h10;
+  assign \$1347  = width > 5'h11;
+  assign \$1348  = width > 5'h12;
+  assign \$1349  = width > 5'h13;
+  assign \$1350  = width > 5'h14;
+  assign \$1351  = width > 5'h15;
+  assign \$1352  = width > 5'h16;
+  assign \$1353  = width > 5'h17;
+  assign \$1354  = ~ { 1'h0, \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331  };
+  assign \$1355  = \$1330  ? \$1354  : hold[95:72];
+  assign \$1356  = \$1282  ? { 1'h0, \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283  } : \$1355 ;
+  assign \$1358  = \$signal$50  + 2'h3;
+  assign \$1359  = width > 1'h1;
+  assign \$1360  = width > 2'h2;
+  assign \$1361  = width > 2'h3;
+  assign \$1362  = width > 3'h4;
+  assign \$1363  = width > 3'h5;
+  assign \$1364  = width > 3'h6;
+  assign \$1365  = width > 3'h7;
+  assign \$1366  = width > 4'h8;
+  assign \$1367  = width > 4'h9;
+  assign \$1368  = width > 4'ha;
+  assign \$1369  = width > 4'hb;
+  assign \$1370  = width > 4'hc;
+  assign \$1371  = width > 4'hd;
+  assign \$1372  = width > 4'he;
+  assign \$1373  = width > 4'hf;
+  assign \$1374  = width > 5'h10;
+  assign \$1375  = width > 5'h11;
+  assign \$1376  = width > 5'h12;
+  assign \$1377  = width > 5'h13;
+  assign \$1378  = width > 5'h14;
+  assign \$1379  = width > 5'h15;
+  assign \$1380  = width > 5'h16;
+  assign \$1381  = width > 5'h17;
+  assign \$1382  = $signed(hold[23:0]) > $signed({ 1'h0, \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359  });
+  assign \$1383  = width > 1'h1;
+  assign \$1384  = width > 2'h2;
+  assign \$1385  = width > 2'h3;
+  assign \$1386  = width > 3'h4;
+  assign \$1387  = width > 3'h5;
+  assign \$1388  = width > 3'h6;
+  assign \$1389  = width > 3'h7;
+  assign \$1390  = width > 4'h8;
+  assign \$1391  = width > 4'h9;
+  assign \$1392  = width > 4'ha;
+  assign \$1393  = width > 4'hb;
+  assign \$1394  = width > 4'hc;
+  assign \$1395  = width > 4'hd;
+  assign \$1396  = width > 4'he;
+  assign \$1397  = width > 4'hf;
+  assign \$1398  = width > 5'h10;
+  assign \$1399  = width > 5'h11;
+  assign \$1400  = width > 5'h12;
+  assign \$1401  = width > 5'h13;
+  assign \$1402  = width > 5'h14;
+  assign \$1403  = width > 5'h15;
+  assign \$1404  = width > 5'h16;
+  assign \$1405  = width > 5'h17;
+  assign \$1406  = width > 1'h1;
+  assign \$1407  = width > 2'h2;
+  assign \$1408  = width > 2'h3;
+  assign \$1409  = width > 3'h4;
+  assign \$1410  = width > 3'h5;
+  assign \$1411  = width > 3'h6;
+  assign \$1412  = width > 3'h7;
+  assign \$1413  = width > 4'h8;
+  assign \$1414  = width > 4'h9;
+  assign \$1415  = width > 4'ha;
+  assign \$1416  = width > 4'hb;
+  assign \$1417  = width > 4'hc;
+  assign \$1418  = width > 4'hd;
+  assign \$1419  = width > 4'he;
+  assign \$1420  = width > 4'hf;
+  assign \$1421  = width > 5'h10;
+  assign \$1422  = width > 5'h11;
+  assign \$1423  = width > 5'h12;
+  assign \$1424  = width > 5'h13;
+  assign \$1425  = width > 5'h14;
+  assign \$1426  = width > 5'h15;
+  assign \$1427  = width > 5'h16;
+  assign \$1428  = width > 5'h17;
+  assign \$1429  = ~ { 1'h0, \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406  };
+  assign \$1430  = $signed(hold[23:0]) < $signed(\$1429 );
+  assign \$1431  = width > 1'h1;
+  assign \$1432  = width > 2'h2;
+  assign \$1433  = width > 2'h3;
+  assign \$1434  = width > 3'h4;
+  assign \$1435  = width > 3'h5;
+  assign \$1436  = width > 3'h6;
+  assign \$1437  = width > 3'h7;
+  assign \$1438  = width > 4'h8;
+  assign \$1439  = width > 4'h9;
+  assign \$1440  = width > 4'ha;
+  assign \$1441  = width > 4'hb;
+  assign \$1442  = width > 4'hc;
+  assign \$1443  = width > 4'hd;
+  assign \$1444  = width > 4'he;
+  assign \$1445  = width > 4'hf;
+  assign \$1446  = width > 5'h10;
+  assign \$1447  = width > 5'h11;
+  assign \$1448  = width > 5'h12;
+  assign \$1449  = width > 5'h13;
+  assign \$1450  = width > 5'h14;
+  assign \$1451  = width > 5'h15;
+  assign \$1452  = width > 5'h16;
+  assign \$1453  = width > 5'h17;
+  assign \$1454  = ~ { 1'h0, \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431  };
+  assign \$1455  = \$1430  ? \$1454  : hold[23:0];
+  assign \$1456  = \$1382  ? { 1'h0, \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383  } : \$1455 ;
+  assign \$1457  = width > 1'h1;
+  assign \$1458  = width > 2'h2;
+  assign \$1459  = width > 2'h3;
+  assign \$1460  = width > 3'h4;
+  assign \$1461  = width > 3'h5;
+  assign \$1462  = width > 3'h6;
+  assign \$1463  = width > 3'h7;
+  assign \$1464  = width > 4'h8;
+  assign \$1465  = width > 4'h9;
+  assign \$1466  = width > 4'ha;
+  assign \$1467  = width > 4'hb;
+  assign \$1468  = width > 4'hc;
+  assign \$1469  = width > 4'hd;
+  assign \$1470  = width > 4'he;
+  assign \$1471  = width > 4'hf;
+  assign \$1472  = width > 5'h10;
+  assign \$1473  = width > 5'h11;
+  assign \$1474  = width > 5'h12;
+  assign \$1475  = width > 5'h13;
+  assign \$1476  = width > 5'h14;
+  assign \$1477  = width > 5'h15;
+  assign \$1478  = width > 5'h16;
+  assign \$1479  = width > 5'h17;
+  assign \$1480  = $signed(hold[47:24]) > $signed({ 1'h0, \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457  });
+  assign \$1481  = width > 1'h1;
+  assign \$1482  = width > 2'h2;
+  assign \$1483  = width > 2'h3;
+  assign \$1484  = width > 3'h4;
+  assign \$1485  = width > 3'h5;
+  assign \$1486  = width > 3'h6;
+  assign \$1487  = width > 3'h7;
+  assign \$1488  = width > 4'h8;
+  assign \$1489  = width > 4'h9;
+  assign \$1490  = width > 4'ha;
+  assign \$1491  = width > 4'hb;
+  assign \$1492  = width > 4'hc;
+  assign \$1493  = width > 4'hd;
+  assign \$1494  = width > 4'he;
+  assign \$1495  = width > 4'hf;
+  assign \$1496  = width > 5'h10;
+  assign \$1497  = width > 5'h11;
+  assign \$1498  = width > 5'h12;
+  assign \$1499  = width > 5'h13;
+  assign \$1500  = width > 5'h14;
+  assign \$1501  = width > 5'h15;
+  assign \$1502  = width > 5'h16;
+  assign \$1503  = width > 5'h17;
+  assign \$1504  = width > 1'h1;
+  assign \$1505  = width > 2'h2;
+  assign \$1506  = width > 2'h3;
+  assign \$1507  = width > 3'h4;
+  assign \$1508  = width > 3'h5;
+  assign \$1509  = width > 3'h6;
+  assign \$1510  = width > 3'h7;
+  assign \$1511  = width > 4'h8;
+  assign \$1512  = width > 4'h9;
+  assign \$1513  = width > 4'ha;
+  assign \$1514  = width > 4'hb;
+  assign \$1515  = width > 4'hc;
+  assign \$1516  = width > 4'hd;
+  assign \$1517  = width > 4'he;
+  assign \$1518  = width > 4'hf;
+  assign \$1519  = width > 5'h10;
+  assign \$1520  = width > 5'h11;
+  assign \$1521  = width > 5'h12;
+  assign \$1522  = width > 5'h13;
+  assign \$1523  = width > 5'h14;
+  assign \$1524  = width > 5'h15;
+  assign \$1525  = width > 5'h16;
+  assign \$1526  = width > 5'h17;
+  assign \$1527  = ~ { 1'h0, \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504  };
+  assign \$1528  = $signed(hold[47:24]) < $signed(\$1527 );
+  assign \$1529  = width > 1'h1;
+  assign \$1530  = width > 2'h2;
+  assign \$1531  = width > 2'h3;
+  assign \$1532  = width > 3'h4;
+  assign \$1533  = width > 3'h5;
+  assign \$1534  = width > 3'h6;
+  assign \$1535  = width > 3'h7;
+  assign \$1536  = width > 4'h8;
+  assign \$1537  = width > 4'h9;
+  assign \$1538  = width > 4'ha;
+  assign \$1539  = width > 4'hb;
+  assign \$1540  = width > 4'hc;
+  assign \$1541  = width > 4'hd;
+  assign \$1542  = width > 4'he;
+  assign \$1543  = width > 4'hf;
+  assign \$1544  = width > 5'h10;
+  assign \$1545  = width > 5'h11;
+  assign \$1546  = width > 5'h12;
+  assign \$1547  = width > 5'h13;
+  assign \$1548  = width > 5'h14;
+  assign \$1549  = width > 5'h15;
+  assign \$1550  = width > 5'h16;
+  assign \$1551  = width > 5'h17;
+  assign \$1552  = ~ { 1'h0, \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529  };
+  assign \$1553  = \$1528  ? \$1552  : hold[47:24];
+  assign \$1554  = \$1480  ? { 1'h0, \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481  } : \$1553 ;
+  assign \$1555  = width > 1'h1;
+  assign \$1556  = width > 2'h2;
+  assign \$1557  = width > 2'h3;
+  assign \$1558  = width > 3'h4;
+  assign \$1559  = width > 3'h5;
+  assign \$1560  = width > 3'h6;
+  assign \$1561  = width > 3'h7;
+  assign \$1562  = width > 4'h8;
+  assign \$1563  = width > 4'h9;
+  assign \$1564  = width > 4'ha;
+  assign \$1565  = width > 4'hb;
+  assign \$1566  = width > 4'hc;
+  assign \$1567  = width > 4'hd;
+  assign \$1568  = width > 4'he;
+  assign \$1569  = width > 4'hf;
+  assign \$1570  = width > 5'h10;
+  assign \$1571  = width > 5'h11;
+  assign \$1572  = width > 5'h12;
+  assign \$1573  = width > 5'h13;
+  assign \$1574  = width > 5'h14;
+  assign \$1575  = width > 5'h15;
+  assign \$1576  = width > 5'h16;
+  assign \$1577  = width > 5'h17;
+  assign \$1578  = $signed(hold[71:48]) > $signed({ 1'h0, \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555  });
+  assign \$1579  = width > 1'h1;
+  assign \$1580  = width > 2'h2;
+  assign \$1581  = width > 2'h3;
+  assign \$1582  = width > 3'h4;
+  assign \$1583  = width > 3'h5;
+  assign \$1584  = width > 3'h6;
+  assign \$1585  = width > 3'h7;
+  assign \$1586  = width > 4'h8;
+  assign \$1587  = width > 4'h9;
+  assign \$1588  = width > 4'ha;
+  assign \$1589  = width > 4'hb;
+  assign \$1590  = width > 4'hc;
+  assign \$1591  = width > 4'hd;
+  assign \$1592  = width > 4'he;
+  assign \$1593  = width > 4'hf;
+  assign \$1594  = width > 5'h10;
+  assign \$1595  = width > 5'h11;
+  assign \$1596  = width > 5'h12;
+  assign \$1597  = width > 5'h13;
+  assign \$1598  = width > 5'h14;
+  assign \$1599  = width > 5'h15;
+  assign \$1600  = width > 5'h16;
+  assign \$1601  = width > 5'h17;
+  assign \$1602  = width > 1'h1;
+  assign \$1603  = width > 2'h2;
+  assign \$1604  = width > 2'h3;
+  assign \$1605  = width > 3'h4;
+  assign \$1606  = width > 3'h5;
+  assign \$1607  = width > 3'h6;
+  assign \$1608  = width > 3'h7;
+  assign \$1609  = width > 4'h8;
+  assign \$1610  = width > 4'h9;
+  assign \$1611  = width > 4'ha;
+  assign \$1612  = width > 4'hb;
+  assign \$1613  = width > 4'hc;
+  assign \$1614  = width > 4'hd;
+  assign \$1615  = width > 4'he;
+  assign \$1616  = width > 4'hf;
+  assign \$1617  = width > 5'h10;
+  assign \$1618  = width > 5'h11;
+  assign \$1619  = width > 5'h12;
+  assign \$1620  = width > 5'h13;
+  assign \$1621  = width > 5'h14;
+  assign \$1622  = width > 5'h15;
+  assign \$1623  = width > 5'h16;
+  assign \$1624  = width > 5'h17;
+  assign \$1625  = ~ { 1'h0, \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602  };
+  assign \$1626  = $signed(hold[71:48]) < $signed(\$1625 );
+  assign \$1627  = width > 1'h1;
+  assign \$1628  = width > 2'h2;
+  assign \$1629  = width > 2'h3;
+  assign \$1630  = width > 3'h4;
+  assign \$1631  = width > 3'h5;
+  assign \$1632  = width > 3'h6;
+  assign \$1633  = width > 3'h7;
+  assign \$1634  = width > 4'h8;
+  assign \$1635  = width > 4'h9;
+  assign \$1636  = width > 4'ha;
+  assign \$1637  = width > 4'hb;
+  assign \$1638  = width > 4'hc;
+  assign \$1639  = width > 4'hd;
+  assign \$1640  = width > 4'he;
+  assign \$1641  = width > 4'hf;
+  assign \$1642  = width > 5'h10;
+  assign \$1643  = width > 5'h11;
+  assign \$1644  = width > 5'h12;
+  assign \$1645  = width > 5'h13;
+  assign \$1646  = width > 5'h14;
+  assign \$1647  = width > 5'h15;
+  assign \$1648  = width > 5'h16;
+  assign \$1649  = width > 5'h17;
+  assign \$1650  = ~ { 1'h0, \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627  };
+  assign \$1651  = \$1626  ? \$1650  : hold[71:48];
+  assign \$1652  = \$1578  ? { 1'h0, \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579  } : \$1651 ;
+  assign \$1653  = width > 1'h1;
+  assign \$1654  = width > 2'h2;
+  assign \$1655  = width > 2'h3;
+  assign \$1656  = width > 3'h4;
+  assign \$1657  = width > 3'h5;
+  assign \$1658  = width > 3'h6;
+  assign \$1659  = width > 3'h7;
+  assign \$1660  = width > 4'h8;
+  assign \$1661  = width > 4'h9;
+  assign \$1662  = width > 4'ha;
+  assign \$1663  = width > 4'hb;
+  assign \$1664  = width > 4'hc;
+  assign \$1665  = width > 4'hd;
+  assign \$1666  = width > 4'he;
+  assign \$1667  = width > 4'hf;
+  assign \$1668  = width > 5'h10;
+  assign \$1669  = width > 5'h11;
+  assign \$1670  = width > 5'h12;
+  assign \$1671  = width > 5'h13;
+  assign \$1672  = width > 5'h14;
+  assign \$1673  = width > 5'h15;
+  assign \$1674  = width > 5'h16;
+  assign \$1675  = width > 5'h17;
+  assign \$1676  = $signed(hold[95:72]) > $signed({ 1'h0, \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653  });
+  assign \$1677  = width > 1'h1;
+  assign \$1678  = width > 2'h2;
+  assign \$1679  = width > 2'h3;
+  assign \$1680  = width > 3'h4;
+  assign \$1681  = width > 3'h5;
+  assign \$1682  = width > 3'h6;
+  assign \$1683  = width > 3'h7;
+  assign \$1684  = width > 4'h8;
+  assign \$1685  = width > 4'h9;
+  assign \$1686  = width > 4'ha;
+  assign \$1687  = width > 4'hb;
+  assign \$1688  = width > 4'hc;
+  assign \$1689  = width > 4'hd;
+  assign \$1690  = width > 4'he;
+  assign \$1691  = width > 4'hf;
+  assign \$1692  = width > 5'h10;
+  assign \$1693  = width > 5'h11;
+  assign \$1694  = width > 5'h12;
+  assign \$1695  = width > 5'h13;
+  assign \$1696  = width > 5'h14;
+  assign \$1697  = width > 5'h15;
+  assign \$1698  = width > 5'h16;
+  assign \$1699  = width > 5'h17;
+  assign \$1700  = width > 1'h1;
+  assign \$1701  = width > 2'h2;
+  assign \$1702  = width > 2'h3;
+  assign \$1703  = width > 3'h4;
+  assign \$1704  = width > 3'h5;
+  assign \$1705  = width > 3'h6;
+  assign \$1706  = width > 3'h7;
+  assign \$1707  = width > 4'h8;
+  assign \$1708  = width > 4'h9;
+  assign \$1709  = width > 4'ha;
+  assign \$1710  = width > 4'hb;
+  assign \$1711  = width > 4'hc;
+  assign \$1712  = width > 4'hd;
+  assign \$1713  = width > 4'he;
+  assign \$1714  = width > 4'hf;
+  assign \$1715  = width > 5'h10;
+  assign \$1716  = width > 5'h11;
+  assign \$1717  = width > 5'h12;
+  assign \$1718  = width > 5'h13;
+  assign \$1719  = width > 5'h14;
+  assign \$1720  = width > 5'h15;
+  assign \$1721  = width > 5'h16;
+  assign \$1722  = width > 5'h17;
+  assign \$1723  = ~ { 1'h0, \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700  };
+  assign \$1724  = $signed(hold[95:72]) < $signed(\$1723 );
+  assign \$1725  = width > 1'h1;
+  assign \$1726  = width > 2'h2;
+  assign \$1727  = width > 2'h3;
+  assign \$1728  = width > 3'h4;
+  assign \$1729  = width > 3'h5;
+  assign \$1730  = width > 3'h6;
+  assign \$1731  = width > 3'h7;
+  assign \$1732  = width > 4'h8;
+  assign \$1733  = width > 4'h9;
+  assign \$1734  = width > 4'ha;
+  assign \$1735  = width > 4'hb;
+  assign \$1736  = width > 4'hc;
+  assign \$1737  = width > 4'hd;
+  assign \$1738  = width > 4'he;
+  assign \$1739  = width > 4'hf;
+  assign \$1740  = width > 5'h10;
+  assign \$1741  = width > 5'h11;
+  assign \$1742  = width > 5'h12;
+  assign \$1743  = width > 5'h13;
+  assign \$1744  = width > 5'h14;
+  assign \$1745  = width > 5'h15;
+  assign \$1746  = width > 5'h16;
+  assign \$1747  = width > 5'h17;
+  assign \$1748  = ~ { 1'h0, \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725  };
+  assign \$1749  = \$1724  ? \$1748  : hold[95:72];
+  assign \$1750  = \$1676  ? { 1'h0, \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677  } : \$1749 ;
+  assign \$1752  = \$signal$49  > 1'h1;
+  assign \$1753  = \$signal$49  > 2'h2;
+  assign \$1754  = \$signal$49  > 2'h3;
+  assign \$1756  = ins[47:35] + \$1755 ;
+  assign \$1758  = ins[47:35] + \$1757 ;
+  assign \$1759  = \$1758  + 1'h1;
+  assign \$1760  = ins[60:48] + el;
+  assign \$1761  = el >= results;
+  assign \$1762  = ! fsm_state;
+  assign \$1763  = fsm_state == 1'h1;
+  assign \$1764  = fsm_state == 2'h2;
+  assign \$1765  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$217 ;
+    beat <= \$1766 ;
   always @(posedge clk)
-    h_valid <= \$218 ;
+    h_valid <= \$1767 ;
   always @(posedge clk)
-    \$signal$10  <= \$219 ;
+    \$signal$10  <= \$1768 ;
   always @(posedge clk)
-    \$signal  <= \$220 ;
+    \$signal  <= \$1769 ;
   always @(posedge clk)
-    rem0 <= \$221 ;
+    rem0 <= \$1770 ;
   always @(posedge clk)
-    \$signal$17  <= \$222 ;
+    \$signal$17  <= \$1771 ;
   always @(posedge clk)
-    \$signal$19  <= \$223 ;
+    \$signal$19  <= \$1772 ;
   always @(posedge clk)
-    rem1 <= \$224 ;
+    rem1 <= \$1773 ;
   always @(posedge clk)
-    \$signal$22  <= \$225 ;
+    \$signal$22  <= \$1774 ;
   always @(posedge clk)
-    \$signal$24  <= \$226 ;
+    \$signal$24  <= \$1775 ;
   always @(posedge clk)
-    rem2 <= \$227 ;
+    rem2 <= \$1776 ;
   always @(posedge clk)
-    \$signal$28  <= \$228 ;
+    \$signal$28  <= \$1777 ;
   always @(posedge clk)
-    \$signal$30  <= \$229 ;
+    \$signal$30  <= \$1778 ;
   always @(posedge clk)
-    issuing <= \$230 ;
+    issuing <= \$1779 ;
   always @(posedge clk)
-    wvalid <= \$231 ;
+    q_read <= \$1780 ;
   always @(posedge clk)
-    fill <= \$232 ;
+    q_pend <= \$1781 ;
   always @(posedge clk)
-    pack <= \$233 ;
+    \$signal$42  <= \$1782 ;
   always @(posedge clk)
-    lane <= \$234 ;
+    q_k <= \$1783 ;
   always @(posedge clk)
-    hold_valid <= \$235 ;
+    \$signal$43  <= \$1784 ;
   always @(posedge clk)
-    hold <= \$236 ;
+    wvalid <= \$1785 ;
   always @(posedge clk)
-    \$signal$32  <= \$237 ;
+    pack <= \$1786 ;
   always @(posedge clk)
-    \$signal$33  <= \$238 ;
+    el <= \$1787 ;
   always @(posedge clk)
-    \$signal$34  <= \$239 ;
+    \$signal$50  <= \$1788 ;
   always @(posedge clk)
-    \$signal$35  <= \$240 ;
+    hold_valid <= \$1789 ;
   always @(posedge clk)
-    low <= \$241 ;
+    hold <= \$1790 ;
   always @(posedge clk)
-    results <= \$242 ;
+    \$signal$32  <= \$1791 ;
   always @(posedge clk)
-    vec_op <= \$243 ;
+    \$signal$33  <= \$1792 ;
   always @(posedge clk)
-    width <= \$244 ;
+    \$signal$34  <= \$1793 ;
   always @(posedge clk)
-    mult <= \$245 ;
+    \$signal$35  <= \$1794 ;
   always @(posedge clk)
-    shift <= \$246 ;
+    low <= \$1795 ;
   always @(posedge clk)
-    at_last <= \$247 ;
+    results <= \$1796 ;
   always @(posedge clk)
-    cnt0 <= \$248 ;
+    vec_op <= \$1797 ;
   always @(posedge clk)
-    cnt1 <= \$249 ;
+    width <= \$1798 ;
   always @(posedge clk)
-    sa0 <= \$250 ;
+    mult <= \$1799 ;
   always @(posedge clk)
-    sa1 <= \$251 ;
+    shift <= \$1800 ;
   always @(posedge clk)
-    sa2 <= \$252 ;
+    cnt0 <= \$1801 ;
   always @(posedge clk)
-    sb0 <= \$253 ;
+    cnt1 <= \$1802 ;
   always @(posedge clk)
-    sb1 <= \$254 ;
+    sa0 <= \$1803 ;
   always @(posedge clk)
-    sb2 <= \$255 ;
+    sa1 <= \$1804 ;
   always @(posedge clk)
-    el <= \$256 ;
+    sa2 <= \$1805 ;
   always @(posedge clk)
-    fsm_state <= \$257 ;
+    sb0 <= \$1806 ;
+  always @(posedge clk)
+    sb1 <= \$1807 ;
+  always @(posedge clk)
+    sb2 <= \$1808 ;
+  always @(posedge clk)
+    fsm_state <= \$1809 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -6306,21 +9415,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$84 ),
+    .advance(\i__ready$96 ),
     .clk(clk),
-    .i__payload(\i__payload$70 ),
-    .i__valid(\i__valid$83 ),
-    .o__payload(\o__payload$86 ),
-    .o__valid(\o__valid$85 ),
+    .i__payload(\i__payload$77 ),
+    .i__valid(\i__valid$95 ),
+    .o__payload(\o__payload$98 ),
+    .o__valid(\o__valid$97 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$4044$0 (spad__rd1__data),
-    .\port$5592$0 (\$signal ),
-    .\port$5967$0 (spad__rd0__data),
+    .\port$5637$0 (spad__rd1__data),
+    .\port$7185$0 (\$signal ),
+    .\port$7570$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -6330,114 +9439,226 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$71 ),
-    .i__ready(\i__ready$88 ),
-    .i__valid(\i__valid$87 ),
+    .i__payload(\i__payload$78 ),
+    .i__ready(\i__ready$100 ),
+    .i__valid(\i__valid$99 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$90 ),
-    .o__valid(\o__valid$89 ),
+    .o__payload(\o__payload$102 ),
+    .o__valid(\o__valid$101 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$217  = beat;
+    \$67  = 24'h000000;
+    casez (\$66 )
+      3'h0:
+          \$67  = spad__rd0__lanes[23:0];
+      3'h1:
+          \$67  = spad__rd0__lanes[55:32];
+      3'h2:
+          \$67  = spad__rd0__lanes[87:64];
+      3'h3:
+          \$67  = spad__rd0__lanes[119:96];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$73  = 24'h000000;
+    casez (\$72 )
+      3'h0:
+          \$73  = spad__rd0__lanes[23:0];
+      3'h1:
+          \$73  = spad__rd0__lanes[55:32];
+      3'h2:
+          \$73  = spad__rd0__lanes[87:64];
+      3'h3:
+          \$73  = spad__rd0__lanes[119:96];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$79  = 24'h000000;
+    casez (\$78 )
+      3'h0:
+          \$79  = spad__rd0__lanes[23:0];
+      3'h1:
+          \$79  = spad__rd0__lanes[55:32];
+      3'h2:
+          \$79  = spad__rd0__lanes[87:64];
+      3'h3:
+          \$79  = spad__rd0__lanes[119:96];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$85  = 24'h000000;
+    casez (\$84 )
+      3'h0:
+          \$85  = spad__rd0__lanes[23:0];
+      3'h1:
+          \$85  = spad__rd0__lanes[55:32];
+      3'h2:
+          \$85  = spad__rd0__lanes[87:64];
+      3'h3:
+          \$85  = spad__rd0__lanes[119:96];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    (* full_case = 32'd1 *)
+    casez (\$signal$50 )
+      2'h0:
+          \$569  = \$274 ;
+      2'h1:
+          \$569  = \$372 ;
+      2'h2:
+          \$569  = \$470 ;
+      2'h3:
+          \$569  = \$568 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$963  = 24'h000000;
+    casez (\$570 )
+      3'h0:
+          \$963  = \$668 ;
+      3'h1:
+          \$963  = \$766 ;
+      3'h2:
+          \$963  = \$864 ;
+      3'h3:
+          \$963  = \$962 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1357  = 24'h000000;
+    casez (\$964 )
+      3'h0:
+          \$1357  = \$1062 ;
+      3'h1:
+          \$1357  = \$1160 ;
+      3'h2:
+          \$1357  = \$1258 ;
+      3'h3:
+          \$1357  = \$1356 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1751  = 24'h000000;
+    casez (\$1358 )
+      3'h0:
+          \$1751  = \$1456 ;
+      3'h1:
+          \$1751  = \$1554 ;
+      3'h2:
+          \$1751  = \$1652 ;
+      3'h3:
+          \$1751  = \$1750 ;
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1766  = beat;
     if (\$2 ) begin
-      \$217  = \$3 ;
+      \$1766  = \$3 ;
     end
     if (unit_rst) begin
-      \$217  = 65'h00000000000000000;
+      \$1766  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$217  = 65'h00000000000000000;
+      \$1766  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$218  = h_valid;
+    \$1767  = h_valid;
     if (\$2 ) begin
-      \$218  = \$4 ;
+      \$1767  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$218  = 1'h0;
+                  \$1767  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$218  = 1'h0;
+                  \$1767  = 1'h0;
               6'h0c:
-                  \$218  = 1'h0;
+                  \$1767  = 1'h0;
               6'h0d:
-                  \$218  = 1'h0;
+                  \$1767  = 1'h0;
               6'h0f:
-                  \$218  = 1'h0;
+                  \$1767  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$218  = 1'h0;
+      \$1767  = 1'h0;
     end
     if (rst) begin
-      \$218  = 1'h0;
+      \$1767  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$219  = \$signal$10 ;
+    \$1768  = \$signal$10 ;
     if (run) begin
-      \$219  = \$10 ;
+      \$1768  = \$10 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$219  = 1'h0;
+                  \$1768  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$219  = 1'h0;
+                  \$1768  = 1'h0;
               6'h0c:
-                  \$219  = 1'h0;
+                  \$1768  = 1'h0;
               6'h0d:
-                  \$219  = 1'h0;
+                  \$1768  = 1'h0;
               6'h0f:
-                  \$219  = 1'h0;
+                  \$1768  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$219  = 1'h0;
+      \$1768  = 1'h0;
     end
     if (rst) begin
-      \$219  = 1'h0;
+      \$1768  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$220  = \$signal ;
+    \$1769  = \$signal ;
     if (run) begin
-      \$220  = \$11 ;
+      \$1769  = \$11 ;
     end
     if (unit_rst) begin
-      \$220  = 1'h0;
+      \$1769  = 1'h0;
     end
     if (rst) begin
-      \$220  = 1'h0;
+      \$1769  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$221  = rem0;
+    \$1770  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$221  = \$20 [13:0];
+          \$1770  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$221  = cnt0;
+          \$1770  = cnt0;
         end else begin
-          \$221  = cnt0;
+          \$1770  = cnt0;
         end
       end
     end
@@ -6446,37 +9667,44 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$221  = ins[122:109];
+                  \$1770  = ins[122:109];
               6'h05, 6'h06, 6'h07:
-                  \$221  = ins[122:109];
+                  \$1770  = ins[122:109];
               6'h0c:
-                  \$221  = ins[106:93];
+                  \$1770  = ins[106:93];
               6'h0d:
-                  \$221  = ins[90:77];
+                  \$1770  = ins[90:77];
               6'h0f:
-                  \$221  = ins[122:109];
+                  \$1770  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$221  = 14'h0000;
+      \$1770  = 14'h0000;
     end
     if (rst) begin
-      \$221  = 14'h0000;
+      \$1770  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$222  = \$signal$17 ;
+    \$1771  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$222  = \$21 [12:0];
+          \$1771  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$222  = \$25 [12:0];
+          \$1771  = \$25 [12:0];
         end else begin
-          \$222  = \$31 [12:0];
+          \$1771  = \$31 [12:0];
+        end
+      end
+    end
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1771  = \$51 [12:0];
         end
       end
     end
@@ -6485,37 +9713,37 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$222  = ins[34:22];
+                  \$1771  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$222  = ins[34:22];
+                  \$1771  = ins[34:22];
               6'h0c:
-                  \$222  = ins[34:22];
+                  \$1771  = ins[34:22];
               6'h0d:
-                  \$222  = ins[34:22];
+                  \$1771  = ins[34:22];
               6'h0f:
-                  \$222  = ins[34:22];
+                  \$1771  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$222  = 13'h0000;
+      \$1771  = 13'h0000;
     end
     if (rst) begin
-      \$222  = 13'h0000;
+      \$1771  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$223  = \$signal$19 ;
+    \$1772  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$223  = \$22 [12:0];
+          \$1772  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$223  = \$27 [12:0];
+          \$1772  = \$27 [12:0];
         end else begin
-          \$223  = \$34 [12:0];
+          \$1772  = \$34 [12:0];
         end
       end
     end
@@ -6524,36 +9752,36 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$223  = ins[47:35];
+                  \$1772  = ins[47:35];
               6'h05, 6'h06, 6'h07:
-                  \$223  = ins[47:35];
+                  \$1772  = ins[47:35];
               6'h0c:
-                  \$223  = ins[47:35];
+                  \$1772  = ins[47:35];
               6'h0d:
-                  \$223  = ins[47:35];
+                  \$1772  = ins[47:35];
               6'h0f:
-                  \$223  = ins[47:35];
+                  \$1772  = ins[47:35];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$223  = 13'h0000;
+      \$1772  = 13'h0000;
     end
     if (rst) begin
-      \$223  = 13'h0000;
+      \$1772  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$224  = rem1;
+    \$1773  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$224  = \$23 [13:0];
+          \$1773  = \$23 [13:0];
         end else begin
-          \$224  = cnt1;
+          \$1773  = cnt1;
         end
       end
     end
@@ -6562,36 +9790,36 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$224  = 14'h0001;
+                  \$1773  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$224  = 14'h0001;
+                  \$1773  = 14'h0001;
               6'h0c:
-                  \$224  = ins[90:77];
+                  \$1773  = ins[90:77];
               6'h0d:
-                  \$224  = 14'h0002;
+                  \$1773  = 14'h0002;
               6'h0f:
-                  \$224  = 14'h0002;
+                  \$1773  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$224  = 14'h0000;
+      \$1773  = 14'h0000;
     end
     if (rst) begin
-      \$224  = 14'h0000;
+      \$1773  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$225  = \$signal$22 ;
+    \$1774  = \$signal$22 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$225  = \$24 [12:0];
+          \$1774  = \$24 [12:0];
         end else begin
-          \$225  = \$30 [12:0];
+          \$1774  = \$30 [12:0];
         end
       end
     end
@@ -6600,36 +9828,36 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$225  = ins[34:22];
+                  \$1774  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$225  = ins[34:22];
+                  \$1774  = ins[34:22];
               6'h0c:
-                  \$225  = ins[34:22];
+                  \$1774  = ins[34:22];
               6'h0d:
-                  \$225  = ins[34:22];
+                  \$1774  = ins[34:22];
               6'h0f:
-                  \$225  = ins[34:22];
+                  \$1774  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$225  = 13'h0000;
+      \$1774  = 13'h0000;
     end
     if (rst) begin
-      \$225  = 13'h0000;
+      \$1774  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$226  = \$signal$24 ;
+    \$1775  = \$signal$24 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$226  = \$26 [12:0];
+          \$1775  = \$26 [12:0];
         end else begin
-          \$226  = \$33 [12:0];
+          \$1775  = \$33 [12:0];
         end
       end
     end
@@ -6638,35 +9866,35 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$226  = ins[47:35];
+                  \$1775  = ins[47:35];
               6'h05, 6'h06, 6'h07:
-                  \$226  = ins[47:35];
+                  \$1775  = ins[47:35];
               6'h0c:
-                  \$226  = ins[47:35];
+                  \$1775  = ins[47:35];
               6'h0d:
-                  \$226  = ins[47:35];
+                  \$1775  = ins[47:35];
               6'h0f:
-                  \$226  = ins[47:35];
+                  \$1775  = ins[47:35];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$226  = 13'h0000;
+      \$1775  = 13'h0000;
     end
     if (rst) begin
-      \$226  = 13'h0000;
+      \$1775  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$227  = rem2;
+    \$1776  = rem2;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$227  = \$28 [13:0];
+          \$1776  = \$28 [13:0];
         end
       end
     end
@@ -6675,35 +9903,35 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$227  = 14'h0001;
+                  \$1776  = 14'h0001;
               6'h05, 6'h06, 6'h07:
-                  \$227  = 14'h0001;
+                  \$1776  = 14'h0001;
               6'h0c:
-                  \$227  = ins[74:61];
+                  \$1776  = ins[74:61];
               6'h0d:
-                  \$227  = ins[74:61];
+                  \$1776  = ins[74:61];
               6'h0f:
-                  \$227  = 14'h0001;
+                  \$1776  = 14'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$227  = 14'h0000;
+      \$1776  = 14'h0000;
     end
     if (rst) begin
-      \$227  = 14'h0000;
+      \$1776  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$228  = \$signal$28 ;
+    \$1777  = \$signal$28 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$228  = \$29 [12:0];
+          \$1777  = \$29 [12:0];
         end
       end
     end
@@ -6712,35 +9940,35 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$228  = ins[34:22];
+                  \$1777  = ins[34:22];
               6'h05, 6'h06, 6'h07:
-                  \$228  = ins[34:22];
+                  \$1777  = ins[34:22];
               6'h0c:
-                  \$228  = ins[34:22];
+                  \$1777  = ins[34:22];
               6'h0d:
-                  \$228  = ins[34:22];
+                  \$1777  = ins[34:22];
               6'h0f:
-                  \$228  = ins[34:22];
+                  \$1777  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$228  = 13'h0000;
+      \$1777  = 13'h0000;
     end
     if (rst) begin
-      \$228  = 13'h0000;
+      \$1777  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$229  = \$signal$30 ;
+    \$1778  = \$signal$30 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$229  = \$32 [12:0];
+          \$1778  = \$32 [12:0];
         end
       end
     end
@@ -6749,28 +9977,28 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$229  = ins[47:35];
+                  \$1778  = ins[47:35];
               6'h05, 6'h06, 6'h07:
-                  \$229  = ins[47:35];
+                  \$1778  = ins[47:35];
               6'h0c:
-                  \$229  = ins[47:35];
+                  \$1778  = ins[47:35];
               6'h0d:
-                  \$229  = ins[47:35];
+                  \$1778  = ins[47:35];
               6'h0f:
-                  \$229  = ins[47:35];
+                  \$1778  = ins[47:35];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$229  = 13'h0000;
+      \$1778  = 13'h0000;
     end
     if (rst) begin
-      \$229  = 13'h0000;
+      \$1778  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$230  = issuing;
+    \$1779  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -6778,7 +10006,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$230  = 1'h0;
+            \$1779  = 1'h0;
           end
         end
       end
@@ -6788,600 +10016,209 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$230  = 1'h1;
+                  \$1779  = 1'h0;
               6'h05, 6'h06, 6'h07:
-                  \$230  = 1'h1;
+                  \$1779  = 1'h1;
               6'h0c:
-                  \$230  = 1'h1;
+                  \$1779  = 1'h1;
               6'h0d:
-                  \$230  = 1'h1;
+                  \$1779  = 1'h1;
               6'h0f:
-                  \$230  = 1'h1;
+                  \$1779  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$230  = 1'h0;
+      \$1779  = 1'h0;
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$1779  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$231  = wvalid;
+    \$1780  = q_read;
     if (run) begin
       if (\$signal$32 ) begin
-        if (\$37 ) begin
-          \$231  = 1'h0;
-        end
-        if (\$38 ) begin
-          if (\$47 ) begin
-            \$231  = 1'h1;
-          end
+        if (\$46 ) begin
+          \$1780  = \$52 [13:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$231  = 1'h0;
+            \$1780  = 14'h0000;
           end
     endcase
     if (unit_rst) begin
-      \$231  = 1'h0;
+      \$1780  = 14'h0000;
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$1780  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$232  = fill;
+    \$1781  = q_pend;
     if (run) begin
       if (\$signal$32 ) begin
-        if (\$37 ) begin
-          \$232  = 3'h0;
-        end
-        if (\$38 ) begin
-          \$232  = \$43 [2:0];
+        if (\$46 ) begin
+          \$1781  = 1'h1;
+        end else if (\$50 ) begin
+          \$1781  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$232  = 3'h0;
+            \$1781  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$232  = 3'h0;
+      \$1781  = 1'h0;
     end
     if (rst) begin
-      \$232  = 3'h0;
+      \$1781  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$233  = pack;
+    \$1782  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
-        if (\$38 ) begin
-          casez (\$40 )
-            3'h0:
-                \$233 [23:0] = beat[23:0];
-            3'h1:
-                \$233 [47:24] = beat[23:0];
-            3'h2:
-                \$233 [71:48] = beat[23:0];
-            3'h3:
-                \$233 [95:72] = beat[23:0];
-          endcase
+        if (\$46 ) begin
+          \$1782  = \$signal$43 ;
         end
       end
     end
     if (unit_rst) begin
-      \$233  = 96'h000000000000000000000000;
+      \$1782  = 2'h0;
     end
     if (rst) begin
-      \$233  = 96'h000000000000000000000000;
+      \$1782  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$234  = lane;
+    \$1783  = q_k;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1783  = \$144 [2:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$1783  = 3'h0;
+    end
+    if (rst) begin
+      \$1783  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1784  = \$signal$43 ;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1784  = \$56 [1:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1784  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1784  = 2'h0;
+    end
+    if (rst) begin
+      \$1784  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1785  = wvalid;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$57 ) begin
+          \$1785  = 1'h0;
+        end
+        if (\$61 ) begin
+          \$1785  = \$89 ;
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1785  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1785  = 1'h0;
+    end
+    if (rst) begin
+      \$1785  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1786  = pack;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$61 ) begin
+          if (\$65 ) begin
+            \$1786 [23:0] = \$67 ;
+          end
+          if (\$71 ) begin
+            \$1786 [47:24] = \$73 ;
+          end
+          if (\$77 ) begin
+            \$1786 [71:48] = \$79 ;
+          end
+          if (\$83 ) begin
+            \$1786 [95:72] = \$85 ;
+          end
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$1786  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$1786  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1787  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$234  = \$51 [1:0];
+          \$1787  = \$90 [13:0];
         end
       end
     end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$234  = 2'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$234  = 2'h0;
-    end
-    if (rst) begin
-      \$234  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$235  = hold_valid;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (hold_valid) begin
-          if (\$53 ) begin
-            \$235  = 1'h0;
-          end
-        end
-        if (\$54 ) begin
-          \$235  = 1'h1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$235  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$235  = 1'h0;
-    end
-    if (rst) begin
-      \$235  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$236  = hold;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$54 ) begin
-          \$236  = rq__o__payload;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$236  = 96'h000000000000000000000000;
-    end
-    if (rst) begin
-      \$236  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$237  = \$signal$32 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$237  = \$55 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$237  = 1'h0;
-    end
-    if (rst) begin
-      \$237  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$238  = \$signal$33 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$238  = \$56 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$238  = 1'h0;
-    end
-    if (rst) begin
-      \$238  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$239  = \$signal$34 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$239  = \$57 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$239  = 1'h0;
-    end
-    if (rst) begin
-      \$239  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$240  = \$signal$35 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$240  = \$59 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$240  = 1'h0;
-    end
-    if (rst) begin
-      \$240  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$241  = low;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$241  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$241  = 1'h0;
-    end
-    if (rst) begin
-      \$241  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$242  = results;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$242  = \$63 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$242  = 15'h0000;
-    end
-    if (rst) begin
-      \$242  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$243  = vec_op;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$243  = \$67 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$243  = 2'h0;
-    end
-    if (rst) begin
-      \$243  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$244  = width;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$244  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$244  = 6'h00;
-    end
-    if (rst) begin
-      \$244  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$245  = mult;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$245  = ins[152:137];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$245  = spad__rd0__data[15:0];
-    endcase
-    if (unit_rst) begin
-      \$245  = 16'h0000;
-    end
-    if (rst) begin
-      \$245  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$246  = shift;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$246  = ins[174:169];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$246  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$246  = 6'h00;
-    end
-    if (rst) begin
-      \$246  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$247  = at_last;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$247  = \$68 ;
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            \$247  = \$77 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$247  = 1'h0;
-    end
-    if (rst) begin
-      \$247  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$248  = cnt0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$248  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
-                  \$248  = ins[122:109];
-              6'h0c:
-                  \$248  = ins[106:93];
-              6'h0d:
-                  \$248  = ins[90:77];
-              6'h0f:
-                  \$248  = ins[122:109];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$248  = 14'h0000;
-    end
-    if (rst) begin
-      \$248  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$249  = cnt1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$249  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$249  = 14'h0001;
-              6'h0c:
-                  \$249  = ins[90:77];
-              6'h0d:
-                  \$249  = 14'h0002;
-              6'h0f:
-                  \$249  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$249  = 14'h0000;
-    end
-    if (rst) begin
-      \$249  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$250  = sa0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$250  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
-                  \$250  = 13'h0001;
-              6'h0c:
-                  \$250  = ins[89:77];
-              6'h0d:
-                  \$250  = 13'h0001;
-              6'h0f:
-                  \$250  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$250  = 13'h0000;
-    end
-    if (rst) begin
-      \$250  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$251  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$251  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$251  = 1'h0;
-              6'h0c:
-                  \$251  = 1'h1;
-              6'h0d:
-                  \$251  = 1'h0;
-              6'h0f:
-                  \$251  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$251  = 1'h0;
-    end
-    if (rst) begin
-      \$251  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$252  = sa2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$252  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$252  = 13'h0000;
-              6'h0c:
-                  \$252  = ins[135:123];
-              6'h0d:
-                  \$252  = ins[89:77];
-              6'h0f:
-                  \$252  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$252  = 13'h0000;
-    end
-    if (rst) begin
-      \$252  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$253  = sb0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$253  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$253  = 1'h1;
-              6'h0c:
-                  \$253  = 1'h1;
-              6'h0d:
-                  \$253  = 1'h0;
-              6'h0f:
-                  \$253  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$253  = 1'h0;
-    end
-    if (rst) begin
-      \$253  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$254  = sb1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$254  = 1'h0;
-              6'h05, 6'h06, 6'h07:
-                  \$254  = 1'h0;
-              6'h0c:
-                  \$254  = 1'h0;
-              6'h0d:
-                  \$254  = 1'h0;
-              6'h0f:
-                  \$254  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$254  = 1'h0;
-    end
-    if (rst) begin
-      \$254  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$255  = sb2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$255  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
-                  \$255  = 13'h0000;
-              6'h0c:
-                  \$255  = ins[105:93];
-              6'h0d:
-                  \$255  = 13'h0000;
-              6'h0f:
-                  \$255  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$255  = 13'h0000;
-    end
-    if (rst) begin
-      \$255  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$256  = el;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$256  = 14'h0000;
+                  \$1787  = 14'h0000;
               6'h05, 6'h06, 6'h07:
-                  \$256  = 14'h0000;
+                  \$1787  = 14'h0000;
               6'h0c:
-                  \$256  = 14'h0000;
+                  \$1787  = 14'h0000;
               6'h0d:
-                  \$256  = 14'h0000;
+                  \$1787  = 14'h0000;
               6'h0f:
-                  \$256  = 14'h0000;
+                  \$1787  = 14'h0000;
             endcase
           end
       2'h1:
@@ -7390,45 +10227,497 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$256  = \$75 [13:0];
+            \$1787  = \$113 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$256  = 14'h0000;
+      \$1787  = 14'h0000;
     end
     if (rst) begin
-      \$256  = 14'h0000;
+      \$1787  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$257  = fsm_state;
+    \$1788  = \$signal$50 ;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          \$1788  = \$92 [1:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1788  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1788  = 2'h0;
+    end
+    if (rst) begin
+      \$1788  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1789  = hold_valid;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          if (\$signal$51 ) begin
+            \$1789  = 1'h0;
+          end
+        end
+        if (\$93 ) begin
+          \$1789  = 1'h1;
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1789  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1789  = 1'h0;
+    end
+    if (rst) begin
+      \$1789  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1790  = hold;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$93 ) begin
+          \$1790  = rq__o__payload;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$1790  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$1790  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1791  = \$signal$32 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1791  = \$94 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1791  = 1'h0;
+    end
+    if (rst) begin
+      \$1791  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1792  = \$signal$33 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1792  = \$95 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1792  = 1'h0;
+    end
+    if (rst) begin
+      \$1792  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1793  = \$signal$34 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1793  = \$96 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1793  = 1'h0;
+    end
+    if (rst) begin
+      \$1793  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1794  = \$signal$35 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1794  = \$98 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1794  = 1'h0;
+    end
+    if (rst) begin
+      \$1794  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1795  = low;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1795  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1795  = 1'h0;
+    end
+    if (rst) begin
+      \$1795  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1796  = results;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1796  = \$102 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1796  = 15'h0000;
+    end
+    if (rst) begin
+      \$1796  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1797  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1797  = \$106 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1797  = 2'h0;
+    end
+    if (rst) begin
+      \$1797  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1798  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1798  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1798  = 6'h00;
+    end
+    if (rst) begin
+      \$1798  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1799  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1799  = ins[152:137];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1799  = spad__rd0__lanes[15:0];
+    endcase
+    if (unit_rst) begin
+      \$1799  = 16'h0000;
+    end
+    if (rst) begin
+      \$1799  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1800  = shift;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1800  = ins[174:169];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1800  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$1800  = 6'h00;
+    end
+    if (rst) begin
+      \$1800  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1801  = cnt0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1801  = ins[122:109];
+              6'h05, 6'h06, 6'h07:
+                  \$1801  = ins[122:109];
+              6'h0c:
+                  \$1801  = ins[106:93];
+              6'h0d:
+                  \$1801  = ins[90:77];
+              6'h0f:
+                  \$1801  = ins[122:109];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1801  = 14'h0000;
+    end
+    if (rst) begin
+      \$1801  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1802  = cnt1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1802  = 14'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$1802  = 14'h0001;
+              6'h0c:
+                  \$1802  = ins[90:77];
+              6'h0d:
+                  \$1802  = 14'h0002;
+              6'h0f:
+                  \$1802  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1802  = 14'h0000;
+    end
+    if (rst) begin
+      \$1802  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1803  = sa0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1803  = 13'h0001;
+              6'h05, 6'h06, 6'h07:
+                  \$1803  = 13'h0001;
+              6'h0c:
+                  \$1803  = ins[89:77];
+              6'h0d:
+                  \$1803  = 13'h0001;
+              6'h0f:
+                  \$1803  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1803  = 13'h0000;
+    end
+    if (rst) begin
+      \$1803  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1804  = sa1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1804  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$1804  = 1'h0;
+              6'h0c:
+                  \$1804  = 1'h1;
+              6'h0d:
+                  \$1804  = 1'h0;
+              6'h0f:
+                  \$1804  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1804  = 1'h0;
+    end
+    if (rst) begin
+      \$1804  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1805  = sa2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1805  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$1805  = 13'h0000;
+              6'h0c:
+                  \$1805  = ins[135:123];
+              6'h0d:
+                  \$1805  = ins[89:77];
+              6'h0f:
+                  \$1805  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1805  = 13'h0000;
+    end
+    if (rst) begin
+      \$1805  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1806  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1806  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$1806  = 1'h1;
+              6'h0c:
+                  \$1806  = 1'h1;
+              6'h0d:
+                  \$1806  = 1'h0;
+              6'h0f:
+                  \$1806  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1806  = 1'h0;
+    end
+    if (rst) begin
+      \$1806  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1807  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1807  = 1'h0;
+              6'h05, 6'h06, 6'h07:
+                  \$1807  = 1'h0;
+              6'h0c:
+                  \$1807  = 1'h0;
+              6'h0d:
+                  \$1807  = 1'h0;
+              6'h0f:
+                  \$1807  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1807  = 1'h0;
+    end
+    if (rst) begin
+      \$1807  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1808  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1808  = 13'h0000;
+              6'h05, 6'h06, 6'h07:
+                  \$1808  = 13'h0000;
+              6'h0c:
+                  \$1808  = ins[105:93];
+              6'h0d:
+                  \$1808  = 13'h0000;
+              6'h0f:
+                  \$1808  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1808  = 13'h0000;
+    end
+    if (rst) begin
+      \$1808  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1809  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$70 ) begin
-            end else if (\$74 ) begin
-              \$257  = 2'h1;
+            if (\$108 ) begin
+            end else if (\$112 ) begin
+              \$1809  = 2'h1;
             end else begin
-              \$257  = 2'h2;
+              \$1809  = 2'h2;
             end
           end
       2'h1:
-          \$257  = 2'h3;
+          \$1809  = 2'h3;
       2'h3:
-          \$257  = 2'h2;
+          \$1809  = 2'h2;
       2'h2:
-          if (\$78 ) begin
-            \$257  = 2'h0;
+          if (\$114 ) begin
+            \$1809  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$257  = 2'h0;
+      \$1809  = 2'h0;
     end
     if (rst) begin
-      \$257  = 2'h0;
+      \$1809  = 2'h0;
     end
   end
   always @* begin
@@ -7437,11 +10726,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       spad__rd0__addr = \$signal$17 ;
     end
+    if (run) begin
+      if (\$signal$32 ) begin
+        spad__rd0__addr = \$signal$17 ;
+      end
+    end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$207 [12:0];
+          spad__rd0__addr = \$1756 [12:0];
     endcase
   end
   always @* begin
@@ -7454,14 +10748,19 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$210 [12:0];
+          spad__rd1__addr = \$1759 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$90 ;
+      spad__rd0__en = \$126 ;
+    end
+    if (run) begin
+      if (\$signal$32 ) begin
+        spad__rd0__en = \$156 ;
+      end
     end
     casez (fsm_state)
       2'h0:
@@ -7474,7 +10773,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$96 ;
+      spad__rd1__en = \$132 ;
     end
     casez (fsm_state)
       2'h0:
@@ -7494,52 +10793,19 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    unit_ready = 1'h0;
+    \$signal$49  = 3'h0;
     if (run) begin
-      (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        unit_ready = \$100 ;
-      end else if (\$signal$33 ) begin
-        unit_ready = i__ready;
-      end else if (\$signal$34 ) begin
-        unit_ready = \i__ready$84 ;
-      end else if (\$signal$35 ) begin
-      end else begin
-        unit_ready = \i__ready$88 ;
+        \$signal$49  = \$168 [2:0];
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    out_valid = 1'h0;
+    \$signal$51  = 1'h0;
     if (run) begin
-      (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-        out_valid = hold_valid;
-      end else if (\$signal$33 ) begin
-        out_valid = o__valid;
-      end else if (\$signal$34 ) begin
-        out_valid = \o__valid$85 ;
-      end else if (\$signal$35 ) begin
-      end else begin
-        out_valid = \o__valid$89 ;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    out_data = 32'd0;
-    if (run) begin
-      (* full_case = 32'd1 *)
-      if (\$signal$32 ) begin
-        out_data = { \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201 [23], \$201  };
-      end else if (\$signal$33 ) begin
-        out_data = { 19'h00000, o__payload };
-      end else if (\$signal$34 ) begin
-        out_data = { \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86 [15], \o__payload$86  };
-      end else if (\$signal$35 ) begin
-      end else begin
-        out_data = { \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90 [15], \o__payload$90  };
+        \$signal$51  = \$173 ;
       end
     end
   end
@@ -7548,7 +10814,105 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$205 ;
+        rq__o__ready = \$175 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          spad__wr__addr = \$176 [12:0];
+        end
+      end
+    end
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__addr = \$1760 [12:0];
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__data = 32'd0;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          spad__wr__data = { \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569  };
+        end
+      end
+    end
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__data = out_data;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__en = 1'h0;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          spad__wr__en = 1'h1;
+        end
+      end
+    end
+    (* full_case = 32'd1 *)
+    casez (fsm_state)
+      2'h0:
+          /* empty */;
+      2'h1:
+          /* empty */;
+      2'h3:
+          /* empty */;
+      2'h2:
+          if (out_valid) begin
+            spad__wr__en = 1'h1;
+          end
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__upper = 96'h000000000000000000000000;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          spad__wr__upper[31:0] = { \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963  };
+          spad__wr__upper[63:32] = { \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357  };
+          spad__wr__upper[95:64] = { \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751  };
+        end
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    spad__wr__upper_en = 3'h0;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (hold_valid) begin
+          spad__wr__upper_en[0] = \$1752 ;
+          spad__wr__upper_en[1] = \$1753 ;
+          spad__wr__upper_en[2] = \$1754 ;
+        end
       end
     end
   end
@@ -7564,18 +10928,66 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$83  = 1'h0;
+    unit_ready = 1'h0;
     if (run) begin
+      (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
       end else if (\$signal$33 ) begin
+        unit_ready = i__ready;
       end else if (\$signal$34 ) begin
-        \i__valid$83  = h_valid;
+        unit_ready = \i__ready$96 ;
+      end else if (\$signal$35 ) begin
+      end else begin
+        unit_ready = \i__ready$100 ;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$87  = 1'h0;
+    out_valid = 1'h0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+        out_valid = o__valid;
+      end else if (\$signal$34 ) begin
+        out_valid = \o__valid$97 ;
+      end else if (\$signal$35 ) begin
+      end else begin
+        out_valid = \o__valid$101 ;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    out_data = 32'd0;
+    if (run) begin
+      (* full_case = 32'd1 *)
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+        out_data = { 19'h00000, o__payload };
+      end else if (\$signal$34 ) begin
+        out_data = { \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98  };
+      end else if (\$signal$35 ) begin
+      end else begin
+        out_data = { \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102  };
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \i__valid$95  = 1'h0;
+    if (run) begin
+      if (\$signal$32 ) begin
+      end else if (\$signal$33 ) begin
+      end else if (\$signal$34 ) begin
+        \i__valid$95  = h_valid;
+      end
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \i__valid$99  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
@@ -7583,7 +10995,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (\$signal$34 ) begin
       end else if (\$signal$35 ) begin
       end else begin
-        \i__valid$87  = h_valid;
+        \i__valid$99  = h_valid;
       end
     end
   end
@@ -7604,57 +11016,6 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    spad__wr__addr = 13'h0000;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            spad__wr__addr = \$211 [12:0];
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    spad__wr__data = 32'd0;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            spad__wr__data = out_data;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    spad__wr__en = 1'h0;
-    (* full_case = 32'd1 *)
-    casez (fsm_state)
-      2'h0:
-          /* empty */;
-      2'h1:
-          /* empty */;
-      2'h3:
-          /* empty */;
-      2'h2:
-          if (out_valid) begin
-            spad__wr__en = 1'h1;
-          end
-    endcase
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     done = 1'h0;
     (* full_case = 32'd1 *)
     casez (fsm_state)
@@ -7665,7 +11026,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$212 ) begin
+          if (\$1761 ) begin
             done = 1'h1;
           end
     endcase
@@ -7682,13 +11043,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$212 ) begin
+          if (\$1761 ) begin
             error = 8'h00;
           end
     endcase
   end
+  assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign w_data = { \$signal , spad__rd1__data, spad__rd0__data };
+  assign \$signal$41  = \$144 [2:0];
+  assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
   assign rq__i__payload = pack;
@@ -7696,23 +11059,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$75  = 1'h1;
-  assign \o__ready$76  = 1'h1;
+  assign \o__ready$82  = 1'h1;
+  assign \o__ready$83  = 1'h1;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
-  assign \pack[0]  = pack[23:0];
-  assign \pack[1]  = pack[47:24];
-  assign \pack[2]  = pack[71:48];
-  assign \pack[3]  = pack[95:72];
-  assign \hold[0]  = hold[23:0];
-  assign \hold[1]  = hold[47:24];
-  assign \hold[2]  = hold[71:48];
-  assign \hold[3]  = hold[95:72];
-  assign \rq__o__payload[0]  = rq__o__payload[23:0];
-  assign \rq__o__payload[1]  = rq__o__payload[47:24];
-  assign \rq__o__payload[2]  = rq__o__payload[71:48];
-  assign \rq__o__payload[3]  = rq__o__payload[95:72];
   assign \ins.op  = ins[5:0];
   assign \ins.flags  = ins[15:6];
   assign \ins.width  = ins[21:16];
@@ -7729,42 +11080,65 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
+  assign \pack[0]  = pack[23:0];
+  assign \pack[1]  = pack[47:24];
+  assign \pack[2]  = pack[71:48];
+  assign \pack[3]  = pack[95:72];
+  assign \spad__rd0__lanes[0]  = spad__rd0__lanes[31:0];
+  assign \spad__rd0__lanes[1]  = spad__rd0__lanes[63:32];
+  assign \spad__rd0__lanes[2]  = spad__rd0__lanes[95:64];
+  assign \spad__rd0__lanes[3]  = spad__rd0__lanes[127:96];
+  assign \hold[0]  = hold[23:0];
+  assign \hold[1]  = hold[47:24];
+  assign \hold[2]  = hold[71:48];
+  assign \hold[3]  = hold[95:72];
+  assign \rq__o__payload[0]  = rq__o__payload[23:0];
+  assign \rq__o__payload[1]  = rq__o__payload[47:24];
+  assign \rq__o__payload[2]  = rq__o__payload[71:48];
+  assign \rq__o__payload[3]  = rq__o__payload[95:72];
   assign \rq__i__payload[0]  = pack[23:0];
   assign \rq__i__payload[1]  = pack[47:24];
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$70[0]  = \i__payload$70 ;
-  assign \i__payload$70[0].g  = \i__payload$70 [15:0];
-  assign \i__payload$70[0].u  = \i__payload$70 [31:16];
-  assign \i__payload$71.a  = \i__payload$71 [15:0];
-  assign \i__payload$71.b  = \i__payload$71 [32:16];
-  assign \i__payload$71.last  = \i__payload$71 [33];
+  assign \i__payload$77[0]  = \i__payload$77 ;
+  assign \i__payload$77[0].g  = \i__payload$77 [15:0];
+  assign \i__payload$77[0].u  = \i__payload$77 [31:16];
+  assign \i__payload$78.a  = \i__payload$78 [15:0];
+  assign \i__payload$78.b  = \i__payload$78 [32:16];
+  assign \i__payload$78.last  = \i__payload$78 [33];
+  assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
+  assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
+  assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$86[0]  = \o__payload$86 ;
-  assign \i__payload$71 [33] = beat[64];
-  assign \i__payload$71 [32:16] = \$98 ;
-  assign \i__payload$71 [15:0] = beat[15:0];
-  assign \i__payload$70 [31:16] = beat[47:32];
-  assign \i__payload$70 [15:0] = beat[15:0];
+  assign \o__payload$98[0]  = \o__payload$98 ;
+  assign \i__payload$78 [33] = beat[64];
+  assign \i__payload$78 [32:16] = \$146 ;
+  assign \i__payload$78 [15:0] = beat[15:0];
+  assign \i__payload$77 [31:16] = beat[47:32];
+  assign \i__payload$77 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
   assign \$13  = issuing;
-  assign \$59  = 1'h0;
-  assign \$61  = 1'h0;
-  assign \$62  = { ins[122:109], 1'h0 };
-  assign \$63  = { 1'h0, ins[122:109] };
-  assign \$70  = 1'h0;
-  assign { \$72 [9:3], \$72 [1:0] } = 9'h000;
-  assign \$72 [2] = ins[8];
-  assign \$85  = 1'h1;
-  assign \$86  = issuing;
-  assign \$91  = 1'h1;
-  assign \$92  = issuing;
-  assign \$206  = { ins[190:175], 1'h0 };
-  assign \$208  = { ins[190:175], 1'h0 };
-  assign \$73  = ins[8];
+  assign \$38  = 1'h1;
+  assign \$39  = \$37 ;
+  assign \$98  = 1'h0;
+  assign \$100  = 1'h0;
+  assign \$101  = { ins[122:109], 1'h0 };
+  assign \$102  = { 1'h0, ins[122:109] };
+  assign \$108  = 1'h0;
+  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
+  assign \$110 [2] = ins[8];
+  assign \$121  = 1'h1;
+  assign \$122  = issuing;
+  assign \$127  = 1'h1;
+  assign \$128  = issuing;
+  assign \$148  = 1'h1;
+  assign \$149  = \$147 ;
+  assign \$1755  = { ins[190:175], 1'h0 };
+  assign \$1757  = { ins[190:175], 1'h0 };
+  assign \$111  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -10189,7 +13563,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4044$0 , unit_rst, \port$5592$0 , level, \port$5967$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5637$0 , unit_rst, \port$7185$0 , level, \port$7570$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10214,12 +13588,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4044
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$4044$0 ;
-  wire [31:0] \port$4044$0 ;
-  input \port$5592$0 ;
-  wire \port$5592$0 ;
-  input [31:0] \port$5967$0 ;
-  wire [31:0] \port$5967$0 ;
+  input [31:0] \port$5637$0 ;
+  wire [31:0] \port$5637$0 ;
+  input \port$7185$0 ;
+  wire \port$7185$0 ;
+  input [31:0] \port$7570$0 ;
+  wire [31:0] \port$7570$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10252,7 +13626,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4044
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5592$0 , \port$4044$0 , \port$5967$0  };
+      storage[w_port__addr] <= { \port$7185$0 , \port$5637$0 , \port$7570$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10323,8 +13697,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4044
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5592$0 , \port$4044$0 , \port$5967$0  };
-  assign w_data = { \port$5592$0 , \port$4044$0 , \port$5967$0  };
+  assign w_port__data = { \port$7185$0 , \port$5637$0 , \port$7570$0  };
+  assign w_data = { \port$7185$0 , \port$5637$0 , \port$7570$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -30533,9 +33907,9 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4527$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en
-, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper, clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr
-, clients__5__rd1__en, clients__0__rd0__lanes, clk);
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6120$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en
+, clients__2__wr__data, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper, clients__5__wr__upper_en, clients__5__rd0__addr
+, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
   wire \$10 ;
   wire \$11 ;
@@ -30737,10 +34111,12 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] clients__3__wr__data;
   input clients__3__wr__en;
   wire clients__3__wr__en;
+  input [95:0] clients__3__wr__upper;
   wire [95:0] clients__3__wr__upper;
   wire [31:0] \clients__3__wr__upper[0] ;
   wire [31:0] \clients__3__wr__upper[1] ;
   wire [31:0] \clients__3__wr__upper[2] ;
+  input [2:0] clients__3__wr__upper_en;
   wire [2:0] clients__3__wr__upper_en;
   wire clients__4__blocked;
   input [12:0] clients__4__rd0__addr;
@@ -30800,8 +34176,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4527$0 ;
-  wire [4:0] \port$4527$0 ;
+  input [4:0] \port$6120$0 ;
+  wire [4:0] \port$6120$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30825,73 +34201,77 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4527$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6120$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4527$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6120$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4527$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6120$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4527$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6120$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4527$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6120$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4527$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6120$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4527$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6120$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4527$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6120$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4527$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4527$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6120$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6120$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4527$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6120$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4527$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6120$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4527$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6120$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1], \port$4527$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1], \port$6120$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2], \port$4527$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3], \port$4527$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3], \port$6120$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
-  assign \$88  = clients__5__wr__upper & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$80  = clients__1__wr__upper & { \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0] };
+  assign \$84  = clients__3__wr__upper & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
+  assign \$85  = \$83  | \$84 ;
+  assign \$88  = clients__5__wr__upper & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$4527$0 [0], \port$4527$0 [0], \port$4527$0 [0] };
-  assign \$99  = clients__5__wr__upper_en & { \port$4527$0 [4], \port$4527$0 [4], \port$4527$0 [4] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6120$0 [0], \port$6120$0 [0], \port$6120$0 [0] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6120$0 [2], \port$6120$0 [2], \port$6120$0 [2] };
+  assign \$96  = \$94  | \$95 ;
+  assign \$99  = clients__5__wr__upper_en & { \port$6120$0 [4], \port$6120$0 [4], \port$6120$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -30908,7 +34288,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$4527$0 , \port$2$0  };
+  assign select = { \port$6120$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];
@@ -30937,11 +34317,9 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign clients__0__wr__data = 32'd0;
   assign clients__0__wr__upper = 96'h000000000000000000000000;
   assign clients__2__wr__upper = 96'h000000000000000000000000;
-  assign clients__3__wr__upper = 96'h000000000000000000000000;
   assign clients__4__wr__upper = 96'h000000000000000000000000;
   assign clients__0__wr__upper_en = 3'h0;
   assign clients__2__wr__upper_en = 3'h0;
-  assign clients__3__wr__upper_en = 3'h0;
   assign clients__4__wr__upper_en = 3'h0;
   assign clients__0__blocked = 1'h0;
   assign clients__1__blocked = 1'h0;
@@ -30989,9 +34367,9 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \clients__2__wr__upper[0]  = 32'd0;
   assign \clients__2__wr__upper[1]  = 32'd0;
   assign \clients__2__wr__upper[2]  = 32'd0;
-  assign \clients__3__wr__upper[0]  = 32'd0;
-  assign \clients__3__wr__upper[1]  = 32'd0;
-  assign \clients__3__wr__upper[2]  = 32'd0;
+  assign \clients__3__wr__upper[0]  = clients__3__wr__upper[31:0];
+  assign \clients__3__wr__upper[1]  = clients__3__wr__upper[63:32];
+  assign \clients__3__wr__upper[2]  = clients__3__wr__upper[95:64];
   assign \clients__4__wr__upper[0]  = 32'd0;
   assign \clients__4__wr__upper[1]  = 32'd0;
   assign \clients__4__wr__upper[2]  = 32'd0;
@@ -31024,19 +34402,15 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \$81  = \$80 ;
   assign \$82  = 96'h000000000000000000000000;
   assign \$83  = \$80 ;
-  assign \$84  = 96'h000000000000000000000000;
-  assign \$85  = \$80 ;
   assign \$86  = 96'h000000000000000000000000;
-  assign \$87  = \$80 ;
+  assign \$87  = \$85 ;
   assign \$89  = 3'h0;
   assign \$90  = 3'h0;
   assign \$92  = \$91 ;
   assign \$93  = 3'h0;
   assign \$94  = \$91 ;
-  assign \$95  = 3'h0;
-  assign \$96  = \$91 ;
   assign \$97  = 3'h0;
-  assign \$98  = \$91 ;
+  assign \$98  = \$96 ;
 endmodule
 
 (* generator = "Amaranth" *)
