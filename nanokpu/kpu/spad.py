@@ -10,26 +10,34 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import word_width
 from nanokpu.kpu.decoded import widths
-from nanokpu.kpu.dmem import DataMemory, read_signature, writes_block_reads
+from nanokpu.kpu.dmem import (
+    DataMemory,
+    banks,
+    read_signature,
+    wide_read_signature,
+    write_signature,
+    writes_block_reads,
+)
 
-__all__ = ["Scratchpad", "spad_client_signature", "write_signature"]
-
-
-def write_signature(addr_width: int, shape) -> wiring.Signature:
-    """A write port as its user sees it: ``en``, ``addr``, ``data`` out."""
-    return wiring.Signature({"en": Out(1), "addr": Out(addr_width), "data": Out(shape)})
+__all__ = ["Scratchpad", "spad_client_signature"]
 
 
 def spad_client_signature(cfg: KpuConfig) -> wiring.Signature:
-    """A client's view of the data scratchpad (:class:`~nanokpu.kpu.dmem.DataMemory`): two read
-    ports (``en`` low by default), a write port, and ``blocked``: high in a cycle in which a
-    read issued would not be performed (:func:`~nanokpu.kpu.dmem.writes_block_reads`), so a
-    client that reads after writing waits while it is high."""
-    aw, shape = widths(cfg).aw, signed(word_width(cfg))
-    rd = read_signature(aw, shape)
-    rd = wiring.Signature({"en": Out(1), "addr": rd.members["addr"], "data": rd.members["data"]})
-    return wiring.Signature({"rd0": Out(rd), "rd1": Out(rd), "wr": Out(write_signature(aw, shape)),
-                             "blocked": In(1)})
+    """A client's view of the data scratchpad (:class:`~nanokpu.kpu.dmem.DataMemory`, ``B =``
+    :func:`~nanokpu.kpu.dmem.banks`): the wide read port ``rd0`` (``lanes``: the ``B`` words from
+    ``addr`` on), the narrow ``rd1`` (both with ``en`` low by default), the write port ``wr``
+    (:func:`~nanokpu.kpu.dmem.write_signature`: ``data`` at ``addr``, up to ``B - 1`` more
+    lanes after it), and ``blocked``: high in a cycle in which a read issued would not be
+    performed (:func:`~nanokpu.kpu.dmem.writes_block_reads`), so a client that reads after
+    writing waits while it is high."""
+    aw, shape, B = widths(cfg).aw, signed(word_width(cfg)), banks(cfg)
+
+    def enable_low(sig):
+        return wiring.Signature(dict(sig.members) | {"en": Out(1)})
+
+    return wiring.Signature({"rd0": Out(enable_low(wide_read_signature(aw, shape, B))),
+                             "rd1": Out(enable_low(read_signature(aw, shape))),
+                             "wr": Out(write_signature(aw, shape, B)), "blocked": In(1)})
 
 
 def _or(pad, get):
@@ -73,9 +81,10 @@ class Scratchpad(wiring.Component):
                          port.addr.eq(_or(self, lambda c, n=name: getattr(c, n).addr))]
             for c in self.clients:
                 m.d.comb += getattr(c, name).data.eq(port.data)
-        m.d.comb += [mem.wr.en.eq(_or(self, lambda c: c.wr.en)),
-                     mem.wr.addr.eq(_or(self, lambda c: c.wr.addr)),
-                     mem.wr.data.eq(_or(self, lambda c: c.wr.data))]
+        for c in self.clients:
+            m.d.comb += c.rd0.lanes.eq(mem.rd0.lanes)
+        m.d.comb += [getattr(mem.wr, n).eq(_or(self, lambda c, n=n: getattr(c.wr, n)))
+                     for n in ("en", "addr", "data", "upper", "upper_en")]
         for c in self.clients:
             m.d.comb += c.blocked.eq(blocked)
         return m

@@ -8,37 +8,45 @@ from amaranth.sim import Simulator
 
 from fpga.flow import BUILD_DIR, synthesize
 from nanokpu.config import profile
-from nanokpu.kpu.dmem import DataMemory, writes_block_reads
+from nanokpu.kpu.dmem import DataMemory, banks, writes_block_reads
 from nanokpu.kpu.top import NanoKPU
 from sim.lib.dmem_model import DmemModel, random_ops
 
 
-@pytest.mark.parametrize("dsp, seed", [("generic", 1), ("generic", 2), ("ecp5", 3)])
-def test_contract(dsp, seed):
-    """Two read ports and a write port, the write performed an edge after it is issued; data
-    holds while en is low; a read of a row while it is being written is undefined (generic,
-    not checked) or not performed (ecp5)."""
-    cfg = profile("tiny", dmem_depth=64, dsp=dsp)
+@pytest.mark.parametrize("dsp, rows, seed", [("generic", 4, 1), ("generic", 4, 2), ("ecp5", 4, 3), ("ecp5", 4, 4),
+                                             ("generic", 8, 5), ("ecp5", 3, 6), ("generic", 1, 7), ("ecp5", 1, 8)])
+def test_contract(dsp, rows, seed):
+    """A wide read port (B lanes at any alignment), a narrow one and a masked wide write port,
+    the write performed an edge after it is issued; data holds while en is low; a read of a
+    word while it is being written is undefined (generic, not checked) or not performed
+    (ecp5); addresses wrap."""
+    cfg = profile("tiny", dmem_depth=64, dsp=dsp, rows=rows)
     dut = DataMemory(cfg)
-    model = DmemModel(writes_block_reads=writes_block_reads(cfg))
-    ops = random_ops(cfg.dmem_depth, 32, 1500, np.random.default_rng(seed))
+    B = banks(cfg)
+    assert B == {1: 1, 3: 2, 4: 4, 8: 8}[rows]
+    model = DmemModel(writes_block_reads(cfg), B, cfg.dmem_depth)
+    ops = random_ops(cfg.dmem_depth, B, 32, 1500, np.random.default_rng(seed))
 
     async def tb(ctx):
         ports = (dut.rd0, dut.rd1)
-        for n, (reads, write) in enumerate(ops):
+        for n, (reads, (wr_en, wr_addr, lanes)) in enumerate(ops):
             for (en, addr), port in zip(reads, ports, strict=True):
                 ctx.set(port.en, en)
                 ctx.set(port.addr, addr)
-            ctx.set(dut.wr.en, write[0])
-            ctx.set(dut.wr.addr, write[1])
-            ctx.set(dut.wr.data, write[2])
+            ctx.set(dut.wr.en, wr_en)
+            ctx.set(dut.wr.addr, wr_addr)
+            ctx.set(dut.wr.data, lanes[0])
+            for i, v in enumerate(lanes[1:]):
+                ctx.set(dut.wr.upper[i], v or 0)
+            ctx.set(dut.wr.upper_en, sum(1 << i for i, v in enumerate(lanes[1:]) if v is not None))
             assert ctx.get(dut.writing) == model.writing, f"seed {seed} cycle {n}: writing"
             await ctx.tick()
-            model.edge(reads, write)
-            if n > 8:
-                got = [ctx.get(port.data) if want is not None else None
-                       for port, want in zip(ports, model.data, strict=True)]
-                assert got == model.data, f"seed {seed} cycle {n}: {got} != {model.data} ({reads}, {write})"
+            model.edge(reads, (wr_en, wr_addr, lanes))
+            got = [[ctx.get(dut.rd0.lanes[i]) for i in range(B)], [ctx.get(dut.rd1.data)]]
+            assert ctx.get(dut.rd0.data) == got[0][0]
+            got = [[g if w is not None else None for g, w in zip(gp, wp, strict=True)]
+                   for gp, wp in zip(got, model.data, strict=True)]
+            assert got == model.data, f"seed {seed} cycle {n}: {got} != {model.data} ({reads}, {lanes})"
 
     sim = Simulator(dut)
     sim.add_clock(1e-6)

@@ -173,8 +173,9 @@ def test_gemm_matches_funcsim(width, shape):
 
 @pytest.mark.parametrize("op", [Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD])
 def test_streaming_ops_take_one_cycle_per_element(op):
-    """Each element more costs exactly one cycle (REQUANT too: its requantiser runs on while a
-    result word is written back), results still FuncSim's."""
+    """Each element more costs exactly one cycle; REQUANT a cycle per word of rows = banks = 4
+    elements (one wide read and one wide write a word, the requantiser running on while a result
+    word is written back), results still FuncSim's."""
     rng = np.random.default_rng(int(op))
     cycles = []
     for n in (24, 72):
@@ -185,7 +186,21 @@ def test_streaming_ops_take_one_cycle_per_element(op):
         got, want, err, c = _run(ins, spad)
         assert got == want and err == Err.NONE, (op, n)
         cycles.append(c)
-    assert cycles[1] - cycles[0] == 72 - 24, (op, cycles)
+    assert cycles[1] - cycles[0] == (72 - 24) // (4 if op == Op.REQUANT else 1), (op, cycles)
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+@pytest.mark.parametrize("n", [1, 5, 13])
+def test_requant_with_fewer_banks_than_rows(one_write_port, n):
+    """rows = 6, banks(cfg) = 4: a word of 6 values takes two reads (4 + 2 lanes, and the last
+    word's reads end at len) and two writes, under random read blocking: FuncSim's results."""
+    cfg = profile("tiny", rows=6)
+    rng = np.random.default_rng(n)
+    acc = rng.integers(-(1 << 31), 1 << 31, n)
+    ins = Instr(Op.REQUANT, m=1, n=n, a=16, c=320, mult=40503, shift=20, width=8)
+    got, want, err, _ = _run(ins, {ins.a + i: int(v) for i, v in enumerate(acc)}, cfg=cfg,
+                             one_write_port=one_write_port, seed=n, spad_stall=0.3)
+    assert got == want and err == Err.NONE
 
 
 @pytest.mark.parametrize("m", [1, 2, 3, 4])

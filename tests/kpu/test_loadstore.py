@@ -1,7 +1,7 @@
 """The load/store executor alone (Amaranth simulator): LOAD of 1-, 2- and 4-byte elements
 (sign-extended, trailing lanes of the last beat dropped) and STORE of int32 elements (packed, byte
 strobes), against a behavioural scratchpad and bus with random stalls; a bus error ends the
-instruction at once; one element per cycle with the bus ready."""
+instruction at once; LOAD a beat per cycle, STORE an element per cycle with the bus ready."""
 
 import numpy as np
 import pytest
@@ -16,12 +16,13 @@ CFG = profile("small")          # 8-byte beats: two int32 elements or eight int8
 BW = bus_bytes(CFG)
 
 
-def _run(op, width, n, seed, stall=0.3, error_at=None, spad_init=None):
+def _run(op, width, n, seed, stall=0.3, error_at=None, spad_init=None, cfg=CFG):
     """One instruction; returns (scratchpad dict, beats written as (data, strb), cycles to done, error)."""
-    dut = LoadStore(CFG)
+    dut = LoadStore(cfg)
+    BW = bus_bytes(cfg)
     rng = np.random.default_rng(seed)
     spad = dict(spad_init or {})
-    beats_in = [int(b) for b in rng.integers(0, 1 << 63, -(-n * width // BW), dtype=np.uint64)]
+    beats_in = [int.from_bytes(rng.bytes(BW), "little") for _ in range(-(-n * width // BW))]
     out = []
     result = {}
 
@@ -71,10 +72,13 @@ def _run(op, width, n, seed, stall=0.3, error_at=None, spad_init=None):
 
 @pytest.mark.parametrize("width", [1, 2, 4])
 @pytest.mark.parametrize("seed", [1, 2])
-def test_load(width, seed):
-    n = 13
-    spad, _out, beats, res = _run(Op.LOAD, width, n, seed)
-    raw = b"".join(b.to_bytes(BW, "little") for b in beats)
+@pytest.mark.parametrize("cols", [8, 16])
+def test_load(width, seed, cols):
+    """LOAD under stalls; with cols = 16 (16-byte beats, 8 banks) an int8 beat takes two writes."""
+    n = 13 if cols == 8 else 37
+    cfg = profile("small", cols=cols)
+    spad, _out, beats, res = _run(Op.LOAD, width, n, seed, cfg=cfg)
+    raw = b"".join(b.to_bytes(bus_bytes(cfg), "little") for b in beats)
     expect = [int.from_bytes(raw[i * width:(i + 1) * width], "little", signed=True) for i in range(n)]
     got = [spad.get(7 + i) for i in range(n)]
     assert got == expect, f"seed {seed}"
@@ -84,11 +88,15 @@ def test_load(width, seed):
 
 @pytest.mark.parametrize("n", [1, 2, 7])
 @pytest.mark.parametrize("seed", [3, 4])
-def test_store(n, seed):
+@pytest.mark.parametrize("rows, cols", [(8, 8), (2, 16)])
+def test_store(n, seed, rows, cols):
+    """STORE under stalls; with rows = 2, cols = 16 (2 banks, 4 int32 a beat) a beat takes two
+    reads."""
+    cfg = profile("small", rows=rows, cols=cols)
     rng = np.random.default_rng(seed)
     values = [int(v) for v in rng.integers(-(1 << 31), 1 << 31, n)]
-    _spad, out, _beats, res = _run(Op.STORE, 4, n, seed, spad_init={5 + i: v for i, v in enumerate(values)})
-    epb = BW // 4
+    _spad, out, _beats, res = _run(Op.STORE, 4, n, seed, spad_init={5 + i: v for i, v in enumerate(values)}, cfg=cfg)
+    epb = bus_bytes(cfg) // 4
     assert len(out) == -(-n // epb)
     got = []
     for data, strb in out:
@@ -101,12 +109,22 @@ def test_store(n, seed):
     assert res["error"] == Err.NONE
 
 
-def test_one_element_per_cycle_without_stalls():
-    """With the bus always ready: LOAD and STORE of n int32 take n + a few cycles."""
-    n = 32
-    for op in (Op.LOAD, Op.STORE):
-        _s, _o, _b, res = _run(op, 4, n, 5, stall=0.0, spad_init={5 + i: i for i in range(n)})
-        assert res["cycles"] <= n + 3, (op, res)
+@pytest.mark.parametrize("op, width", [(Op.LOAD, 1), (Op.LOAD, 2), (Op.LOAD, 4), (Op.STORE, 4)])
+def test_a_beat_per_cycle_without_stalls(op, width):
+    """With the bus always ready, LOAD and STORE take a beat per cycle (its BW / width elements,
+    at most banks(cfg) = 8 of them, one wide write or read): 64 elements more cost exactly 64 /
+    (BW / width) cycles more, results bit for bit (test_load and test_store check the values
+    under stalls)."""
+    cycles = []
+    for n in (16, 80):
+        spad, _o, beats, res = _run(op, width, n, 5, stall=0.0, spad_init={5 + i: i for i in range(n)})
+        assert res["error"] == Err.NONE
+        if op == Op.LOAD:
+            raw = b"".join(b.to_bytes(BW, "little") for b in beats)
+            assert [spad[7 + i] for i in range(n)] == [
+                int.from_bytes(raw[i * width:(i + 1) * width], "little", signed=True) for i in range(n)]
+        cycles.append(res["cycles"])
+    assert cycles[1] - cycles[0] == 64 // (BW // width), (op, width, cycles)
 
 
 @pytest.mark.parametrize("op", [Op.LOAD, Op.STORE])

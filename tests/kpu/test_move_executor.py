@@ -75,16 +75,29 @@ def test_empty_list_is_done_at_once():
 
 
 @pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])
-@pytest.mark.parametrize("n, first", [(8, 0), (8, 7), (16, 5)])
+@pytest.mark.parametrize("n, first", [(32, 0), (33, 7), (31, 5)])
 def test_rows_back_to_back(op, n, first):
-    """Rows of n >= 5 + bit_length(r) words: the next row is prepared under the copy, so the
-    instruction takes count * n + bit_length(r_0) + Move.FIXED_CYCLES cycles (one list read,
-    check and multiply per row not hidden: 6 + bit_length(r) more a row)."""
+    """Rows of ceil(n/B) >= 5 + bit_length(r) reads (B = 4 words a read on tiny): the next row
+    is prepared under the copy, so the instruction takes count * ceil(n/B) + bit_length(r_0) +
+    Move.FIXED_CYCLES cycles (one word a read, or a list read, check and multiply per row not
+    hidden, would cost more), rows ending inside a read (n = 33, 61) written without their
+    neighbours."""
     rng = np.random.default_rng(n + first)
-    lst = [first, *(int(r) for r in rng.integers(0, 8, 9)), 7, 0]
+    lst = [first, *(int(r) for r in rng.integers(0, 8, 5)), 7, 0]
     spad, expect, out = _run(op, 8, n, lst, False, 4)
     assert spad == expect and out["error"] == Err.NONE
-    assert out["cycles"] == len(lst) * n + first.bit_length() + Move.FIXED_CYCLES, out
+    assert out["cycles"] == len(lst) * -(-n // 4) + first.bit_length() + Move.FIXED_CYCLES, out
+
+
+@pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])
+@pytest.mark.parametrize("n", [4, 8, 12])
+def test_short_rows_wait_for_the_front(op, n):
+    """Rows of R = ceil(n/B) < 5 reads: each row waits for its front's 5 + bit_length(r)
+    cycles, and the instruction takes their sum + R - 2 cycles."""
+    lst = [0, 1, 2, 3, 7, 4]
+    spad, expect, out = _run(op, 8, n, lst, False, 5)
+    assert spad == expect and out["error"] == Err.NONE
+    assert out["cycles"] == sum(5 + r.bit_length() for r in lst) + -(-n // 4) - 2, out
 
 
 @pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])

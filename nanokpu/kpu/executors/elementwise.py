@@ -4,7 +4,7 @@ cycle, and ``REQUANT_WIDE`` on a :class:`~nanokpu.kpu.executors.wide_requant.Wid
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, Signal, signed
+from amaranth import Array, Cat, Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import Out
@@ -12,6 +12,7 @@ from amaranth.lib.wiring import Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, requantiser_signature, saturate_to_width
 from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.sigmoid import Sigmoid
@@ -43,11 +44,12 @@ class Elementwise(wiring.Component):
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
     front (a read is issued while fewer than :data:`BEATS` are in flight or held, counted off
     flip-flops: the scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's
-    results at ``c`` on in order as they come. ``REQUANT`` packs ``rows`` values a word into the
-    requantiser and writes the results back lane by lane from a result register (the requantiser
-    runs on meanwhile: one element per cycle; with ``F_RQ_EXPERT`` the multiplier and shift are
-    first read from ``b + 2*expert``); its results are saturated to ``width`` bits. ``done``
-    comes in the cycle after the last result is written; no error.
+    results at ``c`` on in order as they come. ``REQUANT`` reads ``B``
+    (:func:`~nanokpu.kpu.dmem.banks`) values a read (``rd0``'s lanes) into the word of ``rows``
+    values the requantiser takes, and writes each result word back ``B`` lanes a write (a word a
+    cycle when ``B = rows``; with ``F_RQ_EXPERT`` the multiplier and shift are first read from
+    ``b + 2*expert``); its results are saturated to ``width`` bits. ``done`` comes in the cycle
+    after the last result is written; no error.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -132,15 +134,22 @@ class Elementwise(wiring.Component):
         low = Signal()          # SPLIT: the second pass (the low digits)
         results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
         vec_op = Signal(VecOp)
-        # REQUANT: the word being filled (fill lanes so far, sent when wvalid), the lane of the
-        # result word being written back, its multiplier, shift and output width
+        # REQUANT: the word sent to the requantiser (when wvalid); the lane of it the next read
+        # fills (r_lane, r_k values), the read in rd0 not yet placed (q_pend: q_k values for lanes
+        # from q_lane), values read (q_read); the result word written back (hold), from lane
+        # w_lane; its multiplier, shift and output width
+        B = banks(cfg)
         pack = Signal(data.ArrayLayout(signed(accw), R))
-        fill = Signal(range(R + 1))
         wvalid = Signal()
-        lane = Signal(range(R))
+        r_lane, q_lane, w_lane = Signal(range(R)), Signal(range(R)), Signal(range(R))
+        r_k, q_k = Signal(range(B + 1)), Signal(range(B + 1))
+        q_pend = Signal()
+        q_read = Signal(SW)
         hold = Signal(data.ArrayLayout(signed(accw), R))    # the result word being written back
         hold_valid = Signal()
-        at_last = Signal()     # registered: the next write is the instruction's last (el == len - 1)
+        ln = ins.len
+        k_lane, k_left = R - r_lane, ln - q_read
+        m.d.comb += r_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B)))
         mult = Signal.like(rq.mult)
         shift = Signal.like(rq.shift)
         width = Signal(6)
@@ -160,27 +169,41 @@ class Elementwise(wiring.Component):
         ]
         with m.If(run):
             with m.If(is_rq):
-                # rows values a word through the requantiser (one word per interval), written
-                # back lane by lane; a lane is filled in the cycle its word is sent (the
-                # requantiser takes the word at that edge)
+                # reads of B values (issued a cycle ahead, held in rd0 while the word waits) fill
+                # lanes q_lane .. q_lane + q_k - 1 of the word sent to the requantiser when full
                 send = wvalid & rq.i.ready
-                at = Mux(send, 0, fill)
-                m.d.comb += [rq.i.valid.eq(wvalid), unit_ready.eq(~wvalid | rq.i.ready),
-                             out_valid.eq(hold_valid),
-                             out_data.eq(saturate_to_width(hold[lane], width, accw))]
+                take = q_pend & (~wvalid | send)
+                rq_issue = (q_read < ln) & ~blocked & (~q_pend | take)
+                m.d.comb += [rd0.addr.eq(pa), rd0.en.eq(rq_issue), rq.i.valid.eq(wvalid)]
+                with m.If(rq_issue):
+                    r_next = r_lane + r_k
+                    m.d.sync += [pa.eq(pa + r_k), q_read.eq(q_read + r_k), q_pend.eq(1), q_lane.eq(r_lane),
+                                 q_k.eq(r_k), r_lane.eq(Mux(r_next == R, 0, r_next))]
+                with m.Elif(take):
+                    m.d.sync += q_pend.eq(0)
                 with m.If(send):
-                    m.d.sync += [wvalid.eq(0), fill.eq(0)]
-                with m.If(h_valid & unit_ready):
-                    m.d.sync += [pack[at].eq(a_word[:accw].as_signed()), fill.eq(at + 1)]
-                    with m.If((at == R - 1) | h_last):
-                        m.d.sync += wvalid.eq(1)
-                # a result word is taken into `hold` as its last lane is written (or `hold` is
-                # empty), so the requantiser runs on while lanes are written
-                word_end = (lane == R - 1) | at_last
-                m.d.comb += rq.o.ready.eq(~hold_valid | word_end)
+                    m.d.sync += wvalid.eq(0)
+                with m.If(take):
+                    lanes = Array(rd0.lanes[i][:accw].as_signed() for i in range(B))
+                    for j in range(R):
+                        src = (j - q_lane).as_unsigned()
+                        with m.If((j >= q_lane) & (src < q_k)):
+                            m.d.sync += pack[j].eq(lanes[src])
+                    m.d.sync += wvalid.eq((q_lane + q_k == R) | (q_read >= ln))
+                # a result word is taken into `hold` as its last lanes are written (or `hold` is
+                # empty), so the requantiser runs on while they are
+                w_k, w_word_end = Signal(range(B + 1)), Signal()
+                k_lane, k_left = R - w_lane, ln - el
+                m.d.comb += [w_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B))),
+                             w_word_end.eq((k_lane <= B) | (k_left <= B))]
+                held = Array(saturate_to_width(hold[i], width, accw) for i in range(R))
+                m.d.comb += rq.o.ready.eq(~hold_valid | w_word_end)
                 with m.If(hold_valid):
-                    m.d.sync += lane.eq(Mux(word_end, 0, lane + 1))
-                    with m.If(word_end):
+                    m.d.comb += [wr.addr.eq(ins.c + el), wr.data.eq(held[w_lane]), wr.en.eq(1)]
+                    m.d.comb += [wr.upper[j - 1].eq(held[w_lane + j]) for j in range(1, B)]
+                    m.d.comb += [wr.upper_en[j - 1].eq(w_k > j) for j in range(1, B)]
+                    m.d.sync += [el.eq(el + w_k), w_lane.eq(Mux(w_word_end, 0, w_lane + B))]
+                    with m.If(w_word_end):
                         m.d.sync += hold_valid.eq(0)
                 with m.If(rq.o.valid & rq.o.ready):
                     m.d.sync += [hold.eq(rq.o.payload), hold_valid.eq(1)]
@@ -201,7 +224,6 @@ class Elementwise(wiring.Component):
                 m.d.comb += [vec.i.valid.eq(h_valid), unit_ready.eq(vec.i.ready),
                              out_valid.eq(vec.o.valid), out_data.eq(vec.o.payload)]
 
-        ln = ins.len
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
@@ -212,10 +234,11 @@ class Elementwise(wiring.Component):
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
                                                Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 fill.eq(0), wvalid.eq(0), lane.eq(0), hold_valid.eq(0), at_last.eq(ln == 1)]
+                                 wvalid.eq(0), r_lane.eq(0), q_pend.eq(0), q_read.eq(0), w_lane.eq(0),
+                                 hold_valid.eq(0)]
                     with m.Switch(op):
-                        with m.Case(Op.REQUANT):
-                            m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0)
+                        with m.Case(Op.REQUANT):     # pa only: its own wide reads
+                            m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0) + [issuing.eq(0)]
                         with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 1, 0, 0)
                         with m.Case(Op.COMBINE):
@@ -243,7 +266,7 @@ class Elementwise(wiring.Component):
                 m.d.comb += run.eq(1)
                 with m.If(out_valid):
                     m.d.comb += [wr.addr.eq(ins.c + el), wr.data.eq(out_data), wr.en.eq(1)]
-                    m.d.sync += [el.eq(el + 1), at_last.eq(el + 2 == ln)]
+                    m.d.sync += el.eq(el + 1)
                 with m.If(el >= results):
                     m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.next = "IDLE"

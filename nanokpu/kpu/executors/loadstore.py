@@ -1,15 +1,16 @@
 """The load/store executor: ``LOAD`` (host memory -> scratchpad) and ``STORE`` (scratchpad -> host
-memory) through the AXI4 master, one element per cycle."""
+memory) through the AXI4 master, a beat per cycle."""
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Array, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 
 from nanokpu.config import KpuConfig
 from nanokpu.isa import Err, Op, bus_bytes
 from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import dma_client_signature, executor_signature
 
 __all__ = ["LoadStore"]
@@ -25,11 +26,13 @@ class LoadStore(wiring.Component):
     (its address and beat count are the decode's); a bus error ends the instruction at once with
     :attr:`~nanokpu.isa.Err.BUS_ERROR` (the controller then drains the bus).
 
-    Timing, the bus ready: ``LOAD`` writes one element per cycle and takes the next beat in
-    the cycle it writes the last element of a beat; ``STORE`` reads one element per cycle
-    (issued a cycle ahead, held in the scratchpad's read port while the beat waits) and offers
-    a beat in the cycle after its last element arrived. ``done`` comes when the burst is over
-    and every element written (``LOAD``) or sent (``STORE``).
+    Timing, the bus ready, ``B`` = :func:`~nanokpu.kpu.dmem.banks`: ``LOAD`` writes up to ``B``
+    elements of a beat per cycle (one wide write: ``ceil(bus_bytes / width / B)`` cycles a
+    beat) and takes the next beat in the cycle it writes the last elements of a beat; ``STORE``
+    reads a beat's elements up to ``B`` a read (``ceil(bus_bytes / 4 / B)`` reads a beat, issued
+    a cycle ahead, held in the scratchpad's read port while the beat waits) and offers the beat
+    in the cycle after its last elements arrived. ``done`` comes when the burst is over and
+    every element written (``LOAD``) or sent (``STORE``).
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -50,27 +53,39 @@ class LoadStore(wiring.Component):
             m.d.sync += [busy.eq(1), store.eq(ins.op == Op.STORE), el.eq(0)]
             m.d.comb += [dma.rd_start.eq(ins.op == Op.LOAD), dma.wr_start.eq(ins.op == Op.STORE)]
 
-        # ---- LOAD: a beat held, its elements written one per cycle --------------------------
+        # ---- LOAD: a beat held, its elements written B per cycle (lanes lane .. lane + B - 1) --
+        B = banks(cfg)
         beat = Signal(8 * bw)
         full = Signal()
-        lane = Signal(range(bw + 1))
+        lane = Signal(range(bw + B))
         per_beat = Mux(ins.width == 1, bw, Mux(ins.width == 2, bw // 2, bw // 4))
-        elem = Mux(ins.width == 1, beat.word_select(lane, 8).as_signed(),
-                   Mux(ins.width == 2, beat.word_select(lane, 16).as_signed(), beat.word_select(lane, 32).as_signed()))
-        beat_end = full & (lane + 1 >= per_beat)
-        # ---- STORE: reads issued a cycle ahead; a beat filled, then offered ----------------------
+
+        def elem(i):
+            """Element ``lane + i`` of the beat (0 past its end)."""
+            at = lane + i
+            return Mux(ins.width == 1, beat.word_select(at, 8).as_signed(),
+                       Mux(ins.width == 2, beat.word_select(at, 16).as_signed(), beat.word_select(at, 32).as_signed()))
+        beat_end = full & (lane + B >= per_beat)
+        n_now = Signal(range(B + 1))     # elements written this cycle
+        k_beat, k_len = per_beat - lane, ins.len - el
+        m.d.comb += n_now.eq(Mux((k_beat < B) & (k_beat < k_len), k_beat, Mux(k_len < B, k_len, B)))
+        # ---- STORE: wide reads issued a cycle ahead (each the elements of one beat's lanes
+        # r_lane .. r_lane + r_k - 1), placed into the beat, which is offered when full -----------
         epb = bw // 4
         out = Signal(dma.wr_data.payload.shape())
         out_full = Signal()
-        out_lane = Signal(range(epb + 1))
-        pending = Signal()       # rd0.data holds an element read and not yet placed
+        r_lane = Signal(range(epb))          # the beat lane of the next read's first element
+        k_lane, k_left = epb - r_lane, ins.len - el
+        r_k = Signal(range(B + 1))           # the next read's elements
+        m.d.comb += r_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B)))
+        pending = Signal()       # rd0.lanes hold p_k elements read and not yet placed
+        p_lane = Signal.like(r_lane)
+        p_k = Signal.like(r_k)
         send = out_full & dma.wr_data.ready
         can_take = ~out_full | send
         take = pending & can_take
         issue = more & (~pending | take)
-        at = Mux(send, 0, out_lane)          # the lane the taken element goes to
         m.d.comb += dma.wr_data.payload.eq(out)
-
         with m.If(busy & ~store):
             m.d.comb += dma.rd_data.ready.eq(~full | beat_end)
             with m.If(dma.rd_data.valid & dma.rd_data.ready):
@@ -79,28 +94,34 @@ class LoadStore(wiring.Component):
                 m.d.sync += full.eq(0)
             with m.If(full):
                 with m.If(more):
-                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem), spad.wr.en.eq(1)]
-                    m.d.sync += el.eq(el + 1)
+                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem(0)), spad.wr.en.eq(1)]
+                    m.d.comb += [spad.wr.upper[j - 1].eq(elem(j)) for j in range(1, B)]
+                    m.d.comb += [spad.wr.upper_en[j - 1].eq(n_now > j) for j in range(1, B)]
+                    m.d.sync += el.eq(el + n_now)
                 with m.If(~beat_end):
-                    m.d.sync += lane.eq(lane + 1)
+                    m.d.sync += lane.eq(lane + B)
             with m.If(dma.error | (~dma.rd_busy & ~full & ~more)):
                 m.d.comb += self.done.eq(1)
         with m.If(busy & store):
             m.d.comb += [spad.rd0.addr.eq(ins.a + el), spad.rd0.en.eq(issue), dma.wr_data.valid.eq(out_full)]
             with m.If(issue):
-                m.d.sync += [el.eq(el + 1), pending.eq(1)]
+                r_next = r_lane + r_k
+                m.d.sync += [el.eq(el + r_k), pending.eq(1), p_lane.eq(r_lane), p_k.eq(r_k),
+                             r_lane.eq(Mux(r_next == epb, 0, r_next))]
             with m.Elif(take):
                 m.d.sync += pending.eq(0)
             with m.If(send):
-                m.d.sync += [out_full.eq(0), out_lane.eq(0), out.strb.eq(0)]
+                m.d.sync += out_full.eq(0)
             with m.If(take):
-                last = (at + 1 == epb) | ~more
-                m.d.sync += [out.data.word_select(at, 32).eq(spad.rd0.data[:32]),
-                             out.strb.word_select(at, 4).eq(0xF), out_lane.eq(at + 1), out_full.eq(last)]
-                with m.If(send):    # the new beat's other lanes off
-                    for j in range(epb):
-                        with m.If(at != j):
-                            m.d.sync += out.strb.word_select(j, 4).eq(0)
+                # lane j of the beat takes read lane j - p_lane; a read at lane 0 begins a beat
+                lanes = Array(spad.rd0.lanes[i][:32] for i in range(B))
+                for j in range(epb):
+                    src = (j - p_lane).as_unsigned()
+                    with m.If((j >= p_lane) & (src < p_k)):
+                        m.d.sync += [out.data.word_select(j, 32).eq(lanes[src]), out.strb.word_select(j, 4).eq(0xF)]
+                    with m.Elif(p_lane == 0):
+                        m.d.sync += out.strb.word_select(j, 4).eq(0)
+                m.d.sync += out_full.eq((p_lane + p_k == epb) | ~more)
             with m.If(dma.error | (~dma.wr_busy & ~more & ~pending & ~out_full)):
                 m.d.comb += self.done.eq(1)
         with m.If(self.done):

@@ -8,6 +8,7 @@ from amaranth.lib import wiring
 from nanokpu.config import KpuConfig
 from nanokpu.isa import Err, Op, word_width
 from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature
 from nanokpu.units.shift_add import ShiftAddMultiplier
 
@@ -26,13 +27,15 @@ class Move(wiring.Component):
     Two stages. The front prepares row ``i + 1`` while row ``i`` is copied: its list word read on
     ``rd1`` (read, registered, checked: 3 cycles), ``r * n`` on a shift-add multiplier (``1 +
     bit_length(r)`` cycles) and the row's source and destination addresses into a one-row slot.
-    The copy reads one word a cycle on ``rd0`` from a registered address and writes it a cycle
-    after its data arrive, and starts the next row from the slot in the cycle after its last
-    read. With rows of ``n >= 5 + bit_length(r)`` words (every ``r`` after the first) the copy
-    never waits: ``GATHER`` and ``SCATTER`` take ``count * n + bit_length(r_0) +``
-    :data:`FIXED_CYCLES` cycles (``r_0`` the first row). Neither reads what it writes (the
-    result region overlaps no operand: :data:`~nanokpu.isa.OP_RULES`), so the copy's
-    writes may trail the next row's reads.
+    The copy reads ``B`` (:func:`~nanokpu.kpu.dmem.banks`) words a cycle on ``rd0`` (its
+    ``lanes``) from a registered address and writes them (the lanes past the row's end masked
+    off) a cycle after their data arrive, and starts the next row from the slot in the cycle
+    after its last read. With rows of ``ceil(n / B) >= 5 + bit_length(r)`` reads (every ``r``
+    after the first) the copy never waits: ``GATHER`` and ``SCATTER`` take ``count * ceil(n /
+    B) + bit_length(r_0) +`` :data:`FIXED_CYCLES` cycles (``r_0`` the first row); rows of fewer
+    than 5 reads wait for the front: ``sum(5 + bit_length(r_i)) + ceil(n / B) - 2`` cycles.
+    Neither reads what it writes (the result region overlaps no operand:
+    :data:`~nanokpu.isa.OP_RULES`), so the copy's writes may trail the next row's reads.
     """
 
     #: Cycles besides the words' and the first row's multiply: the first list word read,
@@ -62,28 +65,34 @@ class Move(wiring.Component):
         slot_src = Signal(w.aw)
         slot_dst = Signal(w.aw)
 
-        # the copy: `left` words of the row from src to dst; the read issued last cycle (rv) goes
-        # to ra, the word in q (read data, registered) is written at wa (wv)
+        # the copy: `left` words of the row from src to dst, B a read; the read issued last cycle
+        # (rv, its rn words) goes to ra, the words in q (read data, registered) are written at wa
+        # (wv, the first wn lanes)
+        B = banks(cfg)
         left = Signal(w.sw + 1)
         more = Signal()         # left != 0, registered
         src = Signal(w.aw)
         dst = Signal(w.aw)
         rv, wv = Signal(), Signal()
         ra, wa = Signal(w.aw), Signal(w.aw)
-        q = Signal(signed(word_width(cfg)))
-        m.d.sync += [q.eq(rd0.data), wv.eq(rv), wa.eq(ra), rv.eq(0)]
+        rn, wn = Signal(range(B + 1)), Signal(range(B + 1))
+        q = Signal.like(rd0.lanes)
+        m.d.sync += [q.eq(rd0.lanes), wv.eq(rv), wa.eq(ra), wn.eq(rn), rv.eq(0)]
         with m.If(wv):
-            m.d.comb += [wr.addr.eq(wa), wr.data.eq(q), wr.en.eq(1)]
+            m.d.comb += [wr.addr.eq(wa), wr.data.eq(q[0]), wr.en.eq(1)]
+            m.d.comb += [wr.upper[j - 1].eq(q[j]) for j in range(1, B)]
+            m.d.comb += [wr.upper_en[j - 1].eq(wn > j) for j in range(1, B)]
 
         running = Signal()
         drained = ~slot & ~more & ~rv & ~wv     # every row prepared is copied, its last word written
         with m.If(running):
             reading = more & ~blocked
+            last = left <= B    # the row's last read
             with m.If(reading):
                 m.d.comb += [rd0.addr.eq(src), rd0.en.eq(1)]
-                m.d.sync += [src.eq(src + 1), dst.eq(dst + 1), left.eq(left - 1), more.eq(left != 1),
-                             rv.eq(1), ra.eq(dst)]
-            with m.If(slot & ~(more & ~(reading & (left == 1)))):     # the copy is free after this cycle
+                m.d.sync += [src.eq(src + B), dst.eq(dst + B), left.eq(left - B), more.eq(~last),
+                             rv.eq(1), ra.eq(dst), rn.eq(Mux(last, left, B))]
+            with m.If(slot & ~(more & ~(reading & last))):     # the copy is free after this cycle
                 m.d.sync += [src.eq(slot_src), dst.eq(slot_dst), left.eq(n), more.eq(1), slot.eq(0)]
 
         with m.FSM():
