@@ -182,17 +182,19 @@ multiplier, checks included). Utilization factors exactly into three measured te
   as the compute.
 * **act** (sigmoid, SiTU, the requantiser of ``h``; the GEMMs' requantisers are fused into the
   GEMM engine's store phase) and **vector** (combine, RMSNorm, add) stream one element per cycle
-  through the scratchpad; RMSNorm reads each row twice and adds, per row, a mean (a shift when
-  the row length is a power of two, else the sequential divider, a step per quotient bit), a
-  square root (a step per two bits) and a reciprocal (the divider): 36 cycles on `tiny`.
+  through the scratchpad, but ``REQUANT`` a word of ``rows`` values per cycle (one wide read, one
+  wide write); RMSNorm reads each row twice and adds, per row, a mean (a shift when the row
+  length is a power of two, else the sequential divider, a step per quotient bit), a square
+  root (a step per two bits) and a reciprocal (the divider): 36 cycles on `tiny`.
   **route** is the bias load, the scores (one read per score), the routes written and counted,
   then the dispatch lists by a counting sort (3 cycles per expert, 4 per slot); **move** is
-  gather/scatter, a word a cycle (the next row's list word and address prepared under the copy).
+  gather/scatter, ``B`` words a read (``B`` = the scratchpad's banks; the next row's list word
+  and address prepared under the copy, 5 + bit_length(r) cycles a row at least); **dma** is
+  LOAD and STORE at a bus beat per cycle.
 
-What would raise it, in order: a scratchpad ``rows`` elements wide (one access per A or result
-word instead of one per row), larger batches per expert, overlapping the GEMM of one expert with
-the gather/activation work of the next (today one instruction runs at a time), a wider weight
-bus.
+What would raise it, in order: overlapping the GEMM of one expert with the gather/activation
+work of the next (today one instruction runs at a time), larger batches per expert, the
+activation and vector units fed ``rows`` elements a cycle, a wider weight bus.
 """
 
 
