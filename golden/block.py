@@ -53,6 +53,7 @@ from nanokpu.config import KpuConfig
 
 __all__ = ["SCORE_SKEW", "skewed_scores",
            "Requant", "QuantExpert", "QuantRouter", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
+           "quant_expert",
            "quantize_input", "input_int8", "router_qmax", "quantize_router", "router_int",
            "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
            "same_routing"]
@@ -113,15 +114,21 @@ def quant_multiplier(scale, width: int, cfg: KpuConfig) -> Requant:
     return Requant(tuple(int(m) for m in np.maximum(mult, 1)), tuple(int(v) for v in shift), width)
 
 
-def quantize_tensor(w, width: int = 8, per_channel: bool = False, qmax: int | None = None):
+def quantize_tensor(w, width: int = 8, per_channel: bool = False, qmax: int | None = None,
+                    scale: float | None = None):
     """Symmetric quantisation, zero point 0: ``(w_q int64, scale)`` with ``w ~ w_q * scale``.
 
     One scale per tensor (a float), or with ``per_channel`` one per row of a ``[n_out, n_in]``
-    matrix (an array ``[n_out]``, to multiply ``w_q`` by ``scale[:, None]``). An all-zero tensor
-    or row takes scale 1. ``|w_q| <= qmax``, by default ``2**(width-1) - 1``.
+    matrix (an array ``[n_out]``, to multiply ``w_q`` by ``scale[:, None]``). The scale is ``max |w| /
+    qmax`` (an all-zero tensor or row takes 1), or the given per-tensor ``scale``. ``|w_q| <= qmax``,
+    by default ``2**(width-1) - 1``.
     """
     w = np.asarray(w, dtype=np.float64)
     qmax = (1 << (width - 1)) - 1 if qmax is None else qmax
+    if scale is not None:
+        if per_channel:
+            raise ValueError("quantize_tensor: a given scale is one per tensor, not per channel")
+        return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), float(scale)
     if per_channel:
         if w.ndim != 2:
             raise ValueError(f"per-channel quantisation takes a [n_out, n_in] matrix, not shape {w.shape}")
@@ -188,7 +195,11 @@ def _act(cfg: KpuConfig) -> float:
     return 2.0 ** cfg.act_frac
 
 
-def _quant_expert(W_gate, W_up, W_down, in_scale, h_absmax, out_gain, cfg):
+def quant_expert(W_gate, W_up, W_down, in_scale: float, h_absmax: float, out_gain: float,
+                 cfg: KpuConfig) -> QuantExpert:
+    """One SiTU-GLU FFN ``W_down situ_glu(W_gate a, W_up a)`` (float weights) as a :class:`QuantExpert`:
+    inputs of scale ``in_scale``, ``h`` calibrated to ``h_absmax`` (the float ``max |h|``), the output
+    times ``out_gain``, in the act format."""
     wg, sg = _weights(W_gate, cfg)
     wu, su = _weights(W_up, cfg)
     wd, sd = _weights(W_down, cfg)
@@ -202,17 +213,18 @@ def _quant_expert(W_gate, W_up, W_down, in_scale, h_absmax, out_gain, cfg):
     )
 
 
-def quantize_input(x, cfg: KpuConfig):
+def quantize_input(x, cfg: KpuConfig, x_scale: float | None = None):
     """The block input ``x [T, d]`` (float) as ``(x_r, x_scale)``: ``x_r`` at
     ``router_operand_width`` bits, symmetric, one scale per tensor.
 
-    ``x_scale = max|x| / (2**(in_width-1) - 1)`` is the scale of the ``in_width`` operand
+    ``x_scale``, by default ``max|x| / (2**(in_width-1) - 1)``, is the scale of the ``in_width`` operand
     :func:`input_int8` makes from ``x_r``; ``x_r = round(x / x_scale * 2**e)`` with ``e =
     router_operand_width - in_width`` (half-even, the host-side conversion), so ``|x_r| <=
     (2**(in_width-1) - 1) * 2**e``. With ``e = 0`` this is :func:`quantize_tensor`.
     """
     x = np.asarray(x, dtype=np.float64)
-    x_scale = float(np.max(np.abs(x))) / ((1 << (cfg.in_width - 1)) - 1) or 1.0
+    if x_scale is None:
+        x_scale = float(np.max(np.abs(x))) / ((1 << (cfg.in_width - 1)) - 1) or 1.0
     e = cfg.router_operand_width - cfg.in_width
     lim = router_qmax(cfg)
     return np.clip(np.round(x / (x_scale / 2.0 ** e)), -lim, lim).astype(np.int64), x_scale
@@ -247,14 +259,15 @@ def router_int(x_r, R: QuantRouter, cfg: KpuConfig):
     return scores, idx, weights, loads
 
 
-def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig):
-    """Quantise a float block, calibrating activation scales on the float batch ``x [T, d]``.
+def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig, x_scale: float | None = None):
+    """Quantise a float block, calibrating activation scales on the float batch ``x [T, d]`` (the
+    input's scale too, unless ``x_scale`` fixes it: :func:`quantize_input`).
 
     Returns ``(Q, x_r)``: the :class:`QuantLatentMoE` and the block input (:func:`quantize_input`:
     the int8 batch by default, ``router_operand_width`` bits with a wider router).
     """
     x = np.asarray(x, dtype=np.float64)
-    x_r, x_scale = quantize_input(x, cfg)
+    x_r, x_scale = quantize_input(x, cfg, x_scale)
     qmax = (1 << (cfg.out_width - 1)) - 1
     wdl, s_dl = _weights(P.W_down_lat, cfg)
     z = x @ P.W_down_lat.T
@@ -267,10 +280,10 @@ def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig):
         rows = np.flatnonzero((idx == j).any(axis=1))
         zj = z[rows] if rows.size else z[:1]
         h = k3.situ_glu(zj @ P.W_gate[j].T, zj @ P.W_up[j].T, cfg)
-        experts.append(_quant_expert(P.W_gate[j], P.W_up[j], P.W_down[j], z_scale,
+        experts.append(quant_expert(P.W_gate[j], P.W_up[j], P.W_down[j], z_scale,
                                      float(np.max(np.abs(h))), cfg.routed_scaling, cfg))
     h_s = k3.situ_glu(x @ P.Ws_gate.T, x @ P.Ws_up.T, cfg)
-    shared = _quant_expert(P.Ws_gate, P.Ws_up, P.Ws_down, x_scale,
+    shared = quant_expert(P.Ws_gate, P.Ws_up, P.Ws_down, x_scale,
                            float(np.max(np.abs(h_s))), 1.0, cfg)
     wul, s_ul = _weights(P.W_up_lat * P.norm[None, :], cfg)
     Q = QuantLatentMoE(

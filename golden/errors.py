@@ -12,12 +12,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from golden import attn_res, block, k3, kda, mla
+from golden import attn_res, block, k3, kda, layer, mla
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table",
-           "kda_op_errors", "kda_errors", "mla_errors"]
+           "kda_op_errors", "kda_errors", "mla_errors", "layer_cases", "layer_errors"]
 
 
 @dataclass(frozen=True)
@@ -154,8 +154,7 @@ def attn_res_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 256) -> dict:
     n_cand, d = attn_res_candidates(cfg), cfg.d_model
     sigma = 2.0 ** (np.arange(n_cand) - 1)
     act_lsb = 2.0 ** -cfg.act_frac
-    V = rng.standard_normal((n_cand, tokens, d)) * sigma[:, None, None]
-    V = I.saturate(np.round(V / act_lsb).astype(np.int64), cfg.act_width)
+    V = layer.quantize_act(rng.standard_normal((n_cand, tokens, d)) * sigma[:, None, None], cfg)
     q = 2.0 * rng.standard_normal(d) / np.sqrt(d)
     Q = attn_res.quantize_attn_res(q, cfg)
     Bl, P = list(V[:-1]), V[-1]
@@ -251,3 +250,37 @@ def mla_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:
     x = rng.standard_normal((tokens, cfg.d_model))
     Q, x_q = mla.quantize_mla(P, x, cfg)
     return block.block_error(mla.mla_int(x_q, Q, cfg)[0], k3.mla(x, P, cfg), cfg)
+
+
+def layer_cases(cfg: KpuConfig) -> dict[str, int]:
+    """The layers whose end-to-end errors are measured, by name: ``dense`` layer 0 (KDA mixer, dense FFN,
+    a block start with no representatives yet), ``KDA`` the first KDA + LatentMoE layer that starts a
+    block (the Attention Residuals of the FFN see the finished block's sum), ``MLA`` the first MLA layer."""
+    block_starts = [L for L in range(cfg.dense_layers, cfg.n_layers)
+                    if L % cfg.attnres_block == 0 and not cfg.is_mla_layer(L)]
+    return {"dense": 0, "KDA": block_starts[0], "MLA": next(L for L in range(cfg.n_layers) if cfg.is_mla_layer(L))}
+
+
+def layer_errors(cfg: KpuConfig, L: int, seed: int = 0, tokens: int = 32) -> dict:
+    """End to end: :func:`golden.layer.layer_int` against :func:`golden.k3.layer` for layer ``L`` on the same
+    act-format inputs. Weights from :func:`golden.k3.init_layer`, then ``P`` and the ``ceil(L /
+    attnres_block)`` representatives ``Bl`` (the blocks started before ``L``), each ``N(0, 1)`` ``[tokens,
+    d_model]`` rounded to the act format (:func:`golden.layer.quantize_act`), all drawn from ``seed`` in
+    that order; calibrated on the same batch (:func:`golden.layer.quantize_layer`).
+
+    Keys of :func:`golden.block.block_error` on the output ``P``, plus ``update_cosine``: the cosine of
+    what the layer adds to the ``P`` it carries on (``P`` out less ``P`` in, or all of ``P`` out when ``L``
+    starts a block), which the carried part does not inflate.
+    """
+    rng = np.random.default_rng(seed)
+    params = k3.init_layer(L, cfg, rng)
+    V = layer.quantize_act(rng.standard_normal((-(-L // cfg.attnres_block) + 1, tokens, cfg.d_model)), cfg)
+    act_lsb = 2.0 ** -cfg.act_frac
+    P, Bl = V[-1], list(V[:-1])
+    Q, _, _ = layer.quantize_layer(L, params, P * act_lsb, [b * act_lsb for b in Bl], cfg)
+    P_int, _, _ = layer.layer_int(L, P, Bl, Q, cfg)
+    P_ref, _ = k3.layer(L, P * act_lsb, [b * act_lsb for b in Bl], params, cfg)
+    err = block.block_error(P_int, P_ref, cfg)
+    carried = 0 if L % cfg.attnres_block == 0 else P
+    err["update_cosine"] = block.block_error(P_int - carried, P_ref - carried * act_lsb, cfg)["cosine"]
+    return err

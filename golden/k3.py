@@ -35,7 +35,7 @@ __all__ = [
     "DenseFFNParams", "LatentMoEParams", "MLAParams", "KDAParams", "LayerParams",
     "init_dense_ffn", "init_latent_moe", "init_mla", "init_kda", "init_layer",
     "dense_ffn", "latent_moe", "attn_res_weights", "attn_res", "mla",
-    "short_conv", "kda_prepare", "kda_recurrent", "kda_chunked", "kda", "layer",
+    "short_conv", "kda_prepare", "kda_recurrent", "kda_chunked", "kda", "layer", "layer_trace",
 ]
 
 
@@ -765,6 +765,14 @@ def layer(L: int, P, Bl, params: LayerParams, cfg: KpuConfig):
     -------
     P : ``[T, d]`` and Bl : a new list.
     """
+    t = layer_trace(L, P, Bl, params, cfg)
+    return t["P"], t["Bl"]
+
+
+def layer_trace(L: int, P, Bl, params: LayerParams, cfg: KpuConfig) -> dict:
+    """Layer ``L`` as :func:`layer`, with its sublayers' inputs and outputs: a dict of ``mixer_in``
+    (the mixer's input ``RMSNorm(h)``), ``a`` (the mixer's output), ``ffn_in`` (the FFN's input),
+    ``m`` (the FFN's output), each ``[T, d]``, and ``P``, ``Bl`` (what :func:`layer` returns)."""
     (mixer_cls, _), (ffn_cls, _) = _layer_parts(L, cfg)
     for part, cls in ((params.mixer, mixer_cls), (params.ffn, ffn_cls)):
         if not isinstance(part, cls):
@@ -778,8 +786,9 @@ def layer(L: int, P, Bl, params: LayerParams, cfg: KpuConfig):
         Bl.append(P)
         P = None
     mixer = mla if mixer_cls is MLAParams else kda
-    a = mixer(rmsnorm(h, params.attn_norm, eps), params.mixer, cfg)
+    x = rmsnorm(h, params.attn_norm, eps)
+    a = mixer(x, params.mixer, cfg)
     P = a if P is None else P + a
     h = rmsnorm(attn_res(P, Bl, params.q_mlp, eps), params.mlp_norm, eps)
     m = dense_ffn(h, params.ffn, cfg) if ffn_cls is DenseFFNParams else latent_moe(h, params.ffn, cfg)[0]
-    return P + m, Bl
+    return {"mixer_in": x, "a": a, "ffn_in": h, "m": m, "P": P + m, "Bl": Bl}

@@ -148,15 +148,15 @@ def _projection(W, in_scale: float, out_frac: int, out_width: int, cfg: KpuConfi
     return QuantWeight(w_q, block.quant_multiplier(in_scale * s_w * 2.0 ** out_frac, out_width, cfg))
 
 
-def quantize_kda(P: k3.KDAParams, x, cfg: KpuConfig):
+def quantize_kda(P: k3.KDAParams, x, cfg: KpuConfig, x_scale: float | None = None):
     """Quantise a float KDA mixer, the input scale calibrated on the float batch ``x [T, d]``.
 
     Returns ``(Q, x_q)``: the :class:`QuantKDA` and ``x`` in int8 (:func:`golden.block.quantize_tensor`).
-    ``x`` sets ``x_scale`` and ``o_frac`` (from the float mixer's ``o`` on it); every other activation has
-    a fixed format (module docstring).
+    ``x`` sets ``x_scale`` (unless given) and ``o_frac`` (from the float mixer's ``o`` on it); every other
+    activation has a fixed format (module docstring).
     """
     P.check(cfg)
-    x_q, x_scale = block.quantize_tensor(x, cfg.in_width)
+    x_q, x_scale = block.quantize_tensor(x, cfg.in_width, scale=x_scale)
     act, logit = (cfg.act_frac, cfg.act_width), (cfg.router_logit_frac, cfg.router_logit_width)
     proj = {c: _projection(getattr(P, f"W_{c}"), x_scale, *act, cfg) for c in "qkv"}
     conv = {c: _projection(getattr(P, f"conv_{c}"), 2.0 ** -cfg.act_frac, *act, cfg) for c in "qkv"}

@@ -111,16 +111,17 @@ def _rows(s, lo: int, hi: int):
     return s if np.ndim(s) == 0 else s[lo:hi]
 
 
-def quantize_mla(P: k3.MLAParams, x, cfg: KpuConfig):
+def quantize_mla(P: k3.MLAParams, x, cfg: KpuConfig, x_scale: float | None = None):
     """Quantise float MLA weights, calibrating activation scales on the float batch ``x [T, d]``.
 
     Returns ``(Q, x_q)``: the :class:`QuantMLA` and ``x`` as int8 (:func:`golden.block.quantize_tensor`,
-    one scale ``Q.x_scale``; later tokens take the same scale). ``q_scale``, ``k_scale`` (``k_n`` and
+    one scale ``Q.x_scale``, ``max |x| / 127`` unless ``x_scale`` is given; later tokens take the same
+    scale). ``q_scale``, ``k_scale`` (``k_n`` and
     ``k_r`` together) and ``v_scale`` are ``max |.| / 127`` of the float tensors on ``x``.
     """
     P.check(cfg)
     x = np.asarray(x, dtype=np.float64)
-    x_q, x_scale = block.quantize_tensor(x, cfg.in_width)
+    x_q, x_scale = block.quantize_tensor(x, cfg.in_width, scale=x_scale)
     H, dn, dr, dv, rkv = cfg.n_heads, cfg.qk_nope_dim, cfg.qk_rope_dim, cfg.v_head_dim, cfg.kv_lora_rank
     act = 2.0 ** cfg.act_frac
     q = k3.rmsnorm(x @ P.W_qa.T, P.q_norm, cfg.rms_eps) @ P.W_qb.T

@@ -50,8 +50,32 @@ def render(profiles: list[str], seed: int) -> str:
     for name in profiles:
         e = errors.mla_errors(profile(name), seed)
         parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['rms_rel']:.3g} |")
+    parts += layer_section(profiles, seed)
     parts.append("")
     return "\n".join(parts)
+
+
+def layer_section(profiles: list[str], seed: int) -> list[str]:
+    """The whole-layer rows: ``golden.layer.layer_int`` against ``k3.layer``, one row per layer kind."""
+    parts = ["", "## End to end: one layer (32 tokens, random weights, `golden/layer.py`)", "",
+             "`layer_int` against `k3.layer` on the same act-format inputs (`P` and the representatives `Bl` "
+             "of the blocks started before `L`, each `N(0, 1)`), calibrated on them: Attention Residuals, "
+             "RMSNorm with weight into `Q<out_width>.<norm_frac>` (the mixer's and the FFN's int8 input), "
+             "mixer, saturating residual adds in the act format, FFN. `update cosine` is the cosine of what "
+             "the layer adds to the `P` it carries on. Errors compound: the mixer's error moves the FFN's "
+             "input; an element beyond `2^(out_width-1-norm_frac)` times its row's RMS saturates in the "
+             "RMSNorm output; in the LatentMoE layers (KDA, MLA) the largest errors are tokens that the "
+             "integer router sends to another expert set, as in the block rows. "
+             "`tests/golden/test_layer.py` asserts the rows.", "",
+             "| profile | layer | L | cosine | update cosine | max abs error | max error / max abs P | rms rel error |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name in profiles:
+        cfg = profile(name)
+        for kind, L in errors.layer_cases(cfg).items():
+            e = errors.layer_errors(cfg, L, seed)
+            parts.append(f"| {name} | {kind} | {L} | {e['cosine']:.5f} | {e['update_cosine']:.5f} "
+                         f"| {e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['rms_rel']:.3g} |")
+    return parts
 
 
 def kda_section(profiles: list[str], seed: int) -> list[str]:

@@ -54,6 +54,15 @@ def test_quantize_tensor_per_channel_scales_each_row():
         assert np.array_equal(q[r], qr) and scale[r] == sr
 
 
+def test_quantize_tensor_with_a_given_scale():
+    """A given scale is used as it is (round half-even, clipped to +-qmax), per tensor only."""
+    w = np.array([-1.0, -0.0625, 0.046875, 0.078125, 5.0])
+    q, scale = block.quantize_tensor(w, 8, scale=2.0 ** -5)
+    assert scale == 2.0 ** -5 and q.tolist() == [-32, -2, 2, 2, 127]
+    with pytest.raises(ValueError, match="per tensor"):
+        block.quantize_tensor(w[None], 8, per_channel=True, scale=1.0)
+
+
 def test_quant_multiplier_per_column_equals_one_by_one():
     """An array of scales gives a per-column Requant whose pairs are the scalar ones, including
     scales just below a power of two (which round up to it)."""
