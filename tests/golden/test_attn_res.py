@@ -3,6 +3,7 @@ reference of the whole dataflow (the float comparison is in test_errors.py)."""
 
 import numpy as np
 import pytest
+from int_reference import exact_round
 
 from golden import attn_res as A
 from golden import intops as I
@@ -11,14 +12,6 @@ from nanokpu.config import ROUNDING_MODES, profile
 TINY = profile("tiny")
 
 
-def exact_round(num: int, den: int, mode: str) -> int:
-    """``num / den`` (``den > 0``) rounded by ``mode``, in Python integers."""
-    q, r = divmod(num, den)
-    if mode == "floor" or 2 * r < den:
-        return q
-    if 2 * r > den:
-        return q + 1
-    return q + 1 if mode == "half_up" else q + q % 2
 LO, HI = -(1 << (TINY.act_width - 1)), (1 << (TINY.act_width - 1)) - 1
 
 

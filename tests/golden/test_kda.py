@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from int_reference import exact_round
 
 from golden import errors, k3
 from golden import intops as I
@@ -17,16 +18,6 @@ TINY = profile("tiny")
 U = KD.unit_frac(TINY)
 ONE = 1 << TINY.score_frac
 XS = np.arange(-(1 << (TINY.act_width - 1)), 1 << (TINY.act_width - 1))
-
-
-def exact_round(num: int, den: int, mode: str) -> int:
-    """``num / den`` (``den > 0``) rounded by ``mode``, in Python integers."""
-    q, r = divmod(num, den)
-    if mode == "floor" or 2 * r < den:
-        return q
-    if 2 * r > den:
-        return q + 1
-    return q + 1 if mode == "half_up" else q + q % 2
 
 
 def clamp(v: int, width: int) -> int:

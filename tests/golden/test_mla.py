@@ -5,6 +5,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from int_reference import exact_round
 
 from golden import intops as I
 from golden import k3
@@ -14,16 +15,6 @@ from nanokpu.config import ROUNDING_MODES, profile
 TINY = profile("tiny")
 SF = TINY.score_frac
 LO, HI = -(1 << (TINY.act_width - 1)), (1 << (TINY.act_width - 1)) - 1
-
-
-def exact_round(num: int, den: int, mode: str) -> int:
-    """``num / den`` (``den > 0``) rounded by ``mode``, in Python integers."""
-    q, r = divmod(num, den)
-    if mode == "floor" or 2 * r < den:
-        return q
-    if 2 * r > den:
-        return q + 1
-    return q + 1 if mode == "half_up" else q + q % 2
 
 
 def _mla(cfg, tokens, seed):
