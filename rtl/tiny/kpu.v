@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$6492$254 (cur[269:254]),
+    .\port$6491$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1330,7 +1330,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6494$0 (running_exec),
+    .\port$6493$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5166,7 +5166,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6492$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6491$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5309,8 +5309,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$6492$254 ;
-  wire [15:0] \port$6492$254 ;
+  input [15:0] \port$6491$254 ;
+  wire [15:0] \port$6491$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5475,7 +5475,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6492$254  };
+      \$74  = { 8'h00, \port$6491$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5511,7 +5511,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6492$254  };
+      \$77  = { 8'h00, \port$6491$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5556,9 +5556,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6492$254  };
+  assign rd_beats = { 8'h00, \port$6491$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6492$254  };
+  assign wr_beats = { 8'h00, \port$6491$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9429,9 +9429,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6011$0 (spad__rd1__data),
-    .\port$7585$0 (\$signal ),
-    .\port$7974$0 (spad__rd0__lanes[31:0]),
+    .\port$6010$0 (spad__rd1__data),
+    .\port$7584$0 (\$signal ),
+    .\port$7973$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13565,7 +13565,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6011$0 , unit_rst, \port$7585$0 , level, \port$7974$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6010$0 , unit_rst, \port$7584$0 , level, \port$7973$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13590,12 +13590,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6011
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6011$0 ;
-  wire [31:0] \port$6011$0 ;
-  input \port$7585$0 ;
-  wire \port$7585$0 ;
-  input [31:0] \port$7974$0 ;
-  wire [31:0] \port$7974$0 ;
+  input [31:0] \port$6010$0 ;
+  wire [31:0] \port$6010$0 ;
+  input \port$7584$0 ;
+  wire \port$7584$0 ;
+  input [31:0] \port$7973$0 ;
+  wire [31:0] \port$7973$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13628,7 +13628,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6011
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7585$0 , \port$6011$0 , \port$7974$0  };
+      storage[w_port__addr] <= { \port$7584$0 , \port$6010$0 , \port$7973$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13699,8 +13699,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6011
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7585$0 , \port$6011$0 , \port$7974$0  };
-  assign w_data = { \port$7585$0 , \port$6011$0 , \port$7974$0  };
+  assign w_port__data = { \port$7584$0 , \port$6010$0 , \port$7973$0  };
+  assign w_data = { \port$7584$0 , \port$6010$0 , \port$7973$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -16725,45 +16725,45 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire \$641 ;
-  wire [13:0] \$642 ;
-  wire [9:0] \$643 ;
-  wire \$644 ;
-  wire [14:0] \$645 ;
+  wire [13:0] \$641 ;
+  wire [9:0] \$642 ;
+  wire \$643 ;
+  wire [14:0] \$644 ;
+  wire [13:0] \$645 ;
   wire [13:0] \$646 ;
   wire [13:0] \$647 ;
-  wire [13:0] \$648 ;
-  wire [11:0] \$649 ;
+  wire [11:0] \$648 ;
+  wire [12:0] \$649 ;
   wire \$65 ;
-  wire [12:0] \$650 ;
-  wire [9:0] \$651 ;
+  wire [9:0] \$650 ;
+  wire \$651 ;
   wire \$652 ;
   wire \$653 ;
-  wire \$654 ;
-  wire [9:0] \$655 ;
+  wire [9:0] \$654 ;
+  wire \$655 ;
   wire \$656 ;
   wire \$657 ;
-  wire \$658 ;
-  wire [8:0] \$659 ;
+  wire [8:0] \$658 ;
+  wire [9:0] \$659 ;
   wire \$66 ;
-  wire [9:0] \$660 ;
+  wire \$660 ;
   wire \$661 ;
   wire \$662 ;
   wire \$663 ;
   wire \$664 ;
-  wire \$665 ;
-  wire [9:0] \$666 ;
-  wire \$667 ;
+  wire [9:0] \$665 ;
+  wire \$666 ;
+  wire [16:0] \$667 ;
   wire [16:0] \$668 ;
-  wire [16:0] \$669 ;
+  wire [17:0] \$669 ;
   wire \$67 ;
-  wire [17:0] \$670 ;
-  wire [9:0] \$671 ;
-  wire \$672 ;
-  wire [3:0] \$673 ;
-  wire [9:0] \$674 ;
-  wire \$675 ;
-  wire [9:0] \$676 ;
+  wire [9:0] \$670 ;
+  wire \$671 ;
+  wire [3:0] \$672 ;
+  wire [9:0] \$673 ;
+  wire \$674 ;
+  wire [9:0] \$675 ;
+  wire \$676 ;
   wire \$677 ;
   wire \$678 ;
   wire \$679 ;
@@ -16774,61 +16774,60 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$683 ;
   wire \$684 ;
   wire \$685 ;
-  wire \$686 ;
-  reg [2:0] \$687 ;
-  reg \$688 ;
-  reg [1:0] \$689 ;
+  reg [2:0] \$686 ;
+  reg \$687 ;
+  reg [1:0] \$688 ;
+  reg [13:0] \$689 ;
   wire \$69 ;
-  reg [13:0] \$690 ;
+  reg \$690 ;
   reg \$691 ;
   reg \$692 ;
   reg \$693 ;
   reg \$694 ;
-  reg \$695 ;
-  reg [12:0] \$696 ;
-  reg [8:0] \$697 ;
-  reg \$698 ;
-  reg [15:0] \$699 ;
+  reg [12:0] \$695 ;
+  reg [8:0] \$696 ;
+  reg \$697 ;
+  reg [15:0] \$698 ;
+  reg [8:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
-  reg [8:0] \$700 ;
-  reg [383:0] \$701 ;
-  reg [1:0] \$702 ;
-  reg [12:0] \$703 ;
+  reg [383:0] \$700 ;
+  reg [1:0] \$701 ;
+  reg [12:0] \$702 ;
+  reg \$703 ;
   reg \$704 ;
-  reg \$705 ;
-  reg [13:0] \$706 ;
-  reg [3:0] \$707 ;
+  reg [13:0] \$705 ;
+  reg [3:0] \$706 ;
+  reg \$707 ;
   reg \$708 ;
   reg \$709 ;
   wire \$71 ;
-  reg \$710 ;
-  reg [1:0] \$711 ;
-  reg \$712 ;
+  reg [1:0] \$710 ;
+  reg \$711 ;
+  reg [12:0] \$712 ;
   reg [12:0] \$713 ;
-  reg [12:0] \$714 ;
-  reg [6:0] \$715 ;
-  reg [12:0] \$716 ;
-  reg [31:0] \$717 ;
-  reg [383:0] \$718 ;
-  reg [8:0] \$719 ;
+  reg [6:0] \$714 ;
+  reg [12:0] \$715 ;
+  reg [31:0] \$716 ;
+  reg [383:0] \$717 ;
+  reg [8:0] \$718 ;
+  reg [1:0] \$719 ;
   wire \$72 ;
-  reg [1:0] \$720 ;
-  reg [12:0] \$721 ;
-  reg [13:0] \$722 ;
-  reg [3:0] \$723 ;
-  reg [12:0] \$724 ;
-  reg [13:0] \$725 ;
-  reg [12:0] \$726 ;
-  reg \$727 ;
-  reg [5:0] \$728 ;
-  reg [31:0] \$729 ;
+  reg [12:0] \$720 ;
+  reg [13:0] \$721 ;
+  reg [3:0] \$722 ;
+  reg [12:0] \$723 ;
+  reg [13:0] \$724 ;
+  reg [12:0] \$725 ;
+  reg \$726 ;
+  reg [5:0] \$727 ;
+  reg [31:0] \$728 ;
+  reg [5:0] \$729 ;
   wire \$73 ;
-  reg [5:0] \$730 ;
-  reg [12:0] \$731 ;
-  reg \$732 ;
-  reg [3:0] \$733 ;
-  reg [2:0] \$734 ;
+  reg [12:0] \$730 ;
+  reg \$731 ;
+  reg [3:0] \$732 ;
+  reg [2:0] \$733 ;
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
@@ -17105,7 +17104,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [23:0] \wbuf[3][2] ;
   wire [23:0] \wbuf[3][3] ;
   reg [5:0] width = 6'h00;
-  assign \$265  = width > 4'ha;
   assign \$266  = width > 4'hb;
   assign \$267  = width > 4'hc;
   assign \$268  = width > 4'hd;
@@ -17467,135 +17465,134 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$635  = gc_n + 1'h1;
   assign \$636  = \$635  == ins[85:77];
   assign \$637  = \$634  | \$636 ;
-  assign \$638  = gc_col >= 1'h0;
-  assign \$639  = gc_col >= 1'h1;
-  assign \$640  = gc_col >= 2'h2;
-  assign \$641  = gc_col >= 2'h3;
-  assign \$642  = gc_gaddr + 3'h4;
-  assign \$643  = gc_n + 1'h1;
-  assign \$644  = \$643  == ins[85:77];
-  assign \$645  = gc_left - 3'h4;
+  assign \$638  = gc_col >= 1'h1;
+  assign \$639  = gc_col >= 2'h2;
+  assign \$640  = gc_col >= 2'h3;
+  assign \$641  = gc_gaddr + 3'h4;
+  assign \$642  = gc_n + 1'h1;
+  assign \$643  = \$642  == ins[85:77];
+  assign \$644  = gc_left - 3'h4;
+  assign \$645  = gc_block + rn;
   assign \$646  = gc_block + rn;
-  assign \$647  = gc_block + rn;
-  assign \$648  = ins[34:22] + ins[99:93];
-  assign \$650  = 1'h0 + \$649 ;
-  assign \$653  = | ins[21:16];
-  assign \$654  = \$652  & \$653 ;
-  assign \$657  = | ins[21:16];
-  assign \$658  = \$656  & \$657 ;
-  assign \$659  = \$658  ? ins[85:77] : 9'h000;
-  assign \$662  = | ins[21:16];
-  assign \$663  = \$661  & \$662 ;
-  assign \$664  = | ins[85:77];
-  assign \$665  = \$663  & \$664 ;
-  assign \$669  = \$667  ? \$668  : 17'h00000;
-  assign \$670  = ins[47:35] + \$669 ;
-  assign \$673  = \$672  ? 4'hf : 4'h1;
-  assign \$678  = | ins[21:16];
-  assign \$679  = \$677  & \$678 ;
-  assign \$680  = ~ \$679 ;
-  assign \$681  = \$675  & \$680 ;
-  assign \$682  = ~ dma__rd_busy;
-  assign \$683  = ~ gc_full;
-  assign \$684  = \$682  & \$683 ;
-  assign \$685  = ~ w_busy;
-  assign \$686  = \$684  & \$685 ;
+  assign \$647  = ins[34:22] + ins[99:93];
+  assign \$649  = 1'h0 + \$648 ;
+  assign \$652  = | ins[21:16];
+  assign \$653  = \$651  & \$652 ;
+  assign \$656  = | ins[21:16];
+  assign \$657  = \$655  & \$656 ;
+  assign \$658  = \$657  ? ins[85:77] : 9'h000;
+  assign \$661  = | ins[21:16];
+  assign \$662  = \$660  & \$661 ;
+  assign \$663  = | ins[85:77];
+  assign \$664  = \$662  & \$663 ;
+  assign \$668  = \$666  ? \$667  : 17'h00000;
+  assign \$669  = ins[47:35] + \$668 ;
+  assign \$672  = \$671  ? 4'hf : 4'h1;
+  assign \$677  = | ins[21:16];
+  assign \$678  = \$676  & \$677 ;
+  assign \$679  = ~ \$678 ;
+  assign \$680  = \$674  & \$679 ;
+  assign \$681  = ~ dma__rd_busy;
+  assign \$682  = ~ gc_full;
+  assign \$683  = \$681  & \$682 ;
+  assign \$684  = ~ w_busy;
+  assign \$685  = \$683  & \$684 ;
   always @(posedge clk)
-    gm_lane <= \$687 ;
+    gm_lane <= \$686 ;
   always @(posedge clk)
-    gm_afeed_done <= \$688 ;
+    gm_afeed_done <= \$687 ;
   always @(posedge clk)
-    gm_owed <= \$689 ;
+    gm_owed <= \$688 ;
   always @(posedge clk)
-    gm_left <= \$690 ;
+    gm_left <= \$689 ;
   always @(posedge clk)
-    gm_go <= \$691 ;
+    gm_go <= \$690 ;
   always @(posedge clk)
-    gm_two <= \$692 ;
+    gm_two <= \$691 ;
   always @(posedge clk)
-    t_cap <= \$693 ;
+    t_cap <= \$692 ;
   always @(posedge clk)
-    t_cap_half <= \$694 ;
+    t_cap_half <= \$693 ;
   always @(posedge clk)
-    t_half <= \$695 ;
+    t_half <= \$694 ;
   always @(posedge clk)
-    t_addr <= \$696 ;
+    t_addr <= \$695 ;
   always @(posedge clk)
-    t_left <= \$697 ;
+    t_left <= \$696 ;
   always @(posedge clk)
-    t_on <= \$698 ;
+    t_on <= \$697 ;
   always @(posedge clk)
-    t_mult <= \$699 ;
+    t_mult <= \$698 ;
   always @(posedge clk)
-    t_col <= \$700 ;
+    t_col <= \$699 ;
   always @(posedge clk)
-    wbuf <= \$701 ;
+    wbuf <= \$700 ;
   always @(posedge clk)
-    w_row <= \$702 ;
+    w_row <= \$701 ;
   always @(posedge clk)
-    w_addr <= \$703 ;
+    w_addr <= \$702 ;
   always @(posedge clk)
-    w_last <= \$704 ;
+    w_last <= \$703 ;
   always @(posedge clk)
-    w_busy <= \$705 ;
+    w_busy <= \$704 ;
   always @(posedge clk)
-    w_left <= \$706 ;
+    w_left <= \$705 ;
   always @(posedge clk)
-    w_cols <= \$707 ;
+    w_cols <= \$706 ;
   always @(posedge clk)
-    gc_full <= \$708 ;
+    gc_full <= \$707 ;
   always @(posedge clk)
-    gm_cap <= \$709 ;
+    gm_cap <= \$708 ;
   always @(posedge clk)
-    gm_cap2 <= \$710 ;
+    gm_cap2 <= \$709 ;
   always @(posedge clk)
-    gm_cap_lane <= \$711 ;
+    gm_cap_lane <= \$710 ;
   always @(posedge clk)
-    gm_cap_last <= \$712 ;
+    gm_cap_last <= \$711 ;
   always @(posedge clk)
-    gm_addr <= \$713 ;
+    gm_addr <= \$712 ;
   always @(posedge clk)
-    gm_addr1 <= \$714 ;
+    gm_addr1 <= \$713 ;
   always @(posedge clk)
-    gm_k <= \$715 ;
+    gm_k <= \$714 ;
   always @(posedge clk)
-    gm_wstart <= \$716 ;
+    gm_wstart <= \$715 ;
   always @(posedge clk)
-    pack <= \$717 ;
+    pack <= \$716 ;
   always @(posedge clk)
-    cbuf <= \$718 ;
+    cbuf <= \$717 ;
   always @(posedge clk)
-    gc_n <= \$719 ;
+    gc_n <= \$718 ;
   always @(posedge clk)
-    gc_col <= \$720 ;
+    gc_col <= \$719 ;
   always @(posedge clk)
-    g_addr <= \$721 ;
+    g_addr <= \$720 ;
   always @(posedge clk)
-    g_left <= \$722 ;
+    g_left <= \$721 ;
   always @(posedge clk)
-    g_cols <= \$723 ;
+    g_cols <= \$722 ;
   always @(posedge clk)
-    gc_gaddr <= \$724 ;
+    gc_gaddr <= \$723 ;
   always @(posedge clk)
-    gc_left <= \$725 ;
+    gc_left <= \$724 ;
   always @(posedge clk)
-    gc_block <= \$726 ;
+    gc_block <= \$725 ;
   always @(posedge clk)
-    busy <= \$727 ;
+    busy <= \$726 ;
   always @(posedge clk)
-    width <= \$728 ;
+    width <= \$727 ;
   always @(posedge clk)
-    mult <= \$729 ;
+    mult <= \$728 ;
   always @(posedge clk)
-    shift <= \$730 ;
+    shift <= \$729 ;
   always @(posedge clk)
-    rn <= \$731 ;
+    rn <= \$730 ;
   always @(posedge clk)
-    col_en <= \$732 ;
+    col_en <= \$731 ;
   always @(posedge clk)
-    t_step <= \$733 ;
+    t_step <= \$732 ;
   always @(posedge clk)
-    fsm_state <= \$734 ;
+    fsm_state <= \$733 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -17859,6 +17856,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$262  = width > 3'h7;
   assign \$263  = width > 4'h8;
   assign \$264  = width > 4'h9;
+  assign \$265  = width > 4'ha;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(a_in__payload),
@@ -18299,47 +18297,57 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$687  = \$like ;
+    \$686  = \$like ;
     if (unit_rst) begin
-      \$687  = 3'h0;
+      \$686  = 3'h0;
     end
     if (rst) begin
-      \$687  = 3'h0;
+      \$686  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$688  = \$signal ;
+    \$687  = \$signal ;
     if (unit_rst) begin
-      \$688  = 1'h0;
+      \$687  = 1'h0;
     end
     if (rst) begin
-      \$688  = 1'h0;
+      \$687  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$689  = owed_n;
+    \$688  = owed_n;
     if (unit_rst) begin
-      \$689  = 2'h0;
+      \$688  = 2'h0;
     end
     if (rst) begin
-      \$689  = 2'h0;
+      \$688  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$690  = left_n;
+    \$689  = left_n;
     if (unit_rst) begin
-      \$690  = 14'h0000;
+      \$689  = 14'h0000;
     end
     if (rst) begin
-      \$690  = 14'h0000;
+      \$689  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$691  = \$495 ;
+    \$690  = \$495 ;
+    if (unit_rst) begin
+      \$690  = 1'h0;
+    end
+    if (rst) begin
+      \$690  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$691  = \$504 ;
     if (unit_rst) begin
       \$691  = 1'h0;
     end
@@ -18349,22 +18357,25 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$692  = \$504 ;
-    if (unit_rst) begin
-      \$692  = 1'h0;
-    end
-    if (rst) begin
-      \$692  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$693  = 1'h0;
+    \$692  = 1'h0;
     if (\$506 ) begin
-      \$693  = 1'h1;
+      \$692  = 1'h1;
     end
     if (\done$92 ) begin
-      \$693  = 1'h0;
+      \$692  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$692  = 1'h0;
+    end
+    if (rst) begin
+      \$692  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$693  = t_cap_half;
+    if (\$506 ) begin
+      \$693  = t_half;
     end
     if (unit_rst) begin
       \$693  = 1'h0;
@@ -18375,280 +18386,283 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$694  = t_cap_half;
+    \$694  = t_half;
     if (\$506 ) begin
-      \$694  = t_half;
-    end
-    if (unit_rst) begin
-      \$694  = 1'h0;
-    end
-    if (rst) begin
-      \$694  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$695  = t_half;
-    if (\$506 ) begin
-      \$695  = \$507 ;
+      \$694  = \$507 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$695  = 1'h0;
+            \$694  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$695  = 1'h0;
+      \$694  = 1'h0;
     end
     if (rst) begin
-      \$695  = 1'h0;
+      \$694  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$696  = t_addr;
+    \$695  = t_addr;
     if (\$506 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$696  = \$508 [12:0];
+        \$695  = \$508 [12:0];
       end else begin
-        \$696  = \$511 [12:0];
+        \$695  = \$511 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$696  = \$670 [12:0];
+            \$695  = \$669 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$696  = 13'h0000;
+      \$695  = 13'h0000;
     end
     if (rst) begin
-      \$696  = 13'h0000;
+      \$695  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$697  = t_left;
+    \$696  = t_left;
     if (\$506 ) begin
       if (t_half) begin
-        \$697  = \$509 [8:0];
+        \$696  = \$509 [8:0];
       end
     end
     if (\done$92 ) begin
-      \$697  = 9'h000;
+      \$696  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$697  = \$659 ;
+            \$696  = \$658 ;
           end
     endcase
     if (unit_rst) begin
-      \$697  = 9'h000;
+      \$696  = 9'h000;
     end
     if (rst) begin
-      \$697  = 9'h000;
+      \$696  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$698  = t_on;
+    \$697  = t_on;
     if (\$506 ) begin
       if (t_half) begin
-        \$698  = \$510 ;
+        \$697  = \$510 ;
       end
     end
     if (\done$92 ) begin
-      \$698  = 1'h0;
+      \$697  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$698  = \$665 ;
+            \$697  = \$664 ;
           end
     endcase
     if (unit_rst) begin
-      \$698  = 1'h0;
+      \$697  = 1'h0;
     end
     if (rst) begin
-      \$698  = 1'h0;
+      \$697  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$699  = t_mult;
+    \$698  = t_mult;
     if (\$513 ) begin
-      \$699  = spad__rd1__data[15:0];
+      \$698  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$699  = 16'h0000;
+      \$698  = 16'h0000;
     end
     if (rst) begin
-      \$699  = 16'h0000;
+      \$698  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$700  = t_col;
+    \$699  = t_col;
     if (\$514 ) begin
-      \$700  = \$515 [8:0];
+      \$699  = \$515 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$700  = 9'h000;
+            \$699  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$700  = 9'h000;
+      \$699  = 9'h000;
     end
     if (rst) begin
-      \$700  = 9'h000;
+      \$699  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$701  = wbuf;
+    \$700  = wbuf;
     if (w_busy) begin
-      \$701 [95:0] = wbuf[191:96];
-      \$701 [191:96] = wbuf[287:192];
-      \$701 [287:192] = wbuf[383:288];
+      \$700 [95:0] = wbuf[191:96];
+      \$700 [191:96] = wbuf[287:192];
+      \$700 [287:192] = wbuf[383:288];
     end
     if (\$529 ) begin
-      \$701  = cbuf;
+      \$700  = cbuf;
     end
     if (unit_rst) begin
-      \$701  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$701  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$702  = w_row;
+    \$701  = w_row;
     if (w_busy) begin
-      \$702  = \$516 [1:0];
+      \$701  = \$516 [1:0];
     end
     if (\$529 ) begin
-      \$702  = 2'h0;
+      \$701  = 2'h0;
     end
     if (unit_rst) begin
-      \$702  = 2'h0;
+      \$701  = 2'h0;
     end
     if (rst) begin
-      \$702  = 2'h0;
+      \$701  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$703  = w_addr;
+    \$702  = w_addr;
     if (w_busy) begin
-      \$703  = \$517 [12:0];
+      \$702  = \$517 [12:0];
     end
     if (\$529 ) begin
-      \$703  = g_addr;
+      \$702  = g_addr;
     end
     if (unit_rst) begin
-      \$703  = 13'h0000;
+      \$702  = 13'h0000;
     end
     if (rst) begin
-      \$703  = 13'h0000;
+      \$702  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$704  = w_last;
+    \$703  = w_last;
     if (w_busy) begin
-      \$704  = \$525 ;
+      \$703  = \$525 ;
     end
     if (\$529 ) begin
-      \$704  = \$533 ;
+      \$703  = \$533 ;
     end
     if (unit_rst) begin
-      \$704  = 1'h0;
+      \$703  = 1'h0;
     end
     if (rst) begin
-      \$704  = 1'h0;
+      \$703  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$705  = w_busy;
+    \$704  = w_busy;
     if (w_busy) begin
-      \$705  = \$526 ;
+      \$704  = \$526 ;
     end
     if (\$529 ) begin
-      \$705  = 1'h1;
+      \$704  = 1'h1;
     end
     if (\done$92 ) begin
-      \$705  = 1'h0;
+      \$704  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$705  = 1'h0;
+            \$704  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$705  = 1'h0;
+      \$704  = 1'h0;
     end
     if (rst) begin
-      \$705  = 1'h0;
+      \$704  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$706  = w_left;
+    \$705  = w_left;
     if (\$529 ) begin
-      \$706  = g_left;
+      \$705  = g_left;
     end
     if (unit_rst) begin
-      \$706  = 14'h0000;
+      \$705  = 14'h0000;
     end
     if (rst) begin
-      \$706  = 14'h0000;
+      \$705  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$707  = w_cols;
+    \$706  = w_cols;
     if (\$529 ) begin
-      \$707  = g_cols;
+      \$706  = g_cols;
     end
     if (unit_rst) begin
-      \$707  = 4'h0;
+      \$706  = 4'h0;
     end
     if (rst) begin
-      \$707  = 4'h0;
+      \$706  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$708  = gc_full;
+    \$707  = gc_full;
     if (\$529 ) begin
-      \$708  = 1'h0;
+      \$707  = 1'h0;
     end
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          \$708  = 1'h1;
+          \$707  = 1'h1;
         end
       end
     end
     if (\done$92 ) begin
-      \$708  = 1'h0;
+      \$707  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$708  = 1'h0;
+            \$707  = 1'h0;
           end
     endcase
     if (unit_rst) begin
+      \$707  = 1'h0;
+    end
+    if (rst) begin
+      \$707  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$708  = gm_cap;
+    if (running) begin
+      \$708  = 1'h0;
+      if (\$535 ) begin
+        \$708  = 1'h1;
+      end
+    end
+    if (unit_rst) begin
       \$708  = 1'h0;
     end
     if (rst) begin
@@ -18657,11 +18671,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$709  = gm_cap;
+    \$709  = gm_cap2;
     if (running) begin
-      \$709  = 1'h0;
       if (\$535 ) begin
-        \$709  = 1'h1;
+        \$709  = gm_two;
       end
     end
     if (unit_rst) begin
@@ -18673,61 +18686,46 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$710  = gm_cap2;
+    \$710  = gm_cap_lane;
     if (running) begin
       if (\$535 ) begin
-        \$710  = gm_two;
+        \$710  = gm_lane[1:0];
       end
     end
     if (unit_rst) begin
-      \$710  = 1'h0;
+      \$710  = 2'h0;
     end
     if (rst) begin
-      \$710  = 1'h0;
+      \$710  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$711  = gm_cap_lane;
+    \$711  = gm_cap_last;
     if (running) begin
       if (\$535 ) begin
-        \$711  = gm_lane[1:0];
+        \$711  = \$556 ;
       end
     end
     if (unit_rst) begin
-      \$711  = 2'h0;
+      \$711  = 1'h0;
     end
     if (rst) begin
-      \$711  = 2'h0;
+      \$711  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$712  = gm_cap_last;
+    \$712  = gm_addr;
     if (running) begin
       if (\$535 ) begin
-        \$712  = \$556 ;
-      end
-    end
-    if (unit_rst) begin
-      \$712  = 1'h0;
-    end
-    if (rst) begin
-      \$712  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$713  = gm_addr;
-    if (running) begin
-      if (\$535 ) begin
-        \$713  = \$559 [12:0];
+        \$712  = \$559 [12:0];
         if (\$583 ) begin
           (* full_case = 32'd1 *)
           if (\$585 ) begin
-            \$713  = \$588 [12:0];
+            \$712  = \$588 [12:0];
           end else begin
-            \$713  = \$594 [12:0];
+            \$712  = \$594 [12:0];
           end
         end
       end
@@ -18735,7 +18733,36 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$713  = ins[34:22];
+            \$712  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$712  = 13'h0000;
+    end
+    if (rst) begin
+      \$712  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$713  = gm_addr1;
+    if (running) begin
+      if (\$535 ) begin
+        \$713  = \$562 [12:0];
+        if (\$583 ) begin
+          (* full_case = 32'd1 *)
+          if (\$585 ) begin
+            \$713  = \$590 [12:0];
+          end else begin
+            \$713  = \$597 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$713  = \$647 [12:0];
           end
     endcase
     if (unit_rst) begin
@@ -18747,16 +18774,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$714  = gm_addr1;
+    \$714  = gm_k;
     if (running) begin
       if (\$535 ) begin
-        \$714  = \$562 [12:0];
         if (\$583 ) begin
           (* full_case = 32'd1 *)
           if (\$585 ) begin
-            \$714  = \$590 [12:0];
+            \$714  = \$586 [6:0];
           end else begin
-            \$714  = \$597 [12:0];
+            \$714  = 7'h00;
           end
         end
       end
@@ -18764,27 +18790,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$714  = \$648 [12:0];
+            \$714  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$714  = 13'h0000;
+      \$714  = 7'h00;
     end
     if (rst) begin
-      \$714  = 13'h0000;
+      \$714  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$715  = gm_k;
+    \$715  = gm_wstart;
     if (running) begin
       if (\$535 ) begin
         if (\$583 ) begin
           (* full_case = 32'd1 *)
           if (\$585 ) begin
-            \$715  = \$586 [6:0];
+            \$715  = \$587 [12:0];
           end else begin
-            \$715  = 7'h00;
+            \$715  = \$592 [12:0];
           end
         end
       end
@@ -18792,118 +18818,90 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$715  = 7'h00;
+            \$715  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$715  = 7'h00;
+      \$715  = 13'h0000;
     end
     if (rst) begin
-      \$715  = 7'h00;
+      \$715  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$716  = gm_wstart;
-    if (running) begin
-      if (\$535 ) begin
-        if (\$583 ) begin
-          (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$716  = \$587 [12:0];
-          end else begin
-            \$716  = \$592 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$716  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$716  = 13'h0000;
-    end
-    if (rst) begin
-      \$716  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$717  = pack;
+    \$716  = pack;
     if (running) begin
       if (gm_cap) begin
-        \$717 [7:0] = \$603 [7:0];
-        \$717 [15:8] = \$609 [7:0];
-        \$717 [23:16] = \$615 [7:0];
-        \$717 [31:24] = \$621 [7:0];
+        \$716 [7:0] = \$603 [7:0];
+        \$716 [15:8] = \$609 [7:0];
+        \$716 [23:16] = \$615 [7:0];
+        \$716 [31:24] = \$621 [7:0];
         if (gm_cap_last) begin
-          \$717  = 32'd0;
+          \$716  = 32'd0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$717  = 32'd0;
+            \$716  = 32'd0;
           end
     endcase
     if (unit_rst) begin
-      \$717  = 32'd0;
+      \$716  = 32'd0;
     end
     if (rst) begin
-      \$717  = 32'd0;
+      \$716  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$718  = cbuf;
+    \$717  = cbuf;
     if (running) begin
       if (\$627 ) begin
         if (\$628 ) begin
-          \$718 [23:0] = c_out__payload[23:0];
-          \$718 [119:96] = c_out__payload[47:24];
-          \$718 [215:192] = c_out__payload[71:48];
-          \$718 [311:288] = c_out__payload[95:72];
+          \$717 [23:0] = c_out__payload[23:0];
+          \$717 [119:96] = c_out__payload[47:24];
+          \$717 [215:192] = c_out__payload[71:48];
+          \$717 [311:288] = c_out__payload[95:72];
         end
         if (\$629 ) begin
-          \$718 [47:24] = c_out__payload[23:0];
-          \$718 [143:120] = c_out__payload[47:24];
-          \$718 [239:216] = c_out__payload[71:48];
-          \$718 [335:312] = c_out__payload[95:72];
+          \$717 [47:24] = c_out__payload[23:0];
+          \$717 [143:120] = c_out__payload[47:24];
+          \$717 [239:216] = c_out__payload[71:48];
+          \$717 [335:312] = c_out__payload[95:72];
         end
         if (\$630 ) begin
-          \$718 [71:48] = c_out__payload[23:0];
-          \$718 [167:144] = c_out__payload[47:24];
-          \$718 [263:240] = c_out__payload[71:48];
-          \$718 [359:336] = c_out__payload[95:72];
+          \$717 [71:48] = c_out__payload[23:0];
+          \$717 [167:144] = c_out__payload[47:24];
+          \$717 [263:240] = c_out__payload[71:48];
+          \$717 [359:336] = c_out__payload[95:72];
         end
         if (\$631 ) begin
-          \$718 [95:72] = c_out__payload[23:0];
-          \$718 [191:168] = c_out__payload[47:24];
-          \$718 [287:264] = c_out__payload[71:48];
-          \$718 [383:360] = c_out__payload[95:72];
+          \$717 [95:72] = c_out__payload[23:0];
+          \$717 [191:168] = c_out__payload[47:24];
+          \$717 [287:264] = c_out__payload[71:48];
+          \$717 [383:360] = c_out__payload[95:72];
         end
       end
     end
     if (unit_rst) begin
-      \$718  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$718  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$719  = gc_n;
+    \$718  = gc_n;
     if (running) begin
       if (\$627 ) begin
-        \$719  = \$632 [8:0];
+        \$718  = \$632 [8:0];
         if (\$637 ) begin
-          if (\$644 ) begin
-            \$719  = 9'h000;
+          if (\$643 ) begin
+            \$718  = 9'h000;
           end
         end
       end
@@ -18911,100 +18909,100 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$719  = 9'h000;
+            \$718  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$719  = 9'h000;
+      \$718  = 9'h000;
     end
     if (rst) begin
-      \$719  = 9'h000;
+      \$718  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$720  = gc_col;
+    \$719  = gc_col;
     if (running) begin
       if (\$627 ) begin
-        \$720  = \$633 [1:0];
+        \$719  = \$633 [1:0];
         if (\$637 ) begin
-          \$720  = 2'h0;
+          \$719  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$720  = 2'h0;
+            \$719  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$720  = 2'h0;
+      \$719  = 2'h0;
     end
     if (rst) begin
-      \$720  = 2'h0;
+      \$719  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$721  = g_addr;
+    \$720  = g_addr;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          \$721  = gc_gaddr;
+          \$720  = gc_gaddr;
         end
       end
     end
     if (unit_rst) begin
-      \$721  = 13'h0000;
+      \$720  = 13'h0000;
     end
     if (rst) begin
-      \$721  = 13'h0000;
+      \$720  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$722  = g_left;
+    \$721  = g_left;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          \$722  = gc_left;
+          \$721  = gc_left;
         end
       end
     end
     if (unit_rst) begin
-      \$722  = 14'h0000;
+      \$721  = 14'h0000;
     end
     if (rst) begin
-      \$722  = 14'h0000;
+      \$721  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$723  = g_cols;
+    \$722  = g_cols;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          \$723  = { \$641 , \$640 , \$639 , \$638  };
+          \$722  = { \$640 , \$639 , \$638 , 1'h1 };
         end
       end
     end
     if (unit_rst) begin
-      \$723  = 4'h0;
+      \$722  = 4'h0;
     end
     if (rst) begin
-      \$723  = 4'h0;
+      \$722  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$724  = gc_gaddr;
+    \$723  = gc_gaddr;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          \$724  = \$642 [12:0];
-          if (\$644 ) begin
-            \$724  = \$647 [12:0];
+          \$723  = \$641 [12:0];
+          if (\$643 ) begin
+            \$723  = \$646 [12:0];
           end
         end
       end
@@ -19012,24 +19010,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$724  = ins[60:48];
+            \$723  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$724  = 13'h0000;
+      \$723  = 13'h0000;
     end
     if (rst) begin
-      \$724  = 13'h0000;
+      \$723  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$725  = gc_left;
+    \$724  = gc_left;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          if (\$644 ) begin
-            \$725  = \$645 [13:0];
+          if (\$643 ) begin
+            \$724  = \$644 [13:0];
           end
         end
       end
@@ -19037,24 +19035,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$725  = ins[74:61];
+            \$724  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$725  = 14'h0000;
+      \$724  = 14'h0000;
     end
     if (rst) begin
-      \$725  = 14'h0000;
+      \$724  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$726  = gc_block;
+    \$725  = gc_block;
     if (running) begin
       if (\$627 ) begin
         if (\$637 ) begin
-          if (\$644 ) begin
-            \$726  = \$646 [12:0];
+          if (\$643 ) begin
+            \$725  = \$645 [12:0];
           end
         end
       end
@@ -19062,23 +19060,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$726  = ins[60:48];
+            \$725  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$726  = 13'h0000;
+      \$725  = 13'h0000;
     end
     if (rst) begin
-      \$726  = 13'h0000;
+      \$725  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$727  = busy;
+    \$726  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$727  = 1'h1;
+            \$726  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -19088,170 +19086,170 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$727  = 1'h0;
+            \$726  = 1'h0;
           end else if (done) begin
             if (\error$94 ) begin
-              \$727  = 1'h0;
+              \$726  = 1'h0;
             end
           end
       3'h5:
-          if (\$686 ) begin
-            \$727  = 1'h0;
+          if (\$685 ) begin
+            \$726  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$727  = 1'h0;
+      \$726  = 1'h0;
     end
     if (rst) begin
-      \$727  = 1'h0;
+      \$726  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$728  = width;
+    \$727  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$728  = ins[21:16];
+            \$727  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$728  = 6'h00;
+      \$727  = 6'h00;
     end
     if (rst) begin
-      \$728  = 6'h00;
+      \$727  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$729  = mult;
+    \$728  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$729  = ins[168:137];
+            \$728  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$729  = { 16'h0000, spad__rd0__data[15:0] };
+          \$728  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (unit_rst) begin
-      \$729  = 32'd0;
+      \$728  = 32'd0;
     end
     if (rst) begin
-      \$729  = 32'd0;
+      \$728  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$730  = shift;
+    \$729  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$730  = ins[174:169];
+            \$729  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$730  = spad__rd1__data[5:0];
+          \$729  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$730  = 6'h00;
+      \$729  = 6'h00;
     end
     if (rst) begin
-      \$730  = 6'h00;
+      \$729  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$731  = rn;
+    \$730  = rn;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$731  = \$650 ;
+            \$730  = \$649 ;
           end
     endcase
     if (unit_rst) begin
-      \$731  = 13'h0000;
+      \$730  = 13'h0000;
     end
     if (rst) begin
-      \$731  = 13'h0000;
+      \$730  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$732  = col_en;
+    \$731  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$732  = \$654 ;
+            \$731  = \$653 ;
           end
     endcase
     if (unit_rst) begin
-      \$732  = 1'h0;
+      \$731  = 1'h0;
     end
     if (rst) begin
-      \$732  = 1'h0;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$733  = t_step;
+    \$732  = t_step;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$733  = \$673 ;
+            \$732  = \$672 ;
           end
     endcase
     if (unit_rst) begin
-      \$733  = 4'h0;
+      \$732  = 4'h0;
     end
     if (rst) begin
-      \$733  = 4'h0;
+      \$732  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$734  = fsm_state;
+    \$733  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$681 ) begin
-              \$734  = 3'h1;
+            if (\$680 ) begin
+              \$733  = 3'h1;
             end else begin
-              \$734  = 3'h2;
+              \$733  = 3'h2;
             end
           end
       3'h1:
-          \$734  = 3'h3;
+          \$733  = 3'h3;
       3'h3:
-          \$734  = 3'h2;
+          \$733  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$734  = 3'h4;
+            \$733  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$734  = 3'h0;
+            \$733  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
             if (\error$94 ) begin
-              \$734  = 3'h0;
+              \$733  = 3'h0;
             end else begin
-              \$734  = 3'h5;
+              \$733  = 3'h5;
             end
           end
       3'h5:
-          if (\$686 ) begin
-            \$734  = 3'h0;
+          if (\$685 ) begin
+            \$733  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$734  = 3'h0;
+      \$733  = 3'h0;
     end
     if (rst) begin
-      \$734  = 3'h0;
+      \$733  = 3'h0;
     end
   end
   assign col = col_en;
@@ -19387,29 +19385,29 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$535  = gm_go;
   assign \$557  = { ins[99:93], 1'h0 };
   assign \$560  = { ins[99:93], 1'h0 };
-  assign \$649  = { 1'h0, ins[85:77], 2'h0 };
-  assign { \$651 [9:4], \$651 [2:0] } = 9'h000;
-  assign \$651 [3] = ins[9];
-  assign { \$655 [9:4], \$655 [2:0] } = 9'h000;
-  assign \$655 [3] = ins[9];
-  assign { \$660 [9:4], \$660 [2:0] } = 9'h000;
-  assign \$660 [3] = ins[9];
-  assign { \$666 [9:3], \$666 [1:0] } = 9'h000;
-  assign \$666 [2] = ins[8];
-  assign \$668  = { ins[190:175], 1'h0 };
-  assign { \$671 [9:3], \$671 [1:0] } = 9'h000;
-  assign \$671 [2] = ins[8];
-  assign { \$674 [9:3], \$674 [1:0] } = 9'h000;
-  assign \$674 [2] = ins[8];
-  assign { \$676 [9:4], \$676 [2:0] } = 9'h000;
-  assign \$676 [3] = ins[9];
-  assign \$652  = ins[9];
-  assign \$656  = ins[9];
-  assign \$661  = ins[9];
-  assign \$667  = ins[8];
-  assign \$672  = ins[8];
-  assign \$675  = ins[8];
-  assign \$677  = ins[9];
+  assign \$648  = { 1'h0, ins[85:77], 2'h0 };
+  assign { \$650 [9:4], \$650 [2:0] } = 9'h000;
+  assign \$650 [3] = ins[9];
+  assign { \$654 [9:4], \$654 [2:0] } = 9'h000;
+  assign \$654 [3] = ins[9];
+  assign { \$659 [9:4], \$659 [2:0] } = 9'h000;
+  assign \$659 [3] = ins[9];
+  assign { \$665 [9:3], \$665 [1:0] } = 9'h000;
+  assign \$665 [2] = ins[8];
+  assign \$667  = { ins[190:175], 1'h0 };
+  assign { \$670 [9:3], \$670 [1:0] } = 9'h000;
+  assign \$670 [2] = ins[8];
+  assign { \$673 [9:3], \$673 [1:0] } = 9'h000;
+  assign \$673 [2] = ins[8];
+  assign { \$675 [9:4], \$675 [2:0] } = 9'h000;
+  assign \$675 [3] = ins[9];
+  assign \$651  = ins[9];
+  assign \$655  = ins[9];
+  assign \$660  = ins[9];
+  assign \$666  = ins[8];
+  assign \$671  = ins[8];
+  assign \$674  = ins[8];
+  assign \$676  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29069,8 +29067,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1952$0 (mult),
-    .\port$1957$0 (i__payload),
+    .\port$1951$0 (mult),
+    .\port$1956$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -29926,7 +29924,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30012,10 +30010,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1952$0 ;
-  wire [15:0] \port$1952$0 ;
-  input [95:0] \port$1957$0 ;
-  wire [95:0] \port$1957$0 ;
+  input [15:0] \port$1951$0 ;
+  wire [15:0] \port$1951$0 ;
+  input [95:0] \port$1956$0 ;
+  wire [95:0] \port$1956$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30080,7 +30078,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1957$0 [16:0] };
+      \$9  = { 1'h0, \port$1956$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30093,7 +30091,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1952$0  };
+      \$10  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30119,7 +30117,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23:17] };
+      \$12  = { \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30132,7 +30130,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1952$0  };
+      \$13  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30158,7 +30156,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1957$0 [40:24] };
+      \$15  = { 1'h0, \port$1956$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30171,7 +30169,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1952$0  };
+      \$16  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30197,7 +30195,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47:41] };
+      \$18  = { \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30210,7 +30208,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1952$0  };
+      \$19  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30236,7 +30234,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1957$0 [64:48] };
+      \$21  = { 1'h0, \port$1956$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30249,7 +30247,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1952$0  };
+      \$22  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30275,7 +30273,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71:65] };
+      \$24  = { \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30288,7 +30286,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1952$0  };
+      \$25  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30314,7 +30312,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1957$0 [88:72] };
+      \$27  = { 1'h0, \port$1956$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30327,7 +30325,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1952$0  };
+      \$28  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30353,7 +30351,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95:89] };
+      \$30  = { \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30366,7 +30364,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1952$0  };
+      \$31  = { 2'h0, \port$1951$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30388,22 +30386,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1952$0 , \port$1957$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1957$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1952$0  };
-  assign a__1 = { \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23], \port$1957$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1952$0  };
-  assign a__2 = { 1'h0, \port$1957$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1952$0  };
-  assign a__3 = { \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47], \port$1957$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1952$0  };
-  assign a__4 = { 1'h0, \port$1957$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1952$0  };
-  assign a__5 = { \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71], \port$1957$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1952$0  };
-  assign a__6 = { 1'h0, \port$1957$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1952$0  };
-  assign a__7 = { \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95], \port$1957$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1952$0  };
+  assign a__0 = { 1'h0, \port$1956$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1951$0  };
+  assign a__1 = { \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1951$0  };
+  assign a__2 = { 1'h0, \port$1956$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1951$0  };
+  assign a__3 = { \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1951$0  };
+  assign a__4 = { 1'h0, \port$1956$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1951$0  };
+  assign a__5 = { \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1951$0  };
+  assign a__6 = { 1'h0, \port$1956$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1951$0  };
+  assign a__7 = { \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1951$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35022,7 +35020,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6494$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6493$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35293,8 +35291,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6494$0 ;
-  wire [4:0] \port$6494$0 ;
+  input [4:0] \port$6493$0 ;
+  wire [4:0] \port$6493$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35318,81 +35316,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6494$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6493$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6494$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6493$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6494$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6493$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6494$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6493$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6494$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6493$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6494$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6493$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6494$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6493$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6494$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6493$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6494$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6494$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6493$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6493$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6494$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6493$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6494$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6493$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6494$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6493$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3], \port$6494$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6494$0 [0], \port$6494$0 [0], \port$6494$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6494$0 [1], \port$6494$0 [1], \port$6494$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6494$0 [2], \port$6494$0 [2], \port$6494$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6494$0 [4], \port$6494$0 [4], \port$6494$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35409,7 +35407,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6494$0 , \port$2$0  };
+  assign select = { \port$6493$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

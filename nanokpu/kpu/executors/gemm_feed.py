@@ -3,7 +3,7 @@ operand packed from the scratchpad, B streamed from the bus, the results unpacke
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -265,7 +265,8 @@ class GemmFeed(wiring.Component):
                 block_ends = gc_n + 1 == n_g
                 with m.If((gc_col == B - 1) | block_ends):
                     m.d.sync += [gc_full.eq(1), gc_col.eq(0), g_addr.eq(gc_gaddr), g_left.eq(gc_left),
-                                 g_cols.eq(Cat(gc_col >= j for j in range(B))), gc_gaddr.eq(gc_gaddr + B)]
+                                 g_cols.eq(Cat(Const(1, 1), *(gc_col >= j for j in range(1, B)))),
+                                 gc_gaddr.eq(gc_gaddr + B)]
                     with m.If(block_ends):
                         m.d.sync += [gc_n.eq(0), gc_left.eq(gc_left - R), gc_block.eq(gc_block + rn),
                                      gc_gaddr.eq(gc_block + rn)]
