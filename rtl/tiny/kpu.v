@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$4449$254 (cur[269:254]),
+    .\port$4785$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1165,7 +1165,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$335 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$330 ),
-    .\done$87 (\done$314 ),
+    .\done$92 (\done$314 ),
     .error(\error$315 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1186,6 +1186,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .spad__wr__addr(clients__2__wr__addr),
     .spad__wr__data(clients__2__wr__data),
     .spad__wr__en(clients__2__wr__en),
+    .spad__wr__upper(clients__2__wr__upper),
+    .spad__wr__upper_en(clients__2__wr__upper_en),
     .start(exec_start[1]),
     .unit_rst(unit_rst)
   );
@@ -1293,6 +1295,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__2__wr__addr(clients__2__wr__addr),
     .clients__2__wr__data(clients__2__wr__data),
     .clients__2__wr__en(clients__2__wr__en),
+    .clients__2__wr__upper(clients__2__wr__upper),
+    .clients__2__wr__upper_en(clients__2__wr__upper_en),
     .clients__3__rd0__addr(clients__3__rd0__addr),
     .clients__3__rd0__en(clients__3__rd0__en),
     .clients__3__rd1__addr(clients__3__rd1__addr),
@@ -1314,7 +1318,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__en(clients__5__wr__en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$4451$0 (running_exec),
+    .\port$4787$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -2620,10 +2624,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \spad__wr__addr$184  = clients__2__wr__addr;
   assign \spad__wr__data$186  = clients__2__wr__data;
   assign \spad__wr__en$188  = clients__2__wr__en;
-  assign clients__2__wr__upper = 96'h000000000000000000000000;
-  assign \spad__wr__upper$190  = 96'h000000000000000000000000;
-  assign clients__2__wr__upper_en = 3'h0;
-  assign \spad__wr__upper_en$192  = 3'h0;
+  assign \spad__wr__upper$190  = clients__2__wr__upper;
+  assign \spad__wr__upper_en$192  = clients__2__wr__upper_en;
   assign \spad__blocked$193  = 1'h0;
   assign clients__3__blocked = 1'h0;
   assign \spad__rd0__addr$196  = clients__3__rd0__addr;
@@ -2784,12 +2786,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \clients__2__rd0__lanes[1]  = spad__rd0__lanes[63:32];
   assign \clients__2__rd0__lanes[2]  = spad__rd0__lanes[95:64];
   assign \clients__2__rd0__lanes[3]  = spad__rd0__lanes[127:96];
-  assign \clients__2__wr__upper[0]  = 32'd0;
-  assign \clients__2__wr__upper[1]  = 32'd0;
-  assign \clients__2__wr__upper[2]  = 32'd0;
-  assign \spad__wr__upper$190[0]  = 32'd0;
-  assign \spad__wr__upper$190[1]  = 32'd0;
-  assign \spad__wr__upper$190[2]  = 32'd0;
+  assign \clients__2__wr__upper[0]  = clients__2__wr__upper[31:0];
+  assign \clients__2__wr__upper[1]  = clients__2__wr__upper[63:32];
+  assign \clients__2__wr__upper[2]  = clients__2__wr__upper[95:64];
+  assign \spad__wr__upper$190[0]  = clients__2__wr__upper[31:0];
+  assign \spad__wr__upper$190[1]  = clients__2__wr__upper[63:32];
+  assign \spad__wr__upper$190[2]  = clients__2__wr__upper[95:64];
   assign \spad__rd0__lanes$201[0]  = spad__rd0__lanes[31:0];
   assign \spad__rd0__lanes$201[1]  = spad__rd0__lanes[63:32];
   assign \spad__rd0__lanes$201[2]  = spad__rd0__lanes[95:64];
@@ -5040,8 +5042,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign { \$142 [9:3], \$142 [1:0] } = 9'h000;
   assign \$142 [2] = ins[8];
   assign \$143  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$146  = ins[8];
   assign \$145  = { ins[63:48], 1'h0 };
+  assign \$146  = ins[8];
   assign { \$149 [9:3], \$149 [1:0] } = 9'h000;
   assign \$149 [2] = ins[8];
   assign \$150  = { 3'h0, ins[63:48], 4'h0 };
@@ -5158,7 +5160,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$4449$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$4785$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5301,8 +5303,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$4449$254 ;
-  wire [15:0] \port$4449$254 ;
+  input [15:0] \port$4785$254 ;
+  wire [15:0] \port$4785$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5467,7 +5469,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$4449$254  };
+      \$74  = { 8'h00, \port$4785$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5503,7 +5505,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$4449$254  };
+      \$77  = { 8'h00, \port$4785$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5548,9 +5550,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$4449$254  };
+  assign rd_beats = { 8'h00, \port$4785$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$4449$254  };
+  assign wr_beats = { 8'h00, \port$4785$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -6314,9 +6316,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$3968$0 (spad__rd1__data),
-    .\port$5514$0 (\$signal ),
-    .\port$5883$0 (spad__rd0__data),
+    .\port$4304$0 (spad__rd1__data),
+    .\port$5876$0 (\$signal ),
+    .\port$6245$0 (spad__rd0__data),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -10185,7 +10187,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968$0 , unit_rst, \port$5514$0 , level, \port$5883$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$4304$0 , unit_rst, \port$5876$0 , level, \port$6245$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -10210,12 +10212,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$3968$0 ;
-  wire [31:0] \port$3968$0 ;
-  input \port$5514$0 ;
-  wire \port$5514$0 ;
-  input [31:0] \port$5883$0 ;
-  wire [31:0] \port$5883$0 ;
+  input [31:0] \port$4304$0 ;
+  wire [31:0] \port$4304$0 ;
+  input \port$5876$0 ;
+  wire \port$5876$0 ;
+  input [31:0] \port$6245$0 ;
+  wire [31:0] \port$6245$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -10248,7 +10250,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$5514$0 , \port$3968$0 , \port$5883$0  };
+      storage[w_port__addr] <= { \port$5876$0 , \port$4304$0 , \port$6245$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -10319,8 +10321,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$3968
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$5514$0 , \port$3968$0 , \port$5883$0  };
-  assign w_data = { \port$5514$0 , \port$3968$0 , \port$5883$0  };
+  assign w_port__data = { \port$5876$0 , \port$4304$0 , \port$6245$0  };
+  assign w_data = { \port$5876$0 , \port$4304$0 , \port$6245$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -12621,8 +12623,8 @@ module \nanokpu_kpu.fetch (rst, wr__en, start, pc, wr__addr, wr__data, done, ins
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1__data, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, dma__rd_data__ready, spad__rd0__addr, spad__rd0__en, spad__wr__addr, spad__wr__en, spad__wr__data, dma__rd_start
-, \done$87 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, b_in__payload);
+module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1__data, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, spad__wr__en, spad__wr__addr, spad__wr__data, spad__wr__upper_en, spad__wr__upper, dma__rd_data__ready, spad__rd0__addr
+, spad__rd0__en, dma__rd_start, \done$92 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -12630,13 +12632,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
-  wire \$106 ;
-  wire \$107 ;
+  wire [23:0] \$104 ;
+  wire [23:0] \$105 ;
+  wire [23:0] \$106 ;
+  wire [23:0] \$107 ;
   wire \$108 ;
   wire \$109 ;
-  wire [5:0] \$11 ;
+  wire \$11 ;
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
@@ -12651,7 +12653,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$120 ;
   wire \$121 ;
   wire \$122 ;
-  wire [23:0] \$123 ;
+  wire \$123 ;
   wire \$124 ;
   wire \$125 ;
   wire \$126 ;
@@ -12677,7 +12679,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire [23:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
   wire \$149 ;
   wire \$15 ;
@@ -12691,7 +12693,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire [2:0] \$16 ;
+  wire \$16 ;
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
@@ -12705,15 +12707,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire [23:0] \$172 ;
-  wire [23:0] \$173 ;
-  wire [23:0] \$174 ;
-  wire [23:0] \$175 ;
-  wire [23:0] \$176 ;
-  wire [23:0] \$177 ;
-  wire [13:0] \$178 ;
-  wire \$179 ;
-  wire [3:0] \$18 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire \$174 ;
+  wire \$175 ;
+  wire \$176 ;
+  wire \$177 ;
+  wire \$178 ;
+  wire [23:0] \$179 ;
+  wire \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
@@ -12728,7 +12730,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire [3:0] \$193 ;
+  wire \$193 ;
   wire \$194 ;
   wire \$195 ;
   wire \$196 ;
@@ -12740,177 +12742,177 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
-  wire [13:0] \$203 ;
-  wire [9:0] \$204 ;
-  wire \$205 ;
-  wire [13:0] \$206 ;
-  wire \$207 ;
+  wire \$203 ;
+  wire [23:0] \$204 ;
+  wire [23:0] \$205 ;
+  wire [23:0] \$206 ;
+  wire [23:0] \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire [3:0] \$21 ;
-  wire [9:0] \$210 ;
+  wire \$21 ;
+  wire \$210 ;
   wire \$211 ;
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
-  wire [3:0] \$215 ;
+  wire \$215 ;
   wire \$216 ;
   wire \$217 ;
   wire \$218 ;
-  wire [3:0] \$219 ;
-  wire [4:0] \$22 ;
+  wire \$219 ;
+  wire \$22 ;
   wire \$220 ;
   wire \$221 ;
-  wire [3:0] \$222 ;
+  wire \$222 ;
   wire \$223 ;
   wire \$224 ;
   wire \$225 ;
   wire \$226 ;
   wire \$227 ;
   wire \$228 ;
-  wire [3:0] \$229 ;
+  wire \$229 ;
   wire \$23 ;
   wire \$230 ;
   wire \$231 ;
   wire \$232 ;
   wire \$233 ;
-  wire [7:0] \$234 ;
-  wire [7:0] \$235 ;
-  wire [13:0] \$236 ;
-  wire [7:0] \$237 ;
-  wire [7:0] \$238 ;
-  wire [13:0] \$239 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
   wire \$240 ;
   wire \$241 ;
-  wire [3:0] \$242 ;
+  wire \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire [3:0] \$246 ;
+  wire \$246 ;
   wire \$247 ;
   wire \$248 ;
-  wire [3:0] \$249 ;
-  wire [3:0] \$25 ;
+  wire \$249 ;
+  wire \$25 ;
   wire \$250 ;
   wire \$251 ;
   wire \$252 ;
   wire \$253 ;
   wire \$254 ;
   wire \$255 ;
-  wire [3:0] \$256 ;
+  wire \$256 ;
   wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire [7:0] \$261 ;
+  wire \$261 ;
   wire \$262 ;
-  wire [7:0] \$263 ;
-  wire [13:0] \$264 ;
-  wire [13:0] \$265 ;
-  wire [13:0] \$266 ;
-  wire [14:0] \$267 ;
-  wire [12:0] \$268 ;
-  wire [13:0] \$269 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  wire [12:0] \$270 ;
-  wire [13:0] \$271 ;
-  wire [12:0] \$272 ;
-  wire [13:0] \$273 ;
-  wire [14:0] \$274 ;
+  wire \$270 ;
+  wire \$271 ;
+  wire \$272 ;
+  wire \$273 ;
+  wire \$274 ;
   wire \$275 ;
-  wire [2:0] \$276 ;
+  wire \$276 ;
   wire \$277 ;
   wire \$278 ;
-  wire [31:0] \$279 ;
+  wire [23:0] \$279 ;
   wire \$28 ;
-  wire [31:0] \$280 ;
+  wire \$280 ;
   wire \$281 ;
-  wire [2:0] \$282 ;
+  wire \$282 ;
   wire \$283 ;
   wire \$284 ;
-  wire [31:0] \$285 ;
-  wire [31:0] \$286 ;
+  wire \$285 ;
+  wire \$286 ;
   wire \$287 ;
-  wire [2:0] \$288 ;
+  wire \$288 ;
   wire \$289 ;
-  wire [3:0] \$29 ;
+  wire \$29 ;
   wire \$290 ;
-  wire [31:0] \$291 ;
-  wire [31:0] \$292 ;
+  wire \$291 ;
+  wire \$292 ;
   wire \$293 ;
-  wire [2:0] \$294 ;
+  wire \$294 ;
   wire \$295 ;
   wire \$296 ;
-  wire [31:0] \$297 ;
-  wire [31:0] \$298 ;
-  wire [2:0] \$299 ;
+  wire \$297 ;
+  wire \$298 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [13:0] \$300 ;
-  wire [2:0] \$301 ;
+  wire \$300 ;
+  wire \$301 ;
   wire \$302 ;
   wire \$303 ;
-  wire [2:0] \$304 ;
-  wire [3:0] \$305 ;
-  wire \$306 ;
-  wire \$307 ;
+  wire [23:0] \$304 ;
+  wire [23:0] \$305 ;
+  wire [23:0] \$306 ;
+  wire [23:0] \$307 ;
   wire \$308 ;
-  wire [9:0] \$309 ;
+  wire \$309 ;
   wire \$31 ;
   wire \$310 ;
-  wire [9:0] \$311 ;
-  wire [13:0] \$312 ;
-  wire [13:0] \$313 ;
+  wire \$311 ;
+  wire \$312 ;
+  wire \$313 ;
   wire \$314 ;
   wire \$315 ;
   wire \$316 ;
   wire \$317 ;
-  wire [14:0] \$318 ;
-  wire [13:0] \$319 ;
-  wire [3:0] \$32 ;
-  wire [13:0] \$320 ;
-  wire [14:0] \$321 ;
+  wire \$318 ;
+  wire \$319 ;
+  wire \$32 ;
+  wire \$320 ;
+  wire \$321 ;
   wire \$322 ;
-  wire [14:0] \$323 ;
+  wire \$323 ;
   wire \$324 ;
   wire \$325 ;
   wire \$326 ;
-  wire [13:0] \$327 ;
+  wire \$327 ;
   wire \$328 ;
   wire \$329 ;
   wire \$33 ;
   wire \$330 ;
   wire \$331 ;
-  wire [9:0] \$332 ;
+  wire \$332 ;
   wire \$333 ;
   wire \$334 ;
   wire \$335 ;
-  wire [9:0] \$336 ;
+  wire \$336 ;
   wire \$337 ;
   wire \$338 ;
   wire \$339 ;
   wire \$34 ;
-  wire [8:0] \$340 ;
-  wire [9:0] \$341 ;
+  wire \$340 ;
+  wire \$341 ;
   wire \$342 ;
   wire \$343 ;
   wire \$344 ;
   wire \$345 ;
   wire \$346 ;
-  wire [9:0] \$347 ;
+  wire \$347 ;
   wire \$348 ;
-  wire [16:0] \$349 ;
+  wire \$349 ;
   wire \$35 ;
-  wire [16:0] \$350 ;
-  wire [17:0] \$351 ;
-  wire [9:0] \$352 ;
+  wire \$350 ;
+  wire \$351 ;
+  wire \$352 ;
   wire \$353 ;
-  wire [3:0] \$354 ;
-  wire [9:0] \$355 ;
+  wire \$354 ;
+  wire \$355 ;
   wire \$356 ;
-  wire [9:0] \$357 ;
+  wire \$357 ;
   wire \$358 ;
   wire \$359 ;
   wire \$36 ;
@@ -12918,93 +12920,423 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$361 ;
   wire \$362 ;
   wire \$363 ;
-  reg [2:0] \$364 ;
-  reg \$365 ;
-  reg [1:0] \$366 ;
-  reg [13:0] \$367 ;
-  reg \$368 ;
-  reg \$369 ;
+  wire \$364 ;
+  wire \$365 ;
+  wire \$366 ;
+  wire \$367 ;
+  wire \$368 ;
+  wire \$369 ;
   wire \$37 ;
-  reg \$370 ;
-  reg \$371 ;
-  reg \$372 ;
-  reg [12:0] \$373 ;
-  reg [8:0] \$374 ;
-  reg \$375 ;
-  reg [15:0] \$376 ;
-  reg [8:0] \$377 ;
-  reg \$378 ;
-  reg \$379 ;
+  wire \$370 ;
+  wire \$371 ;
+  wire \$372 ;
+  wire \$373 ;
+  wire \$374 ;
+  wire \$375 ;
+  wire \$376 ;
+  wire \$377 ;
+  wire \$378 ;
+  wire [23:0] \$379 ;
   wire \$38 ;
-  reg [1:0] \$380 ;
-  reg \$381 ;
-  reg [12:0] \$382 ;
-  reg [12:0] \$383 ;
-  reg [6:0] \$384 ;
-  reg [12:0] \$385 ;
-  reg [31:0] \$386 ;
-  reg [1:0] \$387 ;
-  reg [12:0] \$388 ;
-  reg \$389 ;
-  wire [3:0] \$39 ;
-  reg [8:0] \$390 ;
-  reg [12:0] \$391 ;
-  reg [13:0] \$392 ;
-  reg \$393 ;
-  reg [5:0] \$394 ;
-  reg [31:0] \$395 ;
-  reg [5:0] \$396 ;
-  reg \$397 ;
-  reg [3:0] \$398 ;
-  reg [2:0] \$399 ;
+  wire \$380 ;
+  wire \$381 ;
+  wire \$382 ;
+  wire \$383 ;
+  wire \$384 ;
+  wire \$385 ;
+  wire \$386 ;
+  wire \$387 ;
+  wire \$388 ;
+  wire \$389 ;
+  wire \$39 ;
+  wire \$390 ;
+  wire \$391 ;
+  wire \$392 ;
+  wire \$393 ;
+  wire \$394 ;
+  wire \$395 ;
+  wire \$396 ;
+  wire \$397 ;
+  wire \$398 ;
+  wire \$399 ;
   wire [5:0] \$4 ;
   wire \$40 ;
+  wire \$400 ;
+  wire \$401 ;
+  wire \$402 ;
+  wire \$403 ;
+  wire [23:0] \$404 ;
+  wire [23:0] \$405 ;
+  wire [23:0] \$406 ;
+  wire [23:0] \$407 ;
+  wire \$408 ;
+  wire [31:0] \$409 ;
   wire \$41 ;
+  wire \$410 ;
+  wire [5:0] \$411 ;
+  wire \$412 ;
+  wire \$413 ;
+  wire \$414 ;
+  wire \$415 ;
+  wire [2:0] \$416 ;
+  wire \$417 ;
+  wire [3:0] \$418 ;
+  wire \$419 ;
   wire \$42 ;
+  wire \$420 ;
+  wire [3:0] \$421 ;
+  wire [4:0] \$422 ;
+  wire \$423 ;
+  wire \$424 ;
+  wire [3:0] \$425 ;
+  wire \$426 ;
+  wire \$427 ;
+  wire \$428 ;
+  wire [3:0] \$429 ;
   wire \$43 ;
-  wire [7:0] \$44 ;
+  wire \$430 ;
+  wire \$431 ;
+  wire [3:0] \$432 ;
+  wire \$433 ;
+  wire \$434 ;
+  wire \$435 ;
+  wire \$436 ;
+  wire \$437 ;
+  wire \$438 ;
+  wire [3:0] \$439 ;
+  wire \$44 ;
+  wire \$440 ;
+  wire \$441 ;
+  wire \$442 ;
+  wire \$443 ;
+  wire [7:0] \$444 ;
+  wire \$445 ;
+  wire [14:0] \$446 ;
+  wire \$447 ;
+  wire \$448 ;
+  wire \$449 ;
   wire \$45 ;
-  wire [14:0] \$46 ;
+  wire \$450 ;
+  wire [2:0] \$451 ;
+  wire \$452 ;
+  wire \$453 ;
+  wire [31:0] \$454 ;
+  wire [31:0] \$455 ;
+  wire \$456 ;
+  wire [2:0] \$457 ;
+  wire \$458 ;
+  wire \$459 ;
+  wire \$46 ;
+  wire [31:0] \$460 ;
+  wire [31:0] \$461 ;
+  wire \$462 ;
+  wire [2:0] \$463 ;
+  wire \$464 ;
+  wire \$465 ;
+  wire [31:0] \$466 ;
+  wire [31:0] \$467 ;
+  wire \$468 ;
+  wire [2:0] \$469 ;
   wire \$47 ;
-  wire [6:0] \$475 ;
+  wire \$470 ;
+  wire \$471 ;
+  wire [31:0] \$472 ;
+  wire [31:0] \$473 ;
+  wire \$474 ;
+  wire \$475 ;
+  wire \$476 ;
+  wire \$477 ;
+  wire \$478 ;
+  wire [13:0] \$479 ;
   wire \$48 ;
+  wire \$480 ;
+  wire \$481 ;
+  wire \$482 ;
+  wire \$483 ;
+  wire \$484 ;
+  wire \$485 ;
+  wire \$486 ;
+  wire \$487 ;
+  wire \$488 ;
+  wire \$489 ;
   wire \$49 ;
+  wire \$490 ;
+  wire \$491 ;
+  wire \$492 ;
+  wire \$493 ;
+  wire \$494 ;
+  wire \$495 ;
+  wire \$496 ;
+  wire \$497 ;
+  wire [3:0] \$498 ;
+  wire \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [2:0] \$51 ;
+  wire \$500 ;
+  wire \$501 ;
+  wire \$502 ;
+  wire \$503 ;
+  wire \$504 ;
+  wire \$505 ;
+  wire \$506 ;
+  wire \$507 ;
+  wire [13:0] \$508 ;
+  wire [9:0] \$509 ;
+  wire \$51 ;
+  wire \$510 ;
+  wire [13:0] \$511 ;
+  wire \$512 ;
+  wire \$513 ;
+  wire \$514 ;
+  wire [9:0] \$515 ;
+  wire [2:0] \$516 ;
+  wire [13:0] \$517 ;
+  wire [2:0] \$518 ;
+  wire \$519 ;
   wire \$52 ;
-  wire [6:0] \$525 ;
+  wire \$520 ;
+  wire [2:0] \$521 ;
+  wire [3:0] \$522 ;
+  wire \$523 ;
+  wire \$524 ;
+  wire \$525 ;
+  wire \$526 ;
+  wire \$527 ;
+  wire \$528 ;
+  wire \$529 ;
   wire \$53 ;
-  wire [31:0] \$54 ;
-  wire [31:0] \$55 ;
+  wire \$530 ;
+  wire \$531 ;
+  wire \$532 ;
+  wire \$533 ;
+  wire \$534 ;
+  wire \$535 ;
+  wire \$536 ;
+  wire \$537 ;
+  wire [3:0] \$538 ;
+  wire \$539 ;
+  wire \$54 ;
+  wire \$540 ;
+  wire \$541 ;
+  wire [3:0] \$542 ;
+  wire \$543 ;
+  wire \$544 ;
+  wire [3:0] \$545 ;
+  wire \$546 ;
+  wire \$547 ;
+  wire \$548 ;
+  wire \$549 ;
+  wire \$55 ;
+  wire \$550 ;
+  wire \$551 ;
+  wire [3:0] \$552 ;
+  wire \$553 ;
+  wire \$554 ;
+  wire \$555 ;
+  wire \$556 ;
+  wire [7:0] \$557 ;
+  wire [7:0] \$558 ;
+  wire [13:0] \$559 ;
   wire \$56 ;
-  wire [2:0] \$57 ;
-  wire [6:0] \$577 ;
+  wire [7:0] \$560 ;
+  wire [7:0] \$561 ;
+  wire [13:0] \$562 ;
+  wire \$563 ;
+  wire \$564 ;
+  wire [3:0] \$565 ;
+  wire \$566 ;
+  wire \$567 ;
+  wire \$568 ;
+  wire [3:0] \$569 ;
+  wire \$57 ;
+  wire \$570 ;
+  wire \$571 ;
+  wire [3:0] \$572 ;
+  wire \$573 ;
+  wire \$574 ;
+  wire \$575 ;
+  wire \$576 ;
+  wire \$577 ;
+  wire \$578 ;
+  wire [3:0] \$579 ;
   wire \$58 ;
-  wire [6:0] \$582 ;
+  wire \$580 ;
+  wire \$581 ;
+  wire \$582 ;
+  wire \$583 ;
+  wire [7:0] \$584 ;
+  wire \$585 ;
+  wire [7:0] \$586 ;
+  wire [13:0] \$587 ;
+  wire [13:0] \$588 ;
+  wire [13:0] \$589 ;
   wire \$59 ;
+  wire [14:0] \$590 ;
+  wire [12:0] \$591 ;
+  wire [13:0] \$592 ;
+  wire [12:0] \$593 ;
+  wire [13:0] \$594 ;
+  wire [12:0] \$595 ;
+  wire [13:0] \$596 ;
+  wire [14:0] \$597 ;
+  wire \$598 ;
+  wire [2:0] \$599 ;
   wire \$6 ;
-  wire [31:0] \$60 ;
-  wire [31:0] \$61 ;
+  wire \$60 ;
+  wire \$600 ;
+  wire \$601 ;
+  wire [31:0] \$602 ;
+  wire [31:0] \$603 ;
+  wire \$604 ;
+  wire [2:0] \$605 ;
+  wire \$606 ;
+  wire \$607 ;
+  wire [31:0] \$608 ;
+  wire [31:0] \$609 ;
+  wire \$61 ;
+  wire \$610 ;
+  wire [2:0] \$611 ;
+  wire \$612 ;
+  wire \$613 ;
+  wire [31:0] \$614 ;
+  wire [31:0] \$615 ;
+  wire \$616 ;
+  wire [2:0] \$617 ;
+  wire \$618 ;
+  wire \$619 ;
   wire \$62 ;
-  wire [2:0] \$63 ;
+  wire [31:0] \$620 ;
+  wire [31:0] \$621 ;
+  wire \$622 ;
+  wire \$623 ;
+  wire \$624 ;
+  wire \$625 ;
+  wire \$626 ;
+  wire \$627 ;
+  wire \$628 ;
+  wire \$629 ;
+  wire \$63 ;
+  wire \$630 ;
+  wire \$631 ;
+  wire [9:0] \$632 ;
+  wire [2:0] \$633 ;
+  wire \$634 ;
+  wire [9:0] \$635 ;
+  wire \$636 ;
+  wire \$637 ;
+  wire \$638 ;
+  wire \$639 ;
   wire \$64 ;
+  wire \$640 ;
+  wire [13:0] \$641 ;
+  wire [9:0] \$642 ;
+  wire \$643 ;
+  wire [14:0] \$644 ;
+  wire [13:0] \$645 ;
+  wire [13:0] \$646 ;
+  wire [13:0] \$647 ;
+  wire [11:0] \$648 ;
+  wire [12:0] \$649 ;
   wire \$65 ;
-  wire [31:0] \$66 ;
-  wire [31:0] \$67 ;
+  wire [9:0] \$650 ;
+  wire \$651 ;
+  wire \$652 ;
+  wire \$653 ;
+  wire [9:0] \$654 ;
+  wire \$655 ;
+  wire \$656 ;
+  wire \$657 ;
+  wire [8:0] \$658 ;
+  wire [9:0] \$659 ;
+  wire \$66 ;
+  wire \$660 ;
+  wire \$661 ;
+  wire \$662 ;
+  wire \$663 ;
+  wire \$664 ;
+  wire [9:0] \$665 ;
+  wire \$666 ;
+  wire [16:0] \$667 ;
+  wire [16:0] \$668 ;
+  wire [17:0] \$669 ;
+  wire \$67 ;
+  wire [9:0] \$670 ;
+  wire \$671 ;
+  wire [3:0] \$672 ;
+  wire [9:0] \$673 ;
+  wire \$674 ;
+  wire [9:0] \$675 ;
+  wire \$676 ;
+  wire \$677 ;
+  wire \$678 ;
+  wire \$679 ;
   wire \$68 ;
-  wire [2:0] \$69 ;
+  wire \$680 ;
+  wire \$681 ;
+  wire \$682 ;
+  wire \$683 ;
+  wire \$684 ;
+  wire \$685 ;
+  reg [2:0] \$686 ;
+  reg \$687 ;
+  reg [1:0] \$688 ;
+  reg [13:0] \$689 ;
+  wire \$69 ;
+  reg \$690 ;
+  reg \$691 ;
+  reg \$692 ;
+  reg \$693 ;
+  reg \$694 ;
+  reg [12:0] \$695 ;
+  reg [8:0] \$696 ;
+  reg \$697 ;
+  reg [15:0] \$698 ;
+  reg [8:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
+  reg [383:0] \$700 ;
+  reg [1:0] \$701 ;
+  reg [12:0] \$702 ;
+  reg \$703 ;
+  reg \$704 ;
+  reg [13:0] \$705 ;
+  reg [3:0] \$706 ;
+  reg \$707 ;
+  reg \$708 ;
+  reg \$709 ;
   wire \$71 ;
-  wire [31:0] \$72 ;
-  wire [31:0] \$73 ;
+  reg [1:0] \$710 ;
+  reg \$711 ;
+  reg [12:0] \$712 ;
+  reg [12:0] \$713 ;
+  reg [6:0] \$714 ;
+  reg [12:0] \$715 ;
+  reg [31:0] \$716 ;
+  reg [383:0] \$717 ;
+  reg [8:0] \$718 ;
+  reg [1:0] \$719 ;
+  wire \$72 ;
+  reg [12:0] \$720 ;
+  reg [13:0] \$721 ;
+  reg [3:0] \$722 ;
+  reg [12:0] \$723 ;
+  reg [13:0] \$724 ;
+  reg [12:0] \$725 ;
+  reg \$726 ;
+  reg [5:0] \$727 ;
+  reg [31:0] \$728 ;
+  reg [5:0] \$729 ;
+  wire \$73 ;
+  reg [12:0] \$730 ;
+  reg \$731 ;
+  reg [3:0] \$732 ;
+  reg [2:0] \$733 ;
   wire \$74 ;
-  wire [23:0] \$75 ;
+  wire \$75 ;
   wire \$76 ;
   wire \$77 ;
   wire \$78 ;
-  wire \$79 ;
+  wire [23:0] \$79 ;
   wire \$8 ;
   wire \$80 ;
   wire \$81 ;
@@ -13016,7 +13348,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$87 ;
   wire \$88 ;
   wire \$89 ;
-  wire [31:0] \$9 ;
+  wire \$9 ;
   wire \$90 ;
   wire \$91 ;
   wire \$92 ;
@@ -13052,6 +13384,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [23:0] \c_out__payload[3] ;
   reg c_out__ready;
   wire c_out__valid;
+  reg [383:0] cbuf = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+  wire [95:0] \cbuf[0] ;
+  wire [23:0] \cbuf[0][0] ;
+  wire [23:0] \cbuf[0][1] ;
+  wire [23:0] \cbuf[0][2] ;
+  wire [23:0] \cbuf[0][3] ;
+  wire [95:0] \cbuf[1] ;
+  wire [23:0] \cbuf[1][0] ;
+  wire [23:0] \cbuf[1][1] ;
+  wire [23:0] \cbuf[1][2] ;
+  wire [23:0] \cbuf[1][3] ;
+  wire [95:0] \cbuf[2] ;
+  wire [23:0] \cbuf[2][0] ;
+  wire [23:0] \cbuf[2][1] ;
+  wire [23:0] \cbuf[2][2] ;
+  wire [23:0] \cbuf[2][3] ;
+  wire [95:0] \cbuf[3] ;
+  wire [23:0] \cbuf[3][0] ;
+  wire [23:0] \cbuf[3][1] ;
+  wire [23:0] \cbuf[3][2] ;
+  wire [23:0] \cbuf[3][3] ;
   input clk;
   wire clk;
   wire [79:0] cmd__payload;
@@ -13089,18 +13442,21 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$87 ;
-  reg \done$87 ;
+  output \done$92 ;
+  reg \done$92 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$89 ;
+  wire \error$94 ;
   reg [2:0] fsm_state = 3'h0;
-  reg [12:0] gc_addr = 13'h0000;
-  reg [1:0] gc_lane = 2'h0;
-  reg gc_last = 1'h0;
+  reg [12:0] g_addr = 13'h0000;
+  reg [3:0] g_cols = 4'h0;
+  reg [13:0] g_left = 14'h0000;
+  reg [12:0] gc_block = 13'h0000;
+  reg [1:0] gc_col = 2'h0;
+  reg gc_full = 1'h0;
+  reg [12:0] gc_gaddr = 13'h0000;
   reg [13:0] gc_left = 14'h0000;
   reg [8:0] gc_n = 9'h000;
-  reg [12:0] gc_wstart = 13'h0000;
   reg [12:0] gm_addr = 13'h0000;
   reg [12:0] gm_addr1 = 13'h0000;
   reg gm_afeed_done = 1'h0;
@@ -13144,6 +13500,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [31:0] r_data;
   wire r_en;
   wire r_rdy;
+  reg [12:0] rn = 13'h0000;
   input [95:0] rq__i__payload;
   wire [95:0] rq__i__payload;
   wire [23:0] \rq__i__payload[0] ;
@@ -13200,6 +13557,13 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   reg [31:0] spad__wr__data;
   output spad__wr__en;
   reg spad__wr__en;
+  output [95:0] spad__wr__upper;
+  reg [95:0] spad__wr__upper;
+  wire [31:0] \spad__wr__upper[0] ;
+  wire [31:0] \spad__wr__upper[1] ;
+  wire [31:0] \spad__wr__upper[2] ;
+  output [2:0] spad__wr__upper_en;
+  reg [2:0] spad__wr__upper_en;
   input start;
   wire start;
   reg [12:0] t_addr = 13'h0000;
@@ -13213,9 +13577,525 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   reg [3:0] t_step = 4'h0;
   input unit_rst;
   wire unit_rst;
+  reg [12:0] w_addr = 13'h0000;
+  reg w_busy = 1'h0;
+  reg [3:0] w_cols = 4'h0;
   reg [31:0] w_data;
   reg w_en;
+  reg w_last = 1'h0;
+  reg [13:0] w_left = 14'h0000;
+  reg [1:0] w_row = 2'h0;
+  reg [383:0] wbuf = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+  wire [95:0] \wbuf[0] ;
+  wire [23:0] \wbuf[0][0] ;
+  wire [23:0] \wbuf[0][1] ;
+  wire [23:0] \wbuf[0][2] ;
+  wire [23:0] \wbuf[0][3] ;
+  wire [95:0] \wbuf[1] ;
+  wire [23:0] \wbuf[1][0] ;
+  wire [23:0] \wbuf[1][1] ;
+  wire [23:0] \wbuf[1][2] ;
+  wire [23:0] \wbuf[1][3] ;
+  wire [95:0] \wbuf[2] ;
+  wire [23:0] \wbuf[2][0] ;
+  wire [23:0] \wbuf[2][1] ;
+  wire [23:0] \wbuf[2][2] ;
+  wire [23:0] \wbuf[2][3] ;
+  wire [95:0] \wbuf[3] ;
+  wire [23:0] \wbuf[3][0] ;
+  wire [23:0] \wbuf[3][1] ;
+  wire [23:0] \wbuf[3][2] ;
+  wire [23:0] \wbuf[3][3] ;
   reg [5:0] width = 6'h00;
+  assign \$266  = width > 4'hb;
+  assign \$267  = width > 4'hc;
+  assign \$268  = width > 4'hd;
+  assign \$269  = width > 4'he;
+  assign \$270  = width > 4'hf;
+  assign \$271  = width > 5'h10;
+  assign \$272  = width > 5'h11;
+  assign \$273  = width > 5'h12;
+  assign \$274  = width > 5'h13;
+  assign \$275  = width > 5'h14;
+  assign \$276  = width > 5'h15;
+  assign \$277  = width > 5'h16;
+  assign \$278  = width > 5'h17;
+  assign \$279  = ~ { 1'h0, \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256  };
+  assign \$280  = $signed(wbuf[71:48]) < $signed(\$279 );
+  assign \$281  = width > 1'h1;
+  assign \$282  = width > 2'h2;
+  assign \$283  = width > 2'h3;
+  assign \$284  = width > 3'h4;
+  assign \$285  = width > 3'h5;
+  assign \$286  = width > 3'h6;
+  assign \$287  = width > 3'h7;
+  assign \$288  = width > 4'h8;
+  assign \$289  = width > 4'h9;
+  assign \$290  = width > 4'ha;
+  assign \$291  = width > 4'hb;
+  assign \$292  = width > 4'hc;
+  assign \$293  = width > 4'hd;
+  assign \$294  = width > 4'he;
+  assign \$295  = width > 4'hf;
+  assign \$296  = width > 5'h10;
+  assign \$297  = width > 5'h11;
+  assign \$298  = width > 5'h12;
+  assign \$299  = width > 5'h13;
+  assign \$300  = width > 5'h14;
+  assign \$301  = width > 5'h15;
+  assign \$302  = width > 5'h16;
+  assign \$303  = width > 5'h17;
+  assign \$304  = ~ { 1'h0, \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281  };
+  assign \$305  = \$280  ? \$304  : wbuf[71:48];
+  assign \$306  = \$232  ? { 1'h0, \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233  } : \$305 ;
+  assign \$307  = \$208  ? \$306  : wbuf[71:48];
+  assign \$308  = | width;
+  assign \$309  = width > 1'h1;
+  assign \$310  = width > 2'h2;
+  assign \$311  = width > 2'h3;
+  assign \$312  = width > 3'h4;
+  assign \$313  = width > 3'h5;
+  assign \$314  = width > 3'h6;
+  assign \$315  = width > 3'h7;
+  assign \$316  = width > 4'h8;
+  assign \$317  = width > 4'h9;
+  assign \$318  = width > 4'ha;
+  assign \$319  = width > 4'hb;
+  assign \$320  = width > 4'hc;
+  assign \$321  = width > 4'hd;
+  assign \$322  = width > 4'he;
+  assign \$323  = width > 4'hf;
+  assign \$324  = width > 5'h10;
+  assign \$325  = width > 5'h11;
+  assign \$326  = width > 5'h12;
+  assign \$327  = width > 5'h13;
+  assign \$328  = width > 5'h14;
+  assign \$329  = width > 5'h15;
+  assign \$330  = width > 5'h16;
+  assign \$331  = width > 5'h17;
+  assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
+  assign \$333  = width > 1'h1;
+  assign \$334  = width > 2'h2;
+  assign \$335  = width > 2'h3;
+  assign \$336  = width > 3'h4;
+  assign \$337  = width > 3'h5;
+  assign \$338  = width > 3'h6;
+  assign \$339  = width > 3'h7;
+  assign \$340  = width > 4'h8;
+  assign \$341  = width > 4'h9;
+  assign \$342  = width > 4'ha;
+  assign \$343  = width > 4'hb;
+  assign \$344  = width > 4'hc;
+  assign \$345  = width > 4'hd;
+  assign \$346  = width > 4'he;
+  assign \$347  = width > 4'hf;
+  assign \$348  = width > 5'h10;
+  assign \$349  = width > 5'h11;
+  assign \$350  = width > 5'h12;
+  assign \$351  = width > 5'h13;
+  assign \$352  = width > 5'h14;
+  assign \$353  = width > 5'h15;
+  assign \$354  = width > 5'h16;
+  assign \$355  = width > 5'h17;
+  assign \$356  = width > 1'h1;
+  assign \$357  = width > 2'h2;
+  assign \$358  = width > 2'h3;
+  assign \$359  = width > 3'h4;
+  assign \$360  = width > 3'h5;
+  assign \$361  = width > 3'h6;
+  assign \$362  = width > 3'h7;
+  assign \$363  = width > 4'h8;
+  assign \$364  = width > 4'h9;
+  assign \$365  = width > 4'ha;
+  assign \$366  = width > 4'hb;
+  assign \$367  = width > 4'hc;
+  assign \$368  = width > 4'hd;
+  assign \$369  = width > 4'he;
+  assign \$370  = width > 4'hf;
+  assign \$371  = width > 5'h10;
+  assign \$372  = width > 5'h11;
+  assign \$373  = width > 5'h12;
+  assign \$374  = width > 5'h13;
+  assign \$375  = width > 5'h14;
+  assign \$376  = width > 5'h15;
+  assign \$377  = width > 5'h16;
+  assign \$378  = width > 5'h17;
+  assign \$379  = ~ { 1'h0, \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356  };
+  assign \$380  = $signed(wbuf[95:72]) < $signed(\$379 );
+  assign \$381  = width > 1'h1;
+  assign \$382  = width > 2'h2;
+  assign \$383  = width > 2'h3;
+  assign \$384  = width > 3'h4;
+  assign \$385  = width > 3'h5;
+  assign \$386  = width > 3'h6;
+  assign \$387  = width > 3'h7;
+  assign \$388  = width > 4'h8;
+  assign \$389  = width > 4'h9;
+  assign \$390  = width > 4'ha;
+  assign \$391  = width > 4'hb;
+  assign \$392  = width > 4'hc;
+  assign \$393  = width > 4'hd;
+  assign \$394  = width > 4'he;
+  assign \$395  = width > 4'hf;
+  assign \$396  = width > 5'h10;
+  assign \$397  = width > 5'h11;
+  assign \$398  = width > 5'h12;
+  assign \$399  = width > 5'h13;
+  assign \$400  = width > 5'h14;
+  assign \$401  = width > 5'h15;
+  assign \$402  = width > 5'h16;
+  assign \$403  = width > 5'h17;
+  assign \$404  = ~ { 1'h0, \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381  };
+  assign \$405  = \$380  ? \$404  : wbuf[95:72];
+  assign \$406  = \$332  ? { 1'h0, \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333  } : \$405 ;
+  assign \$407  = \$308  ? \$406  : wbuf[95:72];
+  assign \$408  = | width;
+  assign \$409  = \$408  ? mult : 32'd1;
+  assign \$410  = | width;
+  assign \$411  = \$410  ? shift : 6'h00;
+  assign \$414  = ! gm_lane;
+  assign \$415  = \$413  & \$414 ;
+  assign \$416  = gm_owed + \$415 ;
+  assign \$417  = a_in__valid & r_en;
+  assign \$418  = \$416  - \$417 ;
+  assign \$421  = gm_lane + 1'h1;
+  assign \$422  = \$421  + gm_two;
+  assign \$423  = gm_lane == 2'h3;
+  assign \$424  = ! gm_left[13:3];
+  assign \$425  = gm_lane + 1'h1;
+  assign \$426  = \$425  >= gm_left[2:0];
+  assign \$427  = \$424  & \$426 ;
+  assign \$428  = \$423  | \$427 ;
+  assign \$429  = gm_lane + 1'h1;
+  assign \$430  = \$429  == 2'h3;
+  assign \$431  = ! gm_left[13:3];
+  assign \$432  = gm_lane + 2'h2;
+  assign \$433  = \$432  >= gm_left[2:0];
+  assign \$434  = \$431  & \$433 ;
+  assign \$435  = \$430  | \$434 ;
+  assign \$436  = \$428  | \$435 ;
+  assign \$437  = gm_lane == 2'h3;
+  assign \$438  = ! gm_left[13:3];
+  assign \$439  = gm_lane + 1'h1;
+  assign \$440  = \$439  >= gm_left[2:0];
+  assign \$441  = \$438  & \$440 ;
+  assign \$442  = \$437  | \$441 ;
+  assign \$443  = gm_two ? \$436  : \$442 ;
+  assign \$444  = gm_k + 1'h1;
+  assign \$445  = \$444  < ins[99:93];
+  assign \$446  = gm_left - 3'h4;
+  assign \$447  = ! gm_left[13:3];
+  assign \$448  = gm_left[2:0] <= 3'h4;
+  assign \$449  = \$447  & \$448 ;
+  assign \$450  = ! gm_cap_lane;
+  assign \$451  = gm_cap_lane + 1'h1;
+  assign \$452  = ! \$451 ;
+  assign \$453  = gm_cap2 & \$452 ;
+  assign \$454  = \$453  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$455  = \$450  ? spad__rd0__data : \$454 ;
+  assign \$456  = gm_cap_lane == 1'h1;
+  assign \$457  = gm_cap_lane + 1'h1;
+  assign \$458  = \$457  == 1'h1;
+  assign \$459  = gm_cap2 & \$458 ;
+  assign \$460  = \$459  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$461  = \$456  ? spad__rd0__data : \$460 ;
+  assign \$462  = gm_cap_lane == 2'h2;
+  assign \$463  = gm_cap_lane + 1'h1;
+  assign \$464  = \$463  == 2'h2;
+  assign \$465  = gm_cap2 & \$464 ;
+  assign \$466  = \$465  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$467  = \$462  ? spad__rd0__data : \$466 ;
+  assign \$468  = gm_cap_lane == 2'h3;
+  assign \$469  = gm_cap_lane + 1'h1;
+  assign \$470  = \$469  == 2'h3;
+  assign \$471  = gm_cap2 & \$470 ;
+  assign \$472  = \$471  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$473  = \$468  ? spad__rd0__data : \$472 ;
+  assign \$474  = ~ gc_full;
+  assign \$475  = ~ w_busy;
+  assign \$476  = \$475  | w_last;
+  assign \$477  = gc_full & \$476 ;
+  assign \$478  = \$474  | \$477 ;
+  assign \$479  = t_addr + 1'h1;
+  assign \$480  = ~ dma__rd_busy;
+  assign \$481  = ~ gc_full;
+  assign \$482  = \$480  & \$481 ;
+  assign \$483  = ~ w_busy;
+  assign \$484  = \$482  & \$483 ;
+  assign \$485  = ! fsm_state;
+  assign \$486  = fsm_state == 1'h1;
+  assign \$487  = fsm_state == 2'h2;
+  assign \$488  = fsm_state == 2'h3;
+  assign \$489  = fsm_state == 3'h4;
+  assign \$490  = fsm_state == 3'h5;
+  assign \$491  = ~ \$signal ;
+  assign \$492  = | \$like ;
+  assign \$493  = owed_n < 2'h3;
+  assign \$494  = \$492  | \$493 ;
+  assign \$495  = \$491  & \$494 ;
+  assign \$496  = \$like  == 2'h3;
+  assign \$497  = ! left_n[13:3];
+  assign \$498  = \$like  + 1'h1;
+  assign \$499  = \$498  >= left_n[2:0];
+  assign \$500  = \$497  & \$499 ;
+  assign \$501  = \$496  | \$500 ;
+  assign \$502  = ~ \$501 ;
+  assign \$503  = ~ t_on;
+  assign \$504  = \$502  & \$503 ;
+  assign \$507  = ~ t_half;
+  assign \$508  = t_addr + t_step;
+  assign \$509  = t_left - 1'h1;
+  assign \$510  = t_left != 1'h1;
+  assign \$511  = t_addr + 1'h1;
+  assign \$512  = ~ t_cap_half;
+  assign \$513  = t_cap & \$512 ;
+  assign \$514  = t_cap & t_cap_half;
+  assign \$515  = t_col + 1'h1;
+  assign \$516  = w_row + 1'h1;
+  assign \$517  = w_addr + ins[85:77];
+  assign \$518  = w_row + 1'h1;
+  assign \$519  = \$518  == 2'h3;
+  assign \$520  = ! w_left[13:3];
+  assign \$521  = w_row + 1'h1;
+  assign \$522  = \$521  + 1'h1;
+  assign \$523  = \$522  >= w_left[2:0];
+  assign \$524  = \$520  & \$523 ;
+  assign \$525  = \$519  | \$524 ;
+  assign \$526  = ~ w_last;
+  assign \$527  = ~ w_busy;
+  assign \$528  = \$527  | w_last;
+  assign \$529  = gc_full & \$528 ;
+  assign \$530  = ! g_left[13:3];
+  assign \$531  = g_left[2:0] <= 1'h1;
+  assign \$532  = \$530  & \$531 ;
+  assign \$536  = gm_lane == 2'h3;
+  assign \$537  = ! gm_left[13:3];
+  assign \$538  = gm_lane + 1'h1;
+  assign \$539  = \$538  >= gm_left[2:0];
+  assign \$540  = \$537  & \$539 ;
+  assign \$541  = \$536  | \$540 ;
+  assign \$542  = gm_lane + 1'h1;
+  assign \$543  = \$542  == 2'h3;
+  assign \$544  = ! gm_left[13:3];
+  assign \$545  = gm_lane + 2'h2;
+  assign \$546  = \$545  >= gm_left[2:0];
+  assign \$547  = \$544  & \$546 ;
+  assign \$548  = \$543  | \$547 ;
+  assign \$549  = \$541  | \$548 ;
+  assign \$550  = gm_lane == 2'h3;
+  assign \$551  = ! gm_left[13:3];
+  assign \$552  = gm_lane + 1'h1;
+  assign \$553  = \$552  >= gm_left[2:0];
+  assign \$554  = \$551  & \$553 ;
+  assign \$555  = \$550  | \$554 ;
+  assign \$556  = gm_two ? \$549  : \$555 ;
+  assign \$558  = gm_two ? \$557  : { 1'h0, ins[99:93] };
+  assign \$559  = gm_addr + \$558 ;
+  assign \$561  = gm_two ? \$560  : { 1'h0, ins[99:93] };
+  assign \$562  = gm_addr1 + \$561 ;
+  assign \$563  = gm_lane == 2'h3;
+  assign \$564  = ! gm_left[13:3];
+  assign \$565  = gm_lane + 1'h1;
+  assign \$566  = \$565  >= gm_left[2:0];
+  assign \$567  = \$564  & \$566 ;
+  assign \$568  = \$563  | \$567 ;
+  assign \$569  = gm_lane + 1'h1;
+  assign \$570  = \$569  == 2'h3;
+  assign \$571  = ! gm_left[13:3];
+  assign \$572  = gm_lane + 2'h2;
+  assign \$573  = \$572  >= gm_left[2:0];
+  assign \$574  = \$571  & \$573 ;
+  assign \$575  = \$570  | \$574 ;
+  assign \$576  = \$568  | \$575 ;
+  assign \$577  = gm_lane == 2'h3;
+  assign \$578  = ! gm_left[13:3];
+  assign \$579  = gm_lane + 1'h1;
+  assign \$580  = \$579  >= gm_left[2:0];
+  assign \$581  = \$578  & \$580 ;
+  assign \$582  = \$577  | \$581 ;
+  assign \$583  = gm_two ? \$576  : \$582 ;
+  assign \$584  = gm_k + 1'h1;
+  assign \$585  = \$584  < ins[99:93];
+  assign \$586  = gm_k + 1'h1;
+  assign \$587  = gm_wstart + 1'h1;
+  assign \$588  = gm_wstart + 1'h1;
+  assign \$589  = gm_wstart + 1'h1;
+  assign \$590  = \$589  + ins[99:93];
+  assign \$591  = gm_two ? gm_addr1 : gm_addr;
+  assign \$592  = \$591  + 1'h1;
+  assign \$593  = gm_two ? gm_addr1 : gm_addr;
+  assign \$594  = \$593  + 1'h1;
+  assign \$595  = gm_two ? gm_addr1 : gm_addr;
+  assign \$596  = \$595  + 1'h1;
+  assign \$597  = \$596  + ins[99:93];
+  assign \$598  = ! gm_cap_lane;
+  assign \$599  = gm_cap_lane + 1'h1;
+  assign \$600  = ! \$599 ;
+  assign \$601  = gm_cap2 & \$600 ;
+  assign \$602  = \$601  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
+  assign \$603  = \$598  ? spad__rd0__data : \$602 ;
+  assign \$604  = gm_cap_lane == 1'h1;
+  assign \$605  = gm_cap_lane + 1'h1;
+  assign \$606  = \$605  == 1'h1;
+  assign \$607  = gm_cap2 & \$606 ;
+  assign \$608  = \$607  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
+  assign \$609  = \$604  ? spad__rd0__data : \$608 ;
+  assign \$610  = gm_cap_lane == 2'h2;
+  assign \$611  = gm_cap_lane + 1'h1;
+  assign \$612  = \$611  == 2'h2;
+  assign \$613  = gm_cap2 & \$612 ;
+  assign \$614  = \$613  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
+  assign \$615  = \$610  ? spad__rd0__data : \$614 ;
+  assign \$616  = gm_cap_lane == 2'h3;
+  assign \$617  = gm_cap_lane + 1'h1;
+  assign \$618  = \$617  == 2'h3;
+  assign \$619  = gm_cap2 & \$618 ;
+  assign \$620  = \$619  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
+  assign \$621  = \$616  ? spad__rd0__data : \$620 ;
+  assign \$622  = ~ gc_full;
+  assign \$623  = ~ w_busy;
+  assign \$624  = \$623  | w_last;
+  assign \$625  = gc_full & \$624 ;
+  assign \$626  = \$622  | \$625 ;
+  assign \$627  = c_out__valid & \$626 ;
+  assign \$628  = ! gc_col;
+  assign \$629  = gc_col == 1'h1;
+  assign \$630  = gc_col == 2'h2;
+  assign \$631  = gc_col == 2'h3;
+  assign \$632  = gc_n + 1'h1;
+  assign \$633  = gc_col + 1'h1;
+  assign \$634  = gc_col == 2'h3;
+  assign \$635  = gc_n + 1'h1;
+  assign \$636  = \$635  == ins[85:77];
+  assign \$637  = \$634  | \$636 ;
+  assign \$638  = gc_col >= 1'h1;
+  assign \$639  = gc_col >= 2'h2;
+  assign \$640  = gc_col >= 2'h3;
+  assign \$641  = gc_gaddr + 3'h4;
+  assign \$642  = gc_n + 1'h1;
+  assign \$643  = \$642  == ins[85:77];
+  assign \$644  = gc_left - 3'h4;
+  assign \$645  = gc_block + rn;
+  assign \$646  = gc_block + rn;
+  assign \$647  = ins[34:22] + ins[99:93];
+  assign \$649  = 1'h0 + \$648 ;
+  assign \$652  = | ins[21:16];
+  assign \$653  = \$651  & \$652 ;
+  assign \$656  = | ins[21:16];
+  assign \$657  = \$655  & \$656 ;
+  assign \$658  = \$657  ? ins[85:77] : 9'h000;
+  assign \$661  = | ins[21:16];
+  assign \$662  = \$660  & \$661 ;
+  assign \$663  = | ins[85:77];
+  assign \$664  = \$662  & \$663 ;
+  assign \$668  = \$666  ? \$667  : 17'h00000;
+  assign \$669  = ins[47:35] + \$668 ;
+  assign \$672  = \$671  ? 4'hf : 4'h1;
+  assign \$677  = | ins[21:16];
+  assign \$678  = \$676  & \$677 ;
+  assign \$679  = ~ \$678 ;
+  assign \$680  = \$674  & \$679 ;
+  assign \$681  = ~ dma__rd_busy;
+  assign \$682  = ~ gc_full;
+  assign \$683  = \$681  & \$682 ;
+  assign \$684  = ~ w_busy;
+  assign \$685  = \$683  & \$684 ;
+  always @(posedge clk)
+    gm_lane <= \$686 ;
+  always @(posedge clk)
+    gm_afeed_done <= \$687 ;
+  always @(posedge clk)
+    gm_owed <= \$688 ;
+  always @(posedge clk)
+    gm_left <= \$689 ;
+  always @(posedge clk)
+    gm_go <= \$690 ;
+  always @(posedge clk)
+    gm_two <= \$691 ;
+  always @(posedge clk)
+    t_cap <= \$692 ;
+  always @(posedge clk)
+    t_cap_half <= \$693 ;
+  always @(posedge clk)
+    t_half <= \$694 ;
+  always @(posedge clk)
+    t_addr <= \$695 ;
+  always @(posedge clk)
+    t_left <= \$696 ;
+  always @(posedge clk)
+    t_on <= \$697 ;
+  always @(posedge clk)
+    t_mult <= \$698 ;
+  always @(posedge clk)
+    t_col <= \$699 ;
+  always @(posedge clk)
+    wbuf <= \$700 ;
+  always @(posedge clk)
+    w_row <= \$701 ;
+  always @(posedge clk)
+    w_addr <= \$702 ;
+  always @(posedge clk)
+    w_last <= \$703 ;
+  always @(posedge clk)
+    w_busy <= \$704 ;
+  always @(posedge clk)
+    w_left <= \$705 ;
+  always @(posedge clk)
+    w_cols <= \$706 ;
+  always @(posedge clk)
+    gc_full <= \$707 ;
+  always @(posedge clk)
+    gm_cap <= \$708 ;
+  always @(posedge clk)
+    gm_cap2 <= \$709 ;
+  always @(posedge clk)
+    gm_cap_lane <= \$710 ;
+  always @(posedge clk)
+    gm_cap_last <= \$711 ;
+  always @(posedge clk)
+    gm_addr <= \$712 ;
+  always @(posedge clk)
+    gm_addr1 <= \$713 ;
+  always @(posedge clk)
+    gm_k <= \$714 ;
+  always @(posedge clk)
+    gm_wstart <= \$715 ;
+  always @(posedge clk)
+    pack <= \$716 ;
+  always @(posedge clk)
+    cbuf <= \$717 ;
+  always @(posedge clk)
+    gc_n <= \$718 ;
+  always @(posedge clk)
+    gc_col <= \$719 ;
+  always @(posedge clk)
+    g_addr <= \$720 ;
+  always @(posedge clk)
+    g_left <= \$721 ;
+  always @(posedge clk)
+    g_cols <= \$722 ;
+  always @(posedge clk)
+    gc_gaddr <= \$723 ;
+  always @(posedge clk)
+    gc_left <= \$724 ;
+  always @(posedge clk)
+    gc_block <= \$725 ;
+  always @(posedge clk)
+    busy <= \$726 ;
+  always @(posedge clk)
+    width <= \$727 ;
+  always @(posedge clk)
+    mult <= \$728 ;
+  always @(posedge clk)
+    shift <= \$729 ;
+  always @(posedge clk)
+    rn <= \$730 ;
+  always @(posedge clk)
+    col_en <= \$731 ;
+  always @(posedge clk)
+    t_step <= \$732 ;
+  always @(posedge clk)
+    fsm_state <= \$733 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -13223,409 +14103,263 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign col_hold = t_on | t_cap;
   assign \$7  = t_cap & t_cap_half;
   assign \$8  = | width;
-  assign \$9  = \$8  ? mult : 32'd1;
-  assign \$10  = | width;
-  assign \$11  = \$10  ? shift : 6'h00;
-  assign \$14  = ! gm_lane;
-  assign \$15  = \$13  & \$14 ;
-  assign \$16  = gm_owed + \$15 ;
-  assign \$17  = a_in__valid & r_en;
-  assign \$18  = \$16  - \$17 ;
-  assign \$21  = gm_lane + 1'h1;
-  assign \$22  = \$21  + gm_two;
-  assign \$23  = gm_lane == 2'h3;
-  assign \$24  = ! gm_left[13:3];
-  assign \$25  = gm_lane + 1'h1;
-  assign \$26  = \$25  >= gm_left[2:0];
-  assign \$27  = \$24  & \$26 ;
-  assign \$28  = \$23  | \$27 ;
-  assign \$29  = gm_lane + 1'h1;
-  assign \$30  = \$29  == 2'h3;
-  assign \$31  = ! gm_left[13:3];
-  assign \$32  = gm_lane + 2'h2;
-  assign \$33  = \$32  >= gm_left[2:0];
-  assign \$34  = \$31  & \$33 ;
-  assign \$35  = \$30  | \$34 ;
-  assign \$36  = \$28  | \$35 ;
-  assign \$37  = gm_lane == 2'h3;
-  assign \$38  = ! gm_left[13:3];
-  assign \$39  = gm_lane + 1'h1;
-  assign \$40  = \$39  >= gm_left[2:0];
-  assign \$41  = \$38  & \$40 ;
-  assign \$42  = \$37  | \$41 ;
-  assign \$43  = gm_two ? \$36  : \$42 ;
-  assign \$44  = gm_k + 1'h1;
-  assign \$45  = \$44  < ins[99:93];
-  assign \$46  = gm_left - 3'h4;
-  assign \$47  = ! gm_left[13:3];
-  assign \$48  = gm_left[2:0] <= 3'h4;
-  assign \$49  = \$47  & \$48 ;
-  assign \$50  = ! gm_cap_lane;
-  assign \$51  = gm_cap_lane + 1'h1;
-  assign \$52  = ! \$51 ;
-  assign \$53  = gm_cap2 & \$52 ;
-  assign \$54  = \$53  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$55  = \$50  ? spad__rd0__data : \$54 ;
-  assign \$56  = gm_cap_lane == 1'h1;
-  assign \$57  = gm_cap_lane + 1'h1;
-  assign \$58  = \$57  == 1'h1;
-  assign \$59  = gm_cap2 & \$58 ;
-  assign \$60  = \$59  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$61  = \$56  ? spad__rd0__data : \$60 ;
-  assign \$62  = gm_cap_lane == 2'h2;
-  assign \$63  = gm_cap_lane + 1'h1;
-  assign \$64  = \$63  == 2'h2;
-  assign \$65  = gm_cap2 & \$64 ;
-  assign \$66  = \$65  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$67  = \$62  ? spad__rd0__data : \$66 ;
-  assign \$68  = gm_cap_lane == 2'h3;
-  assign \$69  = gm_cap_lane + 1'h1;
-  assign \$70  = \$69  == 2'h3;
-  assign \$71  = gm_cap2 & \$70 ;
-  assign \$72  = \$71  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$73  = \$68  ? spad__rd0__data : \$72 ;
-  assign \$74  = | width;
-  assign \$475  = gc_lane * 5'h18;
-  assign \$75  = c_out__payload >> \$475 ;
-  assign \$76  = width > 1'h1;
-  assign \$77  = width > 2'h2;
-  assign \$78  = width > 2'h3;
-  assign \$79  = width > 3'h4;
-  assign \$80  = width > 3'h5;
-  assign \$81  = width > 3'h6;
-  assign \$82  = width > 3'h7;
-  assign \$83  = width > 4'h8;
-  assign \$84  = width > 4'h9;
-  assign \$85  = width > 4'ha;
-  assign \$86  = width > 4'hb;
-  assign \$87  = width > 4'hc;
-  assign \$88  = width > 4'hd;
-  assign \$89  = width > 4'he;
-  assign \$90  = width > 4'hf;
-  assign \$91  = width > 5'h10;
-  assign \$92  = width > 5'h11;
-  assign \$93  = width > 5'h12;
-  assign \$94  = width > 5'h13;
-  assign \$95  = width > 5'h14;
-  assign \$96  = width > 5'h15;
-  assign \$97  = width > 5'h16;
-  assign \$98  = width > 5'h17;
-  assign \$99  = $signed(\$75 ) > $signed({ 1'h0, \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81 , \$80 , \$79 , \$78 , \$77 , \$76  });
-  assign \$100  = width > 1'h1;
-  assign \$101  = width > 2'h2;
-  assign \$102  = width > 2'h3;
-  assign \$103  = width > 3'h4;
-  assign \$104  = width > 3'h5;
-  assign \$105  = width > 3'h6;
-  assign \$106  = width > 3'h7;
-  assign \$107  = width > 4'h8;
-  assign \$108  = width > 4'h9;
-  assign \$109  = width > 4'ha;
-  assign \$110  = width > 4'hb;
-  assign \$111  = width > 4'hc;
-  assign \$112  = width > 4'hd;
-  assign \$113  = width > 4'he;
-  assign \$114  = width > 4'hf;
-  assign \$115  = width > 5'h10;
-  assign \$116  = width > 5'h11;
-  assign \$117  = width > 5'h12;
-  assign \$118  = width > 5'h13;
-  assign \$119  = width > 5'h14;
-  assign \$120  = width > 5'h15;
-  assign \$121  = width > 5'h16;
-  assign \$122  = width > 5'h17;
-  assign \$525  = gc_lane * 5'h18;
-  assign \$123  = c_out__payload >> \$525 ;
-  assign \$124  = width > 1'h1;
-  assign \$125  = width > 2'h2;
-  assign \$126  = width > 2'h3;
-  assign \$127  = width > 3'h4;
-  assign \$128  = width > 3'h5;
-  assign \$129  = width > 3'h6;
-  assign \$130  = width > 3'h7;
-  assign \$131  = width > 4'h8;
-  assign \$132  = width > 4'h9;
-  assign \$133  = width > 4'ha;
-  assign \$134  = width > 4'hb;
-  assign \$135  = width > 4'hc;
-  assign \$136  = width > 4'hd;
-  assign \$137  = width > 4'he;
-  assign \$138  = width > 4'hf;
-  assign \$139  = width > 5'h10;
-  assign \$140  = width > 5'h11;
-  assign \$141  = width > 5'h12;
-  assign \$142  = width > 5'h13;
-  assign \$143  = width > 5'h14;
-  assign \$144  = width > 5'h15;
-  assign \$145  = width > 5'h16;
-  assign \$146  = width > 5'h17;
-  assign \$147  = ~ { 1'h0, \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124  };
-  assign \$148  = $signed(\$123 ) < $signed(\$147 );
-  assign \$149  = width > 1'h1;
-  assign \$150  = width > 2'h2;
-  assign \$151  = width > 2'h3;
-  assign \$152  = width > 3'h4;
-  assign \$153  = width > 3'h5;
-  assign \$154  = width > 3'h6;
-  assign \$155  = width > 3'h7;
-  assign \$156  = width > 4'h8;
-  assign \$157  = width > 4'h9;
-  assign \$158  = width > 4'ha;
-  assign \$159  = width > 4'hb;
-  assign \$160  = width > 4'hc;
-  assign \$161  = width > 4'hd;
-  assign \$162  = width > 4'he;
-  assign \$163  = width > 4'hf;
-  assign \$164  = width > 5'h10;
-  assign \$165  = width > 5'h11;
-  assign \$166  = width > 5'h12;
-  assign \$167  = width > 5'h13;
-  assign \$168  = width > 5'h14;
-  assign \$169  = width > 5'h15;
-  assign \$170  = width > 5'h16;
-  assign \$171  = width > 5'h17;
-  assign \$172  = ~ { 1'h0, \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149  };
-  assign \$577  = gc_lane * 5'h18;
-  assign \$173  = c_out__payload >> \$577 ;
-  assign \$174  = \$148  ? \$172  : \$173 ;
-  assign \$175  = \$99  ? { 1'h0, \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103 , \$102 , \$101 , \$100  } : \$174 ;
-  assign \$582  = gc_lane * 5'h18;
-  assign \$176  = c_out__payload >> \$582 ;
-  assign \$177  = \$74  ? \$175  : \$176 ;
-  assign \$178  = t_addr + 1'h1;
-  assign \$179  = ~ dma__rd_busy;
-  assign \$180  = ! fsm_state;
-  assign \$181  = fsm_state == 1'h1;
-  assign \$182  = fsm_state == 2'h2;
-  assign \$183  = fsm_state == 2'h3;
-  assign \$184  = fsm_state == 3'h4;
-  assign \$185  = fsm_state == 3'h5;
-  assign \$186  = ~ \$signal ;
-  assign \$187  = | \$like ;
-  assign \$188  = owed_n < 2'h3;
-  assign \$189  = \$187  | \$188 ;
-  assign \$190  = \$186  & \$189 ;
-  assign \$191  = \$like  == 2'h3;
-  assign \$192  = ! left_n[13:3];
-  assign \$193  = \$like  + 1'h1;
-  assign \$194  = \$193  >= left_n[2:0];
-  assign \$195  = \$192  & \$194 ;
-  assign \$196  = \$191  | \$195 ;
-  assign \$197  = ~ \$196 ;
-  assign \$198  = ~ t_on;
-  assign \$199  = \$197  & \$198 ;
-  assign \$202  = ~ t_half;
-  assign \$203  = t_addr + t_step;
-  assign \$204  = t_left - 1'h1;
-  assign \$205  = t_left != 1'h1;
-  assign \$206  = t_addr + 1'h1;
-  assign \$207  = ~ t_cap_half;
-  assign \$208  = t_cap & \$207 ;
-  assign \$209  = t_cap & t_cap_half;
-  assign \$210  = t_col + 1'h1;
-  assign \$213  = gm_lane == 2'h3;
-  assign \$214  = ! gm_left[13:3];
-  assign \$215  = gm_lane + 1'h1;
-  assign \$216  = \$215  >= gm_left[2:0];
-  assign \$217  = \$214  & \$216 ;
-  assign \$218  = \$213  | \$217 ;
-  assign \$219  = gm_lane + 1'h1;
-  assign \$220  = \$219  == 2'h3;
-  assign \$221  = ! gm_left[13:3];
-  assign \$222  = gm_lane + 2'h2;
-  assign \$223  = \$222  >= gm_left[2:0];
-  assign \$224  = \$221  & \$223 ;
-  assign \$225  = \$220  | \$224 ;
-  assign \$226  = \$218  | \$225 ;
-  assign \$227  = gm_lane == 2'h3;
-  assign \$228  = ! gm_left[13:3];
-  assign \$229  = gm_lane + 1'h1;
-  assign \$230  = \$229  >= gm_left[2:0];
-  assign \$231  = \$228  & \$230 ;
-  assign \$232  = \$227  | \$231 ;
-  assign \$233  = gm_two ? \$226  : \$232 ;
-  assign \$235  = gm_two ? \$234  : { 1'h0, ins[99:93] };
-  assign \$236  = gm_addr + \$235 ;
-  assign \$238  = gm_two ? \$237  : { 1'h0, ins[99:93] };
-  assign \$239  = gm_addr1 + \$238 ;
-  assign \$240  = gm_lane == 2'h3;
-  assign \$241  = ! gm_left[13:3];
-  assign \$242  = gm_lane + 1'h1;
-  assign \$243  = \$242  >= gm_left[2:0];
-  assign \$244  = \$241  & \$243 ;
-  assign \$245  = \$240  | \$244 ;
-  assign \$246  = gm_lane + 1'h1;
-  assign \$247  = \$246  == 2'h3;
-  assign \$248  = ! gm_left[13:3];
-  assign \$249  = gm_lane + 2'h2;
-  assign \$250  = \$249  >= gm_left[2:0];
-  assign \$251  = \$248  & \$250 ;
-  assign \$252  = \$247  | \$251 ;
-  assign \$253  = \$245  | \$252 ;
-  assign \$254  = gm_lane == 2'h3;
-  assign \$255  = ! gm_left[13:3];
-  assign \$256  = gm_lane + 1'h1;
-  assign \$257  = \$256  >= gm_left[2:0];
-  assign \$258  = \$255  & \$257 ;
-  assign \$259  = \$254  | \$258 ;
-  assign \$260  = gm_two ? \$253  : \$259 ;
-  assign \$261  = gm_k + 1'h1;
-  assign \$262  = \$261  < ins[99:93];
-  assign \$263  = gm_k + 1'h1;
-  assign \$264  = gm_wstart + 1'h1;
-  assign \$265  = gm_wstart + 1'h1;
-  assign \$266  = gm_wstart + 1'h1;
-  assign \$267  = \$266  + ins[99:93];
-  assign \$268  = gm_two ? gm_addr1 : gm_addr;
-  assign \$269  = \$268  + 1'h1;
-  assign \$270  = gm_two ? gm_addr1 : gm_addr;
-  assign \$271  = \$270  + 1'h1;
-  assign \$272  = gm_two ? gm_addr1 : gm_addr;
-  assign \$273  = \$272  + 1'h1;
-  assign \$274  = \$273  + ins[99:93];
-  assign \$275  = ! gm_cap_lane;
-  assign \$276  = gm_cap_lane + 1'h1;
-  assign \$277  = ! \$276 ;
-  assign \$278  = gm_cap2 & \$277 ;
-  assign \$279  = \$278  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$280  = \$275  ? spad__rd0__data : \$279 ;
-  assign \$281  = gm_cap_lane == 1'h1;
-  assign \$282  = gm_cap_lane + 1'h1;
-  assign \$283  = \$282  == 1'h1;
-  assign \$284  = gm_cap2 & \$283 ;
-  assign \$285  = \$284  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$286  = \$281  ? spad__rd0__data : \$285 ;
-  assign \$287  = gm_cap_lane == 2'h2;
-  assign \$288  = gm_cap_lane + 1'h1;
-  assign \$289  = \$288  == 2'h2;
-  assign \$290  = gm_cap2 & \$289 ;
-  assign \$291  = \$290  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$292  = \$287  ? spad__rd0__data : \$291 ;
-  assign \$293  = gm_cap_lane == 2'h3;
-  assign \$294  = gm_cap_lane + 1'h1;
-  assign \$295  = \$294  == 2'h3;
-  assign \$296  = gm_cap2 & \$295 ;
-  assign \$297  = \$296  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$298  = \$293  ? spad__rd0__data : \$297 ;
-  assign \$299  = gc_lane + 1'h1;
-  assign \$300  = gc_addr + ins[85:77];
-  assign \$301  = gc_lane + 1'h1;
-  assign \$302  = \$301  == 2'h3;
-  assign \$303  = ! gc_left[13:3];
-  assign \$304  = gc_lane + 1'h1;
-  assign \$305  = \$304  + 1'h1;
-  assign \$306  = \$305  >= gc_left[2:0];
-  assign \$307  = \$303  & \$306 ;
-  assign \$308  = \$302  | \$307 ;
-  assign \$309  = gc_n + 1'h1;
-  assign \$310  = \$309  < ins[85:77];
-  assign \$311  = gc_n + 1'h1;
-  assign \$312  = gc_wstart + 1'h1;
-  assign \$313  = gc_wstart + 1'h1;
-  assign \$314  = ! gc_left[13:3];
-  assign \$315  = gc_left[2:0] <= 1'h1;
-  assign \$316  = \$314  & \$315 ;
-  assign \$318  = gc_left - 3'h4;
-  assign \$319  = gc_addr + 1'h1;
-  assign \$320  = gc_addr + 1'h1;
-  assign \$321  = gc_left - 3'h4;
-  assign \$322  = ! \$321 [13:3];
-  assign \$323  = gc_left - 3'h4;
-  assign \$324  = \$323 [2:0] <= 1'h1;
-  assign \$325  = \$322  & \$324 ;
-  assign \$327  = ins[34:22] + ins[99:93];
-  assign \$328  = ! ins[74:64];
-  assign \$329  = ins[63:61] <= 1'h1;
-  assign \$330  = \$328  & \$329 ;
-  assign \$334  = | ins[21:16];
-  assign \$335  = \$333  & \$334 ;
-  assign \$338  = | ins[21:16];
-  assign \$339  = \$337  & \$338 ;
-  assign \$340  = \$339  ? ins[85:77] : 9'h000;
-  assign \$343  = | ins[21:16];
-  assign \$344  = \$342  & \$343 ;
-  assign \$345  = | ins[85:77];
-  assign \$346  = \$344  & \$345 ;
-  assign \$350  = \$348  ? \$349  : 17'h00000;
-  assign \$351  = ins[47:35] + \$350 ;
-  assign \$354  = \$353  ? 4'hf : 4'h1;
-  assign \$359  = | ins[21:16];
-  assign \$360  = \$358  & \$359 ;
-  assign \$361  = ~ \$360 ;
-  assign \$362  = \$356  & \$361 ;
-  assign \$363  = ~ dma__rd_busy;
-  always @(posedge clk)
-    gm_lane <= \$364 ;
-  always @(posedge clk)
-    gm_afeed_done <= \$365 ;
-  always @(posedge clk)
-    gm_owed <= \$366 ;
-  always @(posedge clk)
-    gm_left <= \$367 ;
-  always @(posedge clk)
-    gm_go <= \$368 ;
-  always @(posedge clk)
-    gm_two <= \$369 ;
-  always @(posedge clk)
-    t_cap <= \$370 ;
-  always @(posedge clk)
-    t_cap_half <= \$371 ;
-  always @(posedge clk)
-    t_half <= \$372 ;
-  always @(posedge clk)
-    t_addr <= \$373 ;
-  always @(posedge clk)
-    t_left <= \$374 ;
-  always @(posedge clk)
-    t_on <= \$375 ;
-  always @(posedge clk)
-    t_mult <= \$376 ;
-  always @(posedge clk)
-    t_col <= \$377 ;
-  always @(posedge clk)
-    gm_cap <= \$378 ;
-  always @(posedge clk)
-    gm_cap2 <= \$379 ;
-  always @(posedge clk)
-    gm_cap_lane <= \$380 ;
-  always @(posedge clk)
-    gm_cap_last <= \$381 ;
-  always @(posedge clk)
-    gm_addr <= \$382 ;
-  always @(posedge clk)
-    gm_addr1 <= \$383 ;
-  always @(posedge clk)
-    gm_k <= \$384 ;
-  always @(posedge clk)
-    gm_wstart <= \$385 ;
-  always @(posedge clk)
-    pack <= \$386 ;
-  always @(posedge clk)
-    gc_lane <= \$387 ;
-  always @(posedge clk)
-    gc_addr <= \$388 ;
-  always @(posedge clk)
-    gc_last <= \$389 ;
-  always @(posedge clk)
-    gc_n <= \$390 ;
-  always @(posedge clk)
-    gc_wstart <= \$391 ;
-  always @(posedge clk)
-    gc_left <= \$392 ;
-  always @(posedge clk)
-    busy <= \$393 ;
-  always @(posedge clk)
-    width <= \$394 ;
-  always @(posedge clk)
-    mult <= \$395 ;
-  always @(posedge clk)
-    shift <= \$396 ;
-  always @(posedge clk)
-    col_en <= \$397 ;
-  always @(posedge clk)
-    t_step <= \$398 ;
-  always @(posedge clk)
-    fsm_state <= \$399 ;
+  assign \$9  = width > 1'h1;
+  assign \$10  = width > 2'h2;
+  assign \$11  = width > 2'h3;
+  assign \$12  = width > 3'h4;
+  assign \$13  = width > 3'h5;
+  assign \$14  = width > 3'h6;
+  assign \$15  = width > 3'h7;
+  assign \$16  = width > 4'h8;
+  assign \$17  = width > 4'h9;
+  assign \$18  = width > 4'ha;
+  assign \$19  = width > 4'hb;
+  assign \$20  = width > 4'hc;
+  assign \$21  = width > 4'hd;
+  assign \$22  = width > 4'he;
+  assign \$23  = width > 4'hf;
+  assign \$24  = width > 5'h10;
+  assign \$25  = width > 5'h11;
+  assign \$26  = width > 5'h12;
+  assign \$27  = width > 5'h13;
+  assign \$28  = width > 5'h14;
+  assign \$29  = width > 5'h15;
+  assign \$30  = width > 5'h16;
+  assign \$31  = width > 5'h17;
+  assign \$32  = $signed(wbuf[23:0]) > $signed({ 1'h0, \$31 , \$30 , \$29 , \$28 , \$27 , \$26 , \$25 , \$24 , \$23 , \$22 , \$21 , \$20 , \$19 , \$18 , \$17 , \$16 , \$15 , \$14 , \$13 , \$12 , \$11 , \$10 , \$9  });
+  assign \$33  = width > 1'h1;
+  assign \$34  = width > 2'h2;
+  assign \$35  = width > 2'h3;
+  assign \$36  = width > 3'h4;
+  assign \$37  = width > 3'h5;
+  assign \$38  = width > 3'h6;
+  assign \$39  = width > 3'h7;
+  assign \$40  = width > 4'h8;
+  assign \$41  = width > 4'h9;
+  assign \$42  = width > 4'ha;
+  assign \$43  = width > 4'hb;
+  assign \$44  = width > 4'hc;
+  assign \$45  = width > 4'hd;
+  assign \$46  = width > 4'he;
+  assign \$47  = width > 4'hf;
+  assign \$48  = width > 5'h10;
+  assign \$49  = width > 5'h11;
+  assign \$50  = width > 5'h12;
+  assign \$51  = width > 5'h13;
+  assign \$52  = width > 5'h14;
+  assign \$53  = width > 5'h15;
+  assign \$54  = width > 5'h16;
+  assign \$55  = width > 5'h17;
+  assign \$56  = width > 1'h1;
+  assign \$57  = width > 2'h2;
+  assign \$58  = width > 2'h3;
+  assign \$59  = width > 3'h4;
+  assign \$60  = width > 3'h5;
+  assign \$61  = width > 3'h6;
+  assign \$62  = width > 3'h7;
+  assign \$63  = width > 4'h8;
+  assign \$64  = width > 4'h9;
+  assign \$65  = width > 4'ha;
+  assign \$66  = width > 4'hb;
+  assign \$67  = width > 4'hc;
+  assign \$68  = width > 4'hd;
+  assign \$69  = width > 4'he;
+  assign \$70  = width > 4'hf;
+  assign \$71  = width > 5'h10;
+  assign \$72  = width > 5'h11;
+  assign \$73  = width > 5'h12;
+  assign \$74  = width > 5'h13;
+  assign \$75  = width > 5'h14;
+  assign \$76  = width > 5'h15;
+  assign \$77  = width > 5'h16;
+  assign \$78  = width > 5'h17;
+  assign \$79  = ~ { 1'h0, \$78 , \$77 , \$76 , \$75 , \$74 , \$73 , \$72 , \$71 , \$70 , \$69 , \$68 , \$67 , \$66 , \$65 , \$64 , \$63 , \$62 , \$61 , \$60 , \$59 , \$58 , \$57 , \$56  };
+  assign \$80  = $signed(wbuf[23:0]) < $signed(\$79 );
+  assign \$81  = width > 1'h1;
+  assign \$82  = width > 2'h2;
+  assign \$83  = width > 2'h3;
+  assign \$84  = width > 3'h4;
+  assign \$85  = width > 3'h5;
+  assign \$86  = width > 3'h6;
+  assign \$87  = width > 3'h7;
+  assign \$88  = width > 4'h8;
+  assign \$89  = width > 4'h9;
+  assign \$90  = width > 4'ha;
+  assign \$91  = width > 4'hb;
+  assign \$92  = width > 4'hc;
+  assign \$93  = width > 4'hd;
+  assign \$94  = width > 4'he;
+  assign \$95  = width > 4'hf;
+  assign \$96  = width > 5'h10;
+  assign \$97  = width > 5'h11;
+  assign \$98  = width > 5'h12;
+  assign \$99  = width > 5'h13;
+  assign \$100  = width > 5'h14;
+  assign \$101  = width > 5'h15;
+  assign \$102  = width > 5'h16;
+  assign \$103  = width > 5'h17;
+  assign \$104  = ~ { 1'h0, \$103 , \$102 , \$101 , \$100 , \$99 , \$98 , \$97 , \$96 , \$95 , \$94 , \$93 , \$92 , \$91 , \$90 , \$89 , \$88 , \$87 , \$86 , \$85 , \$84 , \$83 , \$82 , \$81  };
+  assign \$105  = \$80  ? \$104  : wbuf[23:0];
+  assign \$106  = \$32  ? { 1'h0, \$55 , \$54 , \$53 , \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33  } : \$105 ;
+  assign \$107  = \$8  ? \$106  : wbuf[23:0];
+  assign \$108  = | width;
+  assign \$109  = width > 1'h1;
+  assign \$110  = width > 2'h2;
+  assign \$111  = width > 2'h3;
+  assign \$112  = width > 3'h4;
+  assign \$113  = width > 3'h5;
+  assign \$114  = width > 3'h6;
+  assign \$115  = width > 3'h7;
+  assign \$116  = width > 4'h8;
+  assign \$117  = width > 4'h9;
+  assign \$118  = width > 4'ha;
+  assign \$119  = width > 4'hb;
+  assign \$120  = width > 4'hc;
+  assign \$121  = width > 4'hd;
+  assign \$122  = width > 4'he;
+  assign \$123  = width > 4'hf;
+  assign \$124  = width > 5'h10;
+  assign \$125  = width > 5'h11;
+  assign \$126  = width > 5'h12;
+  assign \$127  = width > 5'h13;
+  assign \$128  = width > 5'h14;
+  assign \$129  = width > 5'h15;
+  assign \$130  = width > 5'h16;
+  assign \$131  = width > 5'h17;
+  assign \$132  = $signed(wbuf[47:24]) > $signed({ 1'h0, \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109  });
+  assign \$133  = width > 1'h1;
+  assign \$134  = width > 2'h2;
+  assign \$135  = width > 2'h3;
+  assign \$136  = width > 3'h4;
+  assign \$137  = width > 3'h5;
+  assign \$138  = width > 3'h6;
+  assign \$139  = width > 3'h7;
+  assign \$140  = width > 4'h8;
+  assign \$141  = width > 4'h9;
+  assign \$142  = width > 4'ha;
+  assign \$143  = width > 4'hb;
+  assign \$144  = width > 4'hc;
+  assign \$145  = width > 4'hd;
+  assign \$146  = width > 4'he;
+  assign \$147  = width > 4'hf;
+  assign \$148  = width > 5'h10;
+  assign \$149  = width > 5'h11;
+  assign \$150  = width > 5'h12;
+  assign \$151  = width > 5'h13;
+  assign \$152  = width > 5'h14;
+  assign \$153  = width > 5'h15;
+  assign \$154  = width > 5'h16;
+  assign \$155  = width > 5'h17;
+  assign \$156  = width > 1'h1;
+  assign \$157  = width > 2'h2;
+  assign \$158  = width > 2'h3;
+  assign \$159  = width > 3'h4;
+  assign \$160  = width > 3'h5;
+  assign \$161  = width > 3'h6;
+  assign \$162  = width > 3'h7;
+  assign \$163  = width > 4'h8;
+  assign \$164  = width > 4'h9;
+  assign \$165  = width > 4'ha;
+  assign \$166  = width > 4'hb;
+  assign \$167  = width > 4'hc;
+  assign \$168  = width > 4'hd;
+  assign \$169  = width > 4'he;
+  assign \$170  = width > 4'hf;
+  assign \$171  = width > 5'h10;
+  assign \$172  = width > 5'h11;
+  assign \$173  = width > 5'h12;
+  assign \$174  = width > 5'h13;
+  assign \$175  = width > 5'h14;
+  assign \$176  = width > 5'h15;
+  assign \$177  = width > 5'h16;
+  assign \$178  = width > 5'h17;
+  assign \$179  = ~ { 1'h0, \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156  };
+  assign \$180  = $signed(wbuf[47:24]) < $signed(\$179 );
+  assign \$181  = width > 1'h1;
+  assign \$182  = width > 2'h2;
+  assign \$183  = width > 2'h3;
+  assign \$184  = width > 3'h4;
+  assign \$185  = width > 3'h5;
+  assign \$186  = width > 3'h6;
+  assign \$187  = width > 3'h7;
+  assign \$188  = width > 4'h8;
+  assign \$189  = width > 4'h9;
+  assign \$190  = width > 4'ha;
+  assign \$191  = width > 4'hb;
+  assign \$192  = width > 4'hc;
+  assign \$193  = width > 4'hd;
+  assign \$194  = width > 4'he;
+  assign \$195  = width > 4'hf;
+  assign \$196  = width > 5'h10;
+  assign \$197  = width > 5'h11;
+  assign \$198  = width > 5'h12;
+  assign \$199  = width > 5'h13;
+  assign \$200  = width > 5'h14;
+  assign \$201  = width > 5'h15;
+  assign \$202  = width > 5'h16;
+  assign \$203  = width > 5'h17;
+  assign \$204  = ~ { 1'h0, \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181  };
+  assign \$205  = \$180  ? \$204  : wbuf[47:24];
+  assign \$206  = \$132  ? { 1'h0, \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133  } : \$205 ;
+  assign \$207  = \$108  ? \$206  : wbuf[47:24];
+  assign \$208  = | width;
+  assign \$209  = width > 1'h1;
+  assign \$210  = width > 2'h2;
+  assign \$211  = width > 2'h3;
+  assign \$212  = width > 3'h4;
+  assign \$213  = width > 3'h5;
+  assign \$214  = width > 3'h6;
+  assign \$215  = width > 3'h7;
+  assign \$216  = width > 4'h8;
+  assign \$217  = width > 4'h9;
+  assign \$218  = width > 4'ha;
+  assign \$219  = width > 4'hb;
+  assign \$220  = width > 4'hc;
+  assign \$221  = width > 4'hd;
+  assign \$222  = width > 4'he;
+  assign \$223  = width > 4'hf;
+  assign \$224  = width > 5'h10;
+  assign \$225  = width > 5'h11;
+  assign \$226  = width > 5'h12;
+  assign \$227  = width > 5'h13;
+  assign \$228  = width > 5'h14;
+  assign \$229  = width > 5'h15;
+  assign \$230  = width > 5'h16;
+  assign \$231  = width > 5'h17;
+  assign \$232  = $signed(wbuf[71:48]) > $signed({ 1'h0, \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209  });
+  assign \$233  = width > 1'h1;
+  assign \$234  = width > 2'h2;
+  assign \$235  = width > 2'h3;
+  assign \$236  = width > 3'h4;
+  assign \$237  = width > 3'h5;
+  assign \$238  = width > 3'h6;
+  assign \$239  = width > 3'h7;
+  assign \$240  = width > 4'h8;
+  assign \$241  = width > 4'h9;
+  assign \$242  = width > 4'ha;
+  assign \$243  = width > 4'hb;
+  assign \$244  = width > 4'hc;
+  assign \$245  = width > 4'hd;
+  assign \$246  = width > 4'he;
+  assign \$247  = width > 4'hf;
+  assign \$248  = width > 5'h10;
+  assign \$249  = width > 5'h11;
+  assign \$250  = width > 5'h12;
+  assign \$251  = width > 5'h13;
+  assign \$252  = width > 5'h14;
+  assign \$253  = width > 5'h15;
+  assign \$254  = width > 5'h16;
+  assign \$255  = width > 5'h17;
+  assign \$256  = width > 1'h1;
+  assign \$257  = width > 2'h2;
+  assign \$258  = width > 2'h3;
+  assign \$259  = width > 3'h4;
+  assign \$260  = width > 3'h5;
+  assign \$261  = width > 3'h6;
+  assign \$262  = width > 3'h7;
+  assign \$263  = width > 4'h8;
+  assign \$264  = width > 4'h9;
+  assign \$265  = width > 4'ha;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(a_in__payload),
@@ -13657,7 +14391,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$89 ),
+    .error(\error$94 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -13738,20 +14472,16 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       c_out__ready = rq__o__ready;
     end
     if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          c_out__ready = 1'h1;
-        end
-      end
+      c_out__ready = \$478 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$like  = gm_lane;
     if (running) begin
-      if (\$20 ) begin
-        \$like  = \$22 [2:0];
-        if (\$43 ) begin
+      if (\$420 ) begin
+        \$like  = \$422 [2:0];
+        if (\$443 ) begin
           \$like  = 3'h0;
         end
       end
@@ -13767,12 +14497,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$signal  = gm_afeed_done;
     if (running) begin
-      if (\$20 ) begin
-        if (\$43 ) begin
+      if (\$420 ) begin
+        if (\$443 ) begin
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$445 ) begin
           end else begin
-            if (\$49 ) begin
+            if (\$449 ) begin
               \$signal  = 1'h1;
             end
           end
@@ -13790,7 +14520,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     owed_n = gm_owed;
     if (running) begin
-      owed_n = \$18 [1:0];
+      owed_n = \$418 [1:0];
     end
     casez (fsm_state)
       3'h0:
@@ -13803,12 +14533,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     left_n = gm_left;
     if (running) begin
-      if (\$20 ) begin
-        if (\$43 ) begin
+      if (\$420 ) begin
+        if (\$443 ) begin
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$445 ) begin
           end else begin
-            left_n = \$46 [13:0];
+            left_n = \$446 [13:0];
           end
         end
       end
@@ -13827,7 +14557,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       spad__rd1__addr = t_addr;
     end
     if (running) begin
-      if (\$20 ) begin
+      if (\$420 ) begin
         if (gm_two) begin
           spad__rd1__addr = gm_addr1;
         end
@@ -13837,7 +14567,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$178 [12:0];
+          spad__rd1__addr = \$479 [12:0];
     endcase
   end
   always @* begin
@@ -13847,7 +14577,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       spad__rd1__en = 1'h1;
     end
     if (running) begin
-      if (\$20 ) begin
+      if (\$420 ) begin
         if (gm_two) begin
           spad__rd1__en = 1'h1;
         end
@@ -13869,6 +14599,43 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__wr__en = 1'h0;
+    if (w_busy) begin
+      spad__wr__en = 1'h1;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__wr__addr = 13'h0000;
+    if (w_busy) begin
+      spad__wr__addr = w_addr;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__wr__data = 32'd0;
+    if (w_busy) begin
+      spad__wr__data = { \$107 [23], \$107 [23], \$107 [23], \$107 [23], \$107 [23], \$107 [23], \$107 [23], \$107 [23], \$107  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__wr__upper_en = 3'h0;
+    if (w_busy) begin
+      spad__wr__upper_en = w_cols[3:1];
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    spad__wr__upper = 96'h000000000000000000000000;
+    if (w_busy) begin
+      spad__wr__upper[31:0] = { \$207 [23], \$207 [23], \$207 [23], \$207 [23], \$207 [23], \$207 [23], \$207 [23], \$207 [23], \$207  };
+      spad__wr__upper[63:32] = { \$307 [23], \$307 [23], \$307 [23], \$307 [23], \$307 [23], \$307 [23], \$307 [23], \$307 [23], \$307  };
+      spad__wr__upper[95:64] = { \$407 [23], \$407 [23], \$407 [23], \$407 [23], \$407 [23], \$407 [23], \$407 [23], \$407 [23], \$407  };
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     b_in__valid = 1'h0;
     if (running) begin
       b_in__valid = dma__rd_data__valid;
@@ -13885,7 +14652,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$20 ) begin
+      if (\$420 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -13900,7 +14667,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$20 ) begin
+      if (\$420 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -13917,7 +14684,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (running) begin
       if (gm_cap) begin
         if (gm_cap_last) begin
-          w_data = { \$73 [7:0], \$67 [7:0], \$61 [7:0], \$55 [7:0] };
+          w_data = { \$473 [7:0], \$467 [7:0], \$461 [7:0], \$455 [7:0] };
         end
       end
     end
@@ -13930,33 +14697,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
         if (gm_cap_last) begin
           w_en = 1'h1;
         end
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    spad__wr__addr = 13'h0000;
-    if (running) begin
-      if (c_out__valid) begin
-        spad__wr__addr = gc_addr;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    spad__wr__en = 1'h0;
-    if (running) begin
-      if (c_out__valid) begin
-        spad__wr__en = 1'h1;
-      end
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    spad__wr__data = 32'd0;
-    if (running) begin
-      if (c_out__valid) begin
-        spad__wr__data = { \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177 [23], \$177  };
       end
     end
   end
@@ -14008,7 +14748,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \done$87  = 1'h0;
+    \done$92  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -14020,15 +14760,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$87  = 1'h1;
+            \done$92  = 1'h1;
           end else if (done) begin
-            if (\error$89 ) begin
-              \done$87  = 1'h1;
+            if (\error$94 ) begin
+              \done$92  = 1'h1;
             end
           end
       3'h5:
-          if (\$179 ) begin
-            \done$87  = 1'h1;
+          if (\$484 ) begin
+            \done$92  = 1'h1;
           end
     endcase
   end
@@ -14048,301 +14788,447 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$89 ) begin
+            if (\error$94 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$179 ) begin
+          if (\$484 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$364  = \$like ;
+    \$686  = \$like ;
     if (unit_rst) begin
-      \$364  = 3'h0;
+      \$686  = 3'h0;
     end
     if (rst) begin
-      \$364  = 3'h0;
+      \$686  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$365  = \$signal ;
+    \$687  = \$signal ;
     if (unit_rst) begin
-      \$365  = 1'h0;
+      \$687  = 1'h0;
     end
     if (rst) begin
-      \$365  = 1'h0;
+      \$687  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$366  = owed_n;
+    \$688  = owed_n;
     if (unit_rst) begin
-      \$366  = 2'h0;
+      \$688  = 2'h0;
     end
     if (rst) begin
-      \$366  = 2'h0;
+      \$688  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$367  = left_n;
+    \$689  = left_n;
     if (unit_rst) begin
-      \$367  = 14'h0000;
+      \$689  = 14'h0000;
     end
     if (rst) begin
-      \$367  = 14'h0000;
+      \$689  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$368  = \$190 ;
+    \$690  = \$495 ;
     if (unit_rst) begin
-      \$368  = 1'h0;
+      \$690  = 1'h0;
     end
     if (rst) begin
-      \$368  = 1'h0;
+      \$690  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$369  = \$199 ;
+    \$691  = \$504 ;
     if (unit_rst) begin
-      \$369  = 1'h0;
+      \$691  = 1'h0;
     end
     if (rst) begin
-      \$369  = 1'h0;
+      \$691  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$370  = 1'h0;
-    if (\$201 ) begin
-      \$370  = 1'h1;
+    \$692  = 1'h0;
+    if (\$506 ) begin
+      \$692  = 1'h1;
     end
-    if (\done$87 ) begin
-      \$370  = 1'h0;
+    if (\done$92 ) begin
+      \$692  = 1'h0;
     end
     if (unit_rst) begin
-      \$370  = 1'h0;
+      \$692  = 1'h0;
     end
     if (rst) begin
-      \$370  = 1'h0;
+      \$692  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$371  = t_cap_half;
-    if (\$201 ) begin
-      \$371  = t_half;
+    \$693  = t_cap_half;
+    if (\$506 ) begin
+      \$693  = t_half;
     end
     if (unit_rst) begin
-      \$371  = 1'h0;
+      \$693  = 1'h0;
     end
     if (rst) begin
-      \$371  = 1'h0;
+      \$693  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$372  = t_half;
-    if (\$201 ) begin
-      \$372  = \$202 ;
+    \$694  = t_half;
+    if (\$506 ) begin
+      \$694  = \$507 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$372  = 1'h0;
+            \$694  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$372  = 1'h0;
+      \$694  = 1'h0;
     end
     if (rst) begin
-      \$372  = 1'h0;
+      \$694  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$373  = t_addr;
-    if (\$201 ) begin
+    \$695  = t_addr;
+    if (\$506 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$373  = \$203 [12:0];
+        \$695  = \$508 [12:0];
       end else begin
-        \$373  = \$206 [12:0];
+        \$695  = \$511 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$373  = \$351 [12:0];
+            \$695  = \$669 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$373  = 13'h0000;
+      \$695  = 13'h0000;
     end
     if (rst) begin
-      \$373  = 13'h0000;
+      \$695  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$374  = t_left;
-    if (\$201 ) begin
+    \$696  = t_left;
+    if (\$506 ) begin
       if (t_half) begin
-        \$374  = \$204 [8:0];
+        \$696  = \$509 [8:0];
       end
     end
-    if (\done$87 ) begin
-      \$374  = 9'h000;
+    if (\done$92 ) begin
+      \$696  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$374  = \$340 ;
+            \$696  = \$658 ;
           end
     endcase
     if (unit_rst) begin
-      \$374  = 9'h000;
+      \$696  = 9'h000;
     end
     if (rst) begin
-      \$374  = 9'h000;
+      \$696  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$375  = t_on;
-    if (\$201 ) begin
+    \$697  = t_on;
+    if (\$506 ) begin
       if (t_half) begin
-        \$375  = \$205 ;
+        \$697  = \$510 ;
       end
     end
-    if (\done$87 ) begin
-      \$375  = 1'h0;
+    if (\done$92 ) begin
+      \$697  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$375  = \$346 ;
+            \$697  = \$664 ;
           end
     endcase
     if (unit_rst) begin
-      \$375  = 1'h0;
+      \$697  = 1'h0;
     end
     if (rst) begin
-      \$375  = 1'h0;
+      \$697  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$376  = t_mult;
-    if (\$208 ) begin
-      \$376  = spad__rd1__data[15:0];
+    \$698  = t_mult;
+    if (\$513 ) begin
+      \$698  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$376  = 16'h0000;
+      \$698  = 16'h0000;
     end
     if (rst) begin
-      \$376  = 16'h0000;
+      \$698  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$377  = t_col;
-    if (\$209 ) begin
-      \$377  = \$210 [8:0];
+    \$699  = t_col;
+    if (\$514 ) begin
+      \$699  = \$515 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$377  = 9'h000;
+            \$699  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$377  = 9'h000;
+      \$699  = 9'h000;
     end
     if (rst) begin
-      \$377  = 9'h000;
+      \$699  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$378  = gm_cap;
+    \$700  = wbuf;
+    if (w_busy) begin
+      \$700 [95:0] = wbuf[191:96];
+      \$700 [191:96] = wbuf[287:192];
+      \$700 [287:192] = wbuf[383:288];
+    end
+    if (\$529 ) begin
+      \$700  = cbuf;
+    end
+    if (unit_rst) begin
+      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$701  = w_row;
+    if (w_busy) begin
+      \$701  = \$516 [1:0];
+    end
+    if (\$529 ) begin
+      \$701  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$701  = 2'h0;
+    end
+    if (rst) begin
+      \$701  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$702  = w_addr;
+    if (w_busy) begin
+      \$702  = \$517 [12:0];
+    end
+    if (\$529 ) begin
+      \$702  = g_addr;
+    end
+    if (unit_rst) begin
+      \$702  = 13'h0000;
+    end
+    if (rst) begin
+      \$702  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$703  = w_last;
+    if (w_busy) begin
+      \$703  = \$525 ;
+    end
+    if (\$529 ) begin
+      \$703  = \$533 ;
+    end
+    if (unit_rst) begin
+      \$703  = 1'h0;
+    end
+    if (rst) begin
+      \$703  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$704  = w_busy;
+    if (w_busy) begin
+      \$704  = \$526 ;
+    end
+    if (\$529 ) begin
+      \$704  = 1'h1;
+    end
+    if (\done$92 ) begin
+      \$704  = 1'h0;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$704  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$704  = 1'h0;
+    end
+    if (rst) begin
+      \$704  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$705  = w_left;
+    if (\$529 ) begin
+      \$705  = g_left;
+    end
+    if (unit_rst) begin
+      \$705  = 14'h0000;
+    end
+    if (rst) begin
+      \$705  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$706  = w_cols;
+    if (\$529 ) begin
+      \$706  = g_cols;
+    end
+    if (unit_rst) begin
+      \$706  = 4'h0;
+    end
+    if (rst) begin
+      \$706  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$707  = gc_full;
+    if (\$529 ) begin
+      \$707  = 1'h0;
+    end
     if (running) begin
-      \$378  = 1'h0;
-      if (\$212 ) begin
-        \$378  = 1'h1;
+      if (\$627 ) begin
+        if (\$637 ) begin
+          \$707  = 1'h1;
+        end
+      end
+    end
+    if (\done$92 ) begin
+      \$707  = 1'h0;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$707  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$707  = 1'h0;
+    end
+    if (rst) begin
+      \$707  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$708  = gm_cap;
+    if (running) begin
+      \$708  = 1'h0;
+      if (\$535 ) begin
+        \$708  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$378  = 1'h0;
+      \$708  = 1'h0;
     end
     if (rst) begin
-      \$378  = 1'h0;
+      \$708  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$379  = gm_cap2;
+    \$709  = gm_cap2;
     if (running) begin
-      if (\$212 ) begin
-        \$379  = gm_two;
+      if (\$535 ) begin
+        \$709  = gm_two;
       end
     end
     if (unit_rst) begin
-      \$379  = 1'h0;
+      \$709  = 1'h0;
     end
     if (rst) begin
-      \$379  = 1'h0;
+      \$709  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$380  = gm_cap_lane;
+    \$710  = gm_cap_lane;
     if (running) begin
-      if (\$212 ) begin
-        \$380  = gm_lane[1:0];
+      if (\$535 ) begin
+        \$710  = gm_lane[1:0];
       end
     end
     if (unit_rst) begin
-      \$380  = 2'h0;
+      \$710  = 2'h0;
     end
     if (rst) begin
-      \$380  = 2'h0;
+      \$710  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$381  = gm_cap_last;
+    \$711  = gm_cap_last;
     if (running) begin
-      if (\$212 ) begin
-        \$381  = \$233 ;
+      if (\$535 ) begin
+        \$711  = \$556 ;
       end
     end
     if (unit_rst) begin
-      \$381  = 1'h0;
+      \$711  = 1'h0;
     end
     if (rst) begin
-      \$381  = 1'h0;
+      \$711  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$382  = gm_addr;
+    \$712  = gm_addr;
     if (running) begin
-      if (\$212 ) begin
-        \$382  = \$236 [12:0];
-        if (\$260 ) begin
+      if (\$535 ) begin
+        \$712  = \$559 [12:0];
+        if (\$583 ) begin
           (* full_case = 32'd1 *)
-          if (\$262 ) begin
-            \$382  = \$265 [12:0];
+          if (\$585 ) begin
+            \$712  = \$588 [12:0];
           end else begin
-            \$382  = \$271 [12:0];
+            \$712  = \$594 [12:0];
           end
         end
       end
@@ -14350,28 +15236,28 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$382  = ins[34:22];
+            \$712  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$382  = 13'h0000;
+      \$712  = 13'h0000;
     end
     if (rst) begin
-      \$382  = 13'h0000;
+      \$712  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$383  = gm_addr1;
+    \$713  = gm_addr1;
     if (running) begin
-      if (\$212 ) begin
-        \$383  = \$239 [12:0];
-        if (\$260 ) begin
+      if (\$535 ) begin
+        \$713  = \$562 [12:0];
+        if (\$583 ) begin
           (* full_case = 32'd1 *)
-          if (\$262 ) begin
-            \$383  = \$267 [12:0];
+          if (\$585 ) begin
+            \$713  = \$590 [12:0];
           end else begin
-            \$383  = \$274 [12:0];
+            \$713  = \$597 [12:0];
           end
         end
       end
@@ -14379,27 +15265,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$383  = \$327 [12:0];
+            \$713  = \$647 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$383  = 13'h0000;
+      \$713  = 13'h0000;
     end
     if (rst) begin
-      \$383  = 13'h0000;
+      \$713  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$384  = gm_k;
+    \$714  = gm_k;
     if (running) begin
-      if (\$212 ) begin
-        if (\$260 ) begin
+      if (\$535 ) begin
+        if (\$583 ) begin
           (* full_case = 32'd1 *)
-          if (\$262 ) begin
-            \$384  = \$263 [6:0];
+          if (\$585 ) begin
+            \$714  = \$586 [6:0];
           end else begin
-            \$384  = 7'h00;
+            \$714  = 7'h00;
           end
         end
       end
@@ -14407,27 +15293,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$384  = 7'h00;
+            \$714  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$384  = 7'h00;
+      \$714  = 7'h00;
     end
     if (rst) begin
-      \$384  = 7'h00;
+      \$714  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$385  = gm_wstart;
+    \$715  = gm_wstart;
     if (running) begin
-      if (\$212 ) begin
-        if (\$260 ) begin
+      if (\$535 ) begin
+        if (\$583 ) begin
           (* full_case = 32'd1 *)
-          if (\$262 ) begin
-            \$385  = \$264 [12:0];
+          if (\$585 ) begin
+            \$715  = \$587 [12:0];
           end else begin
-            \$385  = \$269 [12:0];
+            \$715  = \$592 [12:0];
           end
         end
       end
@@ -14435,79 +15321,90 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$385  = ins[34:22];
+            \$715  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$385  = 13'h0000;
+      \$715  = 13'h0000;
     end
     if (rst) begin
-      \$385  = 13'h0000;
+      \$715  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$386  = pack;
+    \$716  = pack;
     if (running) begin
       if (gm_cap) begin
-        \$386 [7:0] = \$280 [7:0];
-        \$386 [15:8] = \$286 [7:0];
-        \$386 [23:16] = \$292 [7:0];
-        \$386 [31:24] = \$298 [7:0];
+        \$716 [7:0] = \$603 [7:0];
+        \$716 [15:8] = \$609 [7:0];
+        \$716 [23:16] = \$615 [7:0];
+        \$716 [31:24] = \$621 [7:0];
         if (gm_cap_last) begin
-          \$386  = 32'd0;
+          \$716  = 32'd0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$386  = 32'd0;
+            \$716  = 32'd0;
           end
     endcase
     if (unit_rst) begin
-      \$386  = 32'd0;
+      \$716  = 32'd0;
     end
     if (rst) begin
-      \$386  = 32'd0;
+      \$716  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$387  = gc_lane;
+    \$717  = cbuf;
     if (running) begin
-      if (c_out__valid) begin
-        \$387  = \$299 [1:0];
-        if (gc_last) begin
-          \$387  = 2'h0;
+      if (\$627 ) begin
+        if (\$628 ) begin
+          \$717 [23:0] = c_out__payload[23:0];
+          \$717 [119:96] = c_out__payload[47:24];
+          \$717 [215:192] = c_out__payload[71:48];
+          \$717 [311:288] = c_out__payload[95:72];
+        end
+        if (\$629 ) begin
+          \$717 [47:24] = c_out__payload[23:0];
+          \$717 [143:120] = c_out__payload[47:24];
+          \$717 [239:216] = c_out__payload[71:48];
+          \$717 [335:312] = c_out__payload[95:72];
+        end
+        if (\$630 ) begin
+          \$717 [71:48] = c_out__payload[23:0];
+          \$717 [167:144] = c_out__payload[47:24];
+          \$717 [263:240] = c_out__payload[71:48];
+          \$717 [359:336] = c_out__payload[95:72];
+        end
+        if (\$631 ) begin
+          \$717 [95:72] = c_out__payload[23:0];
+          \$717 [191:168] = c_out__payload[47:24];
+          \$717 [287:264] = c_out__payload[71:48];
+          \$717 [383:360] = c_out__payload[95:72];
         end
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$387  = 2'h0;
-          end
-    endcase
     if (unit_rst) begin
-      \$387  = 2'h0;
+      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$387  = 2'h0;
+      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$388  = gc_addr;
+    \$718  = gc_n;
     if (running) begin
-      if (c_out__valid) begin
-        \$388  = \$300 [12:0];
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$310 ) begin
-            \$388  = \$313 [12:0];
-          end else begin
-            \$388  = \$320 [12:0];
+      if (\$627 ) begin
+        \$718  = \$632 [8:0];
+        if (\$637 ) begin
+          if (\$643 ) begin
+            \$718  = 9'h000;
           end
         end
       end
@@ -14515,111 +15412,100 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$388  = ins[60:48];
+            \$718  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$388  = 13'h0000;
+      \$718  = 9'h000;
     end
     if (rst) begin
-      \$388  = 13'h0000;
+      \$718  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$389  = gc_last;
+    \$719  = gc_col;
     if (running) begin
-      if (c_out__valid) begin
-        \$389  = \$308 ;
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$310 ) begin
-            \$389  = \$317 ;
-          end else begin
-            \$389  = \$326 ;
-          end
+      if (\$627 ) begin
+        \$719  = \$633 [1:0];
+        if (\$637 ) begin
+          \$719  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$389  = \$331 ;
+            \$719  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$389  = 1'h0;
+      \$719  = 2'h0;
     end
     if (rst) begin
-      \$389  = 1'h0;
+      \$719  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$390  = gc_n;
+    \$720  = g_addr;
     if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$310 ) begin
-            \$390  = \$311 [8:0];
-          end else begin
-            \$390  = 9'h000;
-          end
+      if (\$627 ) begin
+        if (\$637 ) begin
+          \$720  = gc_gaddr;
         end
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$390  = 9'h000;
-          end
-    endcase
     if (unit_rst) begin
-      \$390  = 9'h000;
+      \$720  = 13'h0000;
     end
     if (rst) begin
-      \$390  = 9'h000;
+      \$720  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$391  = gc_wstart;
+    \$721  = g_left;
     if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$310 ) begin
-            \$391  = \$312 [12:0];
-          end else begin
-            \$391  = \$319 [12:0];
-          end
+      if (\$627 ) begin
+        if (\$637 ) begin
+          \$721  = gc_left;
         end
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$391  = ins[60:48];
-          end
-    endcase
     if (unit_rst) begin
-      \$391  = 13'h0000;
+      \$721  = 14'h0000;
     end
     if (rst) begin
-      \$391  = 13'h0000;
+      \$721  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$392  = gc_left;
+    \$722  = g_cols;
     if (running) begin
-      if (c_out__valid) begin
-        if (gc_last) begin
-          (* full_case = 32'd1 *)
-          if (\$310 ) begin
-          end else begin
-            \$392  = \$318 [13:0];
+      if (\$627 ) begin
+        if (\$637 ) begin
+          \$722  = { \$640 , \$639 , \$638 , 1'h1 };
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$722  = 4'h0;
+    end
+    if (rst) begin
+      \$722  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$723  = gc_gaddr;
+    if (running) begin
+      if (\$627 ) begin
+        if (\$637 ) begin
+          \$723  = \$641 [12:0];
+          if (\$643 ) begin
+            \$723  = \$646 [12:0];
           end
         end
       end
@@ -14627,23 +15513,73 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$392  = ins[74:61];
+            \$723  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$392  = 14'h0000;
+      \$723  = 13'h0000;
     end
     if (rst) begin
-      \$392  = 14'h0000;
+      \$723  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$393  = busy;
+    \$724  = gc_left;
+    if (running) begin
+      if (\$627 ) begin
+        if (\$637 ) begin
+          if (\$643 ) begin
+            \$724  = \$644 [13:0];
+          end
+        end
+      end
+    end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$393  = 1'h1;
+            \$724  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$724  = 14'h0000;
+    end
+    if (rst) begin
+      \$724  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$725  = gc_block;
+    if (running) begin
+      if (\$627 ) begin
+        if (\$637 ) begin
+          if (\$643 ) begin
+            \$725  = \$645 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$725  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$725  = 13'h0000;
+    end
+    if (rst) begin
+      \$725  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$726  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$726  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -14653,154 +15589,170 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$393  = 1'h0;
+            \$726  = 1'h0;
           end else if (done) begin
-            if (\error$89 ) begin
-              \$393  = 1'h0;
+            if (\error$94 ) begin
+              \$726  = 1'h0;
             end
           end
       3'h5:
-          if (\$363 ) begin
-            \$393  = 1'h0;
+          if (\$685 ) begin
+            \$726  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$393  = 1'h0;
+      \$726  = 1'h0;
     end
     if (rst) begin
-      \$393  = 1'h0;
+      \$726  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$394  = width;
+    \$727  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$394  = ins[21:16];
+            \$727  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$394  = 6'h00;
+      \$727  = 6'h00;
     end
     if (rst) begin
-      \$394  = 6'h00;
+      \$727  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$395  = mult;
+    \$728  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$395  = ins[168:137];
+            \$728  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$395  = { 16'h0000, spad__rd0__data[15:0] };
+          \$728  = { 16'h0000, spad__rd0__data[15:0] };
     endcase
     if (unit_rst) begin
-      \$395  = 32'd0;
+      \$728  = 32'd0;
     end
     if (rst) begin
-      \$395  = 32'd0;
+      \$728  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$396  = shift;
+    \$729  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$396  = ins[174:169];
+            \$729  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$396  = spad__rd1__data[5:0];
+          \$729  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$396  = 6'h00;
+      \$729  = 6'h00;
     end
     if (rst) begin
-      \$396  = 6'h00;
+      \$729  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$397  = col_en;
+    \$730  = rn;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$397  = \$335 ;
+            \$730  = \$649 ;
           end
     endcase
     if (unit_rst) begin
-      \$397  = 1'h0;
+      \$730  = 13'h0000;
     end
     if (rst) begin
-      \$397  = 1'h0;
+      \$730  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$398  = t_step;
+    \$731  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$398  = \$354 ;
+            \$731  = \$653 ;
           end
     endcase
     if (unit_rst) begin
-      \$398  = 4'h0;
+      \$731  = 1'h0;
     end
     if (rst) begin
-      \$398  = 4'h0;
+      \$731  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$399  = fsm_state;
+    \$732  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$732  = \$672 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$732  = 4'h0;
+    end
+    if (rst) begin
+      \$732  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$733  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$362 ) begin
-              \$399  = 3'h1;
+            if (\$680 ) begin
+              \$733  = 3'h1;
             end else begin
-              \$399  = 3'h2;
+              \$733  = 3'h2;
             end
           end
       3'h1:
-          \$399  = 3'h3;
+          \$733  = 3'h3;
       3'h3:
-          \$399  = 3'h2;
+          \$733  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$399  = 3'h4;
+            \$733  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$399  = 3'h0;
+            \$733  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$89 ) begin
-              \$399  = 3'h0;
+            if (\error$94 ) begin
+              \$733  = 3'h0;
             end else begin
-              \$399  = 3'h5;
+              \$733  = 3'h5;
             end
           end
       3'h5:
-          if (\$363 ) begin
-            \$399  = 3'h0;
+          if (\$685 ) begin
+            \$733  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$399  = 3'h0;
+      \$733  = 3'h0;
     end
     if (rst) begin
-      \$399  = 3'h0;
+      \$733  = 3'h0;
     end
   end
   assign col = col_en;
@@ -14828,6 +15780,29 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \c_out__payload[3]  = c_out__payload[95:72];
   assign \col_wr__data.mult  = col_wr__data[15:0];
   assign \col_wr__data.shift  = col_wr__data[21:16];
+  assign \wbuf[0]  = wbuf[95:0];
+  assign \wbuf[0][0]  = wbuf[23:0];
+  assign \wbuf[0][1]  = wbuf[47:24];
+  assign \wbuf[0][2]  = wbuf[71:48];
+  assign \wbuf[0][3]  = wbuf[95:72];
+  assign \wbuf[1]  = wbuf[191:96];
+  assign \wbuf[1][0]  = wbuf[119:96];
+  assign \wbuf[1][1]  = wbuf[143:120];
+  assign \wbuf[1][2]  = wbuf[167:144];
+  assign \wbuf[1][3]  = wbuf[191:168];
+  assign \wbuf[2]  = wbuf[287:192];
+  assign \wbuf[2][0]  = wbuf[215:192];
+  assign \wbuf[2][1]  = wbuf[239:216];
+  assign \wbuf[2][2]  = wbuf[263:240];
+  assign \wbuf[2][3]  = wbuf[287:264];
+  assign \wbuf[3]  = wbuf[383:288];
+  assign \wbuf[3][0]  = wbuf[311:288];
+  assign \wbuf[3][1]  = wbuf[335:312];
+  assign \wbuf[3][2]  = wbuf[359:336];
+  assign \wbuf[3][3]  = wbuf[383:360];
+  assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
+  assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
+  assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -14867,12 +15842,32 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \pack[1]  = pack[15:8];
   assign \pack[2]  = pack[23:16];
   assign \pack[3]  = pack[31:24];
+  assign \cbuf[0]  = cbuf[95:0];
+  assign \cbuf[0][0]  = cbuf[23:0];
+  assign \cbuf[0][1]  = cbuf[47:24];
+  assign \cbuf[0][2]  = cbuf[71:48];
+  assign \cbuf[0][3]  = cbuf[95:72];
+  assign \cbuf[1]  = cbuf[191:96];
+  assign \cbuf[1][0]  = cbuf[119:96];
+  assign \cbuf[1][1]  = cbuf[143:120];
+  assign \cbuf[1][2]  = cbuf[167:144];
+  assign \cbuf[1][3]  = cbuf[191:168];
+  assign \cbuf[2]  = cbuf[287:192];
+  assign \cbuf[2][0]  = cbuf[215:192];
+  assign \cbuf[2][1]  = cbuf[239:216];
+  assign \cbuf[2][2]  = cbuf[263:240];
+  assign \cbuf[2][3]  = cbuf[287:264];
+  assign \cbuf[3]  = cbuf[383:288];
+  assign \cbuf[3][0]  = cbuf[311:288];
+  assign \cbuf[3][1]  = cbuf[335:312];
+  assign \cbuf[3][2]  = cbuf[359:336];
+  assign \cbuf[3][3]  = cbuf[383:360];
   assign cmd__payload[78] = 1'h0;
   assign cmd__payload[79] = 1'h1;
   assign cmd__payload[77] = 1'h1;
   assign cmd__payload[76] = 1'h1;
-  assign cmd__payload[75:70] = \$11 ;
-  assign cmd__payload[69:54] = \$9 [15:0];
+  assign cmd__payload[75:70] = \$411 ;
+  assign cmd__payload[69:54] = \$409 [15:0];
   assign cmd__payload[53:45] = 9'h000;
   assign cmd__payload[44:36] = 9'h000;
   assign cmd__payload[35:24] = ins[88:77];
@@ -14882,41 +15877,40 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign col_wr__data[15:0] = t_mult;
   assign \$5  = 1'h1;
   assign \$6  = t_on;
-  assign \$12  = 1'h1;
-  assign \$13  = gm_go;
-  assign \$19  = 1'h1;
-  assign \$20  = gm_go;
-  assign \$200  = 1'h1;
-  assign \$201  = t_on;
-  assign \$211  = 1'h1;
-  assign \$212  = gm_go;
-  assign \$234  = { ins[99:93], 1'h0 };
-  assign \$237  = { ins[99:93], 1'h0 };
-  assign \$317  = \$316 ;
-  assign \$326  = \$325 ;
-  assign \$331  = \$330 ;
-  assign { \$332 [9:4], \$332 [2:0] } = 9'h000;
-  assign \$332 [3] = ins[9];
-  assign { \$336 [9:4], \$336 [2:0] } = 9'h000;
-  assign \$336 [3] = ins[9];
-  assign { \$341 [9:4], \$341 [2:0] } = 9'h000;
-  assign \$341 [3] = ins[9];
-  assign { \$347 [9:3], \$347 [1:0] } = 9'h000;
-  assign \$347 [2] = ins[8];
-  assign \$349  = { ins[190:175], 1'h0 };
-  assign { \$352 [9:3], \$352 [1:0] } = 9'h000;
-  assign \$352 [2] = ins[8];
-  assign { \$355 [9:3], \$355 [1:0] } = 9'h000;
-  assign \$355 [2] = ins[8];
-  assign { \$357 [9:4], \$357 [2:0] } = 9'h000;
-  assign \$357 [3] = ins[9];
-  assign \$333  = ins[9];
-  assign \$337  = ins[9];
-  assign \$342  = ins[9];
-  assign \$348  = ins[8];
-  assign \$353  = ins[8];
-  assign \$356  = ins[8];
-  assign \$358  = ins[9];
+  assign \$412  = 1'h1;
+  assign \$413  = gm_go;
+  assign \$419  = 1'h1;
+  assign \$420  = gm_go;
+  assign \$505  = 1'h1;
+  assign \$506  = t_on;
+  assign \$533  = \$532 ;
+  assign \$534  = 1'h1;
+  assign \$535  = gm_go;
+  assign \$557  = { ins[99:93], 1'h0 };
+  assign \$560  = { ins[99:93], 1'h0 };
+  assign \$648  = { 1'h0, ins[85:77], 2'h0 };
+  assign { \$650 [9:4], \$650 [2:0] } = 9'h000;
+  assign \$650 [3] = ins[9];
+  assign { \$654 [9:4], \$654 [2:0] } = 9'h000;
+  assign \$654 [3] = ins[9];
+  assign { \$659 [9:4], \$659 [2:0] } = 9'h000;
+  assign \$659 [3] = ins[9];
+  assign { \$665 [9:3], \$665 [1:0] } = 9'h000;
+  assign \$665 [2] = ins[8];
+  assign \$667  = { ins[190:175], 1'h0 };
+  assign { \$670 [9:3], \$670 [1:0] } = 9'h000;
+  assign \$670 [2] = ins[8];
+  assign { \$673 [9:3], \$673 [1:0] } = 9'h000;
+  assign \$673 [2] = ins[8];
+  assign { \$675 [9:4], \$675 [2:0] } = 9'h000;
+  assign \$675 [3] = ins[9];
+  assign \$651  = ins[9];
+  assign \$655  = ins[9];
+  assign \$660  = ins[9];
+  assign \$666  = ins[8];
+  assign \$671  = ins[8];
+  assign \$674  = ins[8];
+  assign \$676  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -24576,8 +25570,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1545$0 (mult),
-    .\port$1550$0 (i__payload),
+    .\port$1881$0 (mult),
+    .\port$1886$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -25433,7 +26427,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1881$0 , \port$1886$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -25519,10 +26513,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1545$0 ;
-  wire [15:0] \port$1545$0 ;
-  input [95:0] \port$1550$0 ;
-  wire [95:0] \port$1550$0 ;
+  input [15:0] \port$1881$0 ;
+  wire [15:0] \port$1881$0 ;
+  input [95:0] \port$1886$0 ;
+  wire [95:0] \port$1886$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -25587,7 +26581,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1550$0 [16:0] };
+      \$9  = { 1'h0, \port$1886$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -25600,7 +26594,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1545$0  };
+      \$10  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -25626,7 +26620,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
+      \$12  = { \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -25639,7 +26633,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1545$0  };
+      \$13  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -25665,7 +26659,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1550$0 [40:24] };
+      \$15  = { 1'h0, \port$1886$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -25678,7 +26672,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1545$0  };
+      \$16  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -25704,7 +26698,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
+      \$18  = { \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -25717,7 +26711,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1545$0  };
+      \$19  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -25743,7 +26737,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1550$0 [64:48] };
+      \$21  = { 1'h0, \port$1886$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -25756,7 +26750,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1545$0  };
+      \$22  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -25782,7 +26776,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
+      \$24  = { \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -25795,7 +26789,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1545$0  };
+      \$25  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -25821,7 +26815,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1550$0 [88:72] };
+      \$27  = { 1'h0, \port$1886$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -25834,7 +26828,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1545$0  };
+      \$28  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -25860,7 +26854,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
+      \$30  = { \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -25873,7 +26867,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1545$0  };
+      \$31  = { 2'h0, \port$1881$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -25895,22 +26889,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1545$0 , \port$1550$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1550$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1545$0  };
-  assign a__1 = { \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23], \port$1550$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1545$0  };
-  assign a__2 = { 1'h0, \port$1550$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1545$0  };
-  assign a__3 = { \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47], \port$1550$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1545$0  };
-  assign a__4 = { 1'h0, \port$1550$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1545$0  };
-  assign a__5 = { \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71], \port$1550$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1545$0  };
-  assign a__6 = { 1'h0, \port$1550$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1545$0  };
-  assign a__7 = { \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95], \port$1550$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1545$0  };
+  assign a__0 = { 1'h0, \port$1886$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1881$0  };
+  assign a__1 = { \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23], \port$1886$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1881$0  };
+  assign a__2 = { 1'h0, \port$1886$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1881$0  };
+  assign a__3 = { \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47], \port$1886$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1881$0  };
+  assign a__4 = { 1'h0, \port$1886$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1881$0  };
+  assign a__5 = { \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71], \port$1886$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1881$0  };
+  assign a__6 = { 1'h0, \port$1886$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1881$0  };
+  assign a__7 = { \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95], \port$1886$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1881$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -30232,8 +31226,9 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4451$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__rd0__addr, clients__2__rd0__en, clients__2__wr__addr, clients__2__wr__en, clients__2__wr__data, clients__3__rd0__addr
-, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$4787$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en, clients__2__wr__upper, clients__2__rd0__addr
+, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes
+, clk);
   wire \$1 ;
   wire \$10 ;
   wire \$11 ;
@@ -30406,10 +31401,12 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] clients__2__wr__data;
   input clients__2__wr__en;
   wire clients__2__wr__en;
+  input [95:0] clients__2__wr__upper;
   wire [95:0] clients__2__wr__upper;
   wire [31:0] \clients__2__wr__upper[0] ;
   wire [31:0] \clients__2__wr__upper[1] ;
   wire [31:0] \clients__2__wr__upper[2] ;
+  input [2:0] clients__2__wr__upper_en;
   wire [2:0] clients__2__wr__upper_en;
   wire clients__3__blocked;
   input [12:0] clients__3__rd0__addr;
@@ -30494,8 +31491,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$4451$0 ;
-  wire [4:0] \port$4451$0 ;
+  input [4:0] \port$4787$0 ;
+  wire [4:0] \port$4787$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -30519,68 +31516,70 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$4451$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$4787$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$4451$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$4787$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$4451$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$4787$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$4451$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$4787$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$4451$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$4787$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$4451$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$4787$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$4451$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$4787$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$4451$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$4787$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$4451$0 [0];
-  assign \$49  = clients__2__wr__en & \port$4451$0 [1];
+  assign \$47  = clients__1__wr__en & \port$4787$0 [0];
+  assign \$49  = clients__2__wr__en & \port$4787$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$4451$0 [2];
+  assign \$51  = clients__3__wr__en & \port$4787$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$4451$0 [3];
+  assign \$53  = clients__4__wr__en & \port$4787$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$4451$0 [4];
+  assign \$55  = clients__5__wr__en & \port$4787$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0], \port$4451$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1], \port$4451$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0], \port$4787$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2], \port$4451$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2], \port$4787$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3], \port$4451$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3], \port$4787$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4], \port$4451$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4], \port$4787$0 [4] };
   assign wr__data = \$76  | \$77 ;
+  assign \$82  = clients__2__wr__upper & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
+  assign \$93  = clients__2__wr__upper_en & { \port$4787$0 [1], \port$4787$0 [1], \port$4787$0 [1] };
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
     .bank0_rd1_rd_en(rd1__en),
@@ -30593,10 +31592,10 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__addr(wr__addr),
     .wr__data(wr__data),
     .wr__en(wr__en),
-    .wr__upper(96'h000000000000000000000000),
-    .wr__upper_en(3'h0)
+    .wr__upper(wr__upper),
+    .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$4451$0 , \port$2$0  };
+  assign select = { \port$4787$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];
@@ -30625,13 +31624,11 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign clients__0__wr__data = 32'd0;
   assign clients__0__wr__upper = 96'h000000000000000000000000;
   assign clients__1__wr__upper = 96'h000000000000000000000000;
-  assign clients__2__wr__upper = 96'h000000000000000000000000;
   assign clients__3__wr__upper = 96'h000000000000000000000000;
   assign clients__4__wr__upper = 96'h000000000000000000000000;
   assign clients__5__wr__upper = 96'h000000000000000000000000;
   assign clients__0__wr__upper_en = 3'h0;
   assign clients__1__wr__upper_en = 3'h0;
-  assign clients__2__wr__upper_en = 3'h0;
   assign clients__3__wr__upper_en = 3'h0;
   assign clients__4__wr__upper_en = 3'h0;
   assign clients__5__wr__upper_en = 3'h0;
@@ -30678,9 +31675,9 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \clients__1__wr__upper[0]  = 32'd0;
   assign \clients__1__wr__upper[1]  = 32'd0;
   assign \clients__1__wr__upper[2]  = 32'd0;
-  assign \clients__2__wr__upper[0]  = 32'd0;
-  assign \clients__2__wr__upper[1]  = 32'd0;
-  assign \clients__2__wr__upper[2]  = 32'd0;
+  assign \clients__2__wr__upper[0]  = clients__2__wr__upper[31:0];
+  assign \clients__2__wr__upper[1]  = clients__2__wr__upper[63:32];
+  assign \clients__2__wr__upper[2]  = clients__2__wr__upper[95:64];
   assign \clients__3__wr__upper[0]  = 32'd0;
   assign \clients__3__wr__upper[1]  = 32'd0;
   assign \clients__3__wr__upper[2]  = 32'd0;
@@ -30715,26 +31712,24 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   assign \$79  = 96'h000000000000000000000000;
   assign \$80  = 96'h000000000000000000000000;
   assign \$81  = 96'h000000000000000000000000;
-  assign \$82  = 96'h000000000000000000000000;
-  assign \$83  = 96'h000000000000000000000000;
+  assign \$83  = \$82 ;
   assign \$84  = 96'h000000000000000000000000;
-  assign \$85  = 96'h000000000000000000000000;
+  assign \$85  = \$82 ;
   assign \$86  = 96'h000000000000000000000000;
-  assign \$87  = 96'h000000000000000000000000;
+  assign \$87  = \$82 ;
   assign \$88  = 96'h000000000000000000000000;
-  assign wr__upper = 96'h000000000000000000000000;
+  assign wr__upper = \$82 ;
   assign \$89  = 3'h0;
   assign \$90  = 3'h0;
   assign \$91  = 3'h0;
   assign \$92  = 3'h0;
-  assign \$93  = 3'h0;
-  assign \$94  = 3'h0;
+  assign \$94  = \$93 ;
   assign \$95  = 3'h0;
-  assign \$96  = 3'h0;
+  assign \$96  = \$93 ;
   assign \$97  = 3'h0;
-  assign \$98  = 3'h0;
+  assign \$98  = \$93 ;
   assign \$99  = 3'h0;
-  assign wr__upper_en = 3'h0;
+  assign wr__upper_en = \$93 ;
 endmodule
 
 (* generator = "Amaranth" *)

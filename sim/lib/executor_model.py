@@ -7,7 +7,7 @@ __all__ = ["serve_scratchpad", "run_instruction"]
 
 
 async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False, stall: float = 0.0,
-                           rng=None):
+                           rng=None, writes: list | None = None):
     """Serve the scratchpad client ``port`` (:func:`~nanokpu.kpu.spad.spad_client_signature`)
     from ``spad`` (word address -> value; absent words read 0) as
     :class:`~nanokpu.kpu.dmem.DataMemory` behaves: read data (``rd0``: every lane, the words
@@ -15,8 +15,8 @@ async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False, 
     enabled upper lanes too) lands at its edge. With ``one_write_port`` (ECP5's build)
     ``blocked`` is high in the cycle after a write, and a read issued then is not performed;
     with ``stall`` it is also high at random in that fraction of the cycles (``rng``, a NumPy
-    Generator). Addresses wrap modulo ``2**len(addr)``. Runs forever: add it with
-    ``add_process``."""
+    Generator). Addresses wrap modulo ``2**len(addr)``. ``writes``, if given, gets each write's
+    ``(addr, lanes written)``. Runs forever: add it with ``add_process``."""
     size, lanes = 1 << len(port.rd0.addr), len(port.rd0.lanes)
     async for _c, _r, e0, a0, e1, a1, wen, waddr, wdata, upper, upper_en, blocked in ctx.tick().sample(
             port.rd0.en, port.rd0.addr, port.rd1.en, port.rd1.addr, port.wr.en, port.wr.addr, port.wr.data,
@@ -32,6 +32,8 @@ async def serve_scratchpad(ctx, port, spad: dict, one_write_port: bool = False, 
             for i in range(lanes - 1):
                 if upper_en >> i & 1:
                     spad[(waddr + 1 + i) % size] = upper[i]
+            if writes is not None:
+                writes.append((waddr, 1 + bin(upper_en).count("1")))
         ctx.set(port.blocked, int(bool(wen) and one_write_port or bool(stall) and rng.random() < stall))
 
 

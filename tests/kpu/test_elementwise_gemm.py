@@ -14,12 +14,12 @@ from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
 from sim.lib.executor_model import run_instruction, serve_scratchpad
 
 CFG = profile("tiny")
-BW = bus_bytes(CFG)
 #: The wide router's config (REQUANT_WIDE joins partials into router_acc_width = 40 bits).
 WIDE = profile("tiny", router_width=16)
 
@@ -37,11 +37,12 @@ class _Pair(Elaboratable):
 
 
 def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, stall=0.3, seed=0, expert=None,
-         cfg=CFG, spad_stall=0.0):
+         cfg=CFG, spad_stall=0.0, writes=None):
     """Run ``ins`` on its executor and on FuncSim (``expert``: the current expert, as after a
     ``ROUTE`` and ``EXPERT``), the bus stalling ``stall`` of its beats and the scratchpad blocking
     reads in ``spad_stall`` of the cycles; returns (RTL scratchpad, FuncSim's, error, cycles from
-    start to done)."""
+    start to done). ``writes`` (a list) gets the executor's scratchpad writes
+    (:func:`~sim.lib.executor_model.serve_scratchpad`)."""
     ref = FuncSim(cfg, host=host)
     for addr, v in spad_init.items():
         ref.spad[addr] = v
@@ -58,10 +59,11 @@ def _run(ins: Instr, spad_init: dict, host: bytes = b"", one_write_port=False, s
     rng = np.random.default_rng(seed)
     spad = dict(spad_init)
     out = {}
-    beats = [int.from_bytes(host[i:i + BW], "little") for i in range(ins.host, len(host), BW)]
+    bw = bus_bytes(cfg)
+    beats = [int.from_bytes(host[i:i + bw], "little") for i in range(ins.host, len(host), bw)]
 
     async def scratchpad(ctx):
-        await serve_scratchpad(ctx, ex.spad, spad, one_write_port, spad_stall, rng)
+        await serve_scratchpad(ctx, ex.spad, spad, one_write_port, spad_stall, rng, writes)
 
     async def bus(ctx):
         if ins.op != Op.GEMM:
@@ -168,6 +170,43 @@ def test_gemm_matches_funcsim(width, shape):
     got, want, err, _ = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host,
                           one_write_port=width == 8, seed=width, spad_stall=0.25)
     assert got == want and err == Err.NONE, (shape, width)
+
+
+@pytest.mark.parametrize("rows, shape", [(1, (3, 5, 4)), (3, (7, 5, 5)), (3, (2, 9, 3)), (8, (11, 10, 9)),
+                                         (8, (3, 17, 12))])
+def test_gemm_matches_funcsim_on_other_arrays(rows, shape):
+    """Arrays of 1, 3 and 8 rows (B = banks = 1, 2 and 8: row blocks of more real rows than
+    banks, and a block's columns in groups of 8), with either scratchpad build and random read
+    blocking."""
+    m, k, n = shape
+    cfg = profile("tiny", rows=rows)
+    rng = np.random.default_rng(rows * 1000 + m * 100 + k * 10 + n)
+    A = rng.integers(-128, 128, (m, k))
+    W = rng.integers(-128, 128, (n, k))
+    host = weight_panels(W, cfg).astype(np.int8).tobytes()
+    for one_write_port in (False, True):
+        ins = Instr(Op.GEMM, m=m, k=k, n=n, a=8, c=400, host=0, mult=20000, shift=12, width=8)
+        got, want, err, _ = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host, cfg=cfg,
+                                 one_write_port=one_write_port, seed=rows, spad_stall=0.2)
+        assert got == want and err == Err.NONE, (rows, shape, one_write_port)
+
+
+@pytest.mark.parametrize("shape", [(1, 3, 9), (4, 16, 4), (7, 5, 5), (5, 7, 6), (8, 2, 8)])
+def test_gemm_writes_a_row_of_b_columns_at_once(shape):
+    """Each real row's result columns go back B = banks(cfg) at a time (one masked wide write of
+    B consecutive columns, the last of a row block masked to the columns < n): m * ceil(n/B)
+    writes, at c + row*n + n0, results still FuncSim's."""
+    m, k, n = shape
+    B = banks(CFG)
+    rng = np.random.default_rng(m * 100 + k * 10 + n)
+    A = rng.integers(-128, 128, (m, k))
+    W = rng.integers(-128, 128, (n, k))
+    host = weight_panels(W, CFG).astype(np.int8).tobytes()
+    ins = Instr(Op.GEMM, m=m, k=k, n=n, a=8, c=400, host=0, mult=20000, shift=12, width=8)
+    writes = []
+    got, want, err, _ = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host, seed=m, writes=writes)
+    assert got == want and err == Err.NONE, shape
+    assert sorted(writes) == sorted((ins.c + r * n + n0, min(B, n - n0)) for r in range(m) for n0 in range(0, n, B))
 
 
 @pytest.mark.parametrize("op", [Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD])

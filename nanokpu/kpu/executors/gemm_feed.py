@@ -3,7 +3,7 @@ operand packed from the scratchpad, B streamed from the bus, the results unpacke
 
 from __future__ import annotations
 
-from amaranth import Cat, Module, Mux, ResetInserter, Signal, signed
+from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err
 from nanokpu.kpu.decoded import widths
+from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import (
     dma_client_signature,
     executor_signature,
@@ -36,8 +37,13 @@ class GemmFeed(wiring.Component):
 
     A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes a scratchpad read per
     real row, two a cycle (``rd0`` and ``rd1``), pipelined, up to :data:`A_WORDS` words ahead of
-    the engine: ``M`` real rows give a word every ``ceil(M/2)`` cycles, back to back. Each
-    result word is written back one real row per cycle (then saturated to ``width``). With
+    the engine: ``M`` real rows give a word every ``ceil(M/2)`` cycles, back to back. The result
+    words (``rows`` lanes: column ``j`` of a row block) are gathered ``B =``
+    :func:`~nanokpu.kpu.dmem.banks` columns at a time, double-buffered (the next ``B`` fill
+    while the last are written), and written one real row per cycle: a masked wide write of the
+    row's ``B`` consecutive columns (those ``< n``), saturated to ``width``. ``M`` real rows and
+    ``n`` columns take ``M * ceil(n/B)`` writes (the engine's store, one word a cycle, waits
+    while ``M > B``); ``done`` follows the last write. With
     :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are first read from ``b +
     2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width != 0``) the ``n`` table
     entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the engine's per-column
@@ -79,9 +85,9 @@ class GemmFeed(wiring.Component):
                          self.rq.o.valid.eq(gemm.c_out.valid), self.rq.o.payload.eq(gemm.c_out.payload),
                          gemm.c_out.ready.eq(self.rq.o.ready)]
 
-        # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx, C word
-        # (mb, n) lane i at c + (mb*R + i)*n + n_idx; after the last word of a row block the
-        # next block starts one past the last lane's address
+        # running scratchpad addresses: A word (mb, k) lane i at a + (mb*R + i)*k + k_idx; after
+        # the last word of a row block the next block starts one past the last lane's address.
+        # C word (mb, n) lane i at c + (mb*R + i)*n + n_idx
         KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
         k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
         m_s = ins.m[:SW]
@@ -100,12 +106,28 @@ class GemmFeed(wiring.Component):
         gm_owed = Signal(range(A_WORDS + 1))   # words begun and not yet taken by the engine
         gm_go = Signal()        # a lane of A is read unless blocked (see below)
         gm_two = Signal()       # ... and the next one on rd1 (see below)
+        # C: the engine's result words gathered B columns (a group) at a time into cbuf, written
+        # from wbuf (see below)
+        B = banks(cfg)
+        group = data.ArrayLayout(data.ArrayLayout(signed(accw), B), R)   # [row i][column j]
         gc_left = Signal(SW)
-        gc_n = Signal(NW)
-        gc_lane = Signal(range(R))
-        gc_addr = Signal(AW)
-        gc_wstart = Signal(AW)
-        gc_last = Signal()     # registered: lane gc_lane is the word's last (c_out.ready off a flip-flop)
+        gc_n = Signal(NW)        # the column of the next result word
+        gc_col = Signal(range(B))   # ... its column in its group
+        gc_block = Signal(AW)    # the address of the row block's first word (row mb*R, column 0)
+        gc_gaddr = Signal(AW)    # ... of the group's (row mb*R, column n - gc_col)
+        gc_full = Signal()       # cbuf holds a whole group, not yet handed to the writer
+        rn = Signal(AW)          # R*n: from a row block's first word to the next's
+        cbuf = Signal(group)
+        g_addr = Signal(AW)      # cbuf's group: gc_gaddr, gc_left and its columns' mask
+        g_left = Signal(SW)
+        g_cols = Signal(B)
+        wbuf = Signal(group)     # the group being written, the next row first (shifted a row per write)
+        w_busy = Signal()
+        w_addr = Signal(AW)
+        w_left = Signal(SW)
+        w_cols = Signal(B)
+        w_row = Signal(range(R))
+        w_last = Signal()        # registered: row w_row is the group's last
         LB = (R + 1).bit_length()
 
         def reached(left, lanes):
@@ -128,9 +150,9 @@ class GemmFeed(wiring.Component):
                      gm_go.eq(~afeed_done_n & ((lane_n != 0) | (owed_n < A_WORDS)))]
         m.submodules.a_queue = a_queue = ResetInserter(self.start)(SyncFIFO(width=R * iw, depth=A_WORDS))
 
-        def gc_last_of(left, lane):
-            """Lane ``lane`` of a word with ``left`` rows left is its last: lane R-1 or row M-1."""
-            return (lane == R - 1) | reached(left, lane + 1)
+        def last_row(left, row):
+            """Row ``row`` of a block with ``left`` rows left is its last: row R-1 or row M-1."""
+            return (row == R - 1) | reached(left, row + 1)
 
         # the per-column table: entry j (mult, then shift one word on) read on rd1 at t_addr while
         # t_left columns are left (t_on), the column's address stepping by 2*E; the read captured
@@ -167,6 +189,19 @@ class GemmFeed(wiring.Component):
         with m.If(self.done):   # (an instruction ended by an error: the copy stops)
             m.d.sync += [t_left.eq(0), t_on.eq(0), t_cap.eq(0)]
 
+        # the writer: row i of wbuf's group (mb, columns n0 .. n0 + B - 1), at address
+        # c + (mb*R + i)*n + n0, one masked wide write a cycle (its columns < n), saturated to width
+        handoff = gc_full & (~w_busy | w_last)     # cbuf to wbuf: the writer is free, or will be
+        with m.If(w_busy):
+            lanes = [Mux(width != 0, saturate_to_width(v, width, accw), v) for v in (wbuf[0][j] for j in range(B))]
+            m.d.comb += [wr.en.eq(1), wr.addr.eq(w_addr), wr.data.eq(lanes[0]), wr.upper_en.eq(w_cols[1:])]
+            m.d.comb += [wr.upper[j - 1].eq(lanes[j]) for j in range(1, B)]
+            m.d.sync += [wbuf[i].eq(wbuf[i + 1]) for i in range(R - 1)]
+            m.d.sync += [w_row.eq(w_row + 1), w_addr.eq(w_addr + n_g), w_last.eq(last_row(w_left, w_row + 1)),
+                         w_busy.eq(~w_last)]
+        with m.If(handoff):
+            m.d.sync += [wbuf.eq(cbuf), w_busy.eq(1), w_row.eq(0), w_addr.eq(g_addr), w_left.eq(g_left),
+                         w_cols.eq(g_cols), w_last.eq(last_row(g_left, 0)), gc_full.eq(0)]
         running = Signal()
         m.d.comb += [
             gemm.cmd.payload.m.eq(ins.m), gemm.cmd.payload.k.eq(ins.k), gemm.cmd.payload.n.eq(ins.n),
@@ -218,24 +253,26 @@ class GemmFeed(wiring.Component):
                 with m.If(gm_cap_last):
                     m.d.comb += [a_queue.w_data.eq(Cat(lanes)), a_queue.w_en.eq(1)]
                     m.d.sync += pack.eq(0)
-            # C: word (mb, n) -> rows mb*R + i of column n, one write per lane
-            # (rows >= M are skipped: the word is taken after its last real row)
-            with m.If(gemm.c_out.valid):
-                lane_value = gemm.c_out.payload[gc_lane]
-                m.d.comb += [wr.addr.eq(gc_addr), wr.en.eq(1),
-                             wr.data.eq(Mux(width != 0, saturate_to_width(lane_value, width, accw), lane_value))]
-                m.d.sync += [gc_lane.eq(gc_lane + 1), gc_addr.eq(gc_addr + n_g),
-                             gc_last.eq(gc_last_of(gc_left, gc_lane + 1))]
-                with m.If(gc_last):
-                    m.d.comb += gemm.c_out.ready.eq(1)
-                    m.d.sync += gc_lane.eq(0)
-                    with m.If(gc_n + 1 < n_g):
-                        m.d.sync += [gc_n.eq(gc_n + 1), gc_wstart.eq(gc_wstart + 1), gc_addr.eq(gc_wstart + 1),
-                                     gc_last.eq(gc_last_of(gc_left, 0))]
-                    with m.Else():
-                        next_left = (gc_left - R)[:SW]     # wraps after the last block: unused
-                        m.d.sync += [gc_n.eq(0), gc_left.eq(next_left), gc_wstart.eq(gc_addr + 1),
-                                     gc_addr.eq(gc_addr + 1), gc_last.eq(gc_last_of(next_left, 0))]
+            # C: word (mb, n) -> column gc_col of cbuf; a group ends with its B-th column or the
+            # row block's last (column n - 1), and waits in cbuf for the writer
+            take = ~gc_full | handoff
+            m.d.comb += gemm.c_out.ready.eq(take)
+            with m.If(gemm.c_out.valid & take):
+                for j in range(B):
+                    with m.If(gc_col == j):
+                        m.d.sync += [cbuf[i][j].eq(gemm.c_out.payload[i]) for i in range(R)]
+                m.d.sync += [gc_n.eq(gc_n + 1), gc_col.eq(gc_col + 1)]
+                block_ends = gc_n + 1 == n_g
+                with m.If((gc_col == B - 1) | block_ends):
+                    m.d.sync += [gc_full.eq(1), gc_col.eq(0), g_addr.eq(gc_gaddr), g_left.eq(gc_left),
+                                 g_cols.eq(Cat(Const(1, 1), *(gc_col >= j for j in range(1, B)))),
+                                 gc_gaddr.eq(gc_gaddr + B)]
+                    with m.If(block_ends):
+                        m.d.sync += [gc_n.eq(0), gc_left.eq(gc_left - R), gc_block.eq(gc_block + rn),
+                                     gc_gaddr.eq(gc_block + rn)]
+
+        with m.If(self.done):   # (an instruction ended by an error: the writes stop)
+            m.d.sync += [w_busy.eq(0), gc_full.eq(0)]
 
         with m.FSM():
             with m.State("IDLE"):
@@ -244,8 +281,9 @@ class GemmFeed(wiring.Component):
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
                                  gm_addr1.eq(ins.a + k_g),
-                                 gc_left.eq(m_s), gc_n.eq(0), gc_lane.eq(0),
-                                 gc_last.eq(gc_last_of(m_s, 0)), gc_addr.eq(ins.c), gc_wstart.eq(ins.c)]
+                                 gc_left.eq(m_s), gc_n.eq(0), gc_col.eq(0), gc_full.eq(0), w_busy.eq(0),
+                                 gc_block.eq(ins.c), gc_gaddr.eq(ins.c),
+                                 rn.eq(sum(n_g << b for b in range(R.bit_length()) if R >> b & 1))]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
                     m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
@@ -282,7 +320,7 @@ class GemmFeed(wiring.Component):
                     with m.Else():
                         m.next = "END"
             with m.State("END"):
-                with m.If(~dma.rd_busy):
+                with m.If(~dma.rd_busy & ~gc_full & ~w_busy):
                     m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.d.sync += busy.eq(0)
                     m.next = "IDLE"
