@@ -2,7 +2,7 @@
 """sim.lib.raw_run: the C++ harness replays the tiny block's cocotb run on the same Verilog, exactly.
 
 One cocotb run of the block benchmark's tiny case (seed 1, 8 tokens, no bus stalls) records its
-replay; the harness must end with the same ``CYCLES`` (10,583, as tests/kpu/test_top.py
+replay; the harness must end with the same ``CYCLES`` (10,129, as tests/kpu/test_top.py
 asserts), the same register reads and host memory, whose outputs are golden's. A harness that
 diverges (another memory timing or content) fails these, and the check itself is shown to fail
 on a changed image or register value.
@@ -44,7 +44,7 @@ def recorded(tmp_path_factory):
 def test_harness_replays_the_tiny_block(recorded):
     directory, build = recorded
     out = replay(directory, build, FAST_BUILD)
-    assert out["cycles"] == 10583
+    assert out["cycles"] == 10129
     cfg = profile("tiny")
     Q, xq, _, _ = random_block(cfg, TOKENS, np.random.default_rng(SEED))
     prog = compile_block(Q, xq, cfg)
