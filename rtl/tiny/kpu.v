@@ -1106,7 +1106,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$391$0 (\$155 ),
     .\port$409$0 (\$156 ),
-    .\port$6491$254 (cur[269:254]),
+    .\port$6427$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1167,7 +1167,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .dma__rd_data__ready(\dma__rd_data__ready$335 ),
     .dma__rd_data__valid(dma__rd_data__valid),
     .dma__rd_start(\dma__rd_start$330 ),
-    .\done$92 (\done$314 ),
+    .\done$91 (\done$314 ),
     .error(\error$315 ),
     .ins(cur[220:0]),
     .rq__i__payload(rq__i__payload),
@@ -1180,8 +1180,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .rq__shift(rq__shift),
     .rst(rst),
     .spad__rd0__addr(clients__2__rd0__addr),
-    .spad__rd0__data(spad__rd0__lanes[31:0]),
     .spad__rd0__en(clients__2__rd0__en),
+    .spad__rd0__lanes(spad__rd0__lanes),
     .spad__rd1__addr(clients__2__rd1__addr),
     .spad__rd1__data(spad__rd1__data),
     .spad__rd1__en(clients__2__rd1__en),
@@ -1330,7 +1330,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6493$0 (running_exec),
+    .\port$6429$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5166,7 +5166,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6491$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6427$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5309,8 +5309,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$391$0 ;
   output [5:0] \port$409$0 ;
   wire [5:0] \port$409$0 ;
-  input [15:0] \port$6491$254 ;
-  wire [15:0] \port$6491$254 ;
+  input [15:0] \port$6427$254 ;
+  wire [15:0] \port$6427$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5475,7 +5475,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6491$254  };
+      \$74  = { 8'h00, \port$6427$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5511,7 +5511,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6491$254  };
+      \$77  = { 8'h00, \port$6427$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5556,9 +5556,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6491$254  };
+  assign rd_beats = { 8'h00, \port$6427$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6491$254  };
+  assign wr_beats = { 8'h00, \port$6427$254  };
   assign \port$391$0  = \$9 ;
   assign \port$409$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9429,9 +9429,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6010$0 (spad__rd1__data),
-    .\port$7584$0 (\$signal ),
-    .\port$7973$0 (spad__rd0__lanes[31:0]),
+    .\port$5946$0 (spad__rd1__data),
+    .\port$7522$0 (\$signal ),
+    .\port$7911$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13565,7 +13565,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6010$0 , unit_rst, \port$7584$0 , level, \port$7973$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5946$0 , unit_rst, \port$7522$0 , level, \port$7911$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13590,12 +13590,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6010
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6010$0 ;
-  wire [31:0] \port$6010$0 ;
-  input \port$7584$0 ;
-  wire \port$7584$0 ;
-  input [31:0] \port$7973$0 ;
-  wire [31:0] \port$7973$0 ;
+  input [31:0] \port$5946$0 ;
+  wire [31:0] \port$5946$0 ;
+  input \port$7522$0 ;
+  wire \port$7522$0 ;
+  input [31:0] \port$7911$0 ;
+  wire [31:0] \port$7911$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13628,7 +13628,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6010
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7584$0 , \port$6010$0 , \port$7973$0  };
+      storage[w_port__addr] <= { \port$7522$0 , \port$5946$0 , \port$7911$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13699,8 +13699,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6010
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7584$0 , \port$6010$0 , \port$7973$0  };
-  assign w_data = { \port$7584$0 , \port$6010$0 , \port$7973$0  };
+  assign w_port__data = { \port$7522$0 , \port$5946$0 , \port$7911$0  };
+  assign w_data = { \port$7522$0 , \port$5946$0 , \port$7911$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -16121,7 +16121,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1__data, start, unit_rst, ins, dma__error, rq__i__ready, rq__o__valid, rq__o__payload, spad__rd1__addr, spad__rd1__en, spad__wr__en, spad__wr__addr, spad__wr__data, spad__wr__upper_en, spad__wr__upper, dma__rd_data__ready, spad__rd0__addr
-, spad__rd0__en, dma__rd_start, \done$92 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__data, b_in__payload);
+, spad__rd0__en, dma__rd_start, \done$91 , error, rq__i__payload, rq__mult, rq__shift, rq__i__valid, rq__o__ready, spad__rd0__lanes, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$17  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -16471,363 +16471,294 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$41 ;
   wire \$410 ;
   wire [5:0] \$411 ;
-  wire \$412 ;
-  wire \$413 ;
-  wire \$414 ;
-  wire \$415 ;
-  wire [2:0] \$416 ;
-  wire \$417 ;
-  wire [3:0] \$418 ;
+  reg [7:0] \$412 ;
+  reg [7:0] \$413 ;
+  reg [7:0] \$414 ;
+  reg [7:0] \$415 ;
+  wire \$416 ;
+  wire [2:0] \$417 ;
+  wire \$418 ;
   wire \$419 ;
   wire \$42 ;
   wire \$420 ;
-  wire [3:0] \$421 ;
-  wire [4:0] \$422 ;
-  wire \$423 ;
+  wire \$421 ;
+  wire \$422 ;
+  wire [2:0] \$423 ;
   wire \$424 ;
-  wire [3:0] \$425 ;
+  wire [2:0] \$425 ;
   wire \$426 ;
   wire \$427 ;
-  wire \$428 ;
-  wire [3:0] \$429 ;
+  wire [3:0] \$428 ;
+  wire \$429 ;
   wire \$43 ;
   wire \$430 ;
-  wire \$431 ;
-  wire [3:0] \$432 ;
+  wire [2:0] \$431 ;
+  wire \$432 ;
   wire \$433 ;
-  wire \$434 ;
+  wire [2:0] \$434 ;
   wire \$435 ;
   wire \$436 ;
   wire \$437 ;
-  wire \$438 ;
-  wire [3:0] \$439 ;
+  wire [7:0] \$438 ;
+  wire \$439 ;
   wire \$44 ;
-  wire \$440 ;
+  wire [14:0] \$440 ;
   wire \$441 ;
   wire \$442 ;
   wire \$443 ;
-  wire [7:0] \$444 ;
-  wire \$445 ;
-  wire [14:0] \$446 ;
+  wire \$444 ;
+  wire [31:0] \$445 ;
+  wire \$446 ;
   wire \$447 ;
-  wire \$448 ;
-  wire \$449 ;
+  wire [31:0] \$448 ;
+  wire [31:0] \$449 ;
   wire \$45 ;
   wire \$450 ;
-  wire [2:0] \$451 ;
-  wire \$452 ;
-  wire \$453 ;
-  wire [31:0] \$454 ;
-  wire [31:0] \$455 ;
-  wire \$456 ;
-  wire [2:0] \$457 ;
+  wire \$451 ;
+  wire [31:0] \$452 ;
+  wire [31:0] \$453 ;
+  wire \$454 ;
+  wire \$455 ;
+  wire [31:0] \$456 ;
+  wire [31:0] \$457 ;
   wire \$458 ;
   wire \$459 ;
   wire \$46 ;
-  wire [31:0] \$460 ;
-  wire [31:0] \$461 ;
+  wire \$460 ;
+  wire \$461 ;
   wire \$462 ;
-  wire [2:0] \$463 ;
+  wire [13:0] \$463 ;
   wire \$464 ;
   wire \$465 ;
-  wire [31:0] \$466 ;
-  wire [31:0] \$467 ;
+  wire \$466 ;
+  wire \$467 ;
   wire \$468 ;
-  wire [2:0] \$469 ;
+  wire \$469 ;
   wire \$47 ;
   wire \$470 ;
   wire \$471 ;
-  wire [31:0] \$472 ;
-  wire [31:0] \$473 ;
+  wire \$472 ;
+  wire \$473 ;
   wire \$474 ;
   wire \$475 ;
   wire \$476 ;
   wire \$477 ;
   wire \$478 ;
-  wire [13:0] \$479 ;
+  wire \$479 ;
   wire \$48 ;
   wire \$480 ;
   wire \$481 ;
-  wire \$482 ;
+  wire [2:0] \$482 ;
   wire \$483 ;
   wire \$484 ;
-  wire \$485 ;
-  wire \$486 ;
+  wire [2:0] \$485 ;
+  wire [2:0] \$486 ;
   wire \$487 ;
   wire \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire \$490 ;
-  wire \$491 ;
+  wire [13:0] \$490 ;
+  wire [9:0] \$491 ;
   wire \$492 ;
-  wire \$493 ;
+  wire [13:0] \$493 ;
   wire \$494 ;
   wire \$495 ;
   wire \$496 ;
-  wire \$497 ;
-  wire [3:0] \$498 ;
-  wire \$499 ;
+  wire [9:0] \$497 ;
+  wire [2:0] \$498 ;
+  wire [13:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire \$500 ;
+  wire [2:0] \$500 ;
   wire \$501 ;
   wire \$502 ;
-  wire \$503 ;
-  wire \$504 ;
+  wire [2:0] \$503 ;
+  wire [3:0] \$504 ;
   wire \$505 ;
   wire \$506 ;
   wire \$507 ;
-  wire [13:0] \$508 ;
-  wire [9:0] \$509 ;
+  wire \$508 ;
+  wire \$509 ;
   wire \$51 ;
   wire \$510 ;
-  wire [13:0] \$511 ;
+  wire \$511 ;
   wire \$512 ;
   wire \$513 ;
   wire \$514 ;
-  wire [9:0] \$515 ;
-  wire [2:0] \$516 ;
-  wire [13:0] \$517 ;
-  wire [2:0] \$518 ;
+  wire \$515 ;
+  wire \$516 ;
+  wire \$517 ;
+  wire \$518 ;
   wire \$519 ;
   wire \$52 ;
-  wire \$520 ;
-  wire [2:0] \$521 ;
-  wire [3:0] \$522 ;
+  wire [2:0] \$520 ;
+  wire \$521 ;
+  wire \$522 ;
   wire \$523 ;
-  wire \$524 ;
+  wire [7:0] \$524 ;
   wire \$525 ;
-  wire \$526 ;
-  wire \$527 ;
-  wire \$528 ;
+  wire [7:0] \$526 ;
+  wire [6:0] \$527 ;
+  wire [13:0] \$528 ;
   wire \$529 ;
   wire \$53 ;
   wire \$530 ;
-  wire \$531 ;
+  wire [2:0] \$531 ;
   wire \$532 ;
   wire \$533 ;
   wire \$534 ;
-  wire \$535 ;
+  wire [7:0] \$535 ;
   wire \$536 ;
-  wire \$537 ;
-  wire [3:0] \$538 ;
-  wire \$539 ;
+  wire [7:0] \$537 ;
+  wire [13:0] \$538 ;
+  wire [13:0] \$539 ;
   wire \$54 ;
-  wire \$540 ;
-  wire \$541 ;
-  wire [3:0] \$542 ;
+  wire [13:0] \$540 ;
+  wire [13:0] \$541 ;
+  wire [13:0] \$542 ;
   wire \$543 ;
-  wire \$544 ;
-  wire [3:0] \$545 ;
-  wire \$546 ;
+  wire [31:0] \$544 ;
+  wire \$545 ;
+  wire [31:0] \$546 ;
   wire \$547 ;
-  wire \$548 ;
+  wire [31:0] \$548 ;
   wire \$549 ;
   wire \$55 ;
-  wire \$550 ;
+  wire [31:0] \$550 ;
   wire \$551 ;
-  wire [3:0] \$552 ;
+  wire \$552 ;
   wire \$553 ;
   wire \$554 ;
   wire \$555 ;
   wire \$556 ;
-  wire [7:0] \$557 ;
-  wire [7:0] \$558 ;
-  wire [13:0] \$559 ;
+  wire \$557 ;
+  wire \$558 ;
+  wire \$559 ;
   wire \$56 ;
-  wire [7:0] \$560 ;
-  wire [7:0] \$561 ;
-  wire [13:0] \$562 ;
+  wire \$560 ;
+  wire [9:0] \$561 ;
+  wire [2:0] \$562 ;
   wire \$563 ;
-  wire \$564 ;
-  wire [3:0] \$565 ;
+  wire [9:0] \$564 ;
+  wire \$565 ;
   wire \$566 ;
   wire \$567 ;
   wire \$568 ;
-  wire [3:0] \$569 ;
+  wire \$569 ;
   wire \$57 ;
-  wire \$570 ;
-  wire \$571 ;
-  wire [3:0] \$572 ;
-  wire \$573 ;
-  wire \$574 ;
-  wire \$575 ;
-  wire \$576 ;
-  wire \$577 ;
-  wire \$578 ;
-  wire [3:0] \$579 ;
+  wire [13:0] \$570 ;
+  wire [9:0] \$571 ;
+  wire \$572 ;
+  wire [14:0] \$573 ;
+  wire [13:0] \$574 ;
+  wire [13:0] \$575 ;
+  wire [9:0] \$576 ;
+  wire [10:0] \$577 ;
+  wire [11:0] \$578 ;
+  wire [12:0] \$579 ;
   wire \$58 ;
-  wire \$580 ;
+  wire [9:0] \$580 ;
   wire \$581 ;
   wire \$582 ;
   wire \$583 ;
-  wire [7:0] \$584 ;
+  wire [9:0] \$584 ;
   wire \$585 ;
-  wire [7:0] \$586 ;
-  wire [13:0] \$587 ;
-  wire [13:0] \$588 ;
-  wire [13:0] \$589 ;
+  wire \$586 ;
+  wire \$587 ;
+  wire [8:0] \$588 ;
+  wire [9:0] \$589 ;
   wire \$59 ;
-  wire [14:0] \$590 ;
-  wire [12:0] \$591 ;
-  wire [13:0] \$592 ;
-  wire [12:0] \$593 ;
-  wire [13:0] \$594 ;
-  wire [12:0] \$595 ;
-  wire [13:0] \$596 ;
-  wire [14:0] \$597 ;
-  wire \$598 ;
-  wire [2:0] \$599 ;
+  wire \$590 ;
+  wire \$591 ;
+  wire \$592 ;
+  wire \$593 ;
+  wire \$594 ;
+  wire [9:0] \$595 ;
+  wire \$596 ;
+  wire [16:0] \$597 ;
+  wire [16:0] \$598 ;
+  wire [17:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire \$600 ;
+  wire [9:0] \$600 ;
   wire \$601 ;
-  wire [31:0] \$602 ;
-  wire [31:0] \$603 ;
+  wire [3:0] \$602 ;
+  wire [9:0] \$603 ;
   wire \$604 ;
-  wire [2:0] \$605 ;
+  wire [9:0] \$605 ;
   wire \$606 ;
   wire \$607 ;
-  wire [31:0] \$608 ;
-  wire [31:0] \$609 ;
+  wire \$608 ;
+  wire \$609 ;
   wire \$61 ;
   wire \$610 ;
-  wire [2:0] \$611 ;
+  wire \$611 ;
   wire \$612 ;
   wire \$613 ;
-  wire [31:0] \$614 ;
-  wire [31:0] \$615 ;
-  wire \$616 ;
-  wire [2:0] \$617 ;
-  wire \$618 ;
-  wire \$619 ;
+  wire \$614 ;
+  wire \$615 ;
+  reg [1:0] \$616 ;
+  reg \$617 ;
+  reg [1:0] \$618 ;
+  reg [13:0] \$619 ;
   wire \$62 ;
-  wire [31:0] \$620 ;
-  wire [31:0] \$621 ;
-  wire \$622 ;
-  wire \$623 ;
-  wire \$624 ;
-  wire \$625 ;
-  wire \$626 ;
-  wire \$627 ;
-  wire \$628 ;
-  wire \$629 ;
+  reg \$620 ;
+  reg [1:0] \$621 ;
+  reg \$622 ;
+  reg \$623 ;
+  reg \$624 ;
+  reg [12:0] \$625 ;
+  reg [8:0] \$626 ;
+  reg \$627 ;
+  reg [15:0] \$628 ;
+  reg [8:0] \$629 ;
   wire \$63 ;
-  wire \$630 ;
-  wire \$631 ;
-  wire [9:0] \$632 ;
-  wire [2:0] \$633 ;
-  wire \$634 ;
-  wire [9:0] \$635 ;
-  wire \$636 ;
-  wire \$637 ;
-  wire \$638 ;
-  wire \$639 ;
+  reg [383:0] \$630 ;
+  reg [1:0] \$631 ;
+  reg [12:0] \$632 ;
+  reg \$633 ;
+  reg \$634 ;
+  reg [13:0] \$635 ;
+  reg [3:0] \$636 ;
+  reg \$637 ;
+  reg \$638 ;
+  reg [1:0] \$639 ;
   wire \$64 ;
-  wire \$640 ;
-  wire [13:0] \$641 ;
-  wire [9:0] \$642 ;
-  wire \$643 ;
-  wire [14:0] \$644 ;
-  wire [13:0] \$645 ;
-  wire [13:0] \$646 ;
-  wire [13:0] \$647 ;
-  wire [11:0] \$648 ;
-  wire [12:0] \$649 ;
+  reg \$640 ;
+  reg [2:0] \$641 ;
+  reg [12:0] \$642 ;
+  reg [6:0] \$643 ;
+  reg [12:0] \$644 ;
+  reg [12:0] \$645 ;
+  reg [127:0] \$646 ;
+  reg [383:0] \$647 ;
+  reg [8:0] \$648 ;
+  reg [1:0] \$649 ;
   wire \$65 ;
-  wire [9:0] \$650 ;
-  wire \$651 ;
-  wire \$652 ;
-  wire \$653 ;
-  wire [9:0] \$654 ;
-  wire \$655 ;
-  wire \$656 ;
-  wire \$657 ;
-  wire [8:0] \$658 ;
-  wire [9:0] \$659 ;
+  reg [12:0] \$650 ;
+  reg [13:0] \$651 ;
+  reg [3:0] \$652 ;
+  reg [12:0] \$653 ;
+  reg [13:0] \$654 ;
+  reg [12:0] \$655 ;
+  reg \$656 ;
+  reg [5:0] \$657 ;
+  reg [31:0] \$658 ;
+  reg [5:0] \$659 ;
   wire \$66 ;
-  wire \$660 ;
-  wire \$661 ;
-  wire \$662 ;
-  wire \$663 ;
-  wire \$664 ;
-  wire [9:0] \$665 ;
-  wire \$666 ;
-  wire [16:0] \$667 ;
-  wire [16:0] \$668 ;
-  wire [17:0] \$669 ;
+  reg [12:0] \$660 ;
+  reg [12:0] \$661 ;
+  reg \$662 ;
+  reg [3:0] \$663 ;
+  reg [2:0] \$664 ;
   wire \$67 ;
-  wire [9:0] \$670 ;
-  wire \$671 ;
-  wire [3:0] \$672 ;
-  wire [9:0] \$673 ;
-  wire \$674 ;
-  wire [9:0] \$675 ;
-  wire \$676 ;
-  wire \$677 ;
-  wire \$678 ;
-  wire \$679 ;
   wire \$68 ;
-  wire \$680 ;
-  wire \$681 ;
-  wire \$682 ;
-  wire \$683 ;
-  wire \$684 ;
-  wire \$685 ;
-  reg [2:0] \$686 ;
-  reg \$687 ;
-  reg [1:0] \$688 ;
-  reg [13:0] \$689 ;
   wire \$69 ;
-  reg \$690 ;
-  reg \$691 ;
-  reg \$692 ;
-  reg \$693 ;
-  reg \$694 ;
-  reg [12:0] \$695 ;
-  reg [8:0] \$696 ;
-  reg \$697 ;
-  reg [15:0] \$698 ;
-  reg [8:0] \$699 ;
   wire \$7 ;
   wire \$70 ;
-  reg [383:0] \$700 ;
-  reg [1:0] \$701 ;
-  reg [12:0] \$702 ;
-  reg \$703 ;
-  reg \$704 ;
-  reg [13:0] \$705 ;
-  reg [3:0] \$706 ;
-  reg \$707 ;
-  reg \$708 ;
-  reg \$709 ;
   wire \$71 ;
-  reg [1:0] \$710 ;
-  reg \$711 ;
-  reg [12:0] \$712 ;
-  reg [12:0] \$713 ;
-  reg [6:0] \$714 ;
-  reg [12:0] \$715 ;
-  reg [31:0] \$716 ;
-  reg [383:0] \$717 ;
-  reg [8:0] \$718 ;
-  reg [1:0] \$719 ;
   wire \$72 ;
-  reg [12:0] \$720 ;
-  reg [13:0] \$721 ;
-  reg [3:0] \$722 ;
-  reg [12:0] \$723 ;
-  reg [13:0] \$724 ;
-  reg [12:0] \$725 ;
-  reg \$726 ;
-  reg [5:0] \$727 ;
-  reg [31:0] \$728 ;
-  reg [5:0] \$729 ;
   wire \$73 ;
-  reg [12:0] \$730 ;
-  reg \$731 ;
-  reg [3:0] \$732 ;
-  reg [2:0] \$733 ;
   wire \$74 ;
   wire \$75 ;
   wire \$76 ;
@@ -16856,8 +16787,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$97 ;
   wire \$98 ;
   wire \$99 ;
-  reg [2:0] \$like ;
+  reg [1:0] \$like ;
   reg \$signal ;
+  reg [1:0] a_col = 2'h0;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -16939,11 +16871,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   output dma__rd_start;
   reg dma__rd_start;
   wire done;
-  output \done$92 ;
-  reg \done$92 ;
+  output \done$91 ;
+  reg \done$91 ;
   output [7:0] error;
   reg [7:0] error;
-  wire \error$94 ;
+  wire \error$93 ;
   reg [2:0] fsm_state = 3'h0;
   reg [12:0] g_addr = 13'h0000;
   reg [3:0] g_cols = 4'h0;
@@ -16955,19 +16887,18 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   reg [13:0] gc_left = 14'h0000;
   reg [8:0] gc_n = 9'h000;
   reg [12:0] gm_addr = 13'h0000;
-  reg [12:0] gm_addr1 = 13'h0000;
   reg gm_afeed_done = 1'h0;
+  reg [12:0] gm_block = 13'h0000;
   reg gm_cap = 1'h0;
-  reg gm_cap2 = 1'h0;
-  reg [1:0] gm_cap_lane = 2'h0;
+  reg [2:0] gm_cap_cols = 3'h0;
   reg gm_cap_last = 1'h0;
+  reg [1:0] gm_cap_row = 2'h0;
+  reg [12:0] gm_gaddr = 13'h0000;
   reg gm_go = 1'h0;
-  reg [6:0] gm_k = 7'h00;
-  reg [2:0] gm_lane = 3'h0;
+  reg [6:0] gm_k0 = 7'h00;
   reg [13:0] gm_left = 14'h0000;
   reg [1:0] gm_owed = 2'h0;
-  reg gm_two = 1'h0;
-  reg [12:0] gm_wstart = 13'h0000;
+  reg [1:0] gm_row = 2'h0;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -16989,14 +16920,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   reg [13:0] left_n;
   reg [31:0] mult = 32'd0;
   reg [1:0] owed_n;
-  reg [31:0] pack = 32'd0;
-  wire [7:0] \pack[0] ;
-  wire [7:0] \pack[1] ;
-  wire [7:0] \pack[2] ;
-  wire [7:0] \pack[3] ;
-  wire [31:0] r_data;
+  wire [130:0] r_data;
   wire r_en;
   wire r_rdy;
+  reg [12:0] rk = 13'h0000;
   reg [12:0] rn = 13'h0000;
   input [95:0] rq__i__payload;
   wire [95:0] rq__i__payload;
@@ -17038,10 +16965,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire spad__blocked;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
-  input [31:0] spad__rd0__data;
   wire [31:0] spad__rd0__data;
   output spad__rd0__en;
   reg spad__rd0__en;
+  input [127:0] spad__rd0__lanes;
+  wire [127:0] spad__rd0__lanes;
+  wire [31:0] \spad__rd0__lanes[0] ;
+  wire [31:0] \spad__rd0__lanes[1] ;
+  wire [31:0] \spad__rd0__lanes[2] ;
+  wire [31:0] \spad__rd0__lanes[3] ;
   output [12:0] spad__rd1__addr;
   reg [12:0] spad__rd1__addr;
   input [31:0] spad__rd1__data;
@@ -17072,12 +17004,33 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   reg [15:0] t_mult = 16'h0000;
   reg t_on = 1'h0;
   reg [3:0] t_step = 4'h0;
+  reg [127:0] tbuf = 128'h00000000000000000000000000000000;
+  wire [31:0] \tbuf[0] ;
+  wire [7:0] \tbuf[0][0] ;
+  wire [7:0] \tbuf[0][1] ;
+  wire [7:0] \tbuf[0][2] ;
+  wire [7:0] \tbuf[0][3] ;
+  wire [31:0] \tbuf[1] ;
+  wire [7:0] \tbuf[1][0] ;
+  wire [7:0] \tbuf[1][1] ;
+  wire [7:0] \tbuf[1][2] ;
+  wire [7:0] \tbuf[1][3] ;
+  wire [31:0] \tbuf[2] ;
+  wire [7:0] \tbuf[2][0] ;
+  wire [7:0] \tbuf[2][1] ;
+  wire [7:0] \tbuf[2][2] ;
+  wire [7:0] \tbuf[2][3] ;
+  wire [31:0] \tbuf[3] ;
+  wire [7:0] \tbuf[3][0] ;
+  wire [7:0] \tbuf[3][1] ;
+  wire [7:0] \tbuf[3][2] ;
+  wire [7:0] \tbuf[3][3] ;
   input unit_rst;
   wire unit_rst;
   reg [12:0] w_addr = 13'h0000;
   reg w_busy = 1'h0;
   reg [3:0] w_cols = 4'h0;
-  reg [31:0] w_data;
+  reg [130:0] w_data;
   reg w_en;
   reg w_last = 1'h0;
   reg [13:0] w_left = 14'h0000;
@@ -17104,75 +17057,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [23:0] \wbuf[3][2] ;
   wire [23:0] \wbuf[3][3] ;
   reg [5:0] width = 6'h00;
-  assign \$266  = width > 4'hb;
-  assign \$267  = width > 4'hc;
-  assign \$268  = width > 4'hd;
-  assign \$269  = width > 4'he;
-  assign \$270  = width > 4'hf;
-  assign \$271  = width > 5'h10;
-  assign \$272  = width > 5'h11;
-  assign \$273  = width > 5'h12;
-  assign \$274  = width > 5'h13;
-  assign \$275  = width > 5'h14;
-  assign \$276  = width > 5'h15;
-  assign \$277  = width > 5'h16;
-  assign \$278  = width > 5'h17;
-  assign \$279  = ~ { 1'h0, \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256  };
-  assign \$280  = $signed(wbuf[71:48]) < $signed(\$279 );
-  assign \$281  = width > 1'h1;
-  assign \$282  = width > 2'h2;
-  assign \$283  = width > 2'h3;
-  assign \$284  = width > 3'h4;
-  assign \$285  = width > 3'h5;
-  assign \$286  = width > 3'h6;
-  assign \$287  = width > 3'h7;
-  assign \$288  = width > 4'h8;
-  assign \$289  = width > 4'h9;
-  assign \$290  = width > 4'ha;
-  assign \$291  = width > 4'hb;
-  assign \$292  = width > 4'hc;
-  assign \$293  = width > 4'hd;
-  assign \$294  = width > 4'he;
-  assign \$295  = width > 4'hf;
-  assign \$296  = width > 5'h10;
-  assign \$297  = width > 5'h11;
-  assign \$298  = width > 5'h12;
-  assign \$299  = width > 5'h13;
-  assign \$300  = width > 5'h14;
-  assign \$301  = width > 5'h15;
-  assign \$302  = width > 5'h16;
-  assign \$303  = width > 5'h17;
-  assign \$304  = ~ { 1'h0, \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281  };
-  assign \$305  = \$280  ? \$304  : wbuf[71:48];
-  assign \$306  = \$232  ? { 1'h0, \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233  } : \$305 ;
-  assign \$307  = \$208  ? \$306  : wbuf[71:48];
-  assign \$308  = | width;
-  assign \$309  = width > 1'h1;
-  assign \$310  = width > 2'h2;
-  assign \$311  = width > 2'h3;
-  assign \$312  = width > 3'h4;
-  assign \$313  = width > 3'h5;
-  assign \$314  = width > 3'h6;
-  assign \$315  = width > 3'h7;
-  assign \$316  = width > 4'h8;
-  assign \$317  = width > 4'h9;
-  assign \$318  = width > 4'ha;
-  assign \$319  = width > 4'hb;
-  assign \$320  = width > 4'hc;
-  assign \$321  = width > 4'hd;
-  assign \$322  = width > 4'he;
-  assign \$323  = width > 4'hf;
-  assign \$324  = width > 5'h10;
-  assign \$325  = width > 5'h11;
-  assign \$326  = width > 5'h12;
-  assign \$327  = width > 5'h13;
-  assign \$328  = width > 5'h14;
-  assign \$329  = width > 5'h15;
-  assign \$330  = width > 5'h16;
-  assign \$331  = width > 5'h17;
-  assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
-  assign \$333  = width > 1'h1;
-  assign \$334  = width > 2'h2;
   assign \$335  = width > 2'h3;
   assign \$336  = width > 3'h4;
   assign \$337  = width > 3'h5;
@@ -17250,349 +17134,279 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$409  = \$408  ? mult : 32'd1;
   assign \$410  = | width;
   assign \$411  = \$410  ? shift : 6'h00;
-  assign \$414  = ! gm_lane;
-  assign \$415  = \$413  & \$414 ;
-  assign \$416  = gm_owed + \$415 ;
-  assign \$417  = a_in__valid & r_en;
-  assign \$418  = \$416  - \$417 ;
-  assign \$421  = gm_lane + 1'h1;
-  assign \$422  = \$421  + gm_two;
-  assign \$423  = gm_lane == 2'h3;
-  assign \$424  = ! gm_left[13:3];
-  assign \$425  = gm_lane + 1'h1;
-  assign \$426  = \$425  >= gm_left[2:0];
+  assign \$416  = a_in__valid & a_in__ready;
+  assign \$417  = a_col + 1'h1;
+  assign \$418  = \$417  == r_data[130:128];
+  assign r_en = \$416  & \$418 ;
+  assign \$421  = ! gm_row;
+  assign \$422  = \$420  & \$421 ;
+  assign \$423  = gm_owed + \$422 ;
+  assign \$424  = a_in__valid & a_in__ready;
+  assign \$425  = a_col + 1'h1;
+  assign \$426  = \$425  == r_data[130:128];
   assign \$427  = \$424  & \$426 ;
-  assign \$428  = \$423  | \$427 ;
-  assign \$429  = gm_lane + 1'h1;
-  assign \$430  = \$429  == 2'h3;
-  assign \$431  = ! gm_left[13:3];
-  assign \$432  = gm_lane + 2'h2;
-  assign \$433  = \$432  >= gm_left[2:0];
-  assign \$434  = \$431  & \$433 ;
-  assign \$435  = \$430  | \$434 ;
-  assign \$436  = \$428  | \$435 ;
-  assign \$437  = gm_lane == 2'h3;
-  assign \$438  = ! gm_left[13:3];
-  assign \$439  = gm_lane + 1'h1;
-  assign \$440  = \$439  >= gm_left[2:0];
-  assign \$441  = \$438  & \$440 ;
-  assign \$442  = \$437  | \$441 ;
-  assign \$443  = gm_two ? \$436  : \$442 ;
-  assign \$444  = gm_k + 1'h1;
-  assign \$445  = \$444  < ins[99:93];
-  assign \$446  = gm_left - 3'h4;
-  assign \$447  = ! gm_left[13:3];
-  assign \$448  = gm_left[2:0] <= 3'h4;
-  assign \$449  = \$447  & \$448 ;
-  assign \$450  = ! gm_cap_lane;
-  assign \$451  = gm_cap_lane + 1'h1;
-  assign \$452  = ! \$451 ;
-  assign \$453  = gm_cap2 & \$452 ;
-  assign \$454  = \$453  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$455  = \$450  ? spad__rd0__data : \$454 ;
-  assign \$456  = gm_cap_lane == 1'h1;
-  assign \$457  = gm_cap_lane + 1'h1;
-  assign \$458  = \$457  == 1'h1;
-  assign \$459  = gm_cap2 & \$458 ;
-  assign \$460  = \$459  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$461  = \$456  ? spad__rd0__data : \$460 ;
-  assign \$462  = gm_cap_lane == 2'h2;
-  assign \$463  = gm_cap_lane + 1'h1;
-  assign \$464  = \$463  == 2'h2;
-  assign \$465  = gm_cap2 & \$464 ;
-  assign \$466  = \$465  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$467  = \$462  ? spad__rd0__data : \$466 ;
-  assign \$468  = gm_cap_lane == 2'h3;
-  assign \$469  = gm_cap_lane + 1'h1;
-  assign \$470  = \$469  == 2'h3;
-  assign \$471  = gm_cap2 & \$470 ;
-  assign \$472  = \$471  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$473  = \$468  ? spad__rd0__data : \$472 ;
-  assign \$474  = ~ gc_full;
-  assign \$475  = ~ w_busy;
-  assign \$476  = \$475  | w_last;
-  assign \$477  = gc_full & \$476 ;
-  assign \$478  = \$474  | \$477 ;
-  assign \$479  = t_addr + 1'h1;
-  assign \$480  = ~ dma__rd_busy;
-  assign \$481  = ~ gc_full;
-  assign \$482  = \$480  & \$481 ;
-  assign \$483  = ~ w_busy;
-  assign \$484  = \$482  & \$483 ;
-  assign \$485  = ! fsm_state;
-  assign \$486  = fsm_state == 1'h1;
-  assign \$487  = fsm_state == 2'h2;
-  assign \$488  = fsm_state == 2'h3;
-  assign \$489  = fsm_state == 3'h4;
-  assign \$490  = fsm_state == 3'h5;
-  assign \$491  = ~ \$signal ;
-  assign \$492  = | \$like ;
-  assign \$493  = owed_n < 2'h3;
-  assign \$494  = \$492  | \$493 ;
-  assign \$495  = \$491  & \$494 ;
-  assign \$496  = \$like  == 2'h3;
-  assign \$497  = ! left_n[13:3];
-  assign \$498  = \$like  + 1'h1;
-  assign \$499  = \$498  >= left_n[2:0];
-  assign \$500  = \$497  & \$499 ;
-  assign \$501  = \$496  | \$500 ;
-  assign \$502  = ~ \$501 ;
-  assign \$503  = ~ t_on;
-  assign \$504  = \$502  & \$503 ;
-  assign \$507  = ~ t_half;
-  assign \$508  = t_addr + t_step;
-  assign \$509  = t_left - 1'h1;
-  assign \$510  = t_left != 1'h1;
-  assign \$511  = t_addr + 1'h1;
-  assign \$512  = ~ t_cap_half;
-  assign \$513  = t_cap & \$512 ;
-  assign \$514  = t_cap & t_cap_half;
-  assign \$515  = t_col + 1'h1;
-  assign \$516  = w_row + 1'h1;
-  assign \$517  = w_addr + ins[85:77];
-  assign \$518  = w_row + 1'h1;
-  assign \$519  = \$518  == 2'h3;
-  assign \$520  = ! w_left[13:3];
-  assign \$521  = w_row + 1'h1;
-  assign \$522  = \$521  + 1'h1;
-  assign \$523  = \$522  >= w_left[2:0];
-  assign \$524  = \$520  & \$523 ;
-  assign \$525  = \$519  | \$524 ;
-  assign \$526  = ~ w_last;
-  assign \$527  = ~ w_busy;
-  assign \$528  = \$527  | w_last;
-  assign \$529  = gc_full & \$528 ;
-  assign \$530  = ! g_left[13:3];
-  assign \$531  = g_left[2:0] <= 1'h1;
-  assign \$532  = \$530  & \$531 ;
-  assign \$536  = gm_lane == 2'h3;
-  assign \$537  = ! gm_left[13:3];
-  assign \$538  = gm_lane + 1'h1;
-  assign \$539  = \$538  >= gm_left[2:0];
-  assign \$540  = \$537  & \$539 ;
-  assign \$541  = \$536  | \$540 ;
-  assign \$542  = gm_lane + 1'h1;
-  assign \$543  = \$542  == 2'h3;
-  assign \$544  = ! gm_left[13:3];
-  assign \$545  = gm_lane + 2'h2;
-  assign \$546  = \$545  >= gm_left[2:0];
-  assign \$547  = \$544  & \$546 ;
-  assign \$548  = \$543  | \$547 ;
-  assign \$549  = \$541  | \$548 ;
-  assign \$550  = gm_lane == 2'h3;
-  assign \$551  = ! gm_left[13:3];
-  assign \$552  = gm_lane + 1'h1;
-  assign \$553  = \$552  >= gm_left[2:0];
-  assign \$554  = \$551  & \$553 ;
-  assign \$555  = \$550  | \$554 ;
-  assign \$556  = gm_two ? \$549  : \$555 ;
-  assign \$558  = gm_two ? \$557  : { 1'h0, ins[99:93] };
-  assign \$559  = gm_addr + \$558 ;
-  assign \$561  = gm_two ? \$560  : { 1'h0, ins[99:93] };
-  assign \$562  = gm_addr1 + \$561 ;
-  assign \$563  = gm_lane == 2'h3;
-  assign \$564  = ! gm_left[13:3];
-  assign \$565  = gm_lane + 1'h1;
-  assign \$566  = \$565  >= gm_left[2:0];
-  assign \$567  = \$564  & \$566 ;
-  assign \$568  = \$563  | \$567 ;
-  assign \$569  = gm_lane + 1'h1;
-  assign \$570  = \$569  == 2'h3;
-  assign \$571  = ! gm_left[13:3];
-  assign \$572  = gm_lane + 2'h2;
-  assign \$573  = \$572  >= gm_left[2:0];
-  assign \$574  = \$571  & \$573 ;
-  assign \$575  = \$570  | \$574 ;
-  assign \$576  = \$568  | \$575 ;
-  assign \$577  = gm_lane == 2'h3;
-  assign \$578  = ! gm_left[13:3];
-  assign \$579  = gm_lane + 1'h1;
-  assign \$580  = \$579  >= gm_left[2:0];
-  assign \$581  = \$578  & \$580 ;
-  assign \$582  = \$577  | \$581 ;
-  assign \$583  = gm_two ? \$576  : \$582 ;
-  assign \$584  = gm_k + 1'h1;
-  assign \$585  = \$584  < ins[99:93];
-  assign \$586  = gm_k + 1'h1;
-  assign \$587  = gm_wstart + 1'h1;
-  assign \$588  = gm_wstart + 1'h1;
-  assign \$589  = gm_wstart + 1'h1;
-  assign \$590  = \$589  + ins[99:93];
-  assign \$591  = gm_two ? gm_addr1 : gm_addr;
-  assign \$592  = \$591  + 1'h1;
-  assign \$593  = gm_two ? gm_addr1 : gm_addr;
-  assign \$594  = \$593  + 1'h1;
-  assign \$595  = gm_two ? gm_addr1 : gm_addr;
-  assign \$596  = \$595  + 1'h1;
-  assign \$597  = \$596  + ins[99:93];
-  assign \$598  = ! gm_cap_lane;
-  assign \$599  = gm_cap_lane + 1'h1;
-  assign \$600  = ! \$599 ;
-  assign \$601  = gm_cap2 & \$600 ;
-  assign \$602  = \$601  ? spad__rd1__data : { pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7], pack[7:0] };
-  assign \$603  = \$598  ? spad__rd0__data : \$602 ;
-  assign \$604  = gm_cap_lane == 1'h1;
-  assign \$605  = gm_cap_lane + 1'h1;
-  assign \$606  = \$605  == 1'h1;
-  assign \$607  = gm_cap2 & \$606 ;
-  assign \$608  = \$607  ? spad__rd1__data : { pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15], pack[15:8] };
-  assign \$609  = \$604  ? spad__rd0__data : \$608 ;
-  assign \$610  = gm_cap_lane == 2'h2;
-  assign \$611  = gm_cap_lane + 1'h1;
-  assign \$612  = \$611  == 2'h2;
-  assign \$613  = gm_cap2 & \$612 ;
-  assign \$614  = \$613  ? spad__rd1__data : { pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23], pack[23:16] };
-  assign \$615  = \$610  ? spad__rd0__data : \$614 ;
-  assign \$616  = gm_cap_lane == 2'h3;
-  assign \$617  = gm_cap_lane + 1'h1;
-  assign \$618  = \$617  == 2'h3;
-  assign \$619  = gm_cap2 & \$618 ;
-  assign \$620  = \$619  ? spad__rd1__data : { pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31], pack[31:24] };
-  assign \$621  = \$616  ? spad__rd0__data : \$620 ;
-  assign \$622  = ~ gc_full;
-  assign \$623  = ~ w_busy;
-  assign \$624  = \$623  | w_last;
-  assign \$625  = gc_full & \$624 ;
-  assign \$626  = \$622  | \$625 ;
-  assign \$627  = c_out__valid & \$626 ;
-  assign \$628  = ! gc_col;
-  assign \$629  = gc_col == 1'h1;
-  assign \$630  = gc_col == 2'h2;
-  assign \$631  = gc_col == 2'h3;
-  assign \$632  = gc_n + 1'h1;
-  assign \$633  = gc_col + 1'h1;
-  assign \$634  = gc_col == 2'h3;
-  assign \$635  = gc_n + 1'h1;
-  assign \$636  = \$635  == ins[85:77];
-  assign \$637  = \$634  | \$636 ;
-  assign \$638  = gc_col >= 1'h1;
-  assign \$639  = gc_col >= 2'h2;
-  assign \$640  = gc_col >= 2'h3;
-  assign \$641  = gc_gaddr + 3'h4;
-  assign \$642  = gc_n + 1'h1;
-  assign \$643  = \$642  == ins[85:77];
-  assign \$644  = gc_left - 3'h4;
-  assign \$645  = gc_block + rn;
-  assign \$646  = gc_block + rn;
-  assign \$647  = ins[34:22] + ins[99:93];
-  assign \$649  = 1'h0 + \$648 ;
-  assign \$652  = | ins[21:16];
-  assign \$653  = \$651  & \$652 ;
-  assign \$656  = | ins[21:16];
-  assign \$657  = \$655  & \$656 ;
-  assign \$658  = \$657  ? ins[85:77] : 9'h000;
-  assign \$661  = | ins[21:16];
-  assign \$662  = \$660  & \$661 ;
-  assign \$663  = | ins[85:77];
-  assign \$664  = \$662  & \$663 ;
-  assign \$668  = \$666  ? \$667  : 17'h00000;
-  assign \$669  = ins[47:35] + \$668 ;
-  assign \$672  = \$671  ? 4'hf : 4'h1;
-  assign \$677  = | ins[21:16];
-  assign \$678  = \$676  & \$677 ;
-  assign \$679  = ~ \$678 ;
-  assign \$680  = \$674  & \$679 ;
-  assign \$681  = ~ dma__rd_busy;
-  assign \$682  = ~ gc_full;
-  assign \$683  = \$681  & \$682 ;
-  assign \$684  = ~ w_busy;
-  assign \$685  = \$683  & \$684 ;
+  assign \$428  = \$423  - \$427 ;
+  assign \$431  = gm_row + 1'h1;
+  assign \$432  = gm_row == 2'h3;
+  assign \$433  = ! gm_left[13:3];
+  assign \$434  = gm_row + 1'h1;
+  assign \$435  = \$434  >= gm_left[2:0];
+  assign \$436  = \$433  & \$435 ;
+  assign \$437  = \$432  | \$436 ;
+  assign \$438  = gm_k0 + 3'h4;
+  assign \$439  = \$438  < ins[99:93];
+  assign \$440  = gm_left - 3'h4;
+  assign \$441  = ! gm_left[13:3];
+  assign \$442  = gm_left[2:0] <= 3'h4;
+  assign \$443  = \$441  & \$442 ;
+  assign \$444  = ! gm_cap_row;
+  assign \$445  = \$444  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
+  assign \$446  = gm_cap_row >= 1'h1;
+  assign \$447  = gm_cap_row == 1'h1;
+  assign \$448  = \$447  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
+  assign \$449  = \$446  ? \$448  : 32'd0;
+  assign \$450  = gm_cap_row >= 2'h2;
+  assign \$451  = gm_cap_row == 2'h2;
+  assign \$452  = \$451  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
+  assign \$453  = \$450  ? \$452  : 32'd0;
+  assign \$454  = gm_cap_row >= 2'h3;
+  assign \$455  = gm_cap_row == 2'h3;
+  assign \$456  = \$455  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
+  assign \$457  = \$454  ? \$456  : 32'd0;
+  assign \$458  = ~ gc_full;
+  assign \$459  = ~ w_busy;
+  assign \$460  = \$459  | w_last;
+  assign \$461  = gc_full & \$460 ;
+  assign \$462  = \$458  | \$461 ;
+  assign \$463  = t_addr + 1'h1;
+  assign \$464  = ~ dma__rd_busy;
+  assign \$465  = ~ gc_full;
+  assign \$466  = \$464  & \$465 ;
+  assign \$467  = ~ w_busy;
+  assign \$468  = \$466  & \$467 ;
+  assign \$469  = ! fsm_state;
+  assign \$470  = fsm_state == 1'h1;
+  assign \$471  = fsm_state == 2'h2;
+  assign \$472  = fsm_state == 2'h3;
+  assign \$473  = fsm_state == 3'h4;
+  assign \$474  = fsm_state == 3'h5;
+  assign \$475  = ~ \$signal ;
+  assign \$476  = | \$like ;
+  assign \$477  = owed_n < 2'h3;
+  assign \$478  = \$476  | \$477 ;
+  assign \$479  = \$475  & \$478 ;
+  assign \$480  = a_in__valid & a_in__ready;
+  assign \$481  = a_in__valid & a_in__ready;
+  assign \$482  = a_col + 1'h1;
+  assign \$483  = \$482  == r_data[130:128];
+  assign \$484  = \$481  & \$483 ;
+  assign \$485  = a_col + 1'h1;
+  assign \$486  = \$484  ? 3'h0 : \$485 ;
+  assign \$489  = ~ t_half;
+  assign \$490  = t_addr + t_step;
+  assign \$491  = t_left - 1'h1;
+  assign \$492  = t_left != 1'h1;
+  assign \$493  = t_addr + 1'h1;
+  assign \$494  = ~ t_cap_half;
+  assign \$495  = t_cap & \$494 ;
+  assign \$496  = t_cap & t_cap_half;
+  assign \$497  = t_col + 1'h1;
+  assign \$498  = w_row + 1'h1;
+  assign \$499  = w_addr + ins[85:77];
+  assign \$500  = w_row + 1'h1;
+  assign \$501  = \$500  == 2'h3;
+  assign \$502  = ! w_left[13:3];
+  assign \$503  = w_row + 1'h1;
+  assign \$504  = \$503  + 1'h1;
+  assign \$505  = \$504  >= w_left[2:0];
+  assign \$506  = \$502  & \$505 ;
+  assign \$507  = \$501  | \$506 ;
+  assign \$508  = ~ w_last;
+  assign \$509  = ~ w_busy;
+  assign \$510  = \$509  | w_last;
+  assign \$511  = gc_full & \$510 ;
+  assign \$512  = ! g_left[13:3];
+  assign \$513  = g_left[2:0] <= 1'h1;
+  assign \$514  = \$512  & \$513 ;
+  assign \$518  = gm_row == 2'h3;
+  assign \$519  = ! gm_left[13:3];
+  assign \$520  = gm_row + 1'h1;
+  assign \$521  = \$520  >= gm_left[2:0];
+  assign \$522  = \$519  & \$521 ;
+  assign \$523  = \$518  | \$522 ;
+  assign \$524  = ins[99:93] - gm_k0;
+  assign \$525  = \$524 [6:0] >= 3'h4;
+  assign \$526  = ins[99:93] - gm_k0;
+  assign \$527  = \$525  ? 7'h04 : \$526 [6:0];
+  assign \$528  = gm_addr + ins[99:93];
+  assign \$529  = gm_row == 2'h3;
+  assign \$530  = ! gm_left[13:3];
+  assign \$531  = gm_row + 1'h1;
+  assign \$532  = \$531  >= gm_left[2:0];
+  assign \$533  = \$530  & \$532 ;
+  assign \$534  = \$529  | \$533 ;
+  assign \$535  = gm_k0 + 3'h4;
+  assign \$536  = \$535  < ins[99:93];
+  assign \$537  = gm_k0 + 3'h4;
+  assign \$538  = gm_gaddr + 3'h4;
+  assign \$539  = gm_gaddr + 3'h4;
+  assign \$540  = gm_block + rk;
+  assign \$541  = gm_block + rk;
+  assign \$542  = gm_block + rk;
+  assign \$543  = ! gm_cap_row;
+  assign \$544  = \$543  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
+  assign \$545  = gm_cap_row == 1'h1;
+  assign \$546  = \$545  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
+  assign \$547  = gm_cap_row == 2'h2;
+  assign \$548  = \$547  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
+  assign \$549  = gm_cap_row == 2'h3;
+  assign \$550  = \$549  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
+  assign \$551  = ~ gc_full;
+  assign \$552  = ~ w_busy;
+  assign \$553  = \$552  | w_last;
+  assign \$554  = gc_full & \$553 ;
+  assign \$555  = \$551  | \$554 ;
+  assign \$556  = c_out__valid & \$555 ;
+  assign \$557  = ! gc_col;
+  assign \$558  = gc_col == 1'h1;
+  assign \$559  = gc_col == 2'h2;
+  assign \$560  = gc_col == 2'h3;
+  assign \$561  = gc_n + 1'h1;
+  assign \$562  = gc_col + 1'h1;
+  assign \$563  = gc_col == 2'h3;
+  assign \$564  = gc_n + 1'h1;
+  assign \$565  = \$564  == ins[85:77];
+  assign \$566  = \$563  | \$565 ;
+  assign \$567  = gc_col >= 1'h1;
+  assign \$568  = gc_col >= 2'h2;
+  assign \$569  = gc_col >= 2'h3;
+  assign \$570  = gc_gaddr + 3'h4;
+  assign \$571  = gc_n + 1'h1;
+  assign \$572  = \$571  == ins[85:77];
+  assign \$573  = gc_left - 3'h4;
+  assign \$574  = gc_block + rn;
+  assign \$575  = gc_block + rn;
+  assign \$577  = 1'h0 + \$576 ;
+  assign \$579  = 1'h0 + \$578 ;
+  assign \$582  = | ins[21:16];
+  assign \$583  = \$581  & \$582 ;
+  assign \$586  = | ins[21:16];
+  assign \$587  = \$585  & \$586 ;
+  assign \$588  = \$587  ? ins[85:77] : 9'h000;
+  assign \$591  = | ins[21:16];
+  assign \$592  = \$590  & \$591 ;
+  assign \$593  = | ins[85:77];
+  assign \$594  = \$592  & \$593 ;
+  assign \$598  = \$596  ? \$597  : 17'h00000;
+  assign \$599  = ins[47:35] + \$598 ;
+  assign \$602  = \$601  ? 4'hf : 4'h1;
+  assign \$607  = | ins[21:16];
+  assign \$608  = \$606  & \$607 ;
+  assign \$609  = ~ \$608 ;
+  assign \$610  = \$604  & \$609 ;
+  assign \$611  = ~ dma__rd_busy;
+  assign \$612  = ~ gc_full;
+  assign \$613  = \$611  & \$612 ;
+  assign \$614  = ~ w_busy;
+  assign \$615  = \$613  & \$614 ;
   always @(posedge clk)
-    gm_lane <= \$686 ;
+    gm_row <= \$616 ;
   always @(posedge clk)
-    gm_afeed_done <= \$687 ;
+    gm_afeed_done <= \$617 ;
   always @(posedge clk)
-    gm_owed <= \$688 ;
+    gm_owed <= \$618 ;
   always @(posedge clk)
-    gm_left <= \$689 ;
+    gm_left <= \$619 ;
   always @(posedge clk)
-    gm_go <= \$690 ;
+    gm_go <= \$620 ;
   always @(posedge clk)
-    gm_two <= \$691 ;
+    a_col <= \$621 ;
   always @(posedge clk)
-    t_cap <= \$692 ;
+    t_cap <= \$622 ;
   always @(posedge clk)
-    t_cap_half <= \$693 ;
+    t_cap_half <= \$623 ;
   always @(posedge clk)
-    t_half <= \$694 ;
+    t_half <= \$624 ;
   always @(posedge clk)
-    t_addr <= \$695 ;
+    t_addr <= \$625 ;
   always @(posedge clk)
-    t_left <= \$696 ;
+    t_left <= \$626 ;
   always @(posedge clk)
-    t_on <= \$697 ;
+    t_on <= \$627 ;
   always @(posedge clk)
-    t_mult <= \$698 ;
+    t_mult <= \$628 ;
   always @(posedge clk)
-    t_col <= \$699 ;
+    t_col <= \$629 ;
   always @(posedge clk)
-    wbuf <= \$700 ;
+    wbuf <= \$630 ;
   always @(posedge clk)
-    w_row <= \$701 ;
+    w_row <= \$631 ;
   always @(posedge clk)
-    w_addr <= \$702 ;
+    w_addr <= \$632 ;
   always @(posedge clk)
-    w_last <= \$703 ;
+    w_last <= \$633 ;
   always @(posedge clk)
-    w_busy <= \$704 ;
+    w_busy <= \$634 ;
   always @(posedge clk)
-    w_left <= \$705 ;
+    w_left <= \$635 ;
   always @(posedge clk)
-    w_cols <= \$706 ;
+    w_cols <= \$636 ;
   always @(posedge clk)
-    gc_full <= \$707 ;
+    gc_full <= \$637 ;
   always @(posedge clk)
-    gm_cap <= \$708 ;
+    gm_cap <= \$638 ;
   always @(posedge clk)
-    gm_cap2 <= \$709 ;
+    gm_cap_row <= \$639 ;
   always @(posedge clk)
-    gm_cap_lane <= \$710 ;
+    gm_cap_last <= \$640 ;
   always @(posedge clk)
-    gm_cap_last <= \$711 ;
+    gm_cap_cols <= \$641 ;
   always @(posedge clk)
-    gm_addr <= \$712 ;
+    gm_addr <= \$642 ;
   always @(posedge clk)
-    gm_addr1 <= \$713 ;
+    gm_k0 <= \$643 ;
   always @(posedge clk)
-    gm_k <= \$714 ;
+    gm_gaddr <= \$644 ;
   always @(posedge clk)
-    gm_wstart <= \$715 ;
+    gm_block <= \$645 ;
   always @(posedge clk)
-    pack <= \$716 ;
+    tbuf <= \$646 ;
   always @(posedge clk)
-    cbuf <= \$717 ;
+    cbuf <= \$647 ;
   always @(posedge clk)
-    gc_n <= \$718 ;
+    gc_n <= \$648 ;
   always @(posedge clk)
-    gc_col <= \$719 ;
+    gc_col <= \$649 ;
   always @(posedge clk)
-    g_addr <= \$720 ;
+    g_addr <= \$650 ;
   always @(posedge clk)
-    g_left <= \$721 ;
+    g_left <= \$651 ;
   always @(posedge clk)
-    g_cols <= \$722 ;
+    g_cols <= \$652 ;
   always @(posedge clk)
-    gc_gaddr <= \$723 ;
+    gc_gaddr <= \$653 ;
   always @(posedge clk)
-    gc_left <= \$724 ;
+    gc_left <= \$654 ;
   always @(posedge clk)
-    gc_block <= \$725 ;
+    gc_block <= \$655 ;
   always @(posedge clk)
-    busy <= \$726 ;
+    busy <= \$656 ;
   always @(posedge clk)
-    width <= \$727 ;
+    width <= \$657 ;
   always @(posedge clk)
-    mult <= \$728 ;
+    mult <= \$658 ;
   always @(posedge clk)
-    shift <= \$729 ;
+    shift <= \$659 ;
   always @(posedge clk)
-    rn <= \$730 ;
+    rk <= \$660 ;
   always @(posedge clk)
-    col_en <= \$731 ;
+    rn <= \$661 ;
   always @(posedge clk)
-    t_step <= \$732 ;
+    col_en <= \$662 ;
   always @(posedge clk)
-    fsm_state <= \$733 ;
+    t_step <= \$663 ;
+  always @(posedge clk)
+    fsm_state <= \$664 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -17857,9 +17671,78 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$263  = width > 4'h8;
   assign \$264  = width > 4'h9;
   assign \$265  = width > 4'ha;
+  assign \$266  = width > 4'hb;
+  assign \$267  = width > 4'hc;
+  assign \$268  = width > 4'hd;
+  assign \$269  = width > 4'he;
+  assign \$270  = width > 4'hf;
+  assign \$271  = width > 5'h10;
+  assign \$272  = width > 5'h11;
+  assign \$273  = width > 5'h12;
+  assign \$274  = width > 5'h13;
+  assign \$275  = width > 5'h14;
+  assign \$276  = width > 5'h15;
+  assign \$277  = width > 5'h16;
+  assign \$278  = width > 5'h17;
+  assign \$279  = ~ { 1'h0, \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256  };
+  assign \$280  = $signed(wbuf[71:48]) < $signed(\$279 );
+  assign \$281  = width > 1'h1;
+  assign \$282  = width > 2'h2;
+  assign \$283  = width > 2'h3;
+  assign \$284  = width > 3'h4;
+  assign \$285  = width > 3'h5;
+  assign \$286  = width > 3'h6;
+  assign \$287  = width > 3'h7;
+  assign \$288  = width > 4'h8;
+  assign \$289  = width > 4'h9;
+  assign \$290  = width > 4'ha;
+  assign \$291  = width > 4'hb;
+  assign \$292  = width > 4'hc;
+  assign \$293  = width > 4'hd;
+  assign \$294  = width > 4'he;
+  assign \$295  = width > 4'hf;
+  assign \$296  = width > 5'h10;
+  assign \$297  = width > 5'h11;
+  assign \$298  = width > 5'h12;
+  assign \$299  = width > 5'h13;
+  assign \$300  = width > 5'h14;
+  assign \$301  = width > 5'h15;
+  assign \$302  = width > 5'h16;
+  assign \$303  = width > 5'h17;
+  assign \$304  = ~ { 1'h0, \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281  };
+  assign \$305  = \$280  ? \$304  : wbuf[71:48];
+  assign \$306  = \$232  ? { 1'h0, \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233  } : \$305 ;
+  assign \$307  = \$208  ? \$306  : wbuf[71:48];
+  assign \$308  = | width;
+  assign \$309  = width > 1'h1;
+  assign \$310  = width > 2'h2;
+  assign \$311  = width > 2'h3;
+  assign \$312  = width > 3'h4;
+  assign \$313  = width > 3'h5;
+  assign \$314  = width > 3'h6;
+  assign \$315  = width > 3'h7;
+  assign \$316  = width > 4'h8;
+  assign \$317  = width > 4'h9;
+  assign \$318  = width > 4'ha;
+  assign \$319  = width > 4'hb;
+  assign \$320  = width > 4'hc;
+  assign \$321  = width > 4'hd;
+  assign \$322  = width > 4'he;
+  assign \$323  = width > 4'hf;
+  assign \$324  = width > 5'h10;
+  assign \$325  = width > 5'h11;
+  assign \$326  = width > 5'h12;
+  assign \$327  = width > 5'h13;
+  assign \$328  = width > 5'h14;
+  assign \$329  = width > 5'h15;
+  assign \$330  = width > 5'h16;
+  assign \$331  = width > 5'h17;
+  assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
+  assign \$333  = width > 1'h1;
+  assign \$334  = width > 2'h2;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
-    .r_data(a_in__payload),
+    .r_data(r_data),
     .r_en(r_en),
     .r_rdy(a_in__valid),
     .rst(rst),
@@ -17869,9 +17752,8 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .w_port__data(w_data)
   );
   \nanokpu_kpu.gemm.engine  engine (
-    .a_in__payload(a_in__payload),
     .a_in__valid(a_in__valid),
-    .a_loading(r_en),
+    .a_loading(a_in__ready),
     .b_in__payload(b_in__payload),
     .b_in__valid(b_in__valid),
     .b_take(b_in__ready),
@@ -17888,7 +17770,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
     .\done$95 (done),
-    .error(\error$94 ),
+    .error(\error$93 ),
+    .\port$1322$0 (\$412 ),
+    .\port$1323$0 (\$413 ),
+    .\port$1324$0 (\$414 ),
+    .\port$1325$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -17897,6 +17783,62 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .rst(rst),
     .unit_rst(unit_rst)
   );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    (* full_case = 32'd1 *)
+    casez (a_col)
+      2'h0:
+          \$412  = r_data[7:0];
+      2'h1:
+          \$412  = r_data[15:8];
+      2'h2:
+          \$412  = r_data[23:16];
+      2'h3:
+          \$412  = r_data[31:24];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    (* full_case = 32'd1 *)
+    casez (a_col)
+      2'h0:
+          \$413  = r_data[39:32];
+      2'h1:
+          \$413  = r_data[47:40];
+      2'h2:
+          \$413  = r_data[55:48];
+      2'h3:
+          \$413  = r_data[63:56];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    (* full_case = 32'd1 *)
+    casez (a_col)
+      2'h0:
+          \$414  = r_data[71:64];
+      2'h1:
+          \$414  = r_data[79:72];
+      2'h2:
+          \$414  = r_data[87:80];
+      2'h3:
+          \$414  = r_data[95:88];
+    endcase
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    (* full_case = 32'd1 *)
+    casez (a_col)
+      2'h0:
+          \$415  = r_data[103:96];
+      2'h1:
+          \$415  = r_data[111:104];
+      2'h2:
+          \$415  = r_data[119:112];
+      2'h3:
+          \$415  = r_data[127:120];
+    endcase
+  end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     (* full_case = 32'd1 *)
@@ -17969,24 +17911,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       c_out__ready = rq__o__ready;
     end
     if (running) begin
-      c_out__ready = \$478 ;
+      c_out__ready = \$462 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$like  = gm_lane;
+    \$like  = gm_row;
     if (running) begin
-      if (\$420 ) begin
-        \$like  = \$422 [2:0];
-        if (\$443 ) begin
-          \$like  = 3'h0;
+      if (\$430 ) begin
+        \$like  = \$431 [1:0];
+        if (\$437 ) begin
+          \$like  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$like  = 3'h0;
+            \$like  = 2'h0;
           end
     endcase
   end
@@ -17994,12 +17936,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     \$signal  = gm_afeed_done;
     if (running) begin
-      if (\$420 ) begin
-        if (\$443 ) begin
+      if (\$430 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$445 ) begin
+          if (\$439 ) begin
           end else begin
-            if (\$449 ) begin
+            if (\$443 ) begin
               \$signal  = 1'h1;
             end
           end
@@ -18017,7 +17959,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     owed_n = gm_owed;
     if (running) begin
-      owed_n = \$418 [1:0];
+      owed_n = \$428 [1:0];
     end
     casez (fsm_state)
       3'h0:
@@ -18030,12 +17972,12 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     left_n = gm_left;
     if (running) begin
-      if (\$420 ) begin
-        if (\$443 ) begin
+      if (\$430 ) begin
+        if (\$437 ) begin
           (* full_case = 32'd1 *)
-          if (\$445 ) begin
+          if (\$439 ) begin
           end else begin
-            left_n = \$446 [13:0];
+            left_n = \$440 [13:0];
           end
         end
       end
@@ -18053,18 +17995,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$6 ) begin
       spad__rd1__addr = t_addr;
     end
-    if (running) begin
-      if (\$420 ) begin
-        if (gm_two) begin
-          spad__rd1__addr = gm_addr1;
-        end
-      end
-    end
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__addr = \$479 [12:0];
+          spad__rd1__addr = \$463 [12:0];
     endcase
   end
   always @* begin
@@ -18072,13 +18007,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     spad__rd1__en = 1'h0;
     if (\$6 ) begin
       spad__rd1__en = 1'h1;
-    end
-    if (running) begin
-      if (\$420 ) begin
-        if (gm_two) begin
-          spad__rd1__en = 1'h1;
-        end
-      end
     end
     casez (fsm_state)
       3'h0:
@@ -18149,7 +18077,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__addr = 13'h0000;
     if (running) begin
-      if (\$420 ) begin
+      if (\$430 ) begin
         spad__rd0__addr = gm_addr;
       end
     end
@@ -18164,7 +18092,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
     spad__rd0__en = 1'h0;
     if (running) begin
-      if (\$420 ) begin
+      if (\$430 ) begin
         spad__rd0__en = 1'h1;
       end
     end
@@ -18177,11 +18105,11 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    w_data = 32'd0;
+    w_data = 131'h000000000000000000000000000000000;
     if (running) begin
       if (gm_cap) begin
         if (gm_cap_last) begin
-          w_data = { \$473 [7:0], \$467 [7:0], \$461 [7:0], \$455 [7:0] };
+          w_data = { gm_cap_cols, \$457 , \$453 , \$449 , \$445  };
         end
       end
     end
@@ -18245,7 +18173,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \done$92  = 1'h0;
+    \done$91  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
@@ -18257,15 +18185,15 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \done$92  = 1'h1;
+            \done$91  = 1'h1;
           end else if (done) begin
-            if (\error$94 ) begin
-              \done$92  = 1'h1;
+            if (\error$93 ) begin
+              \done$91  = 1'h1;
             end
           end
       3'h5:
-          if (\$484 ) begin
-            \done$92  = 1'h1;
+          if (\$468 ) begin
+            \done$91  = 1'h1;
           end
     endcase
   end
@@ -18285,447 +18213,456 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           if (dma__error) begin
             error = 8'h07;
           end else if (done) begin
-            if (\error$94 ) begin
+            if (\error$93 ) begin
               error = 8'h03;
             end
           end
       3'h5:
-          if (\$484 ) begin
+          if (\$468 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$686  = \$like ;
+    \$616  = \$like ;
     if (unit_rst) begin
-      \$686  = 3'h0;
+      \$616  = 2'h0;
     end
     if (rst) begin
-      \$686  = 3'h0;
+      \$616  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$687  = \$signal ;
+    \$617  = \$signal ;
     if (unit_rst) begin
-      \$687  = 1'h0;
+      \$617  = 1'h0;
     end
     if (rst) begin
-      \$687  = 1'h0;
+      \$617  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$688  = owed_n;
+    \$618  = owed_n;
     if (unit_rst) begin
-      \$688  = 2'h0;
+      \$618  = 2'h0;
     end
     if (rst) begin
-      \$688  = 2'h0;
+      \$618  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$689  = left_n;
+    \$619  = left_n;
     if (unit_rst) begin
-      \$689  = 14'h0000;
+      \$619  = 14'h0000;
     end
     if (rst) begin
-      \$689  = 14'h0000;
+      \$619  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$690  = \$495 ;
+    \$620  = \$479 ;
     if (unit_rst) begin
-      \$690  = 1'h0;
+      \$620  = 1'h0;
     end
     if (rst) begin
-      \$690  = 1'h0;
+      \$620  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$691  = \$504 ;
-    if (unit_rst) begin
-      \$691  = 1'h0;
-    end
-    if (rst) begin
-      \$691  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$692  = 1'h0;
-    if (\$506 ) begin
-      \$692  = 1'h1;
-    end
-    if (\done$92 ) begin
-      \$692  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$692  = 1'h0;
-    end
-    if (rst) begin
-      \$692  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$693  = t_cap_half;
-    if (\$506 ) begin
-      \$693  = t_half;
-    end
-    if (unit_rst) begin
-      \$693  = 1'h0;
-    end
-    if (rst) begin
-      \$693  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$694  = t_half;
-    if (\$506 ) begin
-      \$694  = \$507 ;
+    \$621  = a_col;
+    if (\$480 ) begin
+      \$621  = \$486 [1:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$694  = 1'h0;
+            \$621  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$694  = 1'h0;
+      \$621  = 2'h0;
     end
     if (rst) begin
-      \$694  = 1'h0;
+      \$621  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$695  = t_addr;
-    if (\$506 ) begin
+    \$622  = 1'h0;
+    if (\$488 ) begin
+      \$622  = 1'h1;
+    end
+    if (\done$91 ) begin
+      \$622  = 1'h0;
+    end
+    if (unit_rst) begin
+      \$622  = 1'h0;
+    end
+    if (rst) begin
+      \$622  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$623  = t_cap_half;
+    if (\$488 ) begin
+      \$623  = t_half;
+    end
+    if (unit_rst) begin
+      \$623  = 1'h0;
+    end
+    if (rst) begin
+      \$623  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$624  = t_half;
+    if (\$488 ) begin
+      \$624  = \$489 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$624  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$624  = 1'h0;
+    end
+    if (rst) begin
+      \$624  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$625  = t_addr;
+    if (\$488 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$695  = \$508 [12:0];
+        \$625  = \$490 [12:0];
       end else begin
-        \$695  = \$511 [12:0];
+        \$625  = \$493 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$695  = \$669 [12:0];
+            \$625  = \$599 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$695  = 13'h0000;
+      \$625  = 13'h0000;
     end
     if (rst) begin
-      \$695  = 13'h0000;
+      \$625  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$696  = t_left;
-    if (\$506 ) begin
+    \$626  = t_left;
+    if (\$488 ) begin
       if (t_half) begin
-        \$696  = \$509 [8:0];
+        \$626  = \$491 [8:0];
       end
     end
-    if (\done$92 ) begin
-      \$696  = 9'h000;
+    if (\done$91 ) begin
+      \$626  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$696  = \$658 ;
+            \$626  = \$588 ;
           end
     endcase
     if (unit_rst) begin
-      \$696  = 9'h000;
+      \$626  = 9'h000;
     end
     if (rst) begin
-      \$696  = 9'h000;
+      \$626  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$697  = t_on;
-    if (\$506 ) begin
+    \$627  = t_on;
+    if (\$488 ) begin
       if (t_half) begin
-        \$697  = \$510 ;
+        \$627  = \$492 ;
       end
     end
-    if (\done$92 ) begin
-      \$697  = 1'h0;
+    if (\done$91 ) begin
+      \$627  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$697  = \$664 ;
+            \$627  = \$594 ;
           end
     endcase
     if (unit_rst) begin
-      \$697  = 1'h0;
+      \$627  = 1'h0;
     end
     if (rst) begin
-      \$697  = 1'h0;
+      \$627  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$698  = t_mult;
-    if (\$513 ) begin
-      \$698  = spad__rd1__data[15:0];
+    \$628  = t_mult;
+    if (\$495 ) begin
+      \$628  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$698  = 16'h0000;
+      \$628  = 16'h0000;
     end
     if (rst) begin
-      \$698  = 16'h0000;
+      \$628  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$699  = t_col;
-    if (\$514 ) begin
-      \$699  = \$515 [8:0];
+    \$629  = t_col;
+    if (\$496 ) begin
+      \$629  = \$497 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$699  = 9'h000;
+            \$629  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$699  = 9'h000;
+      \$629  = 9'h000;
     end
     if (rst) begin
-      \$699  = 9'h000;
+      \$629  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$700  = wbuf;
+    \$630  = wbuf;
     if (w_busy) begin
-      \$700 [95:0] = wbuf[191:96];
-      \$700 [191:96] = wbuf[287:192];
-      \$700 [287:192] = wbuf[383:288];
+      \$630 [95:0] = wbuf[191:96];
+      \$630 [191:96] = wbuf[287:192];
+      \$630 [287:192] = wbuf[383:288];
     end
-    if (\$529 ) begin
-      \$700  = cbuf;
+    if (\$511 ) begin
+      \$630  = cbuf;
     end
     if (unit_rst) begin
-      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$630  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$700  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$630  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$701  = w_row;
+    \$631  = w_row;
     if (w_busy) begin
-      \$701  = \$516 [1:0];
+      \$631  = \$498 [1:0];
     end
-    if (\$529 ) begin
-      \$701  = 2'h0;
+    if (\$511 ) begin
+      \$631  = 2'h0;
     end
     if (unit_rst) begin
-      \$701  = 2'h0;
+      \$631  = 2'h0;
     end
     if (rst) begin
-      \$701  = 2'h0;
+      \$631  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$702  = w_addr;
+    \$632  = w_addr;
     if (w_busy) begin
-      \$702  = \$517 [12:0];
+      \$632  = \$499 [12:0];
     end
-    if (\$529 ) begin
-      \$702  = g_addr;
+    if (\$511 ) begin
+      \$632  = g_addr;
     end
     if (unit_rst) begin
-      \$702  = 13'h0000;
+      \$632  = 13'h0000;
     end
     if (rst) begin
-      \$702  = 13'h0000;
+      \$632  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$703  = w_last;
+    \$633  = w_last;
     if (w_busy) begin
-      \$703  = \$525 ;
+      \$633  = \$507 ;
     end
-    if (\$529 ) begin
-      \$703  = \$533 ;
+    if (\$511 ) begin
+      \$633  = \$515 ;
     end
     if (unit_rst) begin
-      \$703  = 1'h0;
+      \$633  = 1'h0;
     end
     if (rst) begin
-      \$703  = 1'h0;
+      \$633  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$704  = w_busy;
+    \$634  = w_busy;
     if (w_busy) begin
-      \$704  = \$526 ;
+      \$634  = \$508 ;
     end
-    if (\$529 ) begin
-      \$704  = 1'h1;
+    if (\$511 ) begin
+      \$634  = 1'h1;
     end
-    if (\done$92 ) begin
-      \$704  = 1'h0;
+    if (\done$91 ) begin
+      \$634  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$704  = 1'h0;
+            \$634  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$704  = 1'h0;
+      \$634  = 1'h0;
     end
     if (rst) begin
-      \$704  = 1'h0;
+      \$634  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$705  = w_left;
-    if (\$529 ) begin
-      \$705  = g_left;
+    \$635  = w_left;
+    if (\$511 ) begin
+      \$635  = g_left;
     end
     if (unit_rst) begin
-      \$705  = 14'h0000;
+      \$635  = 14'h0000;
     end
     if (rst) begin
-      \$705  = 14'h0000;
+      \$635  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$706  = w_cols;
-    if (\$529 ) begin
-      \$706  = g_cols;
+    \$636  = w_cols;
+    if (\$511 ) begin
+      \$636  = g_cols;
     end
     if (unit_rst) begin
-      \$706  = 4'h0;
+      \$636  = 4'h0;
     end
     if (rst) begin
-      \$706  = 4'h0;
+      \$636  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$707  = gc_full;
-    if (\$529 ) begin
-      \$707  = 1'h0;
+    \$637  = gc_full;
+    if (\$511 ) begin
+      \$637  = 1'h0;
     end
     if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          \$707  = 1'h1;
+      if (\$556 ) begin
+        if (\$566 ) begin
+          \$637  = 1'h1;
         end
       end
     end
-    if (\done$92 ) begin
-      \$707  = 1'h0;
+    if (\done$91 ) begin
+      \$637  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$707  = 1'h0;
+            \$637  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$707  = 1'h0;
+      \$637  = 1'h0;
     end
     if (rst) begin
-      \$707  = 1'h0;
+      \$637  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$708  = gm_cap;
+    \$638  = gm_cap;
     if (running) begin
-      \$708  = 1'h0;
-      if (\$535 ) begin
-        \$708  = 1'h1;
+      \$638  = 1'h0;
+      if (\$517 ) begin
+        \$638  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$708  = 1'h0;
+      \$638  = 1'h0;
     end
     if (rst) begin
-      \$708  = 1'h0;
+      \$638  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$709  = gm_cap2;
+    \$639  = gm_cap_row;
     if (running) begin
-      if (\$535 ) begin
-        \$709  = gm_two;
+      if (\$517 ) begin
+        \$639  = gm_row;
       end
     end
     if (unit_rst) begin
-      \$709  = 1'h0;
+      \$639  = 2'h0;
     end
     if (rst) begin
-      \$709  = 1'h0;
+      \$639  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$710  = gm_cap_lane;
+    \$640  = gm_cap_last;
     if (running) begin
-      if (\$535 ) begin
-        \$710  = gm_lane[1:0];
+      if (\$517 ) begin
+        \$640  = \$523 ;
       end
     end
     if (unit_rst) begin
-      \$710  = 2'h0;
+      \$640  = 1'h0;
     end
     if (rst) begin
-      \$710  = 2'h0;
+      \$640  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$711  = gm_cap_last;
+    \$641  = gm_cap_cols;
     if (running) begin
-      if (\$535 ) begin
-        \$711  = \$556 ;
+      if (\$517 ) begin
+        \$641  = \$527 [2:0];
       end
     end
     if (unit_rst) begin
-      \$711  = 1'h0;
+      \$641  = 3'h0;
     end
     if (rst) begin
-      \$711  = 1'h0;
+      \$641  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$712  = gm_addr;
+    \$642  = gm_addr;
     if (running) begin
-      if (\$535 ) begin
-        \$712  = \$559 [12:0];
-        if (\$583 ) begin
+      if (\$517 ) begin
+        \$642  = \$528 [12:0];
+        if (\$534 ) begin
           (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$712  = \$588 [12:0];
+          if (\$536 ) begin
+            \$642  = \$539 [12:0];
           end else begin
-            \$712  = \$594 [12:0];
+            \$642  = \$542 [12:0];
           end
         end
       end
@@ -18733,28 +18670,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$712  = ins[34:22];
+            \$642  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$712  = 13'h0000;
+      \$642  = 13'h0000;
     end
     if (rst) begin
-      \$712  = 13'h0000;
+      \$642  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$713  = gm_addr1;
+    \$643  = gm_k0;
     if (running) begin
-      if (\$535 ) begin
-        \$713  = \$562 [12:0];
-        if (\$583 ) begin
+      if (\$517 ) begin
+        if (\$534 ) begin
           (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$713  = \$590 [12:0];
+          if (\$536 ) begin
+            \$643  = \$537 [6:0];
           end else begin
-            \$713  = \$597 [12:0];
+            \$643  = 7'h00;
           end
         end
       end
@@ -18762,27 +18698,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$713  = \$647 [12:0];
+            \$643  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$713  = 13'h0000;
+      \$643  = 7'h00;
     end
     if (rst) begin
-      \$713  = 13'h0000;
+      \$643  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$714  = gm_k;
+    \$644  = gm_gaddr;
     if (running) begin
-      if (\$535 ) begin
-        if (\$583 ) begin
+      if (\$517 ) begin
+        if (\$534 ) begin
           (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$714  = \$586 [6:0];
+          if (\$536 ) begin
+            \$644  = \$538 [12:0];
           end else begin
-            \$714  = 7'h00;
+            \$644  = \$541 [12:0];
           end
         end
       end
@@ -18790,27 +18726,26 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$714  = 7'h00;
+            \$644  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$714  = 7'h00;
+      \$644  = 13'h0000;
     end
     if (rst) begin
-      \$714  = 7'h00;
+      \$644  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$715  = gm_wstart;
+    \$645  = gm_block;
     if (running) begin
-      if (\$535 ) begin
-        if (\$583 ) begin
+      if (\$517 ) begin
+        if (\$534 ) begin
           (* full_case = 32'd1 *)
-          if (\$585 ) begin
-            \$715  = \$587 [12:0];
+          if (\$536 ) begin
           end else begin
-            \$715  = \$592 [12:0];
+            \$645  = \$540 [12:0];
           end
         end
       end
@@ -18818,191 +18753,207 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$715  = ins[34:22];
+            \$645  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$715  = 13'h0000;
+      \$645  = 13'h0000;
     end
     if (rst) begin
-      \$715  = 13'h0000;
+      \$645  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$716  = pack;
+    \$646  = tbuf;
     if (running) begin
       if (gm_cap) begin
-        \$716 [7:0] = \$603 [7:0];
-        \$716 [15:8] = \$609 [7:0];
-        \$716 [23:16] = \$615 [7:0];
-        \$716 [31:24] = \$621 [7:0];
-        if (gm_cap_last) begin
-          \$716  = 32'd0;
+        \$646 [31:0] = \$544 ;
+        \$646 [63:32] = \$546 ;
+        \$646 [95:64] = \$548 ;
+        \$646 [127:96] = \$550 ;
+      end
+    end
+    if (unit_rst) begin
+      \$646  = 128'h00000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$646  = 128'h00000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$647  = cbuf;
+    if (running) begin
+      if (\$556 ) begin
+        if (\$557 ) begin
+          \$647 [23:0] = c_out__payload[23:0];
+          \$647 [119:96] = c_out__payload[47:24];
+          \$647 [215:192] = c_out__payload[71:48];
+          \$647 [311:288] = c_out__payload[95:72];
+        end
+        if (\$558 ) begin
+          \$647 [47:24] = c_out__payload[23:0];
+          \$647 [143:120] = c_out__payload[47:24];
+          \$647 [239:216] = c_out__payload[71:48];
+          \$647 [335:312] = c_out__payload[95:72];
+        end
+        if (\$559 ) begin
+          \$647 [71:48] = c_out__payload[23:0];
+          \$647 [167:144] = c_out__payload[47:24];
+          \$647 [263:240] = c_out__payload[71:48];
+          \$647 [359:336] = c_out__payload[95:72];
+        end
+        if (\$560 ) begin
+          \$647 [95:72] = c_out__payload[23:0];
+          \$647 [191:168] = c_out__payload[47:24];
+          \$647 [287:264] = c_out__payload[71:48];
+          \$647 [383:360] = c_out__payload[95:72];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$647  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+    if (rst) begin
+      \$647  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$648  = gc_n;
+    if (running) begin
+      if (\$556 ) begin
+        \$648  = \$561 [8:0];
+        if (\$566 ) begin
+          if (\$572 ) begin
+            \$648  = 9'h000;
+          end
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$716  = 32'd0;
+            \$648  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$716  = 32'd0;
+      \$648  = 9'h000;
     end
     if (rst) begin
-      \$716  = 32'd0;
+      \$648  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$717  = cbuf;
+    \$649  = gc_col;
     if (running) begin
-      if (\$627 ) begin
-        if (\$628 ) begin
-          \$717 [23:0] = c_out__payload[23:0];
-          \$717 [119:96] = c_out__payload[47:24];
-          \$717 [215:192] = c_out__payload[71:48];
-          \$717 [311:288] = c_out__payload[95:72];
-        end
-        if (\$629 ) begin
-          \$717 [47:24] = c_out__payload[23:0];
-          \$717 [143:120] = c_out__payload[47:24];
-          \$717 [239:216] = c_out__payload[71:48];
-          \$717 [335:312] = c_out__payload[95:72];
-        end
-        if (\$630 ) begin
-          \$717 [71:48] = c_out__payload[23:0];
-          \$717 [167:144] = c_out__payload[47:24];
-          \$717 [263:240] = c_out__payload[71:48];
-          \$717 [359:336] = c_out__payload[95:72];
-        end
-        if (\$631 ) begin
-          \$717 [95:72] = c_out__payload[23:0];
-          \$717 [191:168] = c_out__payload[47:24];
-          \$717 [287:264] = c_out__payload[71:48];
-          \$717 [383:360] = c_out__payload[95:72];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$717  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$718  = gc_n;
-    if (running) begin
-      if (\$627 ) begin
-        \$718  = \$632 [8:0];
-        if (\$637 ) begin
-          if (\$643 ) begin
-            \$718  = 9'h000;
-          end
+      if (\$556 ) begin
+        \$649  = \$562 [1:0];
+        if (\$566 ) begin
+          \$649  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$718  = 9'h000;
+            \$649  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$718  = 9'h000;
+      \$649  = 2'h0;
     end
     if (rst) begin
-      \$718  = 9'h000;
+      \$649  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$719  = gc_col;
+    \$650  = g_addr;
     if (running) begin
-      if (\$627 ) begin
-        \$719  = \$633 [1:0];
-        if (\$637 ) begin
-          \$719  = 2'h0;
+      if (\$556 ) begin
+        if (\$566 ) begin
+          \$650  = gc_gaddr;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$650  = 13'h0000;
+    end
+    if (rst) begin
+      \$650  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$651  = g_left;
+    if (running) begin
+      if (\$556 ) begin
+        if (\$566 ) begin
+          \$651  = gc_left;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$651  = 14'h0000;
+    end
+    if (rst) begin
+      \$651  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$652  = g_cols;
+    if (running) begin
+      if (\$556 ) begin
+        if (\$566 ) begin
+          \$652  = { \$569 , \$568 , \$567 , 1'h1 };
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$652  = 4'h0;
+    end
+    if (rst) begin
+      \$652  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$653  = gc_gaddr;
+    if (running) begin
+      if (\$556 ) begin
+        if (\$566 ) begin
+          \$653  = \$570 [12:0];
+          if (\$572 ) begin
+            \$653  = \$575 [12:0];
+          end
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$719  = 2'h0;
+            \$653  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$719  = 2'h0;
+      \$653  = 13'h0000;
     end
     if (rst) begin
-      \$719  = 2'h0;
+      \$653  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$720  = g_addr;
+    \$654  = gc_left;
     if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          \$720  = gc_gaddr;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$720  = 13'h0000;
-    end
-    if (rst) begin
-      \$720  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$721  = g_left;
-    if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          \$721  = gc_left;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$721  = 14'h0000;
-    end
-    if (rst) begin
-      \$721  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$722  = g_cols;
-    if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          \$722  = { \$640 , \$639 , \$638 , 1'h1 };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$722  = 4'h0;
-    end
-    if (rst) begin
-      \$722  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$723  = gc_gaddr;
-    if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          \$723  = \$641 [12:0];
-          if (\$643 ) begin
-            \$723  = \$646 [12:0];
+      if (\$556 ) begin
+        if (\$566 ) begin
+          if (\$572 ) begin
+            \$654  = \$573 [13:0];
           end
         end
       end
@@ -19010,24 +18961,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$723  = ins[60:48];
+            \$654  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$723  = 13'h0000;
+      \$654  = 14'h0000;
     end
     if (rst) begin
-      \$723  = 13'h0000;
+      \$654  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$724  = gc_left;
+    \$655  = gc_block;
     if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          if (\$643 ) begin
-            \$724  = \$644 [13:0];
+      if (\$556 ) begin
+        if (\$566 ) begin
+          if (\$572 ) begin
+            \$655  = \$574 [12:0];
           end
         end
       end
@@ -19035,48 +18986,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$724  = ins[74:61];
+            \$655  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$724  = 14'h0000;
+      \$655  = 13'h0000;
     end
     if (rst) begin
-      \$724  = 14'h0000;
+      \$655  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$725  = gc_block;
-    if (running) begin
-      if (\$627 ) begin
-        if (\$637 ) begin
-          if (\$643 ) begin
-            \$725  = \$645 [12:0];
-          end
-        end
-      end
-    end
+    \$656  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$725  = ins[60:48];
-          end
-    endcase
-    if (unit_rst) begin
-      \$725  = 13'h0000;
-    end
-    if (rst) begin
-      \$725  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$726  = busy;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$726  = 1'h1;
+            \$656  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -19086,179 +19012,195 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$726  = 1'h0;
+            \$656  = 1'h0;
           end else if (done) begin
-            if (\error$94 ) begin
-              \$726  = 1'h0;
+            if (\error$93 ) begin
+              \$656  = 1'h0;
             end
           end
       3'h5:
-          if (\$685 ) begin
-            \$726  = 1'h0;
+          if (\$615 ) begin
+            \$656  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$726  = 1'h0;
+      \$656  = 1'h0;
     end
     if (rst) begin
-      \$726  = 1'h0;
+      \$656  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$727  = width;
+    \$657  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$727  = ins[21:16];
+            \$657  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$727  = 6'h00;
+      \$657  = 6'h00;
     end
     if (rst) begin
-      \$727  = 6'h00;
+      \$657  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$728  = mult;
+    \$658  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$728  = ins[168:137];
+            \$658  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$728  = { 16'h0000, spad__rd0__data[15:0] };
+          \$658  = { 16'h0000, spad__rd0__lanes[15:0] };
     endcase
     if (unit_rst) begin
-      \$728  = 32'd0;
+      \$658  = 32'd0;
     end
     if (rst) begin
-      \$728  = 32'd0;
+      \$658  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$729  = shift;
+    \$659  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$729  = ins[174:169];
+            \$659  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$729  = spad__rd1__data[5:0];
+          \$659  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$729  = 6'h00;
+      \$659  = 6'h00;
     end
     if (rst) begin
-      \$729  = 6'h00;
+      \$659  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$730  = rn;
+    \$660  = rk;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$730  = \$649 ;
+            \$660  = { 2'h0, \$577  };
           end
     endcase
     if (unit_rst) begin
-      \$730  = 13'h0000;
+      \$660  = 13'h0000;
     end
     if (rst) begin
-      \$730  = 13'h0000;
+      \$660  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$731  = col_en;
+    \$661  = rn;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$731  = \$653 ;
+            \$661  = \$579 ;
           end
     endcase
     if (unit_rst) begin
-      \$731  = 1'h0;
+      \$661  = 13'h0000;
     end
     if (rst) begin
-      \$731  = 1'h0;
+      \$661  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$732  = t_step;
+    \$662  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$732  = \$672 ;
+            \$662  = \$583 ;
           end
     endcase
     if (unit_rst) begin
-      \$732  = 4'h0;
+      \$662  = 1'h0;
     end
     if (rst) begin
-      \$732  = 4'h0;
+      \$662  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$733  = fsm_state;
+    \$663  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$663  = \$602 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$663  = 4'h0;
+    end
+    if (rst) begin
+      \$663  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$664  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$680 ) begin
-              \$733  = 3'h1;
+            if (\$610 ) begin
+              \$664  = 3'h1;
             end else begin
-              \$733  = 3'h2;
+              \$664  = 3'h2;
             end
           end
       3'h1:
-          \$733  = 3'h3;
+          \$664  = 3'h3;
       3'h3:
-          \$733  = 3'h2;
+          \$664  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$733  = 3'h4;
+            \$664  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$733  = 3'h0;
+            \$664  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
-            if (\error$94 ) begin
-              \$733  = 3'h0;
+            if (\error$93 ) begin
+              \$664  = 3'h0;
             end else begin
-              \$733  = 3'h5;
+              \$664  = 3'h5;
             end
           end
       3'h5:
-          if (\$685 ) begin
-            \$733  = 3'h0;
+          if (\$615 ) begin
+            \$664  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$733  = 3'h0;
+      \$664  = 3'h0;
     end
     if (rst) begin
-      \$733  = 3'h0;
+      \$664  = 3'h0;
     end
   end
   assign col = col_en;
   assign col_wr__addr = t_col[7:0];
   assign spad__blocked = 1'h0;
-  assign r_data = a_in__payload;
+  assign a_in__payload = { \$415 , \$414 , \$413 , \$412  };
   assign r_rdy = a_in__valid;
-  assign a_in__ready = r_en;
   assign dma__rd_data__payload = b_in__payload;
+  assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign \rq_in__payload[0]  = rq_in__payload[23:0];
   assign \rq_in__payload[1]  = rq_in__payload[47:24];
   assign \rq_in__payload[2]  = rq_in__payload[71:48];
@@ -19327,18 +19269,38 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
-  assign \a_in__payload[0]  = a_in__payload[7:0];
-  assign \a_in__payload[1]  = a_in__payload[15:8];
-  assign \a_in__payload[2]  = a_in__payload[23:16];
-  assign \a_in__payload[3]  = a_in__payload[31:24];
+  assign \a_in__payload[0]  = \$412 ;
+  assign \a_in__payload[1]  = \$413 ;
+  assign \a_in__payload[2]  = \$414 ;
+  assign \a_in__payload[3]  = \$415 ;
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \pack[0]  = pack[7:0];
-  assign \pack[1]  = pack[15:8];
-  assign \pack[2]  = pack[23:16];
-  assign \pack[3]  = pack[31:24];
+  assign \tbuf[0]  = tbuf[31:0];
+  assign \tbuf[0][0]  = tbuf[7:0];
+  assign \tbuf[0][1]  = tbuf[15:8];
+  assign \tbuf[0][2]  = tbuf[23:16];
+  assign \tbuf[0][3]  = tbuf[31:24];
+  assign \tbuf[1]  = tbuf[63:32];
+  assign \tbuf[1][0]  = tbuf[39:32];
+  assign \tbuf[1][1]  = tbuf[47:40];
+  assign \tbuf[1][2]  = tbuf[55:48];
+  assign \tbuf[1][3]  = tbuf[63:56];
+  assign \tbuf[2]  = tbuf[95:64];
+  assign \tbuf[2][0]  = tbuf[71:64];
+  assign \tbuf[2][1]  = tbuf[79:72];
+  assign \tbuf[2][2]  = tbuf[87:80];
+  assign \tbuf[2][3]  = tbuf[95:88];
+  assign \tbuf[3]  = tbuf[127:96];
+  assign \tbuf[3][0]  = tbuf[103:96];
+  assign \tbuf[3][1]  = tbuf[111:104];
+  assign \tbuf[3][2]  = tbuf[119:112];
+  assign \tbuf[3][3]  = tbuf[127:120];
+  assign \spad__rd0__lanes[0]  = spad__rd0__lanes[31:0];
+  assign \spad__rd0__lanes[1]  = spad__rd0__lanes[63:32];
+  assign \spad__rd0__lanes[2]  = spad__rd0__lanes[95:64];
+  assign \spad__rd0__lanes[3]  = spad__rd0__lanes[127:96];
   assign \cbuf[0]  = cbuf[95:0];
   assign \cbuf[0][0]  = cbuf[23:0];
   assign \cbuf[0][1]  = cbuf[47:24];
@@ -19374,44 +19336,43 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign col_wr__data[15:0] = t_mult;
   assign \$5  = 1'h1;
   assign \$6  = t_on;
-  assign \$412  = 1'h1;
-  assign \$413  = gm_go;
   assign \$419  = 1'h1;
   assign \$420  = gm_go;
-  assign \$505  = 1'h1;
-  assign \$506  = t_on;
-  assign \$533  = \$532 ;
-  assign \$534  = 1'h1;
-  assign \$535  = gm_go;
-  assign \$557  = { ins[99:93], 1'h0 };
-  assign \$560  = { ins[99:93], 1'h0 };
-  assign \$648  = { 1'h0, ins[85:77], 2'h0 };
-  assign { \$650 [9:4], \$650 [2:0] } = 9'h000;
-  assign \$650 [3] = ins[9];
-  assign { \$654 [9:4], \$654 [2:0] } = 9'h000;
-  assign \$654 [3] = ins[9];
-  assign { \$659 [9:4], \$659 [2:0] } = 9'h000;
-  assign \$659 [3] = ins[9];
-  assign { \$665 [9:3], \$665 [1:0] } = 9'h000;
-  assign \$665 [2] = ins[8];
-  assign \$667  = { ins[190:175], 1'h0 };
-  assign { \$670 [9:3], \$670 [1:0] } = 9'h000;
-  assign \$670 [2] = ins[8];
-  assign { \$673 [9:3], \$673 [1:0] } = 9'h000;
-  assign \$673 [2] = ins[8];
-  assign { \$675 [9:4], \$675 [2:0] } = 9'h000;
-  assign \$675 [3] = ins[9];
-  assign \$651  = ins[9];
-  assign \$655  = ins[9];
-  assign \$660  = ins[9];
-  assign \$666  = ins[8];
-  assign \$671  = ins[8];
-  assign \$674  = ins[8];
-  assign \$676  = ins[9];
+  assign \$429  = 1'h1;
+  assign \$430  = gm_go;
+  assign \$487  = 1'h1;
+  assign \$488  = t_on;
+  assign \$515  = \$514 ;
+  assign \$516  = 1'h1;
+  assign \$517  = gm_go;
+  assign \$576  = { 1'h0, ins[99:93], 2'h0 };
+  assign \$578  = { 1'h0, ins[85:77], 2'h0 };
+  assign { \$580 [9:4], \$580 [2:0] } = 9'h000;
+  assign \$580 [3] = ins[9];
+  assign { \$584 [9:4], \$584 [2:0] } = 9'h000;
+  assign \$584 [3] = ins[9];
+  assign { \$589 [9:4], \$589 [2:0] } = 9'h000;
+  assign \$589 [3] = ins[9];
+  assign { \$595 [9:3], \$595 [1:0] } = 9'h000;
+  assign \$595 [2] = ins[8];
+  assign \$597  = { ins[190:175], 1'h0 };
+  assign { \$600 [9:3], \$600 [1:0] } = 9'h000;
+  assign \$600 [2] = ins[8];
+  assign { \$603 [9:3], \$603 [1:0] } = 9'h000;
+  assign \$603 [2] = ins[8];
+  assign { \$605 [9:4], \$605 [2:0] } = 9'h000;
+  assign \$605 [3] = ins[9];
+  assign \$581  = ins[9];
+  assign \$585  = ins[9];
+  assign \$590  = ins[9];
+  assign \$596  = ins[8];
+  assign \$601  = ins[8];
+  assign \$604  = ins[8];
+  assign \$606  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__data, w_en, r_en, clk);
+module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_port__data, w_en, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$18  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -19441,14 +19402,14 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
   reg [1:0] level = 2'h0;
   (* init = 2'h0 *)
   wire [1:0] produce;
-  output [31:0] r_data;
-  wire [31:0] r_data;
+  output [130:0] r_data;
+  wire [130:0] r_data;
   input r_en;
   wire r_en;
   (* init = 2'h0 *)
   wire [1:0] r_level;
   reg [1:0] r_port__addr = 2'h0;
-  wire [31:0] r_port__data;
+  wire [130:0] r_port__data;
   output r_rdy;
   wire r_rdy;
   input rst;
@@ -19457,21 +19418,21 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
   wire start;
   input unit_rst;
   wire unit_rst;
-  wire [31:0] w_data;
+  wire [130:0] w_data;
   input w_en;
   wire w_en;
   (* init = 2'h0 *)
   wire [1:0] w_level;
   reg [1:0] w_port__addr = 2'h0;
-  input [31:0] w_port__data;
-  wire [31:0] w_port__data;
+  input [130:0] w_port__data;
+  wire [130:0] w_port__data;
   wire w_port__en;
   wire w_rdy;
-  reg [31:0] storage [2:0];
+  reg [130:0] storage [2:0];
   initial begin
-    storage[0] = 32'd0;
-    storage[1] = 32'd0;
-    storage[2] = 32'd0;
+    storage[0] = 131'h000000000000000000000000000000000;
+    storage[1] = 131'h000000000000000000000000000000000;
+    storage[2] = 131'h000000000000000000000000000000000;
   end
   always @(posedge clk) begin
     if (w_port__en)
@@ -19565,8 +19526,8 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_rdy, r_data, start, unit_rst, w_port__d
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in__valid, a_in__payload, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid, col_wr__addr, col_en, a_loading
-, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0 , \port$1324$0 , \port$1325$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+, col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -19890,7 +19851,6 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
   wire [7:0] \a[1] ;
   wire [7:0] \a[2] ;
   wire [7:0] \a[3] ;
-  input [31:0] a_in__payload;
   wire [31:0] a_in__payload;
   wire [7:0] \a_in__payload[0] ;
   wire [7:0] \a_in__payload[1] ;
@@ -20068,6 +20028,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
+  input [7:0] \port$1322$0 ;
+  wire [7:0] \port$1322$0 ;
+  input [7:0] \port$1323$0 ;
+  wire [7:0] \port$1323$0 ;
+  input [7:0] \port$1324$0 ;
+  wire [7:0] \port$1324$0 ;
+  input [7:0] \port$1325$0 ;
+  wire [7:0] \port$1325$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -20690,7 +20658,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= a_in__payload;
+      spad_a[a_wptr[7:0]] <= { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -22743,7 +22711,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = a_in__payload;
+  assign \$signature__data  = { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
+  assign a_in__payload = { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -22839,14 +22808,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, b_take, rq_in__ready, a_in_
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = a_in__payload[7:0];
-  assign \$signature__data[1]  = a_in__payload[15:8];
-  assign \$signature__data[2]  = a_in__payload[23:16];
-  assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \a_in__payload[0]  = a_in__payload[7:0];
-  assign \a_in__payload[1]  = a_in__payload[15:8];
-  assign \a_in__payload[2]  = a_in__payload[23:16];
-  assign \a_in__payload[3]  = a_in__payload[31:24];
+  assign \$signature__data[0]  = \port$1322$0 ;
+  assign \$signature__data[1]  = \port$1323$0 ;
+  assign \$signature__data[2]  = \port$1324$0 ;
+  assign \$signature__data[3]  = \port$1325$0 ;
+  assign \a_in__payload[0]  = \port$1322$0 ;
+  assign \a_in__payload[1]  = \port$1323$0 ;
+  assign \a_in__payload[2]  = \port$1324$0 ;
+  assign \a_in__payload[3]  = \port$1325$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29067,8 +29036,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1951$0 (mult),
-    .\port$1956$0 (i__payload),
+    .\port$1887$0 (mult),
+    .\port$1892$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -29924,7 +29893,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30010,10 +29979,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1951$0 ;
-  wire [15:0] \port$1951$0 ;
-  input [95:0] \port$1956$0 ;
-  wire [95:0] \port$1956$0 ;
+  input [15:0] \port$1887$0 ;
+  wire [15:0] \port$1887$0 ;
+  input [95:0] \port$1892$0 ;
+  wire [95:0] \port$1892$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30078,7 +30047,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1956$0 [16:0] };
+      \$9  = { 1'h0, \port$1892$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30091,7 +30060,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1951$0  };
+      \$10  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30117,7 +30086,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23:17] };
+      \$12  = { \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30130,7 +30099,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1951$0  };
+      \$13  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30156,7 +30125,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1956$0 [40:24] };
+      \$15  = { 1'h0, \port$1892$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30169,7 +30138,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1951$0  };
+      \$16  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30195,7 +30164,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47:41] };
+      \$18  = { \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30208,7 +30177,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1951$0  };
+      \$19  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30234,7 +30203,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1956$0 [64:48] };
+      \$21  = { 1'h0, \port$1892$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30247,7 +30216,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1951$0  };
+      \$22  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30273,7 +30242,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71:65] };
+      \$24  = { \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30286,7 +30255,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1951$0  };
+      \$25  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30312,7 +30281,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1956$0 [88:72] };
+      \$27  = { 1'h0, \port$1892$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30325,7 +30294,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1951$0  };
+      \$28  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30351,7 +30320,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95:89] };
+      \$30  = { \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30364,7 +30333,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1951$0  };
+      \$31  = { 2'h0, \port$1887$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30386,22 +30355,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1951$0 , \port$1956$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1956$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1951$0  };
-  assign a__1 = { \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23], \port$1956$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1951$0  };
-  assign a__2 = { 1'h0, \port$1956$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1951$0  };
-  assign a__3 = { \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47], \port$1956$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1951$0  };
-  assign a__4 = { 1'h0, \port$1956$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1951$0  };
-  assign a__5 = { \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71], \port$1956$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1951$0  };
-  assign a__6 = { 1'h0, \port$1956$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1951$0  };
-  assign a__7 = { \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95], \port$1956$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1951$0  };
+  assign a__0 = { 1'h0, \port$1892$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1887$0  };
+  assign a__1 = { \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1887$0  };
+  assign a__2 = { 1'h0, \port$1892$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1887$0  };
+  assign a__3 = { \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1887$0  };
+  assign a__4 = { 1'h0, \port$1892$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1887$0  };
+  assign a__5 = { \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1887$0  };
+  assign a__6 = { 1'h0, \port$1892$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1887$0  };
+  assign a__7 = { \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1887$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35020,7 +34989,7 @@ module \nanokpu_kpu.router.divider (rst, start, busy, unit_rst, \den$11 , quot, 
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6493$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6429$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35291,8 +35260,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6493$0 ;
-  wire [4:0] \port$6493$0 ;
+  input [4:0] \port$6429$0 ;
+  wire [4:0] \port$6429$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35316,81 +35285,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6493$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6429$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6493$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6429$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6493$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6429$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6493$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6429$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6493$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6429$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6493$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6429$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6493$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6429$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6493$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6429$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6493$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6493$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6429$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6429$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6493$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6429$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6493$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6429$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6493$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6429$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3], \port$6493$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6493$0 [0], \port$6493$0 [0], \port$6493$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6493$0 [1], \port$6493$0 [1], \port$6493$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6493$0 [2], \port$6493$0 [2], \port$6493$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6493$0 [4], \port$6493$0 [4], \port$6493$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35407,7 +35376,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6493$0 , \port$2$0  };
+  assign select = { \port$6429$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

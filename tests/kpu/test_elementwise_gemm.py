@@ -242,12 +242,14 @@ def test_requant_with_fewer_banks_than_rows(one_write_port, n):
     assert got == want and err == Err.NONE
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4])
-def test_gemm_a_feed_takes_half_m_cycles_per_word(m):
-    """A word of A costs its M real rows' reads, two a cycle, and nothing more (the feed reads
-    ahead of the engine): 16 more columns of A are 16*ceil(M/2) more cycles (one tile, no bus
-    stalls), results still FuncSim's. One read a cycle costs 16*M (the test fails with 32, 48,
-    64 for M >= 2); waiting for the engine to take each word before reading the next costs more."""
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 8])
+def test_gemm_a_feed_takes_a_cycle_per_word(m):
+    """The A feed reads a real row's B = banks(cfg) = 4 columns at once: a row block of M_b <= B
+    real rows gives a word per cycle, the engine's rate, so 16 more columns of A are 16 more
+    cycles a row block (one tile, no bus stalls), results still FuncSim's; M = 5 and 8 are two
+    row blocks. A lane a read, two reads a cycle, costs 16*ceil(M_b/2) a row block (the test
+    fails with 32 for M = 3 and 4); a queue of two groups, 18 for M = 4."""
+    assert banks(CFG) == CFG.rows == 4
     cycles = []
     for k in (16, 32):
         rng = np.random.default_rng(m * 100 + k)
@@ -258,7 +260,7 @@ def test_gemm_a_feed_takes_half_m_cycles_per_word(m):
         got, want, err, c = _run(ins, {8 + i: int(v) for i, v in enumerate(A.ravel())}, host, stall=0)
         assert got == want and err == Err.NONE, (m, k)
         cycles.append(c)
-    assert cycles[1] - cycles[0] == 16 * -(-m // 2), (m, cycles)
+    assert cycles[1] - cycles[0] == 16 * -(-m // CFG.rows), (m, cycles)
 
 
 @pytest.mark.parametrize("flags, expert", [(F_RQ_CHANNEL, None), (F_RQ_CHANNEL | F_RQ_EXPERT, 5)],
@@ -269,7 +271,7 @@ def test_gemm_per_column_matches_funcsim(shape, width, flags, expert):
     """F_RQ_CHANNEL: a (mult, shift) per column from the table at b (per expert with
     F_RQ_EXPERT), random per column with the extremes (mult 0, 1 and 2**16 - 1, shift 0 and
     63) and garbage above the bits taken; k = 2 makes the compute shorter than the table copy
-    (the store waits for it), k = 40 the A feed takes rd1 once the copy is done; width 0 ignores
+    (the store waits for it), k = 40 several groups of A columns a row block; width 0 ignores
     the table. The scratchpad blocks a fifth of the reads at random."""
     m, k, n = shape
     seed = m * 100 + k * 10 + n + width + flags

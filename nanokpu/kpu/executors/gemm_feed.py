@@ -3,7 +3,7 @@ operand packed from the scratchpad, B streamed from the bus, the results unpacke
 
 from __future__ import annotations
 
-from amaranth import Cat, Const, Module, Mux, ResetInserter, Signal, signed
+from amaranth import Array, Cat, Const, Module, Mux, ResetInserter, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -22,8 +22,8 @@ from nanokpu.units.gemm import kpu_engine
 
 __all__ = ["GemmFeed"]
 
-#: Words of A the feed reads ahead of the engine (see GemmFeed.elaborate)
-A_WORDS = 3
+#: Groups of A words (``B`` columns each) the feed reads ahead of the engine (see GemmFeed.elaborate)
+A_GROUPS = 3
 
 
 class GemmFeed(wiring.Component):
@@ -35,20 +35,21 @@ class GemmFeed(wiring.Component):
     with the command) and ``rq`` (:func:`~nanokpu.kpu.executors.requantiser_signature`, flipped):
     the engine's requantiser lent to the element-wise executor while no ``GEMM`` runs.
 
-    A word of A (``rows`` lanes of row block ``mb``, column ``k``) takes a scratchpad read per
-    real row, two a cycle (``rd0`` and ``rd1``), pipelined, up to :data:`A_WORDS` words ahead of
-    the engine: ``M`` real rows give a word every ``ceil(M/2)`` cycles, back to back. The result
-    words (``rows`` lanes: column ``j`` of a row block) are gathered ``B =``
-    :func:`~nanokpu.kpu.dmem.banks` columns at a time, double-buffered (the next ``B`` fill
-    while the last are written), and written one real row per cycle: a masked wide write of the
-    row's ``B`` consecutive columns (those ``< n``), saturated to ``width``. ``M`` real rows and
-    ``n`` columns take ``M * ceil(n/B)`` writes (the engine's store, one word a cycle, waits
-    while ``M > B``); ``done`` follows the last write. With
+    With ``B =`` :func:`~nanokpu.kpu.dmem.banks` and ``M_b`` the real rows of a row block: the
+    words of A (``rows`` lanes: column ``k`` of a row block) are read ``B`` columns (a group) at
+    a time, a wide ``rd0`` read per real row (its ``B`` consecutive columns) a cycle, pipelined,
+    up to :data:`A_GROUPS` groups ahead of the engine: a group every ``max(M_b, B)`` cycles,
+    back to back (a word a cycle while ``M_b <= B``). The result words (column ``j`` of a row
+    block) are gathered ``B`` columns at a time, double-buffered (the next ``B`` fill while the
+    last are written), and written one real row per cycle: a masked wide write of the row's
+    ``B`` consecutive columns (those ``< n``), saturated to ``width``: ``M_b * ceil(n/B)``
+    writes a row block (the engine's store, a word a cycle, waits while ``M_b > B``); ``done``
+    follows the last write. With
     :data:`~nanokpu.isa.F_RQ_EXPERT` the multiplier and shift are first read from ``b +
     2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width != 0``) the ``n`` table
     entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the engine's per-column
     table under the compute, one scratchpad read a cycle on ``rd1`` (2 per entry; the A feed
-    reads one lane a cycle on ``rd0`` meanwhile); the engine's store waits for the copy
+    reads on ``rd0`` alone); the engine's store waits for the copy
     (``col_hold``). The compute outlasts the copy whenever ``tile_gap >= 2*cols``
     (``ceil(n/cols)`` tiles of at least ``tile_gap`` cycles against ``2*n`` reads: every
     profile); the hold is the interlock otherwise. A bus error ends the instruction at once
@@ -73,7 +74,6 @@ class GemmFeed(wiring.Component):
         shift = Signal(6)
         width = Signal(6)
         iw = cfg.in_width
-        pack = Signal(data.ArrayLayout(signed(iw), R))   # the A word being filled
         busy = Signal()
         # the engine's requantiser: this instruction's, or lent out (rq) while idle
         with m.If(busy):
@@ -91,24 +91,30 @@ class GemmFeed(wiring.Component):
         KW, NW = (cfg.spad_b_depth // 2).bit_length(), cfg.spad_c_depth.bit_length()
         k_g, n_g = ins.k[:KW], ins.n[:NW]          # exact once the shape checks passed
         m_s = ins.m[:SW]
+        B = banks(cfg)
+        # A: groups of B words (columns k0 .. k0 + B - 1 of a row block), a wide rd0 read per real
+        # row into tbuf, then into a_queue (see below)
         # gm_left, gc_left: rows of A / C from the current row block on (m, m - R, ...)
         gm_left = Signal(SW)
-        gm_k = Signal(KW)
-        gm_lane = Signal(range(R + 1))
-        gm_addr = Signal(AW)
-        gm_addr1 = Signal(AW)   # gm_addr + k: the next lane's address (rd1's)
-        gm_wstart = Signal(AW)
-        gm_cap = Signal()
-        gm_cap2 = Signal()      # rd1's lane (gm_cap_lane + 1) was read too
-        gm_cap_lane = Signal(range(R))
-        gm_cap_last = Signal()  # the (last) lane captured is its word's last
+        gm_k0 = Signal(KW)         # the group's first column
+        gm_row = Signal(range(R))  # the row of the next read
+        gm_addr = Signal(AW)       # ... its address: a + (mb*R + gm_row)*k + k0
+        gm_gaddr = Signal(AW)      # the group's row 0: a + mb*R*k + k0
+        gm_block = Signal(AW)      # the row block's first word: a + mb*R*k
+        rk = Signal(AW)            # R*k: from a row block's first word to the next's
+        gm_cap = Signal()          # a read was performed at the last edge: its lanes on rd0 now
+        gm_cap_row = Signal(range(R))
+        gm_cap_last = Signal()     # ... the group's last row
+        gm_cap_cols = Signal(range(B + 1))   # ... the group's columns: min(B, k - k0)
         gm_afeed_done = Signal()
-        gm_owed = Signal(range(A_WORDS + 1))   # words begun and not yet taken by the engine
-        gm_go = Signal()        # a lane of A is read unless blocked (see below)
-        gm_two = Signal()       # ... and the next one on rd1 (see below)
+        gm_owed = Signal(range(A_GROUPS + 1))   # groups begun and not yet wholly taken by the engine
+        gm_go = Signal()           # a row of A is read unless blocked (see below)
+        a_group = data.StructLayout({"words": data.ArrayLayout(data.ArrayLayout(signed(iw), B), R),  # [row][column]
+                                     "cols": range(B + 1)})
+        tbuf = Signal(a_group.members["words"])   # the group being read
+        a_col = Signal(range(B))   # the column of the queue's head group the engine takes next
         # C: the engine's result words gathered B columns (a group) at a time into cbuf, written
         # from wbuf (see below)
-        B = banks(cfg)
         group = data.ArrayLayout(data.ArrayLayout(signed(accw), B), R)   # [row i][column j]
         gc_left = Signal(SW)
         gc_n = Signal(NW)        # the column of the next result word
@@ -134,21 +140,31 @@ class GemmFeed(wiring.Component):
             """``lanes >= left`` for ``lanes <= R + 1``: a block of ``left`` rows ends within ``lanes``."""
             return (left[LB:] == 0) & (lanes >= left[:LB])
 
-        # The A feed reads the lanes of word after word without waiting for the engine to take
-        # them: a word begins only while fewer than A_WORDS are owed (begun, not taken), and a
-        # word whose last lane is captured goes into a queue of A_WORDS words the engine takes
-        # from (a read captured in the next cycle, queued in the one after: A_WORDS = 3 keeps
-        # one word per cycle). Its flags as they will be after this edge (held unless assigned
-        # below) make its read enable a flip-flop (gm_go) and ~blocked: on a large ECP5 the
-        # scratchpad's blocks span the die, and the paths to their enables leave no time for
-        # the word's bookkeeping. So is rd1's (gm_two: the lane after gm_lane is in the word, and
-        # the per-column table copy does not hold rd1; a cycle late when the copy ends)
-        lane_n, afeed_done_n, owed_n = Signal.like(gm_lane), Signal(), Signal.like(gm_owed)
+        # The A feed reads the groups of A words one after another without waiting for the engine
+        # to take them: a group begins only while fewer than A_GROUPS are owed (begun, not wholly
+        # taken), its rows read one a cycle (a wide read: the row's B columns), and a group whose
+        # last row is captured goes into a queue of A_GROUPS groups the engine takes a word (a
+        # column) at a time from: A_GROUPS = 3 keeps one word per cycle while a row block has at
+        # most B real rows (a group's reads, captured a cycle on and queued with the last, take
+        # fewer cycles than the two groups ahead of it). Its flags as they will be after this
+        # edge (held unless assigned below) make its read enable a flip-flop (gm_go) and
+        # ~blocked: on a large ECP5 the scratchpad's blocks span the die, and the paths to their
+        # enables leave no time for the group's bookkeeping
+        row_n, afeed_done_n, owed_n = Signal.like(gm_row), Signal(), Signal.like(gm_owed)
         left_n = Signal.like(gm_left)
-        m.d.comb += [lane_n.eq(gm_lane), afeed_done_n.eq(gm_afeed_done), owed_n.eq(gm_owed), left_n.eq(gm_left)]
-        m.d.sync += [gm_lane.eq(lane_n), gm_afeed_done.eq(afeed_done_n), gm_owed.eq(owed_n), gm_left.eq(left_n),
-                     gm_go.eq(~afeed_done_n & ((lane_n != 0) | (owed_n < A_WORDS)))]
-        m.submodules.a_queue = a_queue = ResetInserter(self.start)(SyncFIFO(width=R * iw, depth=A_WORDS))
+        m.d.comb += [row_n.eq(gm_row), afeed_done_n.eq(gm_afeed_done), owed_n.eq(gm_owed), left_n.eq(gm_left)]
+        m.d.sync += [gm_row.eq(row_n), gm_afeed_done.eq(afeed_done_n), gm_owed.eq(owed_n), gm_left.eq(left_n),
+                     gm_go.eq(~afeed_done_n & ((row_n != 0) | (owed_n < A_GROUPS)))]
+        m.submodules.a_queue = a_queue = ResetInserter(self.start)(SyncFIFO(width=a_group.size, depth=A_GROUPS))
+        head = data.View(a_group, a_queue.r_data)
+        a_taken = gemm.a_in.valid & gemm.a_in.ready
+        group_taken = a_taken & (a_col + 1 == head.cols)    # the head group's last word
+        with m.If(a_taken):
+            m.d.sync += a_col.eq(Mux(group_taken, 0, a_col + 1))
+
+        def times_rows(value):
+            """``value * R`` as shifts and adds (no multiplier)."""
+            return sum(value << b for b in range(R.bit_length()) if R >> b & 1)
 
         def last_row(left, row):
             """Row ``row`` of a block with ``left`` rows left is its last: row R-1 or row M-1."""
@@ -162,7 +178,6 @@ class GemmFeed(wiring.Component):
         col = Signal()                   # this GEMM requantises per column (F_RQ_CHANNEL, width != 0)
         t_left = Signal(NW)
         t_on = Signal()                  # t_left != 0
-        m.d.sync += gm_two.eq(~((lane_n == R - 1) | reached(left_n, lane_n + 1)) & ~t_on)
         t_addr = Signal(AW)              # the next read's address
         t_step = Signal(range(2 * E))    # from a shift to the next column's mult: 2*E - 1 (per expert) or 1
         t_half = Signal()                # the next read is the shift's
@@ -210,49 +225,40 @@ class GemmFeed(wiring.Component):
             gemm.cmd.payload.shift.eq(Mux(width != 0, shift, 0)),
             gemm.cmd.payload.load_a.eq(1), gemm.cmd.payload.compute.eq(1),
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
-            gemm.a_in.payload.eq(a_queue.r_data), gemm.a_in.valid.eq(a_queue.r_rdy),
-            a_queue.r_en.eq(gemm.a_in.ready),
+            gemm.a_in.payload.eq(Cat(Array(head.words[i][j] for j in range(B))[a_col] for i in range(R))),
+            gemm.a_in.valid.eq(a_queue.r_rdy), a_queue.r_en.eq(group_taken),
             gemm.b_in.payload.eq(dma.rd_data.payload),
         ]
         with m.If(running):
             m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
-            # A: word (mb, k), lane i = A[mb*R + i, k]; one scratchpad read per lane, pipelined
-            # (lanes of rows >= M are not read: the word was cleared, they stay 0)
-            begins = gm_go & ~blocked & (gm_lane == 0)
-            taken = gemm.a_in.valid & gemm.a_in.ready
-            m.d.comb += owed_n.eq(gm_owed + begins - taken)
+            # A: group (mb, k0): row i's read at a + (mb*R + i)*k + k0 gives A[mb*R + i, k0 + j]
+            # in lane j, captured into tbuf row i (rows >= M are not read: queued as 0)
+            begins = gm_go & ~blocked & (gm_row == 0)
+            m.d.comb += owed_n.eq(gm_owed + begins - group_taken)
             m.d.sync += gm_cap.eq(0)
             with m.If(gm_go & ~blocked):
-                last0 = (gm_lane == R - 1) | reached(gm_left, gm_lane + 1)
-                two = gm_two        # rd1 reads the next lane too
-                last = last0 | ((gm_lane + 1 == R - 1) | reached(gm_left, gm_lane + 2))
-                step = Mux(two, k_g << 1, k_g)[:AW]
-                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), lane_n.eq(gm_lane + 1 + two)]
-                with m.If(two):
-                    m.d.comb += [spad.rd1.addr.eq(gm_addr1), spad.rd1.en.eq(1)]
-                m.d.sync += [gm_cap.eq(1), gm_cap2.eq(two), gm_cap_lane.eq(gm_lane),
-                             gm_cap_last.eq(Mux(two, last, last0)),
-                             gm_addr.eq(gm_addr + step), gm_addr1.eq(gm_addr1 + step)]
-                with m.If(Mux(two, last, last0)):    # the next word: column k + 1, or the next row block
-                    m.d.comb += lane_n.eq(0)
-                    with m.If(gm_k + 1 < k_g):
-                        m.d.sync += [gm_k.eq(gm_k + 1), gm_wstart.eq(gm_wstart + 1), gm_addr.eq(gm_wstart + 1),
-                                     gm_addr1.eq(gm_wstart + 1 + k_g)]
+                last = last_row(gm_left, gm_row)
+                left_k = (k_g - gm_k0)[:KW]
+                m.d.comb += [rd0.addr.eq(gm_addr), rd0.en.eq(1), row_n.eq(gm_row + 1)]
+                m.d.sync += [gm_cap.eq(1), gm_cap_row.eq(gm_row), gm_cap_last.eq(last),
+                             gm_cap_cols.eq(Mux(left_k >= B, B, left_k)), gm_addr.eq(gm_addr + k_g)]
+                with m.If(last):    # the next group: columns k0 + B on, or the next row block
+                    m.d.comb += row_n.eq(0)
+                    with m.If(gm_k0 + B < k_g):
+                        m.d.sync += [gm_k0.eq(gm_k0 + B), gm_gaddr.eq(gm_gaddr + B), gm_addr.eq(gm_gaddr + B)]
                     with m.Else():
-                        nxt = Mux(two, gm_addr1, gm_addr) + 1     # one past the word's last lane
                         m.d.comb += left_n.eq(gm_left - R)
-                        m.d.sync += [gm_k.eq(0), gm_wstart.eq(nxt),
-                                     gm_addr.eq(nxt), gm_addr1.eq(nxt + k_g)]
+                        m.d.sync += [gm_k0.eq(0), gm_block.eq(gm_block + rk), gm_gaddr.eq(gm_block + rk),
+                                     gm_addr.eq(gm_block + rk)]
                         with m.If(reached(gm_left, R)):
                             m.d.comb += afeed_done_n.eq(1)
             with m.If(gm_cap):
-                hit0 = [gm_cap_lane == i for i in range(R)]
-                hit1 = [gm_cap2 & (gm_cap_lane + 1 == i) for i in range(R)]
-                lanes = [Mux(hit0[i], rd0.data, Mux(hit1[i], spad.rd1.data, pack[i]))[:iw] for i in range(R)]
-                m.d.sync += [pack[i].eq(lanes[i]) for i in range(R)]
+                row = Cat(rd0.lanes[j][:iw] for j in range(B))
+                rows = [Mux(gm_cap_row == i, row, tbuf[i].as_value()) for i in range(R)]
+                m.d.sync += [tbuf[i].eq(rows[i]) for i in range(R)]
                 with m.If(gm_cap_last):
-                    m.d.comb += [a_queue.w_data.eq(Cat(lanes)), a_queue.w_en.eq(1)]
-                    m.d.sync += pack.eq(0)
+                    words = Cat(rows[0], *(Mux(gm_cap_row >= i, rows[i], 0) for i in range(1, R)))
+                    m.d.comb += [a_queue.w_data.eq(Cat(words, gm_cap_cols)), a_queue.w_en.eq(1)]
             # C: word (mb, n) -> column gc_col of cbuf; a group ends with its B-th column or the
             # row block's last (column n - 1), and waits in cbuf for the writer
             take = ~gc_full | handoff
@@ -277,13 +283,13 @@ class GemmFeed(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.comb += [lane_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0), left_n.eq(m_s)]
+                    m.d.comb += [row_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0), left_n.eq(m_s)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
-                                 gm_k.eq(0), pack.eq(0), gm_addr.eq(ins.a), gm_wstart.eq(ins.a),
-                                 gm_addr1.eq(ins.a + k_g),
+                                 gm_k0.eq(0), gm_addr.eq(ins.a), gm_gaddr.eq(ins.a), gm_block.eq(ins.a),
+                                 rk.eq(times_rows(k_g)), a_col.eq(0),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_col.eq(0), gc_full.eq(0), w_busy.eq(0),
                                  gc_block.eq(ins.c), gc_gaddr.eq(ins.c),
-                                 rn.eq(sum(n_g << b for b in range(R.bit_length()) if R >> b & 1))]
+                                 rn.eq(times_rows(n_g))]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
                     m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
