@@ -200,6 +200,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "with m.If(s_n == cmd.n - 1):", "with m.If(s_n == cmd.n):",
            (_GEMM,), what="store row mask one word late"),
     # -- the executors -------------------------------------------------------------------
+    Mutant("gemm-result-mask", "nanokpu/kpu/executors/gemm_feed.py",
+           "*(gc_col >= j for j in range(1, B))", "*(gc_col > j for j in range(1, B))",
+           ("tests/kpu/test_elementwise_gemm.py::test_gemm_matches_funcsim[shape0-8]",),
+           what="GEMM: a group's last column not written"),
     Mutant("move-lane-mask", "nanokpu/kpu/executors/move.py",
            "wr.upper_en[j - 1].eq(wn > j)", "wr.upper_en[j - 1].eq(wn >= j)",
            ("tests/kpu/test_move_executor.py::test_rows_back_to_back[33-7-10]",),
