@@ -175,11 +175,13 @@ multiplier, checks included). Utilization factors exactly into three measured te
   (64 slots over ~40 experts), so its GEMMs fill 1-3 of the 8 array rows while every weight
   beat is streamed in. This is the weight-bandwidth bound of MoE at small batch, the same on
   real hardware; more tokens per batch (or per expert) raise it directly.
-* **Tile steps / GEMM busy** is the top level's packing overhead: the scratchpad holds one
-  element per word, so an A word takes a read per real row (two a cycle) and a result word a
-  write per real row (about ``M*K/2 + M*N`` cycles per GEMM besides its
-  ``ceil(M/rows)*ceil(N/cols)*K`` steps); on `tiny` (K = 16-32) this overhead is about as large
-  as the compute.
+* **Tile steps / GEMM busy** is what a GEMM costs besides its ``ceil(M/rows)*ceil(N/cols)*K``
+  steps: the engine's checks, the array's drain and the store of ``ceil(M/rows)*N`` result words
+  (a word a cycle), each GEMM's few cycles of issue. The scratchpad is banked (``B`` = the
+  largest power of two ``<= rows`` banks, ``B`` consecutive words a read or write), so A is read
+  ``B`` columns of a row a read (a word a cycle while a row block has at most ``B`` real rows)
+  and a result row's ``B`` columns are one write; on `tiny` (K = 16-32) the fixed costs still
+  weigh.
 * **act** (sigmoid, SiTU, the requantiser of ``h``; the GEMMs' requantisers are fused into the
   GEMM engine's store phase) and **vector** (combine, RMSNorm, add) stream one element per cycle
   through the scratchpad, but ``REQUANT`` a word of ``rows`` values per cycle (one wide read, one
