@@ -18,7 +18,8 @@ from nanokpu.isa import bus_bytes
 from nanokpu.kpu.decoded import decoded_layout
 from nanokpu.kpu.spad import spad_client_signature
 
-__all__ = ["executor_signature", "dma_client_signature", "requantiser_signature", "saturate_to_width"]
+__all__ = ["executor_signature", "dma_client_signature", "requantiser_signature", "saturate_to_width",
+           "lanes_now"]
 
 
 def executor_signature(cfg: KpuConfig) -> wiring.Signature:
@@ -54,3 +55,9 @@ def saturate_to_width(value, width, acc_width: int):
     ``[2, acc_width]``: the bound ``2**(width-1) - 1`` built bit by bit (no shifter)."""
     hi = Cat(*[width > i + 1 for i in range(acc_width - 1)], 0).as_signed()
     return Mux(value > hi, hi, Mux(value < ~hi, ~hi, value))
+
+
+def lanes_now(to_end, left, lanes: int):
+    """The lanes of a wide scratchpad access: ``min(lanes, to_end, left)`` (``to_end``: lanes to
+    the end of the word or beat being filled or emptied, ``left``: elements left to move)."""
+    return Mux((to_end < lanes) & (to_end < left), to_end, Mux(left < lanes, left, lanes))

@@ -13,7 +13,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
-from nanokpu.kpu.executors import executor_signature, requantiser_signature, saturate_to_width
+from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
 from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
@@ -149,7 +149,7 @@ class Elementwise(wiring.Component):
         hold_valid = Signal()
         ln = ins.len
         k_lane, k_left = R - r_lane, ln - q_read
-        m.d.comb += r_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B)))
+        m.d.comb += r_k.eq(lanes_now(k_lane, k_left, B))
         mult = Signal.like(rq.mult)
         shift = Signal.like(rq.shift)
         width = Signal(6)
@@ -194,7 +194,7 @@ class Elementwise(wiring.Component):
                 # empty), so the requantiser runs on while they are
                 w_k, w_word_end = Signal(range(B + 1)), Signal()
                 k_lane, k_left = R - w_lane, ln - el
-                m.d.comb += [w_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B))),
+                m.d.comb += [w_k.eq(lanes_now(k_lane, k_left, B)),
                              w_word_end.eq((k_lane <= B) | (k_left <= B))]
                 held = Array(saturate_to_width(hold[i], width, accw) for i in range(R))
                 m.d.comb += rq.o.ready.eq(~hold_valid | w_word_end)

@@ -11,7 +11,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import Err, Op, bus_bytes
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
-from nanokpu.kpu.executors import dma_client_signature, executor_signature
+from nanokpu.kpu.executors import dma_client_signature, executor_signature, lanes_now
 
 __all__ = ["LoadStore"]
 
@@ -68,7 +68,7 @@ class LoadStore(wiring.Component):
         beat_end = full & (lane + B >= per_beat)
         n_now = Signal(range(B + 1))     # elements written this cycle
         k_beat, k_len = per_beat - lane, ins.len - el
-        m.d.comb += n_now.eq(Mux((k_beat < B) & (k_beat < k_len), k_beat, Mux(k_len < B, k_len, B)))
+        m.d.comb += n_now.eq(lanes_now(k_beat, k_len, B))
         # ---- STORE: wide reads issued a cycle ahead (each the elements of one beat's lanes
         # r_lane .. r_lane + r_k - 1), placed into the beat, which is offered when full -----------
         epb = bw // 4
@@ -77,7 +77,7 @@ class LoadStore(wiring.Component):
         r_lane = Signal(range(epb))          # the beat lane of the next read's first element
         k_lane, k_left = epb - r_lane, ins.len - el
         r_k = Signal(range(B + 1))           # the next read's elements
-        m.d.comb += r_k.eq(Mux((k_lane < B) & (k_lane < k_left), k_lane, Mux(k_left < B, k_left, B)))
+        m.d.comb += r_k.eq(lanes_now(k_lane, k_left, B))
         pending = Signal()       # rd0.lanes hold p_k elements read and not yet placed
         p_lane = Signal.like(r_lane)
         p_k = Signal.like(r_k)
