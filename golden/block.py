@@ -53,7 +53,7 @@ from nanokpu.config import KpuConfig
 
 __all__ = ["SCORE_SKEW", "skewed_scores",
            "Requant", "QuantExpert", "QuantRouter", "QuantLatentMoE", "quant_multiplier", "quantize_tensor",
-           "quant_expert",
+           "quant_expert", "quantize_weights",
            "quantize_input", "input_int8", "router_qmax", "quantize_router", "router_int",
            "quantize_latent_moe", "latent_moe_int", "expert_int", "block_error", "RandomBlock", "random_block",
            "same_routing"]
@@ -139,7 +139,7 @@ def quantize_tensor(w, width: int = 8, per_channel: bool = False, qmax: int | No
     return np.clip(np.round(w / scale), -qmax, qmax).astype(np.int64), scale
 
 
-def _weights(w, cfg: KpuConfig, qmax: int | None = None):
+def quantize_weights(w, cfg: KpuConfig, qmax: int | None = None):
     """``w [n_out, n_in]`` quantised by ``cfg.weight_scales`` at ``in_width`` bits, or up to ``qmax``."""
     return quantize_tensor(w, cfg.in_width, cfg.weight_scales == "channel", qmax)
 
@@ -200,9 +200,9 @@ def quant_expert(W_gate, W_up, W_down, in_scale: float, h_absmax: float, out_gai
     """One SiTU-GLU FFN ``W_down situ_glu(W_gate a, W_up a)`` (float weights) as a :class:`QuantExpert`:
     inputs of scale ``in_scale``, ``h`` calibrated to ``h_absmax`` (the float ``max |h|``), the output
     times ``out_gain``, in the act format."""
-    wg, sg = _weights(W_gate, cfg)
-    wu, su = _weights(W_up, cfg)
-    wd, sd = _weights(W_down, cfg)
+    wg, sg = quantize_weights(W_gate, cfg)
+    wu, su = quantize_weights(W_up, cfg)
+    wd, sd = quantize_weights(W_down, cfg)
     h_scale = max(h_absmax, 2.0 ** -cfg.h_frac) / ((1 << (cfg.out_width - 1)) - 1)
     return QuantExpert(
         wg, wu, wd,
@@ -242,7 +242,7 @@ def quantize_router(W_r, bias, x_scale: float, cfg: KpuConfig) -> QuantRouter:
     :func:`router_qmax`, as ``x_r``), its requantiser from
     the input scale ``x_scale`` (of :func:`quantize_input`) to router logits, and the bias in the
     score format (:func:`golden.intops.quantize_bias`)."""
-    wr, s_r = _weights(W_r, cfg, router_qmax(cfg))
+    wr, s_r = quantize_weights(W_r, cfg, router_qmax(cfg))
     x_r_scale = x_scale / 2.0 ** (cfg.router_operand_width - cfg.in_width)
     rq = quant_multiplier(x_r_scale * s_r * 2.0 ** cfg.router_logit_frac, cfg.router_logit_width, cfg)
     return QuantRouter(wr, rq, I.quantize_bias(bias, cfg))
@@ -269,7 +269,7 @@ def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig, x_scale: float
     x = np.asarray(x, dtype=np.float64)
     x_r, x_scale = quantize_input(x, cfg, x_scale)
     qmax = (1 << (cfg.out_width - 1)) - 1
-    wdl, s_dl = _weights(P.W_down_lat, cfg)
+    wdl, s_dl = quantize_weights(P.W_down_lat, cfg)
     z = x @ P.W_down_lat.T
     z_scale = float(np.max(np.abs(z))) / qmax or 1.0
     R = quantize_router(P.W_r, P.bias, x_scale, cfg)
@@ -285,7 +285,7 @@ def quantize_latent_moe(P: k3.LatentMoEParams, x, cfg: KpuConfig, x_scale: float
     h_s = k3.situ_glu(x @ P.Ws_gate.T, x @ P.Ws_up.T, cfg)
     shared = quant_expert(P.Ws_gate, P.Ws_up, P.Ws_down, x_scale,
                            float(np.max(np.abs(h_s))), 1.0, cfg)
-    wul, s_ul = _weights(P.W_up_lat * P.norm[None, :], cfg)
+    wul, s_ul = quantize_weights(P.W_up_lat * P.norm[None, :], cfg)
     Q = QuantLatentMoE(
         x_scale=x_scale,
         W_down_lat=wdl, rq_down_lat=quant_multiplier(x_scale * s_dl / z_scale, cfg.in_width, cfg),

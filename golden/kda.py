@@ -138,13 +138,9 @@ class KDAState(NamedTuple):
     conv: np.ndarray
 
 
-def _weights(W, cfg: KpuConfig):
-    return block.quantize_tensor(W, cfg.in_width, cfg.weight_scales == "channel")
-
-
 def _projection(W, in_scale: float, out_frac: int, out_width: int, cfg: KpuConfig) -> QuantWeight:
     """``W`` by ``cfg.weight_scales``; ``rq`` from inputs of scale ``in_scale`` to ``Q<out_width>.<out_frac>``."""
-    w_q, s_w = _weights(W, cfg)
+    w_q, s_w = block.quantize_weights(W, cfg)
     return QuantWeight(w_q, block.quant_multiplier(in_scale * s_w * 2.0 ** out_frac, out_width, cfg))
 
 
@@ -160,7 +156,7 @@ def quantize_kda(P: k3.KDAParams, x, cfg: KpuConfig, x_scale: float | None = Non
     act, logit = (cfg.act_frac, cfg.act_width), (cfg.router_logit_frac, cfg.router_logit_width)
     proj = {c: _projection(getattr(P, f"W_{c}"), x_scale, *act, cfg) for c in "qkv"}
     conv = {c: _projection(getattr(P, f"conv_{c}"), 2.0 ** -cfg.act_frac, *act, cfg) for c in "qkv"}
-    w_f, s_f = _weights(P.W_f, cfg)
+    w_f, s_f = block.quantize_weights(P.W_f, cfg)
     head_gain = np.repeat(np.exp(P.A_log), cfg.kda_head_dim)          # exp(A_log) of each column's head
     proj_f = QuantWeight(w_f, block.quant_multiplier(x_scale * s_f * 2.0 ** cfg.act_frac * head_gain,
                                                      cfg.act_width, cfg))
