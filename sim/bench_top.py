@@ -9,7 +9,10 @@ The design's config comes from :func:`sim.runner.bench_config`. Parameters (``NA
 ``progress`` (print the pc while running), ``pause`` (probability of an idle/backpressure cycle
 on every AXI channel), ``summary`` (a JSON path: cycles, busy counters, errors and the run phase's
 simulated ``run_clocks`` and wall ``run_seconds`` are written there), ``replay`` (a directory:
-``test_block`` with one seed writes the run there for the C++ harness, :mod:`sim.lib.raw_run`).
+``test_block`` with one seed writes the run there for the C++ harness, :mod:`sim.lib.raw_run`),
+``trace`` (the summary gains ``busy_trace``: each executor instruction's ``BUSY`` cycles, in
+order, from the controller's one-hot ``cur_executor``; their sums are checked against the
+``BUSY`` counters).
 """
 
 from __future__ import annotations
@@ -20,13 +23,14 @@ from pathlib import Path
 
 import cocotb
 import numpy as np
-from cocotb.triggers import ClockCycles, RisingEdge
+from cocotb.triggers import ClockCycles, Edge, RisingEdge
+from cocotb.utils import get_sim_time
 
 from golden.block import block_error, latent_moe_int, random_block, same_routing
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
-from sim.lib.kpu_tb import TB, stop_status
+from nanokpu.isa import EXECUTORS, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
+from sim.lib.kpu_tb import CLOCK_NS, TB, stop_status
 from sim.lib.raw_run import write_replay
 
 #: Accuracy of the integer block against the float block on the tokens routed alike
@@ -36,6 +40,18 @@ from sim.lib.raw_run import write_replay
 COSINE_SAME_ROUTING_MIN = 0.99
 
 
+async def record_busy(signal, out: list):
+    """Append ``(executor index, cycles)`` for each pulse of the one-hot ``signal`` (the
+    controller's ``cur_executor``: high through an executor instruction's BUSY cycles)."""
+    while True:
+        await Edge(signal)
+        value = int(signal.value)
+        if value:
+            begin, index = get_sim_time("ns"), value.bit_length() - 1
+            await Edge(signal)
+            out.append((index, round((get_sim_time("ns") - begin) / CLOCK_NS)))
+
+
 async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     cfg = tb.cfg
     Q, xq, y_float, idx_float = random_block(cfg, tokens, np.random.default_rng(seed))
@@ -43,7 +59,11 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
     ref = latent_moe_int(xq, Q, cfg)
     await tb.wr(Reg.CTRL, ctrl_word(clear_loads=1))                     # clear the routing load counters
     await tb.load(prog.instrs, prog.image)
+    busy_trace = []
+    tracer = cocotb.start_soon(record_busy(tb.dut.cur_executor, busy_trace)) if tb.p.get("trace") else None
     err, pc, done = await tb.run(n_instrs=len(prog.instrs))
+    if tracer:
+        tracer.cancel()
     assert err == Err.NONE and done, f"seed {seed}: stopped with {Err(err).name} at pc {pc}"
     final = tb.ram.read(0, len(prog.image))
     out = prog.outputs(final)
@@ -65,6 +85,11 @@ async def run_block(tb: TB, seed: int, tokens: int) -> dict:
         assert e["cosine_same_routing"] > COSINE_SAME_ROUTING_MIN, \
             f"seed {seed}: cosine {e['cosine_same_routing']} vs the float block"
     counters = await tb.counters()
+    if tracer:
+        for i, unit in enumerate(EXECUTORS):
+            traced = sum(c for x, c in busy_trace if x == i)
+            assert traced == counters[unit], f"seed {seed}: traced {unit} cycles {traced} != BUSY {counters[unit]}"
+        counters["busy_trace"] = busy_trace
     counters.update(error=e, instructions=res.retired, seed=seed, tokens=tokens,
                     op_counts=res.op_counts, macs=res.macs, bit_exact=True,
                     run_clocks=tb.last_run["clocks"], run_seconds=tb.last_run["seconds"])

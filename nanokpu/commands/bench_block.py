@@ -22,6 +22,7 @@ from nanokpu.commands import DOCS
 from nanokpu.commands.args import out_file, seed
 from nanokpu.commands.progress import add_quiet
 from nanokpu.config import profile
+from nanokpu.host.overlap import QUEUES, Machine, schedule
 from nanokpu.isa import EXECUTORS
 
 DOC = DOCS / "bench" / "block.md"
@@ -49,7 +50,8 @@ def add_arguments(parser) -> None:
 def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
     """The block's GEMMs as the functional simulator runs them: ``tile_cycles`` = sum of
     ``ceil(m/rows) * ceil(n/cols) * k`` (the GEMM engine's compute steps, one per cycle),
-    ``rows_used`` = the share of array rows holding a real token in those steps."""
+    ``rows_used`` = the share of array rows holding a real token in those steps; ``trace``:
+    the run's :attr:`~nanokpu.host.funcsim.RunResult.trace`."""
     import numpy as np
 
     from golden.block import random_block
@@ -60,7 +62,57 @@ def gemm_tiles(cfg, tokens: int, seed: int) -> dict:
     res = FuncSim(cfg, prog.image).run(prog.instrs)
     tiles = sum(-(-m // cfg.rows) * -(-n // cfg.cols) * k for m, k, n in res.gemms)
     return {"tile_cycles": tiles, "rows_used": res.macs / (tiles * cfg.rows * cfg.cols),
-            "gemms": len(res.gemms), "expert_rows": [m for m, k, n in res.gemms]}
+            "gemms": len(res.gemms), "expert_rows": [m for m, k, n in res.gemms], "trace": res.trace}
+
+
+#: The decoupled machines of :mod:`nanokpu.host.overlap` the benchmark replays each block on.
+MACHINES = {"queues": Machine(), "queues, reordered, renamed": Machine(hazards=("raw",), in_order=False)}
+
+
+def overlap(trace: list, busy_trace: list) -> dict:
+    """Each of :data:`MACHINES`' :class:`~nanokpu.host.overlap.Schedule` of a block: ``trace``
+    its FuncSim trace, ``busy_trace`` the RTL's ``(executor index, cycles)`` per executor
+    instruction (:func:`~nanokpu.commands.simulate.simulate` with ``trace``); ``ValueError``
+    when the two runs' executor instructions differ."""
+    executed = [acc for acc in trace if acc.executor is not None]
+    if [EXECUTORS[x] for x, _ in busy_trace] != [acc.executor for acc in executed]:
+        raise ValueError(f"the RTL ran {len(busy_trace)} executor instructions, FuncSim {len(executed)}, "
+                         "or their executors differ")
+    it = iter(c for _, c in busy_trace)
+    cycles = [next(it) if acc.executor is not None else 0 for acc in trace]
+    return {name: schedule(trace, cycles, machine) for name, machine in MACHINES.items()}
+
+
+def overlap_table(rows: list[tuple]) -> str:
+    lines = ["| profile | serial cycles (RTL) | machine | cycles | utilization | share of the roofline | "
+             + " | ".join(f"{q} busy" for q in QUEUES) + " | waiting on a dependency | waiting on a resource |",
+             "|---|---:|---|---:|---:|---:|" + "---:|" * (len(QUEUES) + 2)]
+    for cfg, r in rows:
+        ideal = r["macs"] / (cfg.rows * cfg.cols)
+        _, bound = roofline(cfg, r)
+        for name, s in r["overlap"].items():
+            waits = {cause: sum(q[cause] for q in s.stalls.values()) for cause in ("dependency", "resource")}
+            lines.append(f"| {r['label']} | {r['cycles']} | {name} | {s.cycles} | {ideal / s.cycles:.1%} | "
+                         f"{bound / s.cycles:.1%} | " + " | ".join(f"{s.busy[q] / s.cycles:.1%}" for q in QUEUES)
+                         + f" | {waits['dependency']} | {waits['resource']} |")
+    return "\n".join(lines)
+
+
+OVERLAP = """
+## Decoupled execution: the queue model
+
+The same blocks replayed on a model of decoupled execution (`nanokpu.host.overlap`): the
+FuncSim trace (what each instruction reads and writes, the decode's intervals) and each
+executor instruction's cycles as the RTL run above measured them (`BUSY`, per instruction),
+scheduled on four in-order queues (load, GEMM, element-wise/route/move, store; depth 4, a
+cycle of issue each) that respect RAW, WAR and WAW between the intervals and share the AXI4
+master's read channel (`LOAD`, `GEMM`'s weights). *queues*: today's program on that machine;
+*queues, reordered, renamed*: a list schedule of the RAW graph alone, as if the compiler had
+reordered the program perfectly and renamed every buffer. Waiting: instruction-cycles between
+entering a queue and starting, summed over the instructions. The roofline is the table above's.
+
+{table}
+"""
 
 
 def table(rows: list[tuple]) -> str:
@@ -227,7 +279,7 @@ def run(args) -> int:
             tag = label(name, scheme)
             with tempfile.TemporaryDirectory() as tmp:
                 with progress.stage(f"[bench-block] {tag}: {tokens} tokens"):
-                    r = simulate(cfg, tokens, args.seed, progress=False, replay=Path(tmp))
+                    r = simulate(cfg, tokens, args.seed, progress=False, replay=Path(tmp), trace=True)
                 if not r.get("bit_exact"):
                     progress.close()
                     print(f"[bench-block] {tag}: NOT bit-exact: {r.get('failure')}")
@@ -240,20 +292,24 @@ def run(args) -> int:
                     print(f"[bench-block] {tag}: the C++ harness diverged from the cocotb run: {exc}")
                     return 1
             r.update(gemm_tiles(cfg, tokens, args.seed), label=tag)
+            r["overlap"] = overlap(r.pop("trace"), r.pop("busy_trace"))
             rows.append((cfg, r))
             progress.advance(f"{tag}: {r['cycles']:,} cycles")
     text = table(rows)
     speeds = speed_table(rows)
     roof = roofline_table(rows)
+    queues = overlap_table(rows)
     print(text)
     print(decomposition(rows))
     print(roof)
+    print(queues)
     print(speeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# A whole LatentMoE block on the nano-KPU RTL\n\n"
                         "Generated by `nanokpu bench-block` (Verilator, through the AXI buses, "
                         f"seed {args.seed}, no bus stalls).\n\n" + text + "\n"
                         + ROOFLINE.format(table=roof)
+                        + OVERLAP.format(table=queues)
                         + SPEED.format(table=speeds)
                         + EXPLANATION.format(decomposition=decomposition(rows)))
     print(f"wrote {args.out}")

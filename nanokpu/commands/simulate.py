@@ -38,12 +38,13 @@ def add_arguments(parser) -> None:
 
 
 def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = False,
-             progress: bool = True, replay: Path | None = None) -> dict:
+             progress: bool = True, replay: Path | None = None, trace: bool = False) -> dict:
     """Run one block on the RTL; returns the bench's summary (cycles, busy counters, error,
     ``bit_exact``, ``macs``, the run phase's ``run_clocks`` and ``run_seconds``) plus ``waves``
     (the FST/VCD path or None), ``seconds`` and ``build`` (the Verilator build directory).
     With ``replay`` (a directory) the bench also writes the run there for the C++ harness
-    (:func:`sim.lib.raw_run.replay`)."""
+    (:func:`sim.lib.raw_run.replay`); with ``trace`` the summary has ``busy_trace`` (each
+    executor instruction's cycles, :mod:`sim.bench_top`)."""
     from nanokpu.kpu.top import NanoKPU
     from sim.lib.kpu_launch import kpu_build, kpu_build_name, run_kpu_bench
     from sim.runner import BenchFailure, waves_file
@@ -61,6 +62,8 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
         params = {"tokens": tokens, "seeds": 1, "pause": pause, "summary": str(summary), "progress": progress}
         if replay is not None:
             params["replay"] = str(replay)
+        if trace:
+            params["trace"] = 1
         try:
             with stages.stage(f"[nanokpu sim] run the block ({tokens} tokens, seed {seed})"):
                 run_kpu_bench(cfg, "bench_top", testcase="test_block", seed=seed, params=params, waves=waves,

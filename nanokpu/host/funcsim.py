@@ -32,7 +32,7 @@ from nanokpu.isa import (
     word_width,
 )
 
-__all__ = ["FuncSim", "RunResult", "KpuError", "check"]
+__all__ = ["Access", "FuncSim", "RunResult", "KpuError", "check"]
 
 
 class KpuError(Exception):
@@ -47,7 +47,8 @@ class KpuError(Exception):
 class RunResult:
     """Outcome of :meth:`FuncSim.run`: ``error`` (:class:`Err`), ``pc`` where it stopped,
     ``retired`` instructions, ``op_counts`` (executions per opcode) and ``macs`` (multiply-
-    accumulates of the executed GEMMs, ``sum m*k*n``), ``gemms`` (their ``(m, k, n)``)."""
+    accumulates of the executed GEMMs, ``sum m*k*n``), ``gemms`` (their ``(m, k, n)``),
+    ``trace`` (an :class:`Access` per retired instruction, in order)."""
 
     error: Err
     pc: int
@@ -55,6 +56,23 @@ class RunResult:
     op_counts: dict
     macs: int = 0
     gemms: list = field(default_factory=list)
+    trace: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Access:
+    """What one executed instruction touches, as the decode's checks see it (:data:`OP_RULES`):
+    ``reads`` and ``writes`` are half-open ``(space, lo, hi)`` intervals, ``space`` ``"spad"``
+    (words) or ``"host"`` (bytes, whole bus beats). ``executor`` is its :data:`OP_RULES`
+    executor (``None``: the controller's ``JUMP``, ``EXPERT``); ``scanned``: the experts an
+    ``EXPERT`` looked at."""
+
+    pc: int
+    op: Op
+    executor: str | None
+    reads: tuple = ()
+    writes: tuple = ()
+    scanned: int = 0
 
 
 def check(cond: bool, code: Err, msg: str = ""):
@@ -130,7 +148,7 @@ class FuncSim:
         self.route_done, self.expert, self.count, self.offset = False, -1, 0, 0
         self.scores = None
         pc, retired, counts = 0, 0, {}
-        self.macs, self.gemms = 0, []
+        self.macs, self.gemms, self.trace = 0, [], []
         for _ in range(max_steps):
             try:
                 check(pc < self.cfg.imem_depth, Err.PC_RANGE, f"pc {pc}")
@@ -138,11 +156,12 @@ class FuncSim:
                 check(ins.op in self.ops, Err.BAD_OPCODE, f"opcode {ins.op} at pc {pc}")
                 op = Op(ins.op)
                 if op == Op.HALT:
-                    return RunResult(Err.NONE, pc, retired, counts, self.macs, self.gemms)
+                    return RunResult(Err.NONE, pc, retired, counts, self.macs, self.gemms, self.trace)
                 nxt = self.step(ins, op, pc)
             except KpuError as exc:
-                return RunResult(exc.code, pc, retired, counts, self.macs, self.gemms)
+                return RunResult(exc.code, pc, retired, counts, self.macs, self.gemms, self.trace)
             counts[op.name] = counts.get(op.name, 0) + 1
+            self.trace.append(self.access)
             retired += 1
             pc = nxt
         raise RuntimeError(f"no HALT within {max_steps} instructions")
@@ -161,6 +180,7 @@ class FuncSim:
         ln = m * n
         if rule.target:
             check(ins.target < cfg.imem_depth, Err.PC_RANGE, f"target {ins.target}")
+        self.access = Access(pc, op, rule.executor)
         if op == Op.JUMP:
             return ins.target
         # -- shapes (OP_RULES)
@@ -200,6 +220,11 @@ class FuncSim:
                   and addr + nbytes <= self.host_base + self.host_size
                   and addr + nbytes <= len(self.host), Err.HOST_RANGE,
                   f"host [{addr:#x}, {addr + nbytes:#x}) outside the window")
+        spad = [("spad", addr, addr + words) for addr, words in operands]
+        reads, writes = spad, [("spad", result[0], result[0] + result[1])] if result else []
+        if rule.host:
+            (writes if op == Op.STORE else reads).append(("host", addr, addr + nbytes))
+        self.access = Access(pc, op, rule.executor, tuple(reads), tuple(writes))
         # -- execute
         act, ww = cfg.act_width, self.ww
         if op == Op.LOAD:
@@ -246,6 +271,8 @@ class FuncSim:
         elif op == Op.EXPERT:
             counts = self._read(a, n)
             nz = [j for j in range(self.expert + 1, E) if counts[j] != 0]
+            scanned = (nz[0] + 1 if nz else E) - max(self.expert + 1, 0)
+            self.access = Access(pc, op, None, self.access.reads, scanned=max(scanned, 0))
             if not nz:
                 self.expert = E
                 return ins.target
