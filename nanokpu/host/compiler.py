@@ -4,22 +4,23 @@
 (int8, or ``router_operand_width`` bits: :func:`golden.block.quantize_input`) to a
 :class:`Program`: the instructions (:mod:`nanokpu.isa`), the host memory image the nano-KPU reads
 through its AXI4 master port (inputs, weights, constants; room for the outputs) and the
-scratchpad map. The program follows the dataflow of :mod:`golden.block` step by step::
+scratchpad map. The program follows the dataflow of :mod:`golden.block`, the router first so
+that routing can start early and the shared expert (which needs only ``x``) next to it::
 
-    LOAD x; (LOAD rq tables: per-channel weight scales); GEMM W_down_lat (+ requantiser) -> z
-    GEMM W_r (+ requantiser); SIGMOID -> scores; LOAD bias, (rq tables: per-tensor); ROUTE
+    LOAD x; (LOAD rq tables: per-channel weight scales); GEMM W_r (+ requantiser); SIGMOID -> scores
+    LOAD bias, (rq tables: per-tensor); ROUTE; GEMM W_down_lat (+ requantiser) -> z
+    shared expert on x -> y_s (constants in the instructions)
     loop: EXPERT (next expert with tokens, else exit)
           GATHER z rows of its tokens; (LOAD its rq tables: per-channel); GEMM W_gate_j
           (host + j*stride, m = count, per-expert requantiser constants or its tables); GEMM
           W_up_j; SITU; REQUANT h; GEMM W_down_j;
           SCATTER into e [T, k, l]; JUMP loop
-    COMBINE; NORM; GEMM W_up_lat -> y_r
-    shared expert on x (constants in the instructions); ADD -> y; STORE y, route table; HALT
+    COMBINE; NORM; GEMM W_up_lat -> y_r; ADD -> y; STORE y, route table; HALT
 
 With a wide router (``cfg.wide_router``) the first steps are instead::
 
     LOAD x_r (2 bytes an element); REQUANT x_r -> x (mult 1, shift r - in_width, width in_width:
-    golden.block.input_int8); SPLIT x_r -> [Xh; Xl] [2T, d]; (LOAD rq tables); GEMM W_down_lat -> z
+    golden.block.input_int8); SPLIT x_r -> [Xh; Xl] [2T, d]; (LOAD rq tables)
     GEMM [Xh; Xl] @ Wh^T, [Xh; Xl] @ Wl^T (raw, width 0) -> [P_hh; P_lh; P_hl; P_ll] [4T, E]
     REQUANT_WIDE -> router logits (the router's requantiser: its table with per-channel scales)
 
@@ -401,12 +402,13 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     prog = [
         *load_x,
         *(load_rq if per_col else []),     # the first GEMMs' tables
-        gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat, table="down_lat"),
         *router,
         Instr(Op.SIGMOID, m=T, n=E, a=s_logit, c=s_score),
         Instr(Op.LOAD, m=1, n=E, c=s_bias, host=h_b, width=4),
         *([] if per_col else load_rq),
         Instr(Op.ROUTE, m=T, n=E, k=k, a=s_score, b=s_bias, c=s_rt),
+        gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat, table="down_lat"),
+        *shared_expert(Q.shared, s_ys),
     ]
     loop = len(prog)
     body = [
@@ -426,7 +428,6 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
         Instr(Op.COMBINE, m=T, k=k, n=lat, a=s_e, b=rts["weights"], c=s_uc),
         Instr(Op.NORM, m=T, n=lat, a=s_uc, c=s_n),
         gemm(s_n, h_ul, s_yr, T, lat, d, Q.rq_up_lat, table="up_lat"),
-        *shared_expert(Q.shared, s_ys),
         Instr(Op.ADD, m=T, n=d, a=s_yr, b=s_ys, c=s_y),
         Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),
         Instr(Op.STORE, m=1, n=rt["end"], a=s_rt, host=h_route, width=4),
