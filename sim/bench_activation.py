@@ -1,4 +1,5 @@
-"""cocotb benches of the activation units (SiTU-GLU, sigmoid and their PWL factor tables).
+"""cocotb benches of the activation units (SiTU-GLU, sigmoid and their PWL factor tables; exp, SiLU
+and the KDA decay).
 
 :class:`ActivationBench` puts the units of several configs side by side in one Verilog top
 (one Verilator build serves every bench here).
@@ -8,6 +9,8 @@ Benches (``testcase``), all checked bit for bit against :mod:`golden.intops`:
 - ``factors_exhaustive``: every ``act_width``-bit input through the gate and up tables,
   with random stalls of ``en`` (probability ``1 - p_en``).
 - ``sigmoid_exhaustive``: every logit (``router_logit_width`` bits) through the sigmoid stream.
+- ``function_exhaustive``: every act-format input through the stream of the :data:`FUNCTIONS`
+  unit named by the parameter ``unit`` (built for the keys of :data:`FUNCTION_KEYS`).
 - ``situ_random``: the SiTU stream on the corner grid of the input format, ``n_random``
   random pairs and, with ``sweep``, every ``g`` with a random ``u`` and every ``u`` with a
   random ``g``.
@@ -28,20 +31,29 @@ import random
 
 import cocotb
 import numpy as np
-from amaranth import Module
+from amaranth import Module, signed, unsigned
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
-from golden.intops import gate_q, gate_table, sigmoid_q, situ_q, up_q, up_table
+from golden.intops import decay_q, exp_q, gate_q, gate_table, sigmoid_q, silu_q, situ_q, up_q, up_table
 from nanokpu.config import KpuConfig, profile
 from nanokpu.units.pwl import PwlEvaluator, out_range, range_shape
+from nanokpu.units.pwl_functions import Decay, Exp, Silu
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 from sim.runner import bench_config, bench_params
 
-__all__ = ["ActivationBench", "pack", "unpack"]
+__all__ = ["ActivationBench", "FUNCTIONS", "FUNCTION_KEYS", "pack", "unpack"]
+
+#: The table units of :mod:`nanokpu.units.pwl_functions` by bench name: (unit, golden function, the
+#: output lane shape of a config).
+FUNCTIONS = {
+    "exp": (Exp, exp_q, lambda cfg: unsigned(cfg.score_width)),
+    "silu": (Silu, silu_q, lambda cfg: signed(cfg.act_width)),
+    "decay": (Decay, decay_q, lambda cfg: unsigned(cfg.score_width)),
+}
 
 
 class ActivationBench(wiring.Component):
@@ -52,6 +64,9 @@ class ActivationBench(wiring.Component):
     cfgs : dict[str, KpuConfig]
         Configs by key (a Verilog identifier); every port below exists once per key, named
         ``<key>_<port>``. One top for all configs means one Verilator build for all benches.
+    functions : Collection[str]
+        The keys whose configs also get the :data:`FUNCTIONS` units (their tables do not
+        depend on the SiTU betas: a few keys cover them).
 
     Members
     -------
@@ -60,10 +75,15 @@ class ActivationBench(wiring.Component):
     <key>_x, <key>_en : In; <key>_gate_y, <key>_up_y : Out
         A gate and an up :class:`~nanokpu.units.pwl.PwlEvaluator` built from the same tables as
         the SiTU unit's, sharing ``x`` and ``en``.
+    <key>_<name>_i, <key>_<name>_o : the streams of the :data:`FUNCTIONS` unit ``name``
+        (``exp``, ``silu``, ``decay``), for the keys of ``functions``.
     """
 
-    def __init__(self, cfgs: dict[str, KpuConfig]):
+    def __init__(self, cfgs: dict[str, KpuConfig], functions=()):
+        if not set(functions) <= set(cfgs):
+            raise ValueError(f"functions: {sorted(set(functions) - set(cfgs))} are not keys of cfgs")
         self.units = {}
+        self.functions = {}
         members = {}
         for key, cfg in cfgs.items():
             situ, sigmoid = Situ(cfg), Sigmoid(cfg)
@@ -80,6 +100,11 @@ class ActivationBench(wiring.Component):
                 f"{key}_gate_y": Out(gate.y.shape()),
                 f"{key}_up_y": Out(up.y.shape()),
             })
+            if key in functions:
+                self.functions[key] = {name: unit(cfg) for name, (unit, _, _) in FUNCTIONS.items()}
+                for name, unit in self.functions[key].items():
+                    members[f"{key}_{name}_i"] = unit.signature.members["i"]
+                    members[f"{key}_{name}_o"] = unit.signature.members["o"]
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -98,6 +123,10 @@ class ActivationBench(wiring.Component):
             for unit in (gate, up):
                 m.d.comb += [unit.x.eq(port("x")), unit.en.eq(port("en"))]
             m.d.comb += [port("gate_y").eq(gate.y), port("up_y").eq(up.y)]
+            for name, unit in self.functions.get(key, {}).items():
+                m.submodules[f"{key}_{name}"] = unit
+                wiring.connect(m, wiring.flipped(port(f"{name}_i")), unit.i)
+                wiring.connect(m, unit.o, wiring.flipped(port(f"{name}_o")))
         return m
 
 
@@ -147,7 +176,8 @@ def _lanes(values: np.ndarray, lanes: int) -> np.ndarray:
 async def _start(dut, key: str):
     """Start the clock, idle the ports of ``key`` and reset."""
     cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
-    for name in ("situ_i__valid", "sig_i__valid", "en", "situ_o__ready", "sig_o__ready"):
+    streams = ("situ", "sig", *(FUNCTIONS if key in FUNCTION_KEYS else ()))
+    for name in ("en", *(f"{s}_i__valid" for s in streams), *(f"{s}_o__ready" for s in streams)):
         getattr(dut, f"{key}_{name}").value = 0
     dut.rst.value = 1
     for _ in range(2):
@@ -266,6 +296,24 @@ async def sigmoid_exhaustive(dut):
     dut._log.info("sigmoid: %d inputs bit-exact (seed %d)", xs.size, seed)
 
 
+@cocotb.test()
+async def function_exhaustive(dut):
+    """Every act-format input through the stream of the ``unit`` parameter's :data:`FUNCTIONS` unit,
+    shuffled, with and without idle/backpressure."""
+    key, cfg, seed, params = _params()
+    name = params["unit"]
+    unit, golden, out_shape = FUNCTIONS[name]
+    rand = random.Random(seed)
+    rng = np.random.default_rng(seed)
+    xs = _lanes(rng.permutation(_all_inputs(cfg.act_width)), cfg.act_lanes)
+    await _start(dut, key)
+    outs = await _stream_both_ways(dut, f"{key}_{name}", pack(xs, cfg.act_width), params, rand, unit.latency)
+    shape = out_shape(cfg)
+    got = unpack(outs, shape.width, cfg.act_lanes, shape.signed)
+    _check(name, xs, got, golden(xs, cfg), seed)
+    dut._log.info("%s: %d inputs bit-exact (seed %d)", name, xs.size, seed)
+
+
 def situ_pairs(cfg: KpuConfig, seed: int, n_random: int, sweep: bool) -> np.ndarray:
     """``[n, 2]`` ``(g, u)`` pairs: the corner grid, ``n_random`` random pairs, the sweeps."""
     rng = np.random.default_rng(seed)
@@ -307,15 +355,19 @@ BENCH_CONFIGS: dict[str, KpuConfig] = {
 } | {"b4x25_l1_ecp5": profile("tiny", act_lanes=1, dsp="ecp5"),
      "logit20_l4": profile("tiny", act_lanes=4, logit_width=20, logit_frac=16, score_frac=16, bias_width=20)}
 
+#: The keys whose configs also get the :data:`FUNCTIONS` units: the tiny profile (one lane) and the
+#: small profile's four lanes.
+FUNCTION_KEYS = ("b4x25_l1", "b4x25_l4")
+
 
 @functools.cache
 def _bench() -> ActivationBench:
     """One bench top per process: the runner converts it to Verilog once."""
-    return ActivationBench(BENCH_CONFIGS)
+    return ActivationBench(BENCH_CONFIGS, FUNCTION_KEYS)
 
 
 def run(key: str, testcase: str, seed: int, **params):
-    """Run one bench of this module on the ``key`` units of ``ActivationBench(BENCH_CONFIGS)``."""
+    """Run one bench of this module on the ``key`` units of ``ActivationBench(BENCH_CONFIGS, FUNCTION_KEYS)``."""
     from sim.runner import run_bench
 
     return run_bench(_bench(), "activation", "bench_activation", testcase=testcase, seed=seed,

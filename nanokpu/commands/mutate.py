@@ -154,7 +154,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("router-weight-round", "nanokpu/units/router.py",
            "cfg.score_frac + 1, cfg.rounding)", "cfg.score_frac + 1, \"floor\")",
            (f"{_RTR}[tiny]",), what="weights floored instead of rounded"),
-    # -- the PWL evaluator (sigmoid, SiTU) and the shared RTL rounding shift -----------------
+    # -- the PWL evaluator (sigmoid, SiTU, exp, SiLU, decay), its stream unit, the RTL rounding shift
     Mutant("pwl-interp-round", "nanokpu/units/pwl.py",
            "value3 + (product3 >> t.seg_shift)", "value3 + ((product3 + (1 << t.seg_shift >> 1)) >> t.seg_shift)",
            (f"{_PWL}::test_evaluator_matches_golden_on_arbitrary_tables[generic-3-half_even--20-2]",),
@@ -177,6 +177,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "h.eq(round_shift(product, self.shift, cfg.rounding))", "h.eq(round_shift(product, self.shift, \"floor\"))",
            ("tests/units/test_situ.py::test_situ_narrow_format_with_idle_and_backpressure[1-half_even-4]",),
            what="SiTU-GLU product floored"),
+    Mutant("pwl-out-range-top", "nanokpu/units/pwl.py",
+           "-half, half - 1)", "-half, half)",
+           (f"{_PWL}::test_out_range_is_exact", f"{_PWL}::test_out_range_of_silu_ends_at_the_largest_input"),
+           what="out range counts a last breakpoint past the largest input (SiLU's 17 bits)"),
+    Mutant("pwl-stream-lane", "nanokpu/units/pwl_stream.py",
+           "self.o.payload[lane].eq(pwl.y[lane])", "self.o.payload[lane].eq(pwl.y[0])",
+           ("tests/units/test_pwl_functions.py::test_narrow_format_with_idle_and_backpressure[silu-half_even]",),
+           what="table stream (sigmoid, exp, SiLU, decay): every lane shows lane 0"),
     # -- the GEMM engine's address generators --------------------------------------------
     Mutant("gemm-a-load-end", "nanokpu/units/gemm.py",
            "with m.If(a_wptr + 1 == a_lim):", "with m.If(a_wptr + 2 == a_lim):",

@@ -19,6 +19,7 @@ a power-of-two ``n_seg`` fills its block RAMs (``n_seg + 1`` words would double 
 
 from __future__ import annotations
 
+import numpy as np
 from amaranth import Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
@@ -39,10 +40,13 @@ def range_shape(lo: int, hi: int) -> Shape:
 
 
 def out_range(table: intops.PwlTable) -> tuple[int, int]:
-    """``(min, max)`` of ``table(x)`` over all inputs, exact: every ``y`` lies between two
-    neighbouring values and the rounding shift is monotone."""
-    lo, hi = intops.round_shift([min(table.values), max(table.values)], table.guard, table.rounding)
-    return int(lo), int(hi)
+    """``(min, max)`` of ``table(x)`` over all ``in_width``-bit inputs, exact: within a segment
+    ``table(x)`` is monotone, so the extremes lie at the breakpoints inside the input range or at
+    its ends (a last breakpoint past the largest input, as SiLU's, is never reached)."""
+    half = 1 << (table.in_width - 1)
+    points = np.clip(table.x0 + (np.arange(table.n_seg + 1, dtype=np.int64) << table.seg_shift), -half, half - 1)
+    y = table(points)
+    return int(y.min()), int(y.max())
 
 
 def error_bound(table: intops.PwlTable) -> float:

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from amaranth import Module, signed, unsigned
-from amaranth.lib import data, stream, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth import unsigned
 
 from golden.intops import sigmoid_table
 from nanokpu.config import KpuConfig
-from nanokpu.units.pwl import PwlEvaluator, error_bound, stall_pipeline
+from nanokpu.units.pwl_stream import PwlStream
 
 __all__ = ["Sigmoid"]
 
 
-class Sigmoid(wiring.Component):
+class Sigmoid(PwlStream):
     """Streamed fixed-point sigmoid, bit-exact to :func:`golden.intops.sigmoid_q`.
 
     Parameters
@@ -33,35 +31,13 @@ class Sigmoid(wiring.Component):
         Scores in ``[0, 2**score_frac]`` (``score_frac`` fractional bits, 1.0 included).
 
     One transfer per cycle; :attr:`latency` cycles from an ``i`` transfer to its result on
-    ``o`` when ``o`` is not stalled. Backpressure on ``o`` stalls the whole pipeline.
-    Every score is within :attr:`error_bound` (1.5 LSB) of the real sigmoid of its input.
+    ``o`` when ``o`` is not stalled. Backpressure on ``o`` stalls the whole pipeline (the
+    :class:`~nanokpu.units.pwl_stream.PwlStream` of the table). Every score is within
+    :attr:`error_bound` (1.5 LSB) of the real sigmoid of its input.
     """
-
-    latency = PwlEvaluator.latency
 
     def __init__(self, cfg: KpuConfig):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
         self.cfg = cfg
-        self.table = sigmoid_table(cfg)
-        #: Largest error against the real sigmoid, in real units.
-        self.error_bound = error_bound(self.table)
-        lanes = cfg.act_lanes
-        super().__init__({
-            "i": In(stream.Signature(data.ArrayLayout(signed(cfg.router_logit_width), lanes))),
-            "o": Out(stream.Signature(data.ArrayLayout(unsigned(cfg.score_width), lanes))),
-        })
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.pwl = pwl = PwlEvaluator(self.table, self.cfg.act_lanes, dsp=self.cfg.dsp)
-        # The table's outputs lie in [0, 2**score_frac]: the cast drops only zero bits.
-        assert not pwl.out_shape.signed and pwl.out_shape.width <= self.cfg.score_width
-        advance = stall_pipeline(m, self.i, self.o, self.latency)
-        m.d.comb += [
-            pwl.en.eq(advance),
-            pwl.x.eq(self.i.payload),
-        ]
-        for lane in range(self.cfg.act_lanes):
-            m.d.comb += self.o.payload[lane].eq(pwl.y[lane])
-        return m
+        super().__init__(sigmoid_table(cfg), cfg.act_lanes, unsigned(cfg.score_width), dsp=cfg.dsp)

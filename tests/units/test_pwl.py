@@ -7,10 +7,10 @@ import pytest
 from amaranth import Module, Signal, signed
 from amaranth.sim import Simulator
 
-from golden.intops import PwlTable, fit_pwl, gate_q, gate_table, up_q, up_table
+from golden.intops import PwlTable, fit_pwl, gate_q, gate_table, silu_table, up_q, up_table
 from golden.intops import round_shift as golden_round_shift
 from nanokpu.config import ROUNDING_MODES, profile
-from nanokpu.units.pwl import PwlEvaluator, error_bound, range_shape, round_shift
+from nanokpu.units.pwl import PwlEvaluator, error_bound, out_range, range_shape, round_shift
 from sim import bench_activation
 
 
@@ -21,6 +21,27 @@ def test_range_shape():
     assert range_shape(-4096, 4095) == signed(13)
     assert range_shape(-4097, 0) == signed(14)
     assert range_shape(-3, 4096) == signed(14)
+
+
+def test_out_range_is_exact():
+    """200 random 7-bit tables, the domain anywhere (breakpoints past either end of the input range
+    too): out_range is the min and max of the table over every input."""
+    seed = 40
+    rng = np.random.default_rng(seed)
+    for _ in range(200):
+        n_seg = int(rng.integers(1, 10))
+        table = PwlTable(in_width=7, out_frac=3, guard=int(rng.integers(0, 3)), rounding="half_even",
+                         x0=int(rng.integers(-90, 60)), seg_shift=int(rng.integers(0, 4)),
+                         values=tuple(int(v) for v in rng.integers(-500, 500, size=n_seg + 1)))
+        y = table(np.arange(-64, 64))
+        assert out_range(table) == (y.min(), y.max()), f"seed {seed}, table {table}"
+
+
+def test_out_range_of_silu_ends_at_the_largest_input():
+    """SiLU's last breakpoint (128.0) lies past the largest Q16.8 input: its outputs fit 16 bits."""
+    table = silu_table(profile("tiny"))
+    assert table.x0 + (table.n_seg << table.seg_shift) == 1 << 15
+    assert out_range(table) == (-71, (1 << 15) - 1)
 
 
 def test_round_shift_matches_golden_exhaustively():
