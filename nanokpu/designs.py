@@ -19,6 +19,7 @@ from nanokpu.units.gemm import GemmEngine
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
+from nanokpu.units.softmax import Softmax
 
 __all__ = ["UNITS", "TOP_UNIT", "kpu_after", "resolve_unit", "top_name"]
 
@@ -30,6 +31,7 @@ UNITS: dict[str, Factory] = {
     "gemm": GemmEngine,
     "sigmoid": Sigmoid,
     "situ": Situ,
+    "softmax": Softmax,
     "kpu": NanoKPU,
 }
 
