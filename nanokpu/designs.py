@@ -20,6 +20,7 @@ from nanokpu.units.pwl_functions import Decay, Exp, Silu
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
+from nanokpu.units.softmax import Softmax
 
 __all__ = ["UNITS", "TOP_UNIT", "kpu_after", "resolve_unit", "top_name"]
 
@@ -34,6 +35,7 @@ UNITS: dict[str, Factory] = {
     "exp": Exp,
     "silu": Silu,
     "decay": Decay,
+    "softmax": Softmax,
     "kpu": NanoKPU,
 }
 

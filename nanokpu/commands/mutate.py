@@ -70,6 +70,7 @@ class Mutant:
 _REQ = "tests/units/test_requant.py::test_requant_matches_golden"
 _VEC = "tests/units/test_vector.py"
 _RTR = "tests/units/test_router.py::test_router_amaranth"
+_SMX = "tests/units/test_softmax.py::test_softmax_matches_golden_with_idle_and_backpressure"
 _PWL = "tests/units/test_pwl.py"
 _GEMM = "tests/units/test_gemm.py::test_reads_of_a_row_written_in_the_same_cycle_are_never_used"
 _INT = "tests/golden/test_intops.py"
@@ -145,15 +146,23 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("router-lane-ok", "nanokpu/units/router.py",
            "if j >= n - (self.beats - 1) * route_lanes", "if j > n - (self.beats - 1) * route_lanes",
            (f"{_RTR}[tiny-lanes3]",), what="a lane past the last expert takes part"),
-    Mutant("router-recip", "nanokpu/units/router.py",
-           "div.den.eq(res_sum)", "div.den.eq(res_sum + 1)",
-           (f"{_RTR}[tiny]",), what="reciprocal of S + 1"),
-    Mutant("router-weight-shift", "nanokpu/units/router.py",
+    # -- the renormaliser (the router's and the softmax's reciprocal and weights) ---------
+    Mutant("renorm-recip", "nanokpu/units/renorm.py",
+           "div.den.eq(self.total)", "div.den.eq(self.total + 1)",
+           (f"{_RTR}[tiny]", f"{_SMX}[tiny]"), what="reciprocal of S + 1"),
+    Mutant("renorm-weight-shift", "nanokpu/units/renorm.py",
            "cfg.score_frac + 1, cfg.rounding)", "cfg.score_frac, cfg.rounding)",
-           (f"{_RTR}[tiny]",), what="weight product shifted one bit short"),
-    Mutant("router-weight-round", "nanokpu/units/router.py",
+           (f"{_RTR}[tiny]", f"{_SMX}[tiny]"), what="weight product shifted one bit short"),
+    Mutant("renorm-weight-round", "nanokpu/units/renorm.py",
            "cfg.score_frac + 1, cfg.rounding)", "cfg.score_frac + 1, \"floor\")",
-           (f"{_RTR}[tiny]",), what="weights floored instead of rounded"),
+           (f"{_RTR}[tiny]", f"{_SMX}[tiny]"), what="weights floored instead of rounded"),
+    # -- the softmax -----------------------------------------------------------------------
+    Mutant("softmax-saturate", "nanokpu/units/softmax.py",
+           "diff.eq(Mux(d < -(1 << (cfg.act_width - 1)), -(1 << (cfg.act_width - 1)), d))", "diff.eq(d)",
+           (f"{_SMX}[tiny]",), what="s - m not saturated at act_width (wraps to a large positive x)"),
+    Mutant("softmax-max-reset", "nanokpu/units/softmax.py",
+           "Mux((count == 0) | (logit > peak), logit, peak)", "Mux(logit > peak, logit, peak)",
+           (f"{_SMX}[tiny]",), what="the running max carried over from the previous row"),
     # -- the PWL evaluator (sigmoid, SiTU, exp, SiLU, decay), its stream unit, the RTL rounding shift
     Mutant("pwl-interp-round", "nanokpu/units/pwl.py",
            "value3 + (product3 >> t.seg_shift)", "value3 + ((product3 + (1 << t.seg_shift >> 1)) >> t.seg_shift)",

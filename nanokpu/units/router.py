@@ -23,10 +23,10 @@ Bit-exact to :func:`golden.intops.route_int`. Design (``E = n_experts``, ``L = r
    two cycles, the comparison tree over the lane heads split in halves: the lower half runs
    in the pop cycle on the heads left by the pop (registered), the upper half in the next
    cycle (its winner registered, popped in the cycle after).
-3. **Weights.** A :class:`~nanokpu.units.divider.SeqDivider` computes ``recip = floor(2**R / S)``
-   (``R + 1`` cycles), then one multiplier emits ``w_i = round_shift(s_i * recip,
-   score_frac + 1, rounding)`` per output beat. ``S = 0`` means every selected score is 0, so
-   every weight is 0 whatever the divider returns: no special case.
+3. **Weights.** A :class:`~nanokpu.units.renorm.Renormaliser` computes ``recip = floor(2**R / S)``
+   (a sequential divider, ``R + 1`` cycles), then its multiplier gives ``w_i = round_shift(s_i *
+   recip, score_frac + 1, rounding)`` per output beat. ``S = 0`` means every selected score is 0,
+   so every weight is 0 whatever the divider returns: no special case.
 
 Widths (``k3`` values in brackets): scores ``score_frac + 1`` bits unsigned [13]; bias
 ``bias_width`` signed [16]; key ``max(score_frac + 2, bias_width) + 1`` signed [17]; expert
@@ -52,8 +52,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.units.divider import SeqDivider
-from nanokpu.units.pwl import round_shift
+from nanokpu.units.renorm import Renormaliser
 
 __all__ = ["TopKRouter", "cycles_per_token", "latency"]
 
@@ -349,7 +348,7 @@ class TopKRouter(wiring.Component):
                 m.d.sync += clearing.eq(0)
 
         # ---- stage 3: reciprocal, then one weight per output beat -------------------------
-        m.submodules.divider = div = SeqDivider(self.recip_bits + 1, self.sum_width)
+        m.submodules.renorm = renorm = Renormaliser(cfg, top_k * (2 ** cfg.score_width - 1))
         dividing = Signal()
         emitting = Signal()
         out_count = Signal(range(top_k))
@@ -359,18 +358,17 @@ class TopKRouter(wiring.Component):
         out_last = out_count == top_k - 1
         m.d.comb += [
             c_take.eq(merge_done & (~(dividing | emitting) | (out_xfer & out_last))),
-            div.num.eq(1 << self.recip_bits), div.den.eq(res_sum), div.start.eq(c_take),
+            renorm.total.eq(res_sum), renorm.start.eq(c_take), renorm.score.eq(out_score[0]),
             self.routes.valid.eq(emitting),
             self.routes.payload.index.eq(out_index[0]),
-            self.routes.payload.weight.eq(
-                round_shift(out_score[0] * div.quot, cfg.score_frac + 1, cfg.rounding)),
+            self.routes.payload.weight.eq(renorm.weight),
             self.routes.payload.last.eq(out_last),
         ]
         with m.If(c_take):
             m.d.sync += [dividing.eq(1), emitting.eq(0), out_count.eq(0)]
             m.d.sync += [dst.eq(src) for dst, src in zip(out_index, res_index, strict=True)]
             m.d.sync += [dst.eq(src) for dst, src in zip(out_score, res_score, strict=True)]
-        with m.Elif(dividing & ~div.busy):
+        with m.Elif(dividing & ~renorm.busy):
             m.d.sync += [dividing.eq(0), emitting.eq(1)]
         with m.Elif(out_xfer):
             m.d.sync += [dst.eq(src) for dst, src in zip(out_index, out_index[1:], strict=False)]

@@ -7,7 +7,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$1 ;
   wire \$10 ;
   wire \$100 ;
-  wire [42:0] \$101 ;
+  wire \$101 ;
   wire \$102 ;
   wire \$103 ;
   wire \$104 ;
@@ -20,8 +20,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire \$113 ;
-  wire \$114 ;
+  wire [4:0] \$113 ;
+  wire [4:0] \$114 ;
   wire \$115 ;
   wire \$116 ;
   wire \$117 ;
@@ -29,10 +29,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$119 ;
   wire [4:0] \$12 ;
   wire \$120 ;
-  wire \$121 ;
+  wire [16:0] \$121 ;
   wire \$122 ;
-  wire [4:0] \$123 ;
-  wire [4:0] \$124 ;
+  wire \$123 ;
+  wire \$124 ;
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
@@ -40,7 +40,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$129 ;
   wire [4:0] \$13 ;
   wire \$130 ;
-  wire [16:0] \$131 ;
+  wire \$131 ;
   wire \$132 ;
   wire \$133 ;
   wire \$134 ;
@@ -111,7 +111,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire \$196 ;
+  wire [16:0] \$196 ;
   wire \$197 ;
   wire \$198 ;
   wire \$199 ;
@@ -123,7 +123,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire [16:0] \$206 ;
+  wire \$206 ;
   wire \$207 ;
   wire \$208 ;
   wire \$209 ;
@@ -195,7 +195,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
-  wire \$271 ;
+  wire [16:0] \$271 ;
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
@@ -206,7 +206,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$279 ;
   wire \$28 ;
   wire \$280 ;
-  wire [16:0] \$281 ;
+  wire \$281 ;
   wire \$282 ;
   wire \$283 ;
   wire \$284 ;
@@ -278,7 +278,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$343 ;
   wire \$344 ;
   wire \$345 ;
-  wire \$346 ;
+  wire [16:0] \$346 ;
   wire \$347 ;
   wire \$348 ;
   wire \$349 ;
@@ -289,7 +289,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$353 ;
   wire \$354 ;
   wire \$355 ;
-  wire [16:0] \$356 ;
+  wire \$356 ;
   wire \$357 ;
   wire \$358 ;
   wire \$359 ;
@@ -369,39 +369,39 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$425 ;
   wire \$426 ;
   wire \$427 ;
-  wire \$428 ;
-  wire \$429 ;
+  wire [15:0] \$428 ;
+  wire [2:0] \$429 ;
   wire \$43 ;
   wire \$430 ;
   wire \$431 ;
   wire \$432 ;
   wire \$433 ;
   wire \$434 ;
-  wire \$435 ;
+  wire [6:0] \$435 ;
   wire \$436 ;
   wire \$437 ;
-  wire [15:0] \$438 ;
-  wire [2:0] \$439 ;
+  wire \$438 ;
+  wire \$439 ;
   wire \$44 ;
-  wire \$440 ;
+  wire [2:0] \$440 ;
   wire \$441 ;
-  wire \$442 ;
-  wire \$443 ;
-  wire \$444 ;
-  wire [6:0] \$445 ;
-  wire \$446 ;
-  wire \$447 ;
-  wire \$448 ;
-  wire \$449 ;
+  reg [51:0] \$442 ;
+  reg [3:0] \$443 ;
+  reg \$444 ;
+  reg [3:0] \$445 ;
+  reg \$446 ;
+  reg [67:0] \$447 ;
+  reg [34:0] \$448 ;
+  reg [34:0] \$449 ;
   wire \$45 ;
-  wire [2:0] \$450 ;
-  wire \$451 ;
-  reg [51:0] \$452 ;
-  reg [3:0] \$453 ;
-  reg \$454 ;
-  reg [3:0] \$455 ;
-  reg \$456 ;
-  reg [67:0] \$457 ;
+  reg [34:0] \$450 ;
+  reg [34:0] \$451 ;
+  reg [34:0] \$452 ;
+  reg [34:0] \$453 ;
+  reg [34:0] \$454 ;
+  reg [34:0] \$455 ;
+  reg [34:0] \$456 ;
+  reg [34:0] \$457 ;
   reg [34:0] \$458 ;
   reg [34:0] \$459 ;
   wire \$46 ;
@@ -409,23 +409,23 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [34:0] \$461 ;
   reg [34:0] \$462 ;
   reg [34:0] \$463 ;
-  reg [34:0] \$464 ;
-  reg [34:0] \$465 ;
-  reg [34:0] \$466 ;
-  reg [34:0] \$467 ;
-  reg [34:0] \$468 ;
-  reg [34:0] \$469 ;
+  reg [46:0] \$464 ;
+  reg [46:0] \$465 ;
+  reg [46:0] \$466 ;
+  reg \$467 ;
+  reg \$468 ;
+  reg [5:0] \$469 ;
   wire \$47 ;
   reg [34:0] \$470 ;
   reg [34:0] \$471 ;
   reg [34:0] \$472 ;
   reg [34:0] \$473 ;
-  reg [46:0] \$474 ;
-  reg [46:0] \$475 ;
-  reg [46:0] \$476 ;
-  reg \$477 ;
-  reg \$478 ;
-  reg [5:0] \$479 ;
+  reg [34:0] \$474 ;
+  reg [34:0] \$475 ;
+  reg [34:0] \$476 ;
+  reg [34:0] \$477 ;
+  reg [34:0] \$478 ;
+  reg [34:0] \$479 ;
   wire [3:0] \$48 ;
   reg [34:0] \$480 ;
   reg [34:0] \$481 ;
@@ -433,48 +433,38 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   reg [34:0] \$483 ;
   reg [34:0] \$484 ;
   reg [34:0] \$485 ;
-  reg [34:0] \$486 ;
-  reg [34:0] \$487 ;
-  reg [34:0] \$488 ;
-  reg [34:0] \$489 ;
+  reg \$486 ;
+  reg \$487 ;
+  reg [1:0] \$488 ;
+  reg [14:0] \$489 ;
   wire \$49 ;
-  reg [34:0] \$490 ;
-  reg [34:0] \$491 ;
-  reg [34:0] \$492 ;
-  reg [34:0] \$493 ;
-  reg [34:0] \$494 ;
-  reg [34:0] \$495 ;
-  reg \$496 ;
-  reg \$497 ;
-  reg [1:0] \$498 ;
-  reg [14:0] \$499 ;
+  reg [5:0] \$490 ;
+  reg [12:0] \$491 ;
+  reg [5:0] \$492 ;
+  reg [5:0] \$493 ;
+  reg [5:0] \$494 ;
+  reg [12:0] \$495 ;
+  reg [12:0] \$496 ;
+  reg [12:0] \$497 ;
+  reg \$498 ;
+  reg [5:0] \$499 ;
   wire [5:0] \$5 ;
   wire [6:0] \$50 ;
-  reg [5:0] \$500 ;
-  reg [12:0] \$501 ;
-  reg [5:0] \$502 ;
-  reg [5:0] \$503 ;
-  reg [5:0] \$504 ;
-  reg [12:0] \$505 ;
-  reg [12:0] \$506 ;
-  reg [12:0] \$507 ;
-  reg \$508 ;
-  reg [5:0] \$509 ;
+  reg \$500 ;
+  reg [5:0] \$501 ;
+  reg \$502 ;
+  reg \$503 ;
+  reg [1:0] \$504 ;
+  reg [5:0] \$505 ;
+  reg [5:0] \$506 ;
+  reg [5:0] \$507 ;
+  reg [5:0] \$508 ;
+  reg [12:0] \$509 ;
   wire [7:0] \$51 ;
-  reg \$510 ;
-  reg [5:0] \$511 ;
-  reg \$512 ;
-  reg \$513 ;
-  reg [1:0] \$514 ;
-  reg [5:0] \$515 ;
-  reg [5:0] \$516 ;
-  reg [5:0] \$517 ;
-  reg [5:0] \$518 ;
-  reg [12:0] \$519 ;
+  reg [12:0] \$510 ;
+  reg [12:0] \$511 ;
+  reg [12:0] \$512 ;
   wire \$52 ;
-  reg [12:0] \$520 ;
-  reg [12:0] \$521 ;
-  reg [12:0] \$522 ;
   wire \$53 ;
   wire \$54 ;
   wire [3:0] \$55 ;
@@ -518,13 +508,13 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire [41:0] \$92 ;
-  wire [41:0] \$93 ;
-  wire [41:0] \$94 ;
-  wire [41:0] \$95 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
   wire \$96 ;
-  wire [41:0] \$97 ;
-  wire [41:0] \$98 ;
+  wire \$97 ;
+  wire \$98 ;
   wire \$99 ;
   wire advance;
   reg [3:0] beat = 4'h0;
@@ -545,7 +535,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire clearing;
   input clk;
   wire clk;
-  reg [14:0] den = 15'h0000;
   reg dividing = 1'h0;
   (* init = 1'h0 *)
   wire emitting;
@@ -740,13 +729,13 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [16:0] \nhead3.key ;
   wire [12:0] \nhead3.score ;
   wire \nhead3.valid ;
-  wire [28:0] num;
   reg [1:0] out_count = 2'h0;
   reg [5:0] out_index0 = 6'h00;
   reg [5:0] out_index1 = 6'h00;
   reg [5:0] out_index2 = 6'h00;
   reg [5:0] out_index3 = 6'h00;
-  reg [12:0] out_score0 = 13'h0000;
+  (* init = 13'h0000 *)
+  wire [12:0] out_score0;
   reg [12:0] out_score1 = 13'h0000;
   reg [12:0] out_score2 = 13'h0000;
   reg [12:0] out_score3 = 13'h0000;
@@ -763,7 +752,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [12:0] \p1_scores[3] ;
   reg p1_valid = 1'h0;
   reg picked = 1'h0;
-  wire [28:0] quot;
   reg [5:0] res_index0 = 6'h00;
   reg [5:0] res_index1 = 6'h00;
   reg [5:0] res_index2 = 6'h00;
@@ -873,6 +861,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [16:0] \s3_3.key ;
   wire [12:0] \s3_3.score ;
   wire \s3_3.valid ;
+  reg [12:0] score = 13'h0000;
   input [51:0] scores__payload;
   wire [51:0] scores__payload;
   wire [12:0] \scores__payload[0] ;
@@ -886,6 +875,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire start;
   reg [5:0] sweep = 6'h00;
   wire take;
+  reg [14:0] total = 15'h0000;
+  wire [15:0] weight;
   wire [3:0] wp__addr;
   wire [3:0] \wp__addr$29 ;
   wire [3:0] \wp__addr$34 ;
@@ -1081,156 +1072,154 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
     if (lw__en)
       loads[lw__addr] <= lw__data;
   end
-  reg [5:0] _4_;
-  reg [15:0] _5_;
+  reg [15:0] _4_;
+  reg [5:0] _5_;
   always @(posedge clk) begin
-    _4_ <= lr__addr;
-    _5_ <= loads[load_addr];
+    _4_ <= loads[load_addr];
+    _5_ <= lr__addr;
   end
-  assign lr__data = loads[_4_];
-  assign load_data = _5_;
+  assign load_data = _4_;
+  assign lr__data = loads[_5_];
   always @(posedge clk)
-    p1_scores <= \$452 ;
+    p1_beat <= \$443 ;
   always @(posedge clk)
-    p1_beat <= \$453 ;
+    p1_valid <= \$444 ;
   always @(posedge clk)
-    p1_valid <= \$454 ;
+    beat <= \$445 ;
   always @(posedge clk)
-    beat <= \$455 ;
+    lists_full <= \$446 ;
   always @(posedge clk)
-    lists_full <= \$456 ;
+    p1_keys <= \$447 ;
   always @(posedge clk)
-    p1_keys <= \$457 ;
+    l0_0 <= \$448 ;
   always @(posedge clk)
-    l0_0 <= \$458 ;
+    l0_1 <= \$449 ;
   always @(posedge clk)
-    l0_1 <= \$459 ;
+    l0_2 <= \$450 ;
   always @(posedge clk)
-    l0_2 <= \$460 ;
+    l0_3 <= \$451 ;
   always @(posedge clk)
-    l0_3 <= \$461 ;
+    l1_0 <= \$452 ;
   always @(posedge clk)
-    l1_0 <= \$462 ;
+    l1_1 <= \$453 ;
   always @(posedge clk)
-    l1_1 <= \$463 ;
+    l1_2 <= \$454 ;
   always @(posedge clk)
-    l1_2 <= \$464 ;
+    l1_3 <= \$455 ;
   always @(posedge clk)
-    l1_3 <= \$465 ;
+    l2_0 <= \$456 ;
   always @(posedge clk)
-    l2_0 <= \$466 ;
+    l2_1 <= \$457 ;
   always @(posedge clk)
-    l2_1 <= \$467 ;
+    l2_2 <= \$458 ;
   always @(posedge clk)
-    l2_2 <= \$468 ;
+    l2_3 <= \$459 ;
   always @(posedge clk)
-    l2_3 <= \$469 ;
+    l3_0 <= \$460 ;
   always @(posedge clk)
-    l3_0 <= \$470 ;
+    l3_1 <= \$461 ;
   always @(posedge clk)
-    l3_1 <= \$471 ;
+    l3_2 <= \$462 ;
   always @(posedge clk)
-    l3_2 <= \$472 ;
+    l3_3 <= \$463 ;
   always @(posedge clk)
-    l3_3 <= \$473 ;
+    mid0 <= \$464 ;
   always @(posedge clk)
-    mid0 <= \$474 ;
+    mid1 <= \$465 ;
   always @(posedge clk)
-    mid1 <= \$475 ;
+    best <= \$466 ;
   always @(posedge clk)
-    best <= \$476 ;
+    picked <= \$467 ;
   always @(posedge clk)
-    picked <= \$477 ;
+    inc1_valid <= \$468 ;
   always @(posedge clk)
-    inc1_valid <= \$478 ;
+    lr__addr <= \$469 ;
   always @(posedge clk)
-    lr__addr <= \$479 ;
+    s0_0 <= \$470 ;
   always @(posedge clk)
-    s0_0 <= \$480 ;
+    s0_1 <= \$471 ;
   always @(posedge clk)
-    s0_1 <= \$481 ;
+    s0_2 <= \$472 ;
   always @(posedge clk)
-    s0_2 <= \$482 ;
+    s0_3 <= \$473 ;
   always @(posedge clk)
-    s0_3 <= \$483 ;
+    s1_0 <= \$474 ;
   always @(posedge clk)
-    s1_0 <= \$484 ;
+    s1_1 <= \$475 ;
   always @(posedge clk)
-    s1_1 <= \$485 ;
+    s1_2 <= \$476 ;
   always @(posedge clk)
-    s1_2 <= \$486 ;
+    s1_3 <= \$477 ;
   always @(posedge clk)
-    s1_3 <= \$487 ;
+    s2_0 <= \$478 ;
   always @(posedge clk)
-    s2_0 <= \$488 ;
+    s2_1 <= \$479 ;
   always @(posedge clk)
-    s2_1 <= \$489 ;
+    s2_2 <= \$480 ;
   always @(posedge clk)
-    s2_2 <= \$490 ;
+    s2_3 <= \$481 ;
   always @(posedge clk)
-    s2_3 <= \$491 ;
+    s3_0 <= \$482 ;
   always @(posedge clk)
-    s3_0 <= \$492 ;
+    s3_1 <= \$483 ;
   always @(posedge clk)
-    s3_1 <= \$493 ;
+    s3_2 <= \$484 ;
   always @(posedge clk)
-    s3_2 <= \$494 ;
+    s3_3 <= \$485 ;
   always @(posedge clk)
-    s3_3 <= \$495 ;
+    merging <= \$486 ;
   always @(posedge clk)
-    merging <= \$496 ;
+    merge_done <= \$487 ;
   always @(posedge clk)
-    merge_done <= \$497 ;
+    merge_count <= \$488 ;
   always @(posedge clk)
-    merge_count <= \$498 ;
+    total <= \$489 ;
   always @(posedge clk)
-    den <= \$499 ;
+    res_index3 <= \$490 ;
   always @(posedge clk)
-    res_index3 <= \$500 ;
+    res_score3 <= \$491 ;
   always @(posedge clk)
-    res_score3 <= \$501 ;
+    res_index0 <= \$492 ;
   always @(posedge clk)
-    res_index0 <= \$502 ;
+    res_index1 <= \$493 ;
   always @(posedge clk)
-    res_index1 <= \$503 ;
+    res_index2 <= \$494 ;
   always @(posedge clk)
-    res_index2 <= \$504 ;
+    res_score0 <= \$495 ;
   always @(posedge clk)
-    res_score0 <= \$505 ;
+    res_score1 <= \$496 ;
   always @(posedge clk)
-    res_score1 <= \$506 ;
+    res_score2 <= \$497 ;
   always @(posedge clk)
-    res_score2 <= \$507 ;
+    inc2_valid <= \$498 ;
   always @(posedge clk)
-    inc2_valid <= \$508 ;
+    inc2_index <= \$499 ;
   always @(posedge clk)
-    inc2_index <= \$509 ;
+    load_clearing <= \$500 ;
   always @(posedge clk)
-    load_clearing <= \$510 ;
+    sweep <= \$501 ;
   always @(posedge clk)
-    sweep <= \$511 ;
+    dividing <= \$502 ;
   always @(posedge clk)
-    dividing <= \$512 ;
+    routes__valid <= \$503 ;
   always @(posedge clk)
-    routes__valid <= \$513 ;
+    out_count <= \$504 ;
   always @(posedge clk)
-    out_count <= \$514 ;
+    out_index0 <= \$505 ;
   always @(posedge clk)
-    out_index0 <= \$515 ;
+    out_index1 <= \$506 ;
   always @(posedge clk)
-    out_index1 <= \$516 ;
+    out_index2 <= \$507 ;
   always @(posedge clk)
-    out_index2 <= \$517 ;
+    out_index3 <= \$508 ;
   always @(posedge clk)
-    out_index3 <= \$518 ;
+    score <= \$509 ;
   always @(posedge clk)
-    out_score0 <= \$519 ;
+    out_score1 <= \$510 ;
   always @(posedge clk)
-    out_score1 <= \$520 ;
+    out_score2 <= \$511 ;
   always @(posedge clk)
-    out_score2 <= \$521 ;
-  always @(posedge clk)
-    out_score3 <= \$522 ;
+    out_score3 <= \$512 ;
   assign \$1  = ~ take;
   assign \$2  = lists_full & \$1 ;
   assign \$3  = ~ \$2 ;
@@ -1328,369 +1317,1246 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$90  = \$88  & \$89 ;
   assign \$91  = \$87  | \$90 ;
   assign c_take = merge_done & \$91 ;
-  assign \$92  = out_score0 * quot;
-  assign \$94  = out_score0 * quot;
-  assign \$95  = out_score0 * quot;
-  assign \$96  = | \$95 [11:0];
-  assign \$97  = out_score0 * quot;
-  assign \$99  = \$96  | \$98 [0];
-  assign \$100  = \$94 [12] & \$99 ;
-  assign \$101  = \$93  + \$100 ;
-  assign \$102  = out_count == 2'h3;
-  assign \$103  = ~ p1_valid;
-  assign \$104  = ! beat;
+  assign \$92  = out_count == 2'h3;
+  assign \$93  = ~ p1_valid;
+  assign \$94  = ! beat;
+  assign \$95  = \$93  & \$94 ;
+  assign \$96  = ~ lists_full;
+  assign \$97  = \$95  & \$96 ;
+  assign \$98  = ~ merging;
+  assign \$99  = \$97  & \$98 ;
+  assign \$100  = ~ merge_done;
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = ~ dividing;
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = ~ routes__valid;
   assign \$105  = \$103  & \$104 ;
-  assign \$106  = ~ lists_full;
+  assign \$106  = ~ inc1_valid;
   assign \$107  = \$105  & \$106 ;
-  assign \$108  = ~ merging;
+  assign \$108  = ~ inc2_valid;
   assign \$109  = \$107  & \$108 ;
-  assign \$110  = ~ merge_done;
-  assign \$111  = \$109  & \$110 ;
-  assign \$112  = ~ dividing;
-  assign \$113  = \$111  & \$112 ;
-  assign \$114  = ~ routes__valid;
-  assign \$115  = \$113  & \$114 ;
-  assign \$116  = ~ inc1_valid;
-  assign \$117  = \$115  & \$116 ;
-  assign \$118  = ~ inc2_valid;
-  assign \$119  = \$117  & \$118 ;
-  assign \$120  = ~ load_clearing;
-  assign idle = \$119  & \$120 ;
-  assign \$121  = scores__valid & scores__ready;
-  assign \$122  = beat == 4'hf;
-  assign \$123  = beat + 1'h1;
-  assign \$124  = \$122  ? 5'h00 : \$123 ;
-  assign \$125  = p1_beat == 4'hf;
-  assign \$126  = advance & \$125 ;
-  assign \$127  = ~ take;
-  assign \$128  = lists_full & \$127 ;
-  assign \$129  = \$126  | \$128 ;
-  assign \$130  = scores__valid & scores__ready;
-  assign \$131  = $signed({ 1'h0, scores__payload[12:0] }) + $signed(rp__data);
-  assign \$133  = ! p1_beat;
-  assign \$134  = ~ \$133 ;
-  assign \$135  = l0_0[0] & \$134 ;
+  assign \$110  = ~ load_clearing;
+  assign idle = \$109  & \$110 ;
+  assign \$111  = scores__valid & scores__ready;
+  assign \$112  = beat == 4'hf;
+  assign \$113  = beat + 1'h1;
+  assign \$114  = \$112  ? 5'h00 : \$113 ;
+  assign \$115  = p1_beat == 4'hf;
+  assign \$116  = advance & \$115 ;
+  assign \$117  = ~ take;
+  assign \$118  = lists_full & \$117 ;
+  assign \$119  = \$116  | \$118 ;
+  assign \$120  = scores__valid & scores__ready;
+  assign \$121  = $signed({ 1'h0, scores__payload[12:0] }) + $signed(rp__data);
+  assign \$123  = ! p1_beat;
+  assign \$124  = ~ \$123 ;
+  assign \$125  = l0_0[0] & \$124 ;
+  assign \$126  = ~ \$125 ;
+  assign \$127  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$128  = \$126  | \$127 ;
+  assign \$129  = ! p1_beat;
+  assign \$130  = ~ \$129 ;
+  assign \$131  = l0_1[0] & \$130 ;
+  assign \$132  = ~ \$131 ;
+  assign \$133  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$134  = \$132  | \$133 ;
+  assign \$135  = ! p1_beat;
   assign \$136  = ~ \$135 ;
-  assign \$137  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$138  = \$136  | \$137 ;
-  assign \$139  = ! p1_beat;
-  assign \$140  = ~ \$139 ;
-  assign \$141  = l0_1[0] & \$140 ;
-  assign \$142  = ~ \$141 ;
-  assign \$143  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$144  = \$142  | \$143 ;
-  assign \$145  = ! p1_beat;
-  assign \$146  = ~ \$145 ;
-  assign \$147  = l0_0[0] & \$146 ;
-  assign \$148  = ~ \$147 ;
-  assign \$149  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$150  = \$148  | \$149 ;
-  assign \$151  = \$144  & \$150 ;
-  assign \$152  = ! p1_beat;
-  assign \$153  = ~ \$152 ;
-  assign \$154  = l0_1[0] & \$153 ;
-  assign \$155  = ~ \$154 ;
-  assign \$156  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$157  = \$155  | \$156 ;
-  assign \$158  = ! p1_beat;
-  assign \$159  = ~ \$158 ;
-  assign \$160  = l0_0[0] & \$159 ;
-  assign \$161  = ! p1_beat;
-  assign \$162  = ~ \$161 ;
-  assign \$163  = l0_2[0] & \$162 ;
-  assign \$164  = ~ \$163 ;
-  assign \$165  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$166  = \$164  | \$165 ;
-  assign \$167  = ! p1_beat;
-  assign \$168  = ~ \$167 ;
-  assign \$169  = l0_1[0] & \$168 ;
-  assign \$170  = ~ \$169 ;
-  assign \$171  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$172  = \$170  | \$171 ;
-  assign \$173  = \$166  & \$172 ;
-  assign \$174  = ! p1_beat;
-  assign \$175  = ~ \$174 ;
-  assign \$176  = l0_2[0] & \$175 ;
-  assign \$177  = ~ \$176 ;
-  assign \$178  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$179  = \$177  | \$178 ;
-  assign \$180  = ! p1_beat;
-  assign \$181  = ~ \$180 ;
-  assign \$182  = l0_1[0] & \$181 ;
-  assign \$183  = ! p1_beat;
-  assign \$184  = ~ \$183 ;
-  assign \$185  = l0_3[0] & \$184 ;
-  assign \$186  = ~ \$185 ;
-  assign \$187  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$188  = \$186  | \$187 ;
-  assign \$189  = ! p1_beat;
-  assign \$190  = ~ \$189 ;
-  assign \$191  = l0_2[0] & \$190 ;
-  assign \$192  = ~ \$191 ;
-  assign \$193  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
-  assign \$194  = \$192  | \$193 ;
-  assign \$195  = \$188  & \$194 ;
-  assign \$196  = ! p1_beat;
-  assign \$197  = ~ \$196 ;
-  assign \$198  = l0_3[0] & \$197 ;
+  assign \$137  = l0_0[0] & \$136 ;
+  assign \$138  = ~ \$137 ;
+  assign \$139  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$140  = \$138  | \$139 ;
+  assign \$141  = \$134  & \$140 ;
+  assign \$142  = ! p1_beat;
+  assign \$143  = ~ \$142 ;
+  assign \$144  = l0_1[0] & \$143 ;
+  assign \$145  = ~ \$144 ;
+  assign \$146  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$147  = \$145  | \$146 ;
+  assign \$148  = ! p1_beat;
+  assign \$149  = ~ \$148 ;
+  assign \$150  = l0_0[0] & \$149 ;
+  assign \$151  = ! p1_beat;
+  assign \$152  = ~ \$151 ;
+  assign \$153  = l0_2[0] & \$152 ;
+  assign \$154  = ~ \$153 ;
+  assign \$155  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = ! p1_beat;
+  assign \$158  = ~ \$157 ;
+  assign \$159  = l0_1[0] & \$158 ;
+  assign \$160  = ~ \$159 ;
+  assign \$161  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$162  = \$160  | \$161 ;
+  assign \$163  = \$156  & \$162 ;
+  assign \$164  = ! p1_beat;
+  assign \$165  = ~ \$164 ;
+  assign \$166  = l0_2[0] & \$165 ;
+  assign \$167  = ~ \$166 ;
+  assign \$168  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$169  = \$167  | \$168 ;
+  assign \$170  = ! p1_beat;
+  assign \$171  = ~ \$170 ;
+  assign \$172  = l0_1[0] & \$171 ;
+  assign \$173  = ! p1_beat;
+  assign \$174  = ~ \$173 ;
+  assign \$175  = l0_3[0] & \$174 ;
+  assign \$176  = ~ \$175 ;
+  assign \$177  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$178  = \$176  | \$177 ;
+  assign \$179  = ! p1_beat;
+  assign \$180  = ~ \$179 ;
+  assign \$181  = l0_2[0] & \$180 ;
+  assign \$182  = ~ \$181 ;
+  assign \$183  = $signed(new0[17:1]) > $signed(l0_2[17:1]);
+  assign \$184  = \$182  | \$183 ;
+  assign \$185  = \$178  & \$184 ;
+  assign \$186  = ! p1_beat;
+  assign \$187  = ~ \$186 ;
+  assign \$188  = l0_3[0] & \$187 ;
+  assign \$189  = ~ \$188 ;
+  assign \$190  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
+  assign \$191  = \$189  | \$190 ;
+  assign \$192  = ! p1_beat;
+  assign \$193  = ~ \$192 ;
+  assign \$194  = l0_2[0] & \$193 ;
+  assign \$195  = scores__valid & scores__ready;
+  assign \$196  = $signed({ 1'h0, scores__payload[25:13] }) + $signed(\rp__data$101 );
+  assign \$198  = ! p1_beat;
   assign \$199  = ~ \$198 ;
-  assign \$200  = $signed(new0[17:1]) > $signed(l0_3[17:1]);
-  assign \$201  = \$199  | \$200 ;
-  assign \$202  = ! p1_beat;
-  assign \$203  = ~ \$202 ;
-  assign \$204  = l0_2[0] & \$203 ;
-  assign \$205  = scores__valid & scores__ready;
-  assign \$206  = $signed({ 1'h0, scores__payload[25:13] }) + $signed(\rp__data$101 );
-  assign \$208  = ! p1_beat;
-  assign \$209  = ~ \$208 ;
-  assign \$210  = l1_0[0] & \$209 ;
+  assign \$200  = l1_0[0] & \$199 ;
+  assign \$201  = ~ \$200 ;
+  assign \$202  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
+  assign \$203  = \$201  | \$202 ;
+  assign \$204  = ! p1_beat;
+  assign \$205  = ~ \$204 ;
+  assign \$206  = l1_1[0] & \$205 ;
+  assign \$207  = ~ \$206 ;
+  assign \$208  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$209  = \$207  | \$208 ;
+  assign \$210  = ! p1_beat;
   assign \$211  = ~ \$210 ;
-  assign \$212  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$213  = \$211  | \$212 ;
-  assign \$214  = ! p1_beat;
-  assign \$215  = ~ \$214 ;
-  assign \$216  = l1_1[0] & \$215 ;
-  assign \$217  = ~ \$216 ;
-  assign \$218  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$219  = \$217  | \$218 ;
-  assign \$220  = ! p1_beat;
-  assign \$221  = ~ \$220 ;
-  assign \$222  = l1_0[0] & \$221 ;
-  assign \$223  = ~ \$222 ;
-  assign \$224  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
-  assign \$225  = \$223  | \$224 ;
-  assign \$226  = \$219  & \$225 ;
-  assign \$227  = ! p1_beat;
-  assign \$228  = ~ \$227 ;
-  assign \$229  = l1_1[0] & \$228 ;
-  assign \$230  = ~ \$229 ;
-  assign \$231  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$232  = \$230  | \$231 ;
-  assign \$233  = ! p1_beat;
-  assign \$234  = ~ \$233 ;
-  assign \$235  = l1_0[0] & \$234 ;
-  assign \$236  = ! p1_beat;
-  assign \$237  = ~ \$236 ;
-  assign \$238  = l1_2[0] & \$237 ;
-  assign \$239  = ~ \$238 ;
-  assign \$240  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$241  = \$239  | \$240 ;
-  assign \$242  = ! p1_beat;
-  assign \$243  = ~ \$242 ;
-  assign \$244  = l1_1[0] & \$243 ;
-  assign \$245  = ~ \$244 ;
-  assign \$246  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
-  assign \$247  = \$245  | \$246 ;
-  assign \$248  = \$241  & \$247 ;
-  assign \$249  = ! p1_beat;
-  assign \$250  = ~ \$249 ;
-  assign \$251  = l1_2[0] & \$250 ;
-  assign \$252  = ~ \$251 ;
-  assign \$253  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$254  = \$252  | \$253 ;
-  assign \$255  = ! p1_beat;
-  assign \$256  = ~ \$255 ;
-  assign \$257  = l1_1[0] & \$256 ;
-  assign \$258  = ! p1_beat;
-  assign \$259  = ~ \$258 ;
-  assign \$260  = l1_3[0] & \$259 ;
-  assign \$261  = ~ \$260 ;
-  assign \$262  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
-  assign \$263  = \$261  | \$262 ;
-  assign \$264  = ! p1_beat;
-  assign \$265  = ~ \$264 ;
-  assign \$266  = l1_2[0] & \$265 ;
-  assign \$267  = ~ \$266 ;
-  assign \$268  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
-  assign \$269  = \$267  | \$268 ;
-  assign \$270  = \$263  & \$269 ;
-  assign \$271  = ! p1_beat;
-  assign \$272  = ~ \$271 ;
-  assign \$273  = l1_3[0] & \$272 ;
+  assign \$212  = l1_0[0] & \$211 ;
+  assign \$213  = ~ \$212 ;
+  assign \$214  = $signed(new1[17:1]) > $signed(l1_0[17:1]);
+  assign \$215  = \$213  | \$214 ;
+  assign \$216  = \$209  & \$215 ;
+  assign \$217  = ! p1_beat;
+  assign \$218  = ~ \$217 ;
+  assign \$219  = l1_1[0] & \$218 ;
+  assign \$220  = ~ \$219 ;
+  assign \$221  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$222  = \$220  | \$221 ;
+  assign \$223  = ! p1_beat;
+  assign \$224  = ~ \$223 ;
+  assign \$225  = l1_0[0] & \$224 ;
+  assign \$226  = ! p1_beat;
+  assign \$227  = ~ \$226 ;
+  assign \$228  = l1_2[0] & \$227 ;
+  assign \$229  = ~ \$228 ;
+  assign \$230  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$231  = \$229  | \$230 ;
+  assign \$232  = ! p1_beat;
+  assign \$233  = ~ \$232 ;
+  assign \$234  = l1_1[0] & \$233 ;
+  assign \$235  = ~ \$234 ;
+  assign \$236  = $signed(new1[17:1]) > $signed(l1_1[17:1]);
+  assign \$237  = \$235  | \$236 ;
+  assign \$238  = \$231  & \$237 ;
+  assign \$239  = ! p1_beat;
+  assign \$240  = ~ \$239 ;
+  assign \$241  = l1_2[0] & \$240 ;
+  assign \$242  = ~ \$241 ;
+  assign \$243  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$244  = \$242  | \$243 ;
+  assign \$245  = ! p1_beat;
+  assign \$246  = ~ \$245 ;
+  assign \$247  = l1_1[0] & \$246 ;
+  assign \$248  = ! p1_beat;
+  assign \$249  = ~ \$248 ;
+  assign \$250  = l1_3[0] & \$249 ;
+  assign \$251  = ~ \$250 ;
+  assign \$252  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$253  = \$251  | \$252 ;
+  assign \$254  = ! p1_beat;
+  assign \$255  = ~ \$254 ;
+  assign \$256  = l1_2[0] & \$255 ;
+  assign \$257  = ~ \$256 ;
+  assign \$258  = $signed(new1[17:1]) > $signed(l1_2[17:1]);
+  assign \$259  = \$257  | \$258 ;
+  assign \$260  = \$253  & \$259 ;
+  assign \$261  = ! p1_beat;
+  assign \$262  = ~ \$261 ;
+  assign \$263  = l1_3[0] & \$262 ;
+  assign \$264  = ~ \$263 ;
+  assign \$265  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
+  assign \$266  = \$264  | \$265 ;
+  assign \$267  = ! p1_beat;
+  assign \$268  = ~ \$267 ;
+  assign \$269  = l1_2[0] & \$268 ;
+  assign \$270  = scores__valid & scores__ready;
+  assign \$271  = $signed({ 1'h0, scores__payload[38:26] }) + $signed(\rp__data$105 );
+  assign \$273  = ! p1_beat;
   assign \$274  = ~ \$273 ;
-  assign \$275  = $signed(new1[17:1]) > $signed(l1_3[17:1]);
-  assign \$276  = \$274  | \$275 ;
-  assign \$277  = ! p1_beat;
-  assign \$278  = ~ \$277 ;
-  assign \$279  = l1_2[0] & \$278 ;
-  assign \$280  = scores__valid & scores__ready;
-  assign \$281  = $signed({ 1'h0, scores__payload[38:26] }) + $signed(\rp__data$105 );
-  assign \$283  = ! p1_beat;
-  assign \$284  = ~ \$283 ;
-  assign \$285  = l2_0[0] & \$284 ;
+  assign \$275  = l2_0[0] & \$274 ;
+  assign \$276  = ~ \$275 ;
+  assign \$277  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$278  = \$276  | \$277 ;
+  assign \$279  = ! p1_beat;
+  assign \$280  = ~ \$279 ;
+  assign \$281  = l2_1[0] & \$280 ;
+  assign \$282  = ~ \$281 ;
+  assign \$283  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$284  = \$282  | \$283 ;
+  assign \$285  = ! p1_beat;
   assign \$286  = ~ \$285 ;
-  assign \$287  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
-  assign \$288  = \$286  | \$287 ;
-  assign \$289  = ! p1_beat;
-  assign \$290  = ~ \$289 ;
-  assign \$291  = l2_1[0] & \$290 ;
-  assign \$292  = ~ \$291 ;
-  assign \$293  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$294  = \$292  | \$293 ;
-  assign \$295  = ! p1_beat;
-  assign \$296  = ~ \$295 ;
-  assign \$297  = l2_0[0] & \$296 ;
-  assign \$298  = ~ \$297 ;
-  assign \$299  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
-  assign \$300  = \$298  | \$299 ;
-  assign \$301  = \$294  & \$300 ;
-  assign \$302  = ! p1_beat;
-  assign \$303  = ~ \$302 ;
-  assign \$304  = l2_1[0] & \$303 ;
-  assign \$305  = ~ \$304 ;
-  assign \$306  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$307  = \$305  | \$306 ;
-  assign \$308  = ! p1_beat;
-  assign \$309  = ~ \$308 ;
-  assign \$310  = l2_0[0] & \$309 ;
-  assign \$311  = ! p1_beat;
-  assign \$312  = ~ \$311 ;
-  assign \$313  = l2_2[0] & \$312 ;
-  assign \$314  = ~ \$313 ;
-  assign \$315  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$316  = \$314  | \$315 ;
-  assign \$317  = ! p1_beat;
-  assign \$318  = ~ \$317 ;
-  assign \$319  = l2_1[0] & \$318 ;
-  assign \$320  = ~ \$319 ;
-  assign \$321  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
-  assign \$322  = \$320  | \$321 ;
-  assign \$323  = \$316  & \$322 ;
-  assign \$324  = ! p1_beat;
-  assign \$325  = ~ \$324 ;
-  assign \$326  = l2_2[0] & \$325 ;
-  assign \$327  = ~ \$326 ;
-  assign \$328  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$329  = \$327  | \$328 ;
-  assign \$330  = ! p1_beat;
-  assign \$331  = ~ \$330 ;
-  assign \$332  = l2_1[0] & \$331 ;
-  assign \$333  = ! p1_beat;
-  assign \$334  = ~ \$333 ;
-  assign \$335  = l2_3[0] & \$334 ;
-  assign \$336  = ~ \$335 ;
-  assign \$337  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$338  = \$336  | \$337 ;
-  assign \$339  = ! p1_beat;
-  assign \$340  = ~ \$339 ;
-  assign \$341  = l2_2[0] & \$340 ;
-  assign \$342  = ~ \$341 ;
-  assign \$343  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
-  assign \$344  = \$342  | \$343 ;
-  assign \$345  = \$338  & \$344 ;
-  assign \$346  = ! p1_beat;
-  assign \$347  = ~ \$346 ;
-  assign \$348  = l2_3[0] & \$347 ;
+  assign \$287  = l2_0[0] & \$286 ;
+  assign \$288  = ~ \$287 ;
+  assign \$289  = $signed(new2[17:1]) > $signed(l2_0[17:1]);
+  assign \$290  = \$288  | \$289 ;
+  assign \$291  = \$284  & \$290 ;
+  assign \$292  = ! p1_beat;
+  assign \$293  = ~ \$292 ;
+  assign \$294  = l2_1[0] & \$293 ;
+  assign \$295  = ~ \$294 ;
+  assign \$296  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$297  = \$295  | \$296 ;
+  assign \$298  = ! p1_beat;
+  assign \$299  = ~ \$298 ;
+  assign \$300  = l2_0[0] & \$299 ;
+  assign \$301  = ! p1_beat;
+  assign \$302  = ~ \$301 ;
+  assign \$303  = l2_2[0] & \$302 ;
+  assign \$304  = ~ \$303 ;
+  assign \$305  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$306  = \$304  | \$305 ;
+  assign \$307  = ! p1_beat;
+  assign \$308  = ~ \$307 ;
+  assign \$309  = l2_1[0] & \$308 ;
+  assign \$310  = ~ \$309 ;
+  assign \$311  = $signed(new2[17:1]) > $signed(l2_1[17:1]);
+  assign \$312  = \$310  | \$311 ;
+  assign \$313  = \$306  & \$312 ;
+  assign \$314  = ! p1_beat;
+  assign \$315  = ~ \$314 ;
+  assign \$316  = l2_2[0] & \$315 ;
+  assign \$317  = ~ \$316 ;
+  assign \$318  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$319  = \$317  | \$318 ;
+  assign \$320  = ! p1_beat;
+  assign \$321  = ~ \$320 ;
+  assign \$322  = l2_1[0] & \$321 ;
+  assign \$323  = ! p1_beat;
+  assign \$324  = ~ \$323 ;
+  assign \$325  = l2_3[0] & \$324 ;
+  assign \$326  = ~ \$325 ;
+  assign \$327  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$328  = \$326  | \$327 ;
+  assign \$329  = ! p1_beat;
+  assign \$330  = ~ \$329 ;
+  assign \$331  = l2_2[0] & \$330 ;
+  assign \$332  = ~ \$331 ;
+  assign \$333  = $signed(new2[17:1]) > $signed(l2_2[17:1]);
+  assign \$334  = \$332  | \$333 ;
+  assign \$335  = \$328  & \$334 ;
+  assign \$336  = ! p1_beat;
+  assign \$337  = ~ \$336 ;
+  assign \$338  = l2_3[0] & \$337 ;
+  assign \$339  = ~ \$338 ;
+  assign \$340  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
+  assign \$341  = \$339  | \$340 ;
+  assign \$342  = ! p1_beat;
+  assign \$343  = ~ \$342 ;
+  assign \$344  = l2_2[0] & \$343 ;
+  assign \$345  = scores__valid & scores__ready;
+  assign \$346  = $signed({ 1'h0, scores__payload[51:39] }) + $signed(\rp__data$109 );
+  assign \$348  = ! p1_beat;
   assign \$349  = ~ \$348 ;
-  assign \$350  = $signed(new2[17:1]) > $signed(l2_3[17:1]);
-  assign \$351  = \$349  | \$350 ;
-  assign \$352  = ! p1_beat;
-  assign \$353  = ~ \$352 ;
-  assign \$354  = l2_2[0] & \$353 ;
-  assign \$355  = scores__valid & scores__ready;
-  assign \$356  = $signed({ 1'h0, scores__payload[51:39] }) + $signed(\rp__data$109 );
-  assign \$358  = ! p1_beat;
-  assign \$359  = ~ \$358 ;
-  assign \$360  = l3_0[0] & \$359 ;
+  assign \$350  = l3_0[0] & \$349 ;
+  assign \$351  = ~ \$350 ;
+  assign \$352  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$353  = \$351  | \$352 ;
+  assign \$354  = ! p1_beat;
+  assign \$355  = ~ \$354 ;
+  assign \$356  = l3_1[0] & \$355 ;
+  assign \$357  = ~ \$356 ;
+  assign \$358  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$359  = \$357  | \$358 ;
+  assign \$360  = ! p1_beat;
   assign \$361  = ~ \$360 ;
-  assign \$362  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$363  = \$361  | \$362 ;
-  assign \$364  = ! p1_beat;
-  assign \$365  = ~ \$364 ;
-  assign \$366  = l3_1[0] & \$365 ;
-  assign \$367  = ~ \$366 ;
-  assign \$368  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$369  = \$367  | \$368 ;
-  assign \$370  = ! p1_beat;
-  assign \$371  = ~ \$370 ;
-  assign \$372  = l3_0[0] & \$371 ;
-  assign \$373  = ~ \$372 ;
-  assign \$374  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
-  assign \$375  = \$373  | \$374 ;
-  assign \$376  = \$369  & \$375 ;
-  assign \$377  = ! p1_beat;
-  assign \$378  = ~ \$377 ;
-  assign \$379  = l3_1[0] & \$378 ;
-  assign \$380  = ~ \$379 ;
-  assign \$381  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$382  = \$380  | \$381 ;
-  assign \$383  = ! p1_beat;
-  assign \$384  = ~ \$383 ;
-  assign \$385  = l3_0[0] & \$384 ;
-  assign \$386  = ! p1_beat;
-  assign \$387  = ~ \$386 ;
-  assign \$388  = l3_2[0] & \$387 ;
-  assign \$389  = ~ \$388 ;
-  assign \$390  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$391  = \$389  | \$390 ;
-  assign \$392  = ! p1_beat;
-  assign \$393  = ~ \$392 ;
-  assign \$394  = l3_1[0] & \$393 ;
-  assign \$395  = ~ \$394 ;
-  assign \$396  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
-  assign \$397  = \$395  | \$396 ;
-  assign \$398  = \$391  & \$397 ;
-  assign \$399  = ! p1_beat;
-  assign \$400  = ~ \$399 ;
-  assign \$401  = l3_2[0] & \$400 ;
-  assign \$402  = ~ \$401 ;
-  assign \$403  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$404  = \$402  | \$403 ;
-  assign \$405  = ! p1_beat;
-  assign \$406  = ~ \$405 ;
-  assign \$407  = l3_1[0] & \$406 ;
-  assign \$408  = ! p1_beat;
-  assign \$409  = ~ \$408 ;
-  assign \$410  = l3_3[0] & \$409 ;
-  assign \$411  = ~ \$410 ;
-  assign \$412  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$413  = \$411  | \$412 ;
-  assign \$414  = ! p1_beat;
-  assign \$415  = ~ \$414 ;
-  assign \$416  = l3_2[0] & \$415 ;
-  assign \$417  = ~ \$416 ;
-  assign \$418  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
-  assign \$419  = \$417  | \$418 ;
-  assign \$420  = \$413  & \$419 ;
-  assign \$421  = ! p1_beat;
-  assign \$422  = ~ \$421 ;
-  assign \$423  = l3_3[0] & \$422 ;
-  assign \$424  = ~ \$423 ;
-  assign \$425  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
-  assign \$426  = \$424  | \$425 ;
-  assign \$427  = ! p1_beat;
-  assign \$428  = ~ \$427 ;
-  assign \$429  = l3_2[0] & \$428 ;
-  assign \$430  = ~ picked;
-  assign \$431  = merging & \$430 ;
-  assign \$432  = ~ load_clearing;
-  assign \$433  = picked & \$432 ;
-  assign \$434  = ~ load_clearing;
-  assign \$435  = picked & \$434 ;
-  assign \$436  = ~ load_clearing;
-  assign \$437  = picked & \$436 ;
-  assign \$438  = den + best[42:30];
-  assign \$439  = merge_count + 1'h1;
-  assign \$440  = merge_count == 2'h3;
-  assign \$441  = ~ inc1_valid;
-  assign \$442  = load_clearing & \$441 ;
-  assign \$443  = ~ inc2_valid;
-  assign \$444  = \$442  & \$443 ;
-  assign \$445  = sweep + 1'h1;
-  assign \$446  = sweep == 6'h3f;
-  assign \$447  = ~ busy;
-  assign \$448  = dividing & \$447 ;
-  assign \$449  = routes__valid & routes__ready;
-  assign \$450  = out_count + 1'h1;
-  assign \$451  = out_count == 2'h3;
-  \nanokpu_router.divider  divider (
+  assign \$362  = l3_0[0] & \$361 ;
+  assign \$363  = ~ \$362 ;
+  assign \$364  = $signed(new3[17:1]) > $signed(l3_0[17:1]);
+  assign \$365  = \$363  | \$364 ;
+  assign \$366  = \$359  & \$365 ;
+  assign \$367  = ! p1_beat;
+  assign \$368  = ~ \$367 ;
+  assign \$369  = l3_1[0] & \$368 ;
+  assign \$370  = ~ \$369 ;
+  assign \$371  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$372  = \$370  | \$371 ;
+  assign \$373  = ! p1_beat;
+  assign \$374  = ~ \$373 ;
+  assign \$375  = l3_0[0] & \$374 ;
+  assign \$376  = ! p1_beat;
+  assign \$377  = ~ \$376 ;
+  assign \$378  = l3_2[0] & \$377 ;
+  assign \$379  = ~ \$378 ;
+  assign \$380  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$381  = \$379  | \$380 ;
+  assign \$382  = ! p1_beat;
+  assign \$383  = ~ \$382 ;
+  assign \$384  = l3_1[0] & \$383 ;
+  assign \$385  = ~ \$384 ;
+  assign \$386  = $signed(new3[17:1]) > $signed(l3_1[17:1]);
+  assign \$387  = \$385  | \$386 ;
+  assign \$388  = \$381  & \$387 ;
+  assign \$389  = ! p1_beat;
+  assign \$390  = ~ \$389 ;
+  assign \$391  = l3_2[0] & \$390 ;
+  assign \$392  = ~ \$391 ;
+  assign \$393  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$394  = \$392  | \$393 ;
+  assign \$395  = ! p1_beat;
+  assign \$396  = ~ \$395 ;
+  assign \$397  = l3_1[0] & \$396 ;
+  assign \$398  = ! p1_beat;
+  assign \$399  = ~ \$398 ;
+  assign \$400  = l3_3[0] & \$399 ;
+  assign \$401  = ~ \$400 ;
+  assign \$402  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$403  = \$401  | \$402 ;
+  assign \$404  = ! p1_beat;
+  assign \$405  = ~ \$404 ;
+  assign \$406  = l3_2[0] & \$405 ;
+  assign \$407  = ~ \$406 ;
+  assign \$408  = $signed(new3[17:1]) > $signed(l3_2[17:1]);
+  assign \$409  = \$407  | \$408 ;
+  assign \$410  = \$403  & \$409 ;
+  assign \$411  = ! p1_beat;
+  assign \$412  = ~ \$411 ;
+  assign \$413  = l3_3[0] & \$412 ;
+  assign \$414  = ~ \$413 ;
+  assign \$415  = $signed(new3[17:1]) > $signed(l3_3[17:1]);
+  assign \$416  = \$414  | \$415 ;
+  assign \$417  = ! p1_beat;
+  assign \$418  = ~ \$417 ;
+  assign \$419  = l3_2[0] & \$418 ;
+  assign \$420  = ~ picked;
+  assign \$421  = merging & \$420 ;
+  assign \$422  = ~ load_clearing;
+  assign \$423  = picked & \$422 ;
+  assign \$424  = ~ load_clearing;
+  assign \$425  = picked & \$424 ;
+  assign \$426  = ~ load_clearing;
+  assign \$427  = picked & \$426 ;
+  assign \$428  = total + best[42:30];
+  assign \$429  = merge_count + 1'h1;
+  assign \$430  = merge_count == 2'h3;
+  assign \$431  = ~ inc1_valid;
+  assign \$432  = load_clearing & \$431 ;
+  assign \$433  = ~ inc2_valid;
+  assign \$434  = \$432  & \$433 ;
+  assign \$435  = sweep + 1'h1;
+  assign \$436  = sweep == 6'h3f;
+  assign \$437  = ~ busy;
+  assign \$438  = dividing & \$437 ;
+  assign \$439  = routes__valid & routes__ready;
+  assign \$440  = out_count + 1'h1;
+  assign \$441  = out_count == 2'h3;
+  always @(posedge clk)
+    p1_scores <= \$442 ;
+  \nanokpu_router.renorm  renorm (
     .busy(busy),
     .clk(clk),
-    .\den$11 (den),
-    .quot(quot),
+    .den(total),
     .rst(rst),
-    .start(c_take)
+    .score(score),
+    .start(c_take),
+    .weight(weight)
   );
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$443  = p1_beat;
+    if (\$111 ) begin
+      \$443  = beat;
+    end
+    if (rst) begin
+      \$443  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$444  = p1_valid;
+    if (\$111 ) begin
+      \$444  = 1'h1;
+    end else if (advance) begin
+      \$444  = 1'h0;
+    end
+    if (rst) begin
+      \$444  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$445  = beat;
+    if (\$111 ) begin
+      \$445  = \$114 [3:0];
+    end
+    if (rst) begin
+      \$445  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$446  = \$119 ;
+    if (rst) begin
+      \$446  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$447  = p1_keys;
+    if (\$120 ) begin
+      \$447 [16:0] = \$121 ;
+    end
+    if (\$195 ) begin
+      \$447 [33:17] = \$196 ;
+    end
+    if (\$270 ) begin
+      \$447 [50:34] = \$271 ;
+    end
+    if (\$345 ) begin
+      \$447 [67:51] = \$346 ;
+    end
+    if (rst) begin
+      \$447  = 68'h00000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$448  = l0_0;
+    if (\$122 ) begin
+      if (\$128 ) begin
+        \$448  = new0;
+      end
+    end
+    if (rst) begin
+      \$448  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$449  = l0_1;
+    if (\$122 ) begin
+      if (\$141 ) begin
+        \$449 [34:1] = l0_0[34:1];
+        \$449 [0] = \$150 ;
+      end else if (\$147 ) begin
+        \$449  = new0;
+      end
+    end
+    if (rst) begin
+      \$449  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$450  = l0_2;
+    if (\$122 ) begin
+      if (\$163 ) begin
+        \$450 [34:1] = l0_1[34:1];
+        \$450 [0] = \$172 ;
+      end else if (\$169 ) begin
+        \$450  = new0;
+      end
+    end
+    if (rst) begin
+      \$450  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$451  = l0_3;
+    if (\$122 ) begin
+      if (\$185 ) begin
+        \$451 [34:1] = l0_2[34:1];
+        \$451 [0] = \$194 ;
+      end else if (\$191 ) begin
+        \$451  = new0;
+      end
+    end
+    if (rst) begin
+      \$451  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$452  = l1_0;
+    if (\$197 ) begin
+      if (\$203 ) begin
+        \$452  = new1;
+      end
+    end
+    if (rst) begin
+      \$452  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$453  = l1_1;
+    if (\$197 ) begin
+      if (\$216 ) begin
+        \$453 [34:1] = l1_0[34:1];
+        \$453 [0] = \$225 ;
+      end else if (\$222 ) begin
+        \$453  = new1;
+      end
+    end
+    if (rst) begin
+      \$453  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$454  = l1_2;
+    if (\$197 ) begin
+      if (\$238 ) begin
+        \$454 [34:1] = l1_1[34:1];
+        \$454 [0] = \$247 ;
+      end else if (\$244 ) begin
+        \$454  = new1;
+      end
+    end
+    if (rst) begin
+      \$454  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$455  = l1_3;
+    if (\$197 ) begin
+      if (\$260 ) begin
+        \$455 [34:1] = l1_2[34:1];
+        \$455 [0] = \$269 ;
+      end else if (\$266 ) begin
+        \$455  = new1;
+      end
+    end
+    if (rst) begin
+      \$455  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$456  = l2_0;
+    if (\$272 ) begin
+      if (\$278 ) begin
+        \$456  = new2;
+      end
+    end
+    if (rst) begin
+      \$456  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$457  = l2_1;
+    if (\$272 ) begin
+      if (\$291 ) begin
+        \$457 [34:1] = l2_0[34:1];
+        \$457 [0] = \$300 ;
+      end else if (\$297 ) begin
+        \$457  = new2;
+      end
+    end
+    if (rst) begin
+      \$457  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$458  = l2_2;
+    if (\$272 ) begin
+      if (\$313 ) begin
+        \$458 [34:1] = l2_1[34:1];
+        \$458 [0] = \$322 ;
+      end else if (\$319 ) begin
+        \$458  = new2;
+      end
+    end
+    if (rst) begin
+      \$458  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$459  = l2_3;
+    if (\$272 ) begin
+      if (\$335 ) begin
+        \$459 [34:1] = l2_2[34:1];
+        \$459 [0] = \$344 ;
+      end else if (\$341 ) begin
+        \$459  = new2;
+      end
+    end
+    if (rst) begin
+      \$459  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$460  = l3_0;
+    if (\$347 ) begin
+      if (\$353 ) begin
+        \$460  = new3;
+      end
+    end
+    if (rst) begin
+      \$460  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$461  = l3_1;
+    if (\$347 ) begin
+      if (\$366 ) begin
+        \$461 [34:1] = l3_0[34:1];
+        \$461 [0] = \$375 ;
+      end else if (\$372 ) begin
+        \$461  = new3;
+      end
+    end
+    if (rst) begin
+      \$461  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$462  = l3_2;
+    if (\$347 ) begin
+      if (\$388 ) begin
+        \$462 [34:1] = l3_1[34:1];
+        \$462 [0] = \$397 ;
+      end else if (\$394 ) begin
+        \$462  = new3;
+      end
+    end
+    if (rst) begin
+      \$462  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$463  = l3_3;
+    if (\$347 ) begin
+      if (\$410 ) begin
+        \$463 [34:1] = l3_2[34:1];
+        \$463 [0] = \$419 ;
+      end else if (\$416 ) begin
+        \$463  = new3;
+      end
+    end
+    if (rst) begin
+      \$463  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$464  = low0_0;
+    if (rst) begin
+      \$464  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$465  = low0_1;
+    if (rst) begin
+      \$465  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$466  = best;
+    if (\$421 ) begin
+      \$466  = high0_0;
+    end
+    if (rst) begin
+      \$466  = 47'h000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$467  = picked;
+    if (\$421 ) begin
+      \$467  = 1'h1;
+    end
+    if (\$423 ) begin
+      \$467  = 1'h0;
+    end
+    if (rst) begin
+      \$467  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$468  = \$425 ;
+    if (rst) begin
+      \$468  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$469  = best[29:24];
+    if (rst) begin
+      \$469  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$470  = s0_0;
+    if (take) begin
+      \$470  = l0_0;
+    end else if (\$427 ) begin
+      if (best[43]) begin
+        \$470  = s0_1;
+      end
+    end
+    if (rst) begin
+      \$470  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$471  = s0_1;
+    if (take) begin
+      \$471  = l0_1;
+    end else if (\$427 ) begin
+      if (best[43]) begin
+        \$471  = s0_2;
+      end
+    end
+    if (rst) begin
+      \$471  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$472  = s0_2;
+    if (take) begin
+      \$472  = l0_2;
+    end else if (\$427 ) begin
+      if (best[43]) begin
+        \$472  = s0_3;
+      end
+    end
+    if (rst) begin
+      \$472  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$473  = s0_3;
+    if (take) begin
+      \$473  = l0_3;
+    end else if (\$427 ) begin
+      if (best[43]) begin
+        \$473  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$473  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$474  = s1_0;
+    if (take) begin
+      \$474  = l1_0;
+    end else if (\$427 ) begin
+      if (best[44]) begin
+        \$474  = s1_1;
+      end
+    end
+    if (rst) begin
+      \$474  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$475  = s1_1;
+    if (take) begin
+      \$475  = l1_1;
+    end else if (\$427 ) begin
+      if (best[44]) begin
+        \$475  = s1_2;
+      end
+    end
+    if (rst) begin
+      \$475  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$476  = s1_2;
+    if (take) begin
+      \$476  = l1_2;
+    end else if (\$427 ) begin
+      if (best[44]) begin
+        \$476  = s1_3;
+      end
+    end
+    if (rst) begin
+      \$476  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$477  = s1_3;
+    if (take) begin
+      \$477  = l1_3;
+    end else if (\$427 ) begin
+      if (best[44]) begin
+        \$477  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$477  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$478  = s2_0;
+    if (take) begin
+      \$478  = l2_0;
+    end else if (\$427 ) begin
+      if (best[45]) begin
+        \$478  = s2_1;
+      end
+    end
+    if (rst) begin
+      \$478  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$479  = s2_1;
+    if (take) begin
+      \$479  = l2_1;
+    end else if (\$427 ) begin
+      if (best[45]) begin
+        \$479  = s2_2;
+      end
+    end
+    if (rst) begin
+      \$479  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$480  = s2_2;
+    if (take) begin
+      \$480  = l2_2;
+    end else if (\$427 ) begin
+      if (best[45]) begin
+        \$480  = s2_3;
+      end
+    end
+    if (rst) begin
+      \$480  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$481  = s2_3;
+    if (take) begin
+      \$481  = l2_3;
+    end else if (\$427 ) begin
+      if (best[45]) begin
+        \$481  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$481  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$482  = s3_0;
+    if (take) begin
+      \$482  = l3_0;
+    end else if (\$427 ) begin
+      if (best[46]) begin
+        \$482  = s3_1;
+      end
+    end
+    if (rst) begin
+      \$482  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$483  = s3_1;
+    if (take) begin
+      \$483  = l3_1;
+    end else if (\$427 ) begin
+      if (best[46]) begin
+        \$483  = s3_2;
+      end
+    end
+    if (rst) begin
+      \$483  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$484  = s3_2;
+    if (take) begin
+      \$484  = l3_2;
+    end else if (\$427 ) begin
+      if (best[46]) begin
+        \$484  = s3_3;
+      end
+    end
+    if (rst) begin
+      \$484  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$485  = s3_3;
+    if (take) begin
+      \$485  = l3_3;
+    end else if (\$427 ) begin
+      if (best[46]) begin
+        \$485  = 35'h000000000;
+      end
+    end
+    if (rst) begin
+      \$485  = 35'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$486  = merging;
+    if (take) begin
+      \$486  = 1'h1;
+    end else if (\$427 ) begin
+      if (\$430 ) begin
+        \$486  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$486  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$487  = merge_done;
+    if (take) begin
+      \$487  = 1'h0;
+    end else if (\$427 ) begin
+      if (\$430 ) begin
+        \$487  = 1'h1;
+      end
+    end else if (c_take) begin
+      \$487  = 1'h0;
+    end
+    if (rst) begin
+      \$487  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$488  = merge_count;
+    if (take) begin
+      \$488  = 2'h0;
+    end else if (\$427 ) begin
+      \$488  = \$429 [1:0];
+    end
+    if (rst) begin
+      \$488  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$489  = total;
+    if (take) begin
+      \$489  = 15'h0000;
+    end else if (\$427 ) begin
+      \$489  = \$428 [14:0];
+    end
+    if (rst) begin
+      \$489  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$490  = res_index3;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$490  = best[29:24];
+    end
+    if (rst) begin
+      \$490  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$491  = res_score3;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$491  = best[42:30];
+    end
+    if (rst) begin
+      \$491  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$492  = res_index0;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$492  = res_index1;
+    end
+    if (rst) begin
+      \$492  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$493  = res_index1;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$493  = res_index2;
+    end
+    if (rst) begin
+      \$493  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$494  = res_index2;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$494  = res_index3;
+    end
+    if (rst) begin
+      \$494  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$495  = res_score0;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$495  = res_score1;
+    end
+    if (rst) begin
+      \$495  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$496  = res_score1;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$496  = res_score2;
+    end
+    if (rst) begin
+      \$496  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$497  = res_score2;
+    if (take) begin
+    end else if (\$427 ) begin
+      \$497  = res_score3;
+    end
+    if (rst) begin
+      \$497  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$498  = inc1_valid;
+    if (rst) begin
+      \$498  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$499  = lr__addr;
+    if (rst) begin
+      \$499  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$500  = load_clearing;
+    if (load_clear) begin
+      \$500  = 1'h1;
+    end else if (\$434 ) begin
+      if (\$436 ) begin
+        \$500  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$500  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$501  = sweep;
+    if (load_clear) begin
+      \$501  = 6'h00;
+    end else if (\$434 ) begin
+      \$501  = \$435 [5:0];
+    end
+    if (rst) begin
+      \$501  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$502  = dividing;
+    if (c_take) begin
+      \$502  = 1'h1;
+    end else if (\$438 ) begin
+      \$502  = 1'h0;
+    end
+    if (rst) begin
+      \$502  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$503  = routes__valid;
+    if (c_take) begin
+      \$503  = 1'h0;
+    end else if (\$438 ) begin
+      \$503  = 1'h1;
+    end else if (\$439 ) begin
+      if (\$441 ) begin
+        \$503  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$503  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$504  = out_count;
+    if (c_take) begin
+      \$504  = 2'h0;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$504  = \$440 [1:0];
+    end
+    if (rst) begin
+      \$504  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$505  = out_index0;
+    if (c_take) begin
+      \$505  = res_index0;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$505  = out_index1;
+    end
+    if (rst) begin
+      \$505  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$506  = out_index1;
+    if (c_take) begin
+      \$506  = res_index1;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$506  = out_index2;
+    end
+    if (rst) begin
+      \$506  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$507  = out_index2;
+    if (c_take) begin
+      \$507  = res_index2;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$507  = out_index3;
+    end
+    if (rst) begin
+      \$507  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$508  = out_index3;
+    if (c_take) begin
+      \$508  = res_index3;
+    end
+    if (rst) begin
+      \$508  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$509  = score;
+    if (c_take) begin
+      \$509  = res_score0;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$509  = out_score1;
+    end
+    if (rst) begin
+      \$509  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$510  = out_score1;
+    if (c_take) begin
+      \$510  = res_score1;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$510  = out_score2;
+    end
+    if (rst) begin
+      \$510  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$511  = out_score2;
+    if (c_take) begin
+      \$511  = res_score2;
+    end else if (\$438 ) begin
+    end else if (\$439 ) begin
+      \$511  = out_score3;
+    end
+    if (rst) begin
+      \$511  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$512  = out_score3;
+    if (c_take) begin
+      \$512  = res_score3;
+    end
+    if (rst) begin
+      \$512  = 13'h0000;
+    end
+  end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     (* full_case = 32'd1 *)
@@ -1771,894 +2637,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$452  = p1_scores;
-    if (\$121 ) begin
-      \$452  = scores__payload;
+    \$442  = p1_scores;
+    if (\$111 ) begin
+      \$442  = scores__payload;
     end
     if (rst) begin
-      \$452  = 52'h0000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$453  = p1_beat;
-    if (\$121 ) begin
-      \$453  = beat;
-    end
-    if (rst) begin
-      \$453  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$454  = p1_valid;
-    if (\$121 ) begin
-      \$454  = 1'h1;
-    end else if (advance) begin
-      \$454  = 1'h0;
-    end
-    if (rst) begin
-      \$454  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$455  = beat;
-    if (\$121 ) begin
-      \$455  = \$124 [3:0];
-    end
-    if (rst) begin
-      \$455  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$456  = \$129 ;
-    if (rst) begin
-      \$456  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$457  = p1_keys;
-    if (\$130 ) begin
-      \$457 [16:0] = \$131 ;
-    end
-    if (\$205 ) begin
-      \$457 [33:17] = \$206 ;
-    end
-    if (\$280 ) begin
-      \$457 [50:34] = \$281 ;
-    end
-    if (\$355 ) begin
-      \$457 [67:51] = \$356 ;
-    end
-    if (rst) begin
-      \$457  = 68'h00000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$458  = l0_0;
-    if (\$132 ) begin
-      if (\$138 ) begin
-        \$458  = new0;
-      end
-    end
-    if (rst) begin
-      \$458  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$459  = l0_1;
-    if (\$132 ) begin
-      if (\$151 ) begin
-        \$459 [34:1] = l0_0[34:1];
-        \$459 [0] = \$160 ;
-      end else if (\$157 ) begin
-        \$459  = new0;
-      end
-    end
-    if (rst) begin
-      \$459  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$460  = l0_2;
-    if (\$132 ) begin
-      if (\$173 ) begin
-        \$460 [34:1] = l0_1[34:1];
-        \$460 [0] = \$182 ;
-      end else if (\$179 ) begin
-        \$460  = new0;
-      end
-    end
-    if (rst) begin
-      \$460  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$461  = l0_3;
-    if (\$132 ) begin
-      if (\$195 ) begin
-        \$461 [34:1] = l0_2[34:1];
-        \$461 [0] = \$204 ;
-      end else if (\$201 ) begin
-        \$461  = new0;
-      end
-    end
-    if (rst) begin
-      \$461  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$462  = l1_0;
-    if (\$207 ) begin
-      if (\$213 ) begin
-        \$462  = new1;
-      end
-    end
-    if (rst) begin
-      \$462  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$463  = l1_1;
-    if (\$207 ) begin
-      if (\$226 ) begin
-        \$463 [34:1] = l1_0[34:1];
-        \$463 [0] = \$235 ;
-      end else if (\$232 ) begin
-        \$463  = new1;
-      end
-    end
-    if (rst) begin
-      \$463  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$464  = l1_2;
-    if (\$207 ) begin
-      if (\$248 ) begin
-        \$464 [34:1] = l1_1[34:1];
-        \$464 [0] = \$257 ;
-      end else if (\$254 ) begin
-        \$464  = new1;
-      end
-    end
-    if (rst) begin
-      \$464  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$465  = l1_3;
-    if (\$207 ) begin
-      if (\$270 ) begin
-        \$465 [34:1] = l1_2[34:1];
-        \$465 [0] = \$279 ;
-      end else if (\$276 ) begin
-        \$465  = new1;
-      end
-    end
-    if (rst) begin
-      \$465  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$466  = l2_0;
-    if (\$282 ) begin
-      if (\$288 ) begin
-        \$466  = new2;
-      end
-    end
-    if (rst) begin
-      \$466  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$467  = l2_1;
-    if (\$282 ) begin
-      if (\$301 ) begin
-        \$467 [34:1] = l2_0[34:1];
-        \$467 [0] = \$310 ;
-      end else if (\$307 ) begin
-        \$467  = new2;
-      end
-    end
-    if (rst) begin
-      \$467  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$468  = l2_2;
-    if (\$282 ) begin
-      if (\$323 ) begin
-        \$468 [34:1] = l2_1[34:1];
-        \$468 [0] = \$332 ;
-      end else if (\$329 ) begin
-        \$468  = new2;
-      end
-    end
-    if (rst) begin
-      \$468  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$469  = l2_3;
-    if (\$282 ) begin
-      if (\$345 ) begin
-        \$469 [34:1] = l2_2[34:1];
-        \$469 [0] = \$354 ;
-      end else if (\$351 ) begin
-        \$469  = new2;
-      end
-    end
-    if (rst) begin
-      \$469  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$470  = l3_0;
-    if (\$357 ) begin
-      if (\$363 ) begin
-        \$470  = new3;
-      end
-    end
-    if (rst) begin
-      \$470  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$471  = l3_1;
-    if (\$357 ) begin
-      if (\$376 ) begin
-        \$471 [34:1] = l3_0[34:1];
-        \$471 [0] = \$385 ;
-      end else if (\$382 ) begin
-        \$471  = new3;
-      end
-    end
-    if (rst) begin
-      \$471  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$472  = l3_2;
-    if (\$357 ) begin
-      if (\$398 ) begin
-        \$472 [34:1] = l3_1[34:1];
-        \$472 [0] = \$407 ;
-      end else if (\$404 ) begin
-        \$472  = new3;
-      end
-    end
-    if (rst) begin
-      \$472  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$473  = l3_3;
-    if (\$357 ) begin
-      if (\$420 ) begin
-        \$473 [34:1] = l3_2[34:1];
-        \$473 [0] = \$429 ;
-      end else if (\$426 ) begin
-        \$473  = new3;
-      end
-    end
-    if (rst) begin
-      \$473  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$474  = low0_0;
-    if (rst) begin
-      \$474  = 47'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$475  = low0_1;
-    if (rst) begin
-      \$475  = 47'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$476  = best;
-    if (\$431 ) begin
-      \$476  = high0_0;
-    end
-    if (rst) begin
-      \$476  = 47'h000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$477  = picked;
-    if (\$431 ) begin
-      \$477  = 1'h1;
-    end
-    if (\$433 ) begin
-      \$477  = 1'h0;
-    end
-    if (rst) begin
-      \$477  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$478  = \$435 ;
-    if (rst) begin
-      \$478  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$479  = best[29:24];
-    if (rst) begin
-      \$479  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$480  = s0_0;
-    if (take) begin
-      \$480  = l0_0;
-    end else if (\$437 ) begin
-      if (best[43]) begin
-        \$480  = s0_1;
-      end
-    end
-    if (rst) begin
-      \$480  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$481  = s0_1;
-    if (take) begin
-      \$481  = l0_1;
-    end else if (\$437 ) begin
-      if (best[43]) begin
-        \$481  = s0_2;
-      end
-    end
-    if (rst) begin
-      \$481  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$482  = s0_2;
-    if (take) begin
-      \$482  = l0_2;
-    end else if (\$437 ) begin
-      if (best[43]) begin
-        \$482  = s0_3;
-      end
-    end
-    if (rst) begin
-      \$482  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$483  = s0_3;
-    if (take) begin
-      \$483  = l0_3;
-    end else if (\$437 ) begin
-      if (best[43]) begin
-        \$483  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$483  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$484  = s1_0;
-    if (take) begin
-      \$484  = l1_0;
-    end else if (\$437 ) begin
-      if (best[44]) begin
-        \$484  = s1_1;
-      end
-    end
-    if (rst) begin
-      \$484  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$485  = s1_1;
-    if (take) begin
-      \$485  = l1_1;
-    end else if (\$437 ) begin
-      if (best[44]) begin
-        \$485  = s1_2;
-      end
-    end
-    if (rst) begin
-      \$485  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$486  = s1_2;
-    if (take) begin
-      \$486  = l1_2;
-    end else if (\$437 ) begin
-      if (best[44]) begin
-        \$486  = s1_3;
-      end
-    end
-    if (rst) begin
-      \$486  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$487  = s1_3;
-    if (take) begin
-      \$487  = l1_3;
-    end else if (\$437 ) begin
-      if (best[44]) begin
-        \$487  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$487  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$488  = s2_0;
-    if (take) begin
-      \$488  = l2_0;
-    end else if (\$437 ) begin
-      if (best[45]) begin
-        \$488  = s2_1;
-      end
-    end
-    if (rst) begin
-      \$488  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$489  = s2_1;
-    if (take) begin
-      \$489  = l2_1;
-    end else if (\$437 ) begin
-      if (best[45]) begin
-        \$489  = s2_2;
-      end
-    end
-    if (rst) begin
-      \$489  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$490  = s2_2;
-    if (take) begin
-      \$490  = l2_2;
-    end else if (\$437 ) begin
-      if (best[45]) begin
-        \$490  = s2_3;
-      end
-    end
-    if (rst) begin
-      \$490  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$491  = s2_3;
-    if (take) begin
-      \$491  = l2_3;
-    end else if (\$437 ) begin
-      if (best[45]) begin
-        \$491  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$491  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$492  = s3_0;
-    if (take) begin
-      \$492  = l3_0;
-    end else if (\$437 ) begin
-      if (best[46]) begin
-        \$492  = s3_1;
-      end
-    end
-    if (rst) begin
-      \$492  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$493  = s3_1;
-    if (take) begin
-      \$493  = l3_1;
-    end else if (\$437 ) begin
-      if (best[46]) begin
-        \$493  = s3_2;
-      end
-    end
-    if (rst) begin
-      \$493  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$494  = s3_2;
-    if (take) begin
-      \$494  = l3_2;
-    end else if (\$437 ) begin
-      if (best[46]) begin
-        \$494  = s3_3;
-      end
-    end
-    if (rst) begin
-      \$494  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$495  = s3_3;
-    if (take) begin
-      \$495  = l3_3;
-    end else if (\$437 ) begin
-      if (best[46]) begin
-        \$495  = 35'h000000000;
-      end
-    end
-    if (rst) begin
-      \$495  = 35'h000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$496  = merging;
-    if (take) begin
-      \$496  = 1'h1;
-    end else if (\$437 ) begin
-      if (\$440 ) begin
-        \$496  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$496  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$497  = merge_done;
-    if (take) begin
-      \$497  = 1'h0;
-    end else if (\$437 ) begin
-      if (\$440 ) begin
-        \$497  = 1'h1;
-      end
-    end else if (c_take) begin
-      \$497  = 1'h0;
-    end
-    if (rst) begin
-      \$497  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$498  = merge_count;
-    if (take) begin
-      \$498  = 2'h0;
-    end else if (\$437 ) begin
-      \$498  = \$439 [1:0];
-    end
-    if (rst) begin
-      \$498  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$499  = den;
-    if (take) begin
-      \$499  = 15'h0000;
-    end else if (\$437 ) begin
-      \$499  = \$438 [14:0];
-    end
-    if (rst) begin
-      \$499  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$500  = res_index3;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$500  = best[29:24];
-    end
-    if (rst) begin
-      \$500  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$501  = res_score3;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$501  = best[42:30];
-    end
-    if (rst) begin
-      \$501  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$502  = res_index0;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$502  = res_index1;
-    end
-    if (rst) begin
-      \$502  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$503  = res_index1;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$503  = res_index2;
-    end
-    if (rst) begin
-      \$503  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$504  = res_index2;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$504  = res_index3;
-    end
-    if (rst) begin
-      \$504  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$505  = res_score0;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$505  = res_score1;
-    end
-    if (rst) begin
-      \$505  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$506  = res_score1;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$506  = res_score2;
-    end
-    if (rst) begin
-      \$506  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$507  = res_score2;
-    if (take) begin
-    end else if (\$437 ) begin
-      \$507  = res_score3;
-    end
-    if (rst) begin
-      \$507  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$508  = inc1_valid;
-    if (rst) begin
-      \$508  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$509  = lr__addr;
-    if (rst) begin
-      \$509  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$510  = load_clearing;
-    if (load_clear) begin
-      \$510  = 1'h1;
-    end else if (\$444 ) begin
-      if (\$446 ) begin
-        \$510  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$510  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$511  = sweep;
-    if (load_clear) begin
-      \$511  = 6'h00;
-    end else if (\$444 ) begin
-      \$511  = \$445 [5:0];
-    end
-    if (rst) begin
-      \$511  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$512  = dividing;
-    if (c_take) begin
-      \$512  = 1'h1;
-    end else if (\$448 ) begin
-      \$512  = 1'h0;
-    end
-    if (rst) begin
-      \$512  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$513  = routes__valid;
-    if (c_take) begin
-      \$513  = 1'h0;
-    end else if (\$448 ) begin
-      \$513  = 1'h1;
-    end else if (\$449 ) begin
-      if (\$451 ) begin
-        \$513  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$513  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$514  = out_count;
-    if (c_take) begin
-      \$514  = 2'h0;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$514  = \$450 [1:0];
-    end
-    if (rst) begin
-      \$514  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$515  = out_index0;
-    if (c_take) begin
-      \$515  = res_index0;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$515  = out_index1;
-    end
-    if (rst) begin
-      \$515  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$516  = out_index1;
-    if (c_take) begin
-      \$516  = res_index1;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$516  = out_index2;
-    end
-    if (rst) begin
-      \$516  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$517  = out_index2;
-    if (c_take) begin
-      \$517  = res_index2;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$517  = out_index3;
-    end
-    if (rst) begin
-      \$517  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$518  = out_index3;
-    if (c_take) begin
-      \$518  = res_index3;
-    end
-    if (rst) begin
-      \$518  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$519  = out_score0;
-    if (c_take) begin
-      \$519  = res_score0;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$519  = out_score1;
-    end
-    if (rst) begin
-      \$519  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$520  = out_score1;
-    if (c_take) begin
-      \$520  = res_score1;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$520  = out_score2;
-    end
-    if (rst) begin
-      \$520  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$521  = out_score2;
-    if (c_take) begin
-      \$521  = res_score2;
-    end else if (\$448 ) begin
-    end else if (\$449 ) begin
-      \$521  = out_score3;
-    end
-    if (rst) begin
-      \$521  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$522  = out_score3;
-    if (c_take) begin
-      \$522  = res_score3;
-    end
-    if (rst) begin
-      \$522  = 13'h0000;
+      \$442  = 52'h0000000000000;
     end
   end
   assign wp__addr = \$5 [3:0];
@@ -2678,9 +2662,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign lh__addr = load_addr;
   assign lh__data = load_data;
   assign emitting = routes__valid;
-  assign num = 29'h10000000;
-  assign res_sum = den;
+  assign res_sum = total;
   assign start = c_take;
+  assign out_score0 = score;
   assign \scores__payload[0]  = scores__payload[12:0];
   assign \scores__payload[1]  = scores__payload[25:13];
   assign \scores__payload[2]  = scores__payload[38:26];
@@ -2896,8 +2880,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \s3_3.key  = s3_3[17:1];
   assign \s3_3.beat  = s3_3[21:18];
   assign \s3_3.score  = s3_3[34:22];
-  assign routes__payload[22] = \$102 ;
-  assign routes__payload[21:6] = \$101 [15:0];
+  assign routes__payload[22] = \$92 ;
+  assign routes__payload[21:6] = weight;
   assign routes__payload[5:0] = out_index0;
   assign head3[46:43] = 4'h8;
   assign head3[42:30] = nhead3[34:22];
@@ -2935,16 +2919,72 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$14  = { 2'h0, bias_addr[5:2] };
   assign \$23  = { 2'h0, bias_addr[5:2] };
   assign \$32  = { 2'h0, bias_addr[5:2] };
-  assign \$93  = { 13'h0000, \$92 [41:13] };
-  assign \$98  = { 13'h0000, \$97 [41:13] };
-  assign \$132  = advance;
-  assign \$207  = advance;
-  assign \$282  = advance;
-  assign \$357  = advance;
+  assign \$122  = advance;
+  assign \$197  = advance;
+  assign \$272  = advance;
+  assign \$347  = advance;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
+module \nanokpu_router.renorm (rst, start, weight, busy, den, score, clk);
+  wire [41:0] \$1 ;
+  wire [42:0] \$10 ;
+  wire [41:0] \$2 ;
+  wire [41:0] \$3 ;
+  wire [41:0] \$4 ;
+  wire \$5 ;
+  wire [41:0] \$6 ;
+  wire [41:0] \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  output busy;
+  wire busy;
+  wire \busy$7 ;
+  input clk;
+  wire clk;
+  input [14:0] den;
+  wire [14:0] den;
+  wire [28:0] num;
+  wire [28:0] quot;
+  wire [14:0] rem_in;
+  input rst;
+  wire rst;
+  input [12:0] score;
+  wire [12:0] score;
+  input start;
+  wire start;
+  wire \start$5 ;
+  wire [14:0] total;
+  output [15:0] weight;
+  wire [15:0] weight;
+  assign \$1  = score * quot;
+  assign \$3  = score * quot;
+  assign \$4  = score * quot;
+  assign \$5  = | \$4 [11:0];
+  assign \$6  = score * quot;
+  assign \$8  = \$5  | \$7 [0];
+  assign \$9  = \$3 [12] & \$8 ;
+  assign \$10  = \$2  + \$9 ;
+  \nanokpu_router.renorm.divider  divider (
+    .busy(busy),
+    .clk(clk),
+    .\den$11 (den),
+    .quot(quot),
+    .rst(rst),
+    .start(start)
+  );
+  assign num = 29'h10000000;
+  assign rem_in = 15'h0000;
+  assign total = den;
+  assign \start$5  = start;
+  assign \busy$7  = busy;
+  assign weight = \$10 [15:0];
+  assign \$2  = { 13'h0000, \$1 [41:13] };
+  assign \$7  = { 13'h0000, \$6 [41:13] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_router.renorm.divider (rst, start, busy, \den$11 , quot, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
   reg [14:0] \$10 ;

@@ -10,70 +10,60 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$101 ;
   wire \$102 ;
   wire \$103 ;
-  wire \$104 ;
-  wire \$105 ;
+  wire [14:0] \$104 ;
+  wire [1:0] \$105 ;
   wire \$106 ;
   wire \$107 ;
   wire \$108 ;
   wire \$109 ;
   wire [3:0] \$11 ;
   wire \$110 ;
-  wire \$111 ;
+  wire [3:0] \$111 ;
   wire \$112 ;
   wire \$113 ;
-  wire [14:0] \$114 ;
-  wire [1:0] \$115 ;
-  wire \$116 ;
+  wire \$114 ;
+  wire \$115 ;
+  wire [1:0] \$116 ;
   wire \$117 ;
-  wire \$118 ;
-  wire \$119 ;
+  reg [12:0] \$118 ;
+  reg [2:0] \$119 ;
   wire [3:0] \$12 ;
-  wire \$120 ;
-  wire [3:0] \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
-  wire [1:0] \$126 ;
-  wire \$127 ;
-  reg [12:0] \$128 ;
-  reg [2:0] \$129 ;
+  reg \$120 ;
+  reg [2:0] \$121 ;
+  reg \$122 ;
+  reg [16:0] \$123 ;
+  reg [33:0] \$124 ;
+  reg [33:0] \$125 ;
+  reg [37:0] \$126 ;
+  reg [37:0] \$127 ;
+  reg \$128 ;
+  reg \$129 ;
   wire \$13 ;
-  reg \$130 ;
-  reg [2:0] \$131 ;
-  reg \$132 ;
-  reg [16:0] \$133 ;
-  reg [33:0] \$134 ;
-  reg [33:0] \$135 ;
-  reg [37:0] \$136 ;
-  reg [37:0] \$137 ;
-  reg \$138 ;
-  reg \$139 ;
+  reg [2:0] \$130 ;
+  reg [33:0] \$131 ;
+  reg [33:0] \$132 ;
+  reg \$133 ;
+  reg \$134 ;
+  reg \$135 ;
+  reg [13:0] \$136 ;
+  reg [2:0] \$137 ;
+  reg [12:0] \$138 ;
+  reg [2:0] \$139 ;
   wire \$14 ;
-  reg [2:0] \$140 ;
-  reg [33:0] \$141 ;
-  reg [33:0] \$142 ;
+  reg [12:0] \$140 ;
+  reg \$141 ;
+  reg [2:0] \$142 ;
   reg \$143 ;
-  reg \$144 ;
+  reg [2:0] \$144 ;
   reg \$145 ;
-  reg [13:0] \$146 ;
-  reg [2:0] \$147 ;
-  reg [12:0] \$148 ;
+  reg \$146 ;
+  reg \$147 ;
+  reg [2:0] \$148 ;
   reg [2:0] \$149 ;
   wire \$15 ;
   reg [12:0] \$150 ;
-  reg \$151 ;
-  reg [2:0] \$152 ;
-  reg \$153 ;
-  reg [2:0] \$154 ;
-  reg \$155 ;
-  reg \$156 ;
-  reg \$157 ;
-  reg [2:0] \$158 ;
-  reg [2:0] \$159 ;
+  reg [12:0] \$151 ;
   wire \$16 ;
-  reg [12:0] \$160 ;
-  reg [12:0] \$161 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -96,17 +86,17 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$34 ;
   wire \$35 ;
   wire \$36 ;
-  wire [41:0] \$37 ;
-  wire [41:0] \$38 ;
-  wire [41:0] \$39 ;
+  wire \$37 ;
+  wire \$38 ;
+  wire \$39 ;
   wire \$4 ;
-  wire [41:0] \$40 ;
+  wire \$40 ;
   wire \$41 ;
-  wire [41:0] \$42 ;
-  wire [41:0] \$43 ;
+  wire \$42 ;
+  wire \$43 ;
   wire \$44 ;
   wire \$45 ;
-  wire [42:0] \$46 ;
+  wire \$46 ;
   wire \$47 ;
   wire \$48 ;
   wire \$49 ;
@@ -119,8 +109,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$55 ;
   wire \$56 ;
   wire \$57 ;
-  wire \$58 ;
-  wire \$59 ;
+  wire [3:0] \$58 ;
+  wire [3:0] \$59 ;
   wire \$6 ;
   wire \$60 ;
   wire \$61 ;
@@ -128,10 +118,10 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$63 ;
   wire \$64 ;
   wire \$65 ;
-  wire \$66 ;
+  wire [16:0] \$66 ;
   wire \$67 ;
-  wire [3:0] \$68 ;
-  wire [3:0] \$69 ;
+  wire \$68 ;
+  wire \$69 ;
   wire \$7 ;
   wire \$70 ;
   wire \$71 ;
@@ -139,7 +129,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire \$73 ;
   wire \$74 ;
   wire \$75 ;
-  wire [16:0] \$76 ;
+  wire \$76 ;
   wire \$77 ;
   wire \$78 ;
   wire \$79 ;
@@ -184,7 +174,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire clearing;
   input clk;
   wire clk;
-  reg [13:0] den = 14'h0000;
   reg dividing = 1'h0;
   (* init = 1'h0 *)
   wire emitting;
@@ -244,11 +233,11 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [16:0] \nhead0.key ;
   wire [12:0] \nhead0.score ;
   wire \nhead0.valid ;
-  wire [28:0] num;
   reg out_count = 1'h0;
   reg [2:0] out_index0 = 3'h0;
   reg [2:0] out_index1 = 3'h0;
-  reg [12:0] out_score0 = 13'h0000;
+  (* init = 13'h0000 *)
+  wire [12:0] out_score0;
   reg [12:0] out_score1 = 13'h0000;
   reg [2:0] p1_beat = 3'h0;
   reg [16:0] p1_keys = 17'h00000;
@@ -257,7 +246,6 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [12:0] \p1_scores[0] ;
   reg p1_valid = 1'h0;
   reg picked = 1'h0;
-  wire [28:0] quot;
   reg [2:0] res_index0 = 3'h0;
   reg [2:0] res_index1 = 3'h0;
   reg [12:0] res_score0 = 13'h0000;
@@ -287,6 +275,7 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire [16:0] \s0_1.key ;
   wire [12:0] \s0_1.score ;
   wire \s0_1.valid ;
+  reg [12:0] score = 13'h0000;
   input [12:0] scores__payload;
   wire [12:0] scores__payload;
   wire [12:0] \scores__payload[0] ;
@@ -297,6 +286,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   wire start;
   reg [2:0] sweep = 3'h0;
   wire take;
+  reg [13:0] total = 14'h0000;
+  wire [15:0] weight;
   wire [2:0] wp__addr;
   wire [15:0] wp__data;
   wire wp__en;
@@ -381,167 +372,160 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \$35  = \$33  & \$34 ;
   assign \$36  = \$32  | \$35 ;
   assign c_take = merge_done & \$36 ;
-  assign \$37  = out_score0 * quot;
-  assign \$39  = out_score0 * quot;
-  assign \$40  = out_score0 * quot;
-  assign \$41  = | \$40 [11:0];
-  assign \$42  = out_score0 * quot;
-  assign \$44  = \$41  | \$43 [0];
-  assign \$45  = \$39 [12] & \$44 ;
-  assign \$46  = \$38  + \$45 ;
-  assign \$48  = ~ p1_valid;
-  assign \$49  = ! beat;
+  assign \$38  = ~ p1_valid;
+  assign \$39  = ! beat;
+  assign \$40  = \$38  & \$39 ;
+  assign \$41  = ~ lists_full;
+  assign \$42  = \$40  & \$41 ;
+  assign \$43  = ~ merging;
+  assign \$44  = \$42  & \$43 ;
+  assign \$45  = ~ merge_done;
+  assign \$46  = \$44  & \$45 ;
+  assign \$47  = ~ dividing;
+  assign \$48  = \$46  & \$47 ;
+  assign \$49  = ~ routes__valid;
   assign \$50  = \$48  & \$49 ;
-  assign \$51  = ~ lists_full;
+  assign \$51  = ~ inc1_valid;
   assign \$52  = \$50  & \$51 ;
-  assign \$53  = ~ merging;
+  assign \$53  = ~ inc2_valid;
   assign \$54  = \$52  & \$53 ;
-  assign \$55  = ~ merge_done;
-  assign \$56  = \$54  & \$55 ;
-  assign \$57  = ~ dividing;
-  assign \$58  = \$56  & \$57 ;
-  assign \$59  = ~ routes__valid;
-  assign \$60  = \$58  & \$59 ;
-  assign \$61  = ~ inc1_valid;
-  assign \$62  = \$60  & \$61 ;
-  assign \$63  = ~ inc2_valid;
-  assign \$64  = \$62  & \$63 ;
-  assign \$65  = ~ load_clearing;
-  assign idle = \$64  & \$65 ;
-  assign \$66  = scores__valid & scores__ready;
-  assign \$67  = beat == 3'h7;
-  assign \$68  = beat + 1'h1;
-  assign \$69  = \$67  ? 4'h0 : \$68 ;
-  assign \$70  = p1_beat == 3'h7;
-  assign \$71  = advance & \$70 ;
-  assign \$72  = ~ take;
-  assign \$73  = lists_full & \$72 ;
-  assign \$74  = \$71  | \$73 ;
-  assign \$75  = scores__valid & scores__ready;
-  assign \$76  = $signed({ 1'h0, scores__payload }) + $signed(rp__data);
-  assign \$78  = ! p1_beat;
-  assign \$79  = ~ \$78 ;
-  assign \$80  = l0_0[0] & \$79 ;
+  assign \$55  = ~ load_clearing;
+  assign idle = \$54  & \$55 ;
+  assign \$56  = scores__valid & scores__ready;
+  assign \$57  = beat == 3'h7;
+  assign \$58  = beat + 1'h1;
+  assign \$59  = \$57  ? 4'h0 : \$58 ;
+  assign \$60  = p1_beat == 3'h7;
+  assign \$61  = advance & \$60 ;
+  assign \$62  = ~ take;
+  assign \$63  = lists_full & \$62 ;
+  assign \$64  = \$61  | \$63 ;
+  assign \$65  = scores__valid & scores__ready;
+  assign \$66  = $signed({ 1'h0, scores__payload }) + $signed(rp__data);
+  assign \$68  = ! p1_beat;
+  assign \$69  = ~ \$68 ;
+  assign \$70  = l0_0[0] & \$69 ;
+  assign \$71  = ~ \$70 ;
+  assign \$72  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$73  = \$71  | \$72 ;
+  assign \$74  = ! p1_beat;
+  assign \$75  = ~ \$74 ;
+  assign \$76  = l0_1[0] & \$75 ;
+  assign \$77  = ~ \$76 ;
+  assign \$78  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$79  = \$77  | \$78 ;
+  assign \$80  = ! p1_beat;
   assign \$81  = ~ \$80 ;
-  assign \$82  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$83  = \$81  | \$82 ;
-  assign \$84  = ! p1_beat;
-  assign \$85  = ~ \$84 ;
-  assign \$86  = l0_1[0] & \$85 ;
-  assign \$87  = ~ \$86 ;
-  assign \$88  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$89  = \$87  | \$88 ;
-  assign \$90  = ! p1_beat;
-  assign \$91  = ~ \$90 ;
-  assign \$92  = l0_0[0] & \$91 ;
-  assign \$93  = ~ \$92 ;
-  assign \$94  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
-  assign \$95  = \$93  | \$94 ;
-  assign \$96  = \$89  & \$95 ;
-  assign \$97  = ! p1_beat;
-  assign \$98  = ~ \$97 ;
-  assign \$99  = l0_1[0] & \$98 ;
-  assign \$100  = ~ \$99 ;
-  assign \$101  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
-  assign \$102  = \$100  | \$101 ;
-  assign \$103  = ! p1_beat;
-  assign \$104  = ~ \$103 ;
-  assign \$105  = l0_0[0] & \$104 ;
-  assign \$106  = ~ picked;
-  assign \$107  = merging & \$106 ;
-  assign \$108  = ~ load_clearing;
-  assign \$109  = picked & \$108 ;
-  assign \$110  = ~ load_clearing;
-  assign \$111  = picked & \$110 ;
-  assign \$112  = ~ load_clearing;
-  assign \$113  = picked & \$112 ;
-  assign \$114  = den + best[36:24];
-  assign \$115  = merge_count + 1'h1;
-  assign \$117  = ~ inc1_valid;
-  assign \$118  = load_clearing & \$117 ;
-  assign \$119  = ~ inc2_valid;
-  assign \$120  = \$118  & \$119 ;
-  assign \$121  = sweep + 1'h1;
-  assign \$122  = sweep == 3'h7;
-  assign \$123  = ~ busy;
-  assign \$124  = dividing & \$123 ;
-  assign \$125  = routes__valid & routes__ready;
-  assign \$126  = out_count + 1'h1;
+  assign \$82  = l0_0[0] & \$81 ;
+  assign \$83  = ~ \$82 ;
+  assign \$84  = $signed(new0[17:1]) > $signed(l0_0[17:1]);
+  assign \$85  = \$83  | \$84 ;
+  assign \$86  = \$79  & \$85 ;
+  assign \$87  = ! p1_beat;
+  assign \$88  = ~ \$87 ;
+  assign \$89  = l0_1[0] & \$88 ;
+  assign \$90  = ~ \$89 ;
+  assign \$91  = $signed(new0[17:1]) > $signed(l0_1[17:1]);
+  assign \$92  = \$90  | \$91 ;
+  assign \$93  = ! p1_beat;
+  assign \$94  = ~ \$93 ;
+  assign \$95  = l0_0[0] & \$94 ;
+  assign \$96  = ~ picked;
+  assign \$97  = merging & \$96 ;
+  assign \$98  = ~ load_clearing;
+  assign \$99  = picked & \$98 ;
+  assign \$100  = ~ load_clearing;
+  assign \$101  = picked & \$100 ;
+  assign \$102  = ~ load_clearing;
+  assign \$103  = picked & \$102 ;
+  assign \$104  = total + best[36:24];
+  assign \$105  = merge_count + 1'h1;
+  assign \$107  = ~ inc1_valid;
+  assign \$108  = load_clearing & \$107 ;
+  assign \$109  = ~ inc2_valid;
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = sweep + 1'h1;
+  assign \$112  = sweep == 3'h7;
+  assign \$113  = ~ busy;
+  assign \$114  = dividing & \$113 ;
+  assign \$115  = routes__valid & routes__ready;
+  assign \$116  = out_count + 1'h1;
   always @(posedge clk)
-    p1_scores <= \$128 ;
+    p1_scores <= \$118 ;
   always @(posedge clk)
-    p1_beat <= \$129 ;
+    p1_beat <= \$119 ;
   always @(posedge clk)
-    p1_valid <= \$130 ;
+    p1_valid <= \$120 ;
   always @(posedge clk)
-    beat <= \$131 ;
+    beat <= \$121 ;
   always @(posedge clk)
-    lists_full <= \$132 ;
+    lists_full <= \$122 ;
   always @(posedge clk)
-    p1_keys <= \$133 ;
+    p1_keys <= \$123 ;
   always @(posedge clk)
-    l0_0 <= \$134 ;
+    l0_0 <= \$124 ;
   always @(posedge clk)
-    l0_1 <= \$135 ;
+    l0_1 <= \$125 ;
   always @(posedge clk)
-    mid0 <= \$136 ;
+    mid0 <= \$126 ;
   always @(posedge clk)
-    best <= \$137 ;
+    best <= \$127 ;
   always @(posedge clk)
-    picked <= \$138 ;
+    picked <= \$128 ;
   always @(posedge clk)
-    inc1_valid <= \$139 ;
+    inc1_valid <= \$129 ;
   always @(posedge clk)
-    lr__addr <= \$140 ;
+    lr__addr <= \$130 ;
   always @(posedge clk)
-    s0_0 <= \$141 ;
+    s0_0 <= \$131 ;
   always @(posedge clk)
-    s0_1 <= \$142 ;
+    s0_1 <= \$132 ;
   always @(posedge clk)
-    merging <= \$143 ;
+    merging <= \$133 ;
   always @(posedge clk)
-    merge_done <= \$144 ;
+    merge_done <= \$134 ;
   always @(posedge clk)
-    merge_count <= \$145 ;
+    merge_count <= \$135 ;
   always @(posedge clk)
-    den <= \$146 ;
+    total <= \$136 ;
   always @(posedge clk)
-    res_index1 <= \$147 ;
+    res_index1 <= \$137 ;
   always @(posedge clk)
-    res_score1 <= \$148 ;
+    res_score1 <= \$138 ;
   always @(posedge clk)
-    res_index0 <= \$149 ;
+    res_index0 <= \$139 ;
   always @(posedge clk)
-    res_score0 <= \$150 ;
+    res_score0 <= \$140 ;
   always @(posedge clk)
-    inc2_valid <= \$151 ;
+    inc2_valid <= \$141 ;
   always @(posedge clk)
-    inc2_index <= \$152 ;
+    inc2_index <= \$142 ;
   always @(posedge clk)
-    load_clearing <= \$153 ;
+    load_clearing <= \$143 ;
   always @(posedge clk)
-    sweep <= \$154 ;
+    sweep <= \$144 ;
   always @(posedge clk)
-    dividing <= \$155 ;
+    dividing <= \$145 ;
   always @(posedge clk)
-    routes__valid <= \$156 ;
+    routes__valid <= \$146 ;
   always @(posedge clk)
-    out_count <= \$157 ;
+    out_count <= \$147 ;
   always @(posedge clk)
-    out_index0 <= \$158 ;
+    out_index0 <= \$148 ;
   always @(posedge clk)
-    out_index1 <= \$159 ;
+    out_index1 <= \$149 ;
   always @(posedge clk)
-    out_score0 <= \$160 ;
+    score <= \$150 ;
   always @(posedge clk)
-    out_score1 <= \$161 ;
-  \nanokpu_router.divider  divider (
+    out_score1 <= \$151 ;
+  \nanokpu_router.renorm  renorm (
     .busy(busy),
     .clk(clk),
-    .\den$11 (den),
-    .quot(quot),
+    .den(total),
     .rst(rst),
-    .start(c_take)
+    .score(score),
+    .start(c_take),
+    .weight(weight)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
@@ -583,169 +567,281 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$128  = p1_scores;
-    if (\$66 ) begin
-      \$128  = scores__payload;
+    \$118  = p1_scores;
+    if (\$56 ) begin
+      \$118  = scores__payload;
     end
     if (rst) begin
-      \$128  = 13'h0000;
+      \$118  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$129  = p1_beat;
-    if (\$66 ) begin
-      \$129  = beat;
+    \$119  = p1_beat;
+    if (\$56 ) begin
+      \$119  = beat;
     end
     if (rst) begin
-      \$129  = 3'h0;
+      \$119  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$130  = p1_valid;
-    if (\$66 ) begin
-      \$130  = 1'h1;
+    \$120  = p1_valid;
+    if (\$56 ) begin
+      \$120  = 1'h1;
     end else if (advance) begin
-      \$130  = 1'h0;
+      \$120  = 1'h0;
     end
     if (rst) begin
-      \$130  = 1'h0;
+      \$120  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$131  = beat;
-    if (\$66 ) begin
-      \$131  = \$69 [2:0];
+    \$121  = beat;
+    if (\$56 ) begin
+      \$121  = \$59 [2:0];
     end
     if (rst) begin
-      \$131  = 3'h0;
+      \$121  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$132  = \$74 ;
+    \$122  = \$64 ;
     if (rst) begin
-      \$132  = 1'h0;
+      \$122  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = p1_keys;
-    if (\$75 ) begin
-      \$133  = \$76 ;
+    \$123  = p1_keys;
+    if (\$65 ) begin
+      \$123  = \$66 ;
     end
     if (rst) begin
-      \$133  = 17'h00000;
+      \$123  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = l0_0;
-    if (\$77 ) begin
-      if (\$83 ) begin
-        \$134  = new0;
+    \$124  = l0_0;
+    if (\$67 ) begin
+      if (\$73 ) begin
+        \$124  = new0;
       end
     end
     if (rst) begin
-      \$134  = 34'h000000000;
+      \$124  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = l0_1;
-    if (\$77 ) begin
-      if (\$96 ) begin
-        \$135 [33:1] = l0_0[33:1];
-        \$135 [0] = \$105 ;
-      end else if (\$102 ) begin
-        \$135  = new0;
+    \$125  = l0_1;
+    if (\$67 ) begin
+      if (\$86 ) begin
+        \$125 [33:1] = l0_0[33:1];
+        \$125 [0] = \$95 ;
+      end else if (\$92 ) begin
+        \$125  = new0;
       end
     end
     if (rst) begin
-      \$135  = 34'h000000000;
+      \$125  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = head0;
+    \$126  = head0;
     if (rst) begin
-      \$136  = 38'h0000000000;
+      \$126  = 38'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = best;
-    if (\$107 ) begin
-      \$137  = mid0;
-    end
-    if (rst) begin
-      \$137  = 38'h0000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = picked;
-    if (\$107 ) begin
-      \$138  = 1'h1;
-    end
-    if (\$109 ) begin
-      \$138  = 1'h0;
+    \$127  = best;
+    if (\$97 ) begin
+      \$127  = mid0;
     end
     if (rst) begin
-      \$138  = 1'h0;
+      \$127  = 38'h0000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = \$111 ;
+    \$128  = picked;
+    if (\$97 ) begin
+      \$128  = 1'h1;
+    end
+    if (\$99 ) begin
+      \$128  = 1'h0;
+    end
     if (rst) begin
-      \$139  = 1'h0;
+      \$128  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = best[23:21];
+    \$129  = \$101 ;
     if (rst) begin
-      \$140  = 3'h0;
+      \$129  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = s0_0;
+    \$130  = best[23:21];
+    if (rst) begin
+      \$130  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$131  = s0_0;
     if (take) begin
-      \$141  = l0_0;
-    end else if (\$113 ) begin
+      \$131  = l0_0;
+    end else if (\$103 ) begin
       if (best[37]) begin
-        \$141  = s0_1;
+        \$131  = s0_1;
       end
     end
     if (rst) begin
-      \$141  = 34'h000000000;
+      \$131  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = s0_1;
+    \$132  = s0_1;
     if (take) begin
-      \$142  = l0_1;
-    end else if (\$113 ) begin
+      \$132  = l0_1;
+    end else if (\$103 ) begin
       if (best[37]) begin
-        \$142  = 34'h000000000;
+        \$132  = 34'h000000000;
       end
     end
     if (rst) begin
-      \$142  = 34'h000000000;
+      \$132  = 34'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = merging;
+    \$133  = merging;
     if (take) begin
+      \$133  = 1'h1;
+    end else if (\$103 ) begin
+      if (\$106 ) begin
+        \$133  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$133  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$134  = merge_done;
+    if (take) begin
+      \$134  = 1'h0;
+    end else if (\$103 ) begin
+      if (\$106 ) begin
+        \$134  = 1'h1;
+      end
+    end else if (c_take) begin
+      \$134  = 1'h0;
+    end
+    if (rst) begin
+      \$134  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$135  = merge_count;
+    if (take) begin
+      \$135  = 1'h0;
+    end else if (\$103 ) begin
+      \$135  = \$105 [0];
+    end
+    if (rst) begin
+      \$135  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$136  = total;
+    if (take) begin
+      \$136  = 14'h0000;
+    end else if (\$103 ) begin
+      \$136  = \$104 [13:0];
+    end
+    if (rst) begin
+      \$136  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$137  = res_index1;
+    if (take) begin
+    end else if (\$103 ) begin
+      \$137  = best[23:21];
+    end
+    if (rst) begin
+      \$137  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$138  = res_score1;
+    if (take) begin
+    end else if (\$103 ) begin
+      \$138  = best[36:24];
+    end
+    if (rst) begin
+      \$138  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$139  = res_index0;
+    if (take) begin
+    end else if (\$103 ) begin
+      \$139  = res_index1;
+    end
+    if (rst) begin
+      \$139  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$140  = res_score0;
+    if (take) begin
+    end else if (\$103 ) begin
+      \$140  = res_score1;
+    end
+    if (rst) begin
+      \$140  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$141  = inc1_valid;
+    if (rst) begin
+      \$141  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$142  = lr__addr;
+    if (rst) begin
+      \$142  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$143  = load_clearing;
+    if (load_clear) begin
       \$143  = 1'h1;
-    end else if (\$113 ) begin
-      if (\$116 ) begin
+    end else if (\$110 ) begin
+      if (\$112 ) begin
         \$143  = 1'h0;
       end
     end
@@ -755,71 +851,74 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = merge_done;
-    if (take) begin
-      \$144  = 1'h0;
-    end else if (\$113 ) begin
-      if (\$116 ) begin
-        \$144  = 1'h1;
+    \$144  = sweep;
+    if (load_clear) begin
+      \$144  = 3'h0;
+    end else if (\$110 ) begin
+      \$144  = \$111 [2:0];
+    end
+    if (rst) begin
+      \$144  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$145  = dividing;
+    if (c_take) begin
+      \$145  = 1'h1;
+    end else if (\$114 ) begin
+      \$145  = 1'h0;
+    end
+    if (rst) begin
+      \$145  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = routes__valid;
+    if (c_take) begin
+      \$146  = 1'h0;
+    end else if (\$114 ) begin
+      \$146  = 1'h1;
+    end else if (\$115 ) begin
+      if (\$117 ) begin
+        \$146  = 1'h0;
       end
-    end else if (c_take) begin
-      \$144  = 1'h0;
     end
     if (rst) begin
-      \$144  = 1'h0;
+      \$146  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = merge_count;
-    if (take) begin
-      \$145  = 1'h0;
-    end else if (\$113 ) begin
-      \$145  = \$115 [0];
+    \$147  = out_count;
+    if (c_take) begin
+      \$147  = 1'h0;
+    end else if (\$114 ) begin
+    end else if (\$115 ) begin
+      \$147  = \$116 [0];
     end
     if (rst) begin
-      \$145  = 1'h0;
+      \$147  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = den;
-    if (take) begin
-      \$146  = 14'h0000;
-    end else if (\$113 ) begin
-      \$146  = \$114 [13:0];
+    \$148  = out_index0;
+    if (c_take) begin
+      \$148  = res_index0;
+    end else if (\$114 ) begin
+    end else if (\$115 ) begin
+      \$148  = out_index1;
     end
     if (rst) begin
-      \$146  = 14'h0000;
+      \$148  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = res_index1;
-    if (take) begin
-    end else if (\$113 ) begin
-      \$147  = best[23:21];
-    end
-    if (rst) begin
-      \$147  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = res_score1;
-    if (take) begin
-    end else if (\$113 ) begin
-      \$148  = best[36:24];
-    end
-    if (rst) begin
-      \$148  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$149  = res_index0;
-    if (take) begin
-    end else if (\$113 ) begin
+    \$149  = out_index1;
+    if (c_take) begin
       \$149  = res_index1;
     end
     if (rst) begin
@@ -828,10 +927,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$150  = res_score0;
-    if (take) begin
-    end else if (\$113 ) begin
-      \$150  = res_score1;
+    \$150  = score;
+    if (c_take) begin
+      \$150  = res_score0;
+    end else if (\$114 ) begin
+    end else if (\$115 ) begin
+      \$150  = out_score1;
     end
     if (rst) begin
       \$150  = 13'h0000;
@@ -839,129 +940,12 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = inc1_valid;
-    if (rst) begin
-      \$151  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = lr__addr;
-    if (rst) begin
-      \$152  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = load_clearing;
-    if (load_clear) begin
-      \$153  = 1'h1;
-    end else if (\$120 ) begin
-      if (\$122 ) begin
-        \$153  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$153  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = sweep;
-    if (load_clear) begin
-      \$154  = 3'h0;
-    end else if (\$120 ) begin
-      \$154  = \$121 [2:0];
-    end
-    if (rst) begin
-      \$154  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$155  = dividing;
+    \$151  = out_score1;
     if (c_take) begin
-      \$155  = 1'h1;
-    end else if (\$124 ) begin
-      \$155  = 1'h0;
+      \$151  = res_score1;
     end
     if (rst) begin
-      \$155  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$156  = routes__valid;
-    if (c_take) begin
-      \$156  = 1'h0;
-    end else if (\$124 ) begin
-      \$156  = 1'h1;
-    end else if (\$125 ) begin
-      if (\$127 ) begin
-        \$156  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$156  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$157  = out_count;
-    if (c_take) begin
-      \$157  = 1'h0;
-    end else if (\$124 ) begin
-    end else if (\$125 ) begin
-      \$157  = \$126 [0];
-    end
-    if (rst) begin
-      \$157  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$158  = out_index0;
-    if (c_take) begin
-      \$158  = res_index0;
-    end else if (\$124 ) begin
-    end else if (\$125 ) begin
-      \$158  = out_index1;
-    end
-    if (rst) begin
-      \$158  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$159  = out_index1;
-    if (c_take) begin
-      \$159  = res_index1;
-    end
-    if (rst) begin
-      \$159  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$160  = out_score0;
-    if (c_take) begin
-      \$160  = res_score0;
-    end else if (\$124 ) begin
-    end else if (\$125 ) begin
-      \$160  = out_score1;
-    end
-    if (rst) begin
-      \$160  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$161  = out_score1;
-    if (c_take) begin
-      \$161  = res_score1;
-    end
-    if (rst) begin
-      \$161  = 13'h0000;
+      \$151  = 13'h0000;
     end
   end
   assign wp__data = bias_data;
@@ -971,9 +955,9 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign lh__addr = load_addr;
   assign lh__data = load_data;
   assign emitting = routes__valid;
-  assign num = 29'h10000000;
-  assign res_sum = den;
+  assign res_sum = total;
   assign start = c_take;
+  assign out_score0 = score;
   assign \scores__payload[0]  = scores__payload;
   assign \routes__payload.index  = routes__payload[2:0];
   assign \routes__payload.weight  = routes__payload[18:3];
@@ -1016,8 +1000,8 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign \mid0.index  = mid0[23:21];
   assign \mid0.score  = mid0[36:24];
   assign \mid0.sel  = mid0[37];
-  assign routes__payload[19] = \$47 ;
-  assign routes__payload[18:3] = \$46 [15:0];
+  assign routes__payload[19] = \$37 ;
+  assign routes__payload[18:3] = weight;
   assign routes__payload[2:0] = out_index0;
   assign head0[37] = 1'h1;
   assign head0[36:24] = nhead0[33:21];
@@ -1031,16 +1015,72 @@ module nanokpu_router(scores__valid, routes__ready, bias_we, bias_addr, bias_dat
   assign wp__addr = bias_addr;
   assign \$5  = 1'h1;
   assign \$6  = bias_we;
-  assign \$38  = { 13'h0000, \$37 [41:13] };
-  assign \$43  = { 13'h0000, \$42 [41:13] };
-  assign \$47  = out_count;
-  assign \$77  = advance;
-  assign \$116  = merge_count;
-  assign \$127  = out_count;
+  assign \$37  = out_count;
+  assign \$67  = advance;
+  assign \$106  = merge_count;
+  assign \$117  = out_count;
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_router.divider (rst, start, busy, \den$11 , quot, clk);
+module \nanokpu_router.renorm (rst, start, weight, busy, den, score, clk);
+  wire [41:0] \$1 ;
+  wire [42:0] \$10 ;
+  wire [41:0] \$2 ;
+  wire [41:0] \$3 ;
+  wire [41:0] \$4 ;
+  wire \$5 ;
+  wire [41:0] \$6 ;
+  wire [41:0] \$7 ;
+  wire \$8 ;
+  wire \$9 ;
+  output busy;
+  wire busy;
+  wire \busy$7 ;
+  input clk;
+  wire clk;
+  input [13:0] den;
+  wire [13:0] den;
+  wire [28:0] num;
+  wire [28:0] quot;
+  wire [13:0] rem_in;
+  input rst;
+  wire rst;
+  input [12:0] score;
+  wire [12:0] score;
+  input start;
+  wire start;
+  wire \start$5 ;
+  wire [13:0] total;
+  output [15:0] weight;
+  wire [15:0] weight;
+  assign \$1  = score * quot;
+  assign \$3  = score * quot;
+  assign \$4  = score * quot;
+  assign \$5  = | \$4 [11:0];
+  assign \$6  = score * quot;
+  assign \$8  = \$5  | \$7 [0];
+  assign \$9  = \$3 [12] & \$8 ;
+  assign \$10  = \$2  + \$9 ;
+  \nanokpu_router.renorm.divider  divider (
+    .busy(busy),
+    .clk(clk),
+    .\den$11 (den),
+    .quot(quot),
+    .rst(rst),
+    .start(start)
+  );
+  assign num = 29'h10000000;
+  assign rem_in = 14'h0000;
+  assign total = den;
+  assign \start$5  = start;
+  assign \busy$7  = busy;
+  assign weight = \$10 [15:0];
+  assign \$2  = { 13'h0000, \$1 [41:13] };
+  assign \$7  = { 13'h0000, \$6 [41:13] };
+endmodule
+
+(* generator = "Amaranth" *)
+module \nanokpu_router.renorm.divider (rst, start, busy, \den$11 , quot, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
   reg [13:0] \$10 ;
