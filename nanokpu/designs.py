@@ -16,6 +16,7 @@ from golden.fidelity import AFTER, scheme
 from nanokpu.config import KpuConfig
 from nanokpu.kpu.top import NanoKPU
 from nanokpu.units.gemm import GemmEngine
+from nanokpu.units.kda_state import KdaStateUpdate
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
@@ -30,6 +31,7 @@ UNITS: dict[str, Factory] = {
     "gemm": GemmEngine,
     "sigmoid": Sigmoid,
     "situ": Situ,
+    "kda_state": KdaStateUpdate,
     "kpu": NanoKPU,
 }
 
