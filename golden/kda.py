@@ -76,23 +76,25 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["QuantWeight", "QuantKDA", "KDAState", "unit_frac", "state_width", "state_frac",
-           "quantize_kda", "kda_int", "kda_step_int"]
+           "quantize_kda", "kda_int", "kda_step_int", "kda_head_step_int"]
 
 
 def unit_frac(cfg: KpuConfig) -> int:
     """Fractional bits of the l2-normalised ``q``, ``k`` (``Q<act_width>.<act_width - 2>``: +-1.0 and a
-    sign)."""
-    return cfg.act_width - 2
+    sign): :attr:`KpuConfig.kda_unit_frac`."""
+    return cfg.kda_unit_frac
 
 
 def state_width(cfg: KpuConfig) -> int:
-    """Width of the state ``S`` and of the delta-rule products' sums: ``2 act_width``."""
-    return 2 * cfg.act_width
+    """Width of the state ``S`` and of the delta-rule products' sums: ``2 act_width``
+    (:attr:`KpuConfig.kda_state_width`)."""
+    return cfg.kda_state_width
 
 
 def state_frac(cfg: KpuConfig) -> int:
-    """Fractional bits of the state ``S``: ``2 act_frac`` (``act_frac`` more than ``v``)."""
-    return 2 * cfg.act_frac
+    """Fractional bits of the state ``S``: ``2 act_frac`` (``act_frac`` more than ``v``;
+    :attr:`KpuConfig.kda_state_frac`)."""
+    return cfg.kda_state_frac
 
 
 class QuantWeight(NamedTuple):
@@ -186,21 +188,34 @@ def _short_conv_int(p, tail, conv: QuantWeight, cfg: KpuConfig):
     return conv.rq(acc, cfg), xp[T:]
 
 
+def kda_head_step_int(S, decay, k, v, beta, q, cfg: KpuConfig):
+    """The recurrence of one token for one head (or for every head along leading axes): ``(S, r)``.
+
+    ``S [..., K, K]`` state format; ``decay [..., K]`` and ``beta [...]`` unsigned, ``score_frac``
+    bits; ``k``, ``q`` ``[..., K]`` unit format; ``v [..., K]`` act format. Returns the new state and
+    ``r = round_shift(S^T q, U)`` ``[..., K]`` in the state format (the read after the write, before
+    ``rq_read``); no saturation but the delta rule's. The products fit int64 while ``K < 2**(63 - 2
+    act_width - U)`` (``S^T k``: unit x state format).
+    """
+    u, mode = unit_frac(cfg), cfg.rounding
+    S, decay, k, v, beta, q = (np.asarray(a, dtype=np.int64) for a in (S, decay, k, v, beta, q))
+    S = I.round_shift(decay[..., :, None] * S, cfg.score_frac, mode)
+    e = (v << (state_frac(cfg) - cfg.act_frac)) - I.round_shift(np.einsum("...k,...kv->...v", k, S), u, mode)
+    bk = I.round_shift(beta[..., None] * k, cfg.score_frac, mode)
+    S = I.saturate(S + I.round_shift(bk[..., :, None] * e[..., None, :], u, mode), state_width(cfg))
+    return S, I.round_shift(np.einsum("...k,...kv->...v", q, S), u, mode)
+
+
 def kda_step_int(S, q, k, v, decay, beta, Q: QuantKDA, cfg: KpuConfig):
     """One token of the recurrence for every head: ``(S, o)``.
 
     ``S [H, K, K]`` state format; ``q``, ``k`` ``[H, K]`` unit format; ``v [H, K]`` act format;
     ``decay [H, K]`` and ``beta [H]`` unsigned, ``score_frac`` bits. Returns the new state and
-    ``o [H, K]`` in ``Q<act_width>.<Q.o_frac>`` (the read after the write, times ``1/sqrt(K)``). The
-    products fit int64 while ``K < 2**(63 - 2 act_width - U)`` (``S^T k``: unit x state format).
+    ``o [H, K]`` in ``Q<act_width>.<Q.o_frac>``: :func:`kda_head_step_int`'s read-out through
+    ``rq_read`` (times ``1/sqrt(K)``).
     """
-    u, mode = unit_frac(cfg), cfg.rounding
-    S = I.round_shift(decay[:, :, None] * S, cfg.score_frac, mode)
-    e = (v << (state_frac(cfg) - cfg.act_frac)) - I.round_shift(np.einsum("hk,hkv->hv", k, S), u, mode)
-    bk = I.round_shift(beta[:, None] * k, cfg.score_frac, mode)
-    S = I.saturate(S + I.round_shift(bk[:, :, None] * e[:, None, :], u, mode), state_width(cfg))
-    o = Q.rq_read(I.round_shift(np.einsum("hk,hkv->hv", q, S), u, mode), cfg)
-    return S, o
+    S, r = kda_head_step_int(S, decay, k, v, beta, q, cfg)
+    return S, Q.rq_read(r, cfg)
 
 
 def kda_int(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None):

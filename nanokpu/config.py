@@ -342,6 +342,22 @@ class KpuConfig:
         return self.beta1 * self.beta2
 
     @property
+    def kda_unit_frac(self) -> int:
+        """Fractional bits of the KDA mixer's l2-normalised ``q``, ``k``: ``act_width - 2`` (the unit
+        format ``Q<act_width>.<act_width - 2>``, +-1.0 and a sign)."""
+        return self.act_width - 2
+
+    @property
+    def kda_state_width(self) -> int:
+        """Width of the KDA state ``S``: ``2 * act_width``."""
+        return 2 * self.act_width
+
+    @property
+    def kda_state_frac(self) -> int:
+        """Fractional bits of the KDA state ``S``: ``2 * act_frac`` (``act_frac`` more than ``v``)."""
+        return 2 * self.act_frac
+
+    @property
     def score_width(self) -> int:
         """Width of an unsigned sigmoid score, 1.0 included."""
         return self.score_frac + 1

@@ -16,6 +16,7 @@ from golden.fidelity import AFTER, scheme
 from nanokpu.config import KpuConfig
 from nanokpu.kpu.top import NanoKPU
 from nanokpu.units.gemm import GemmEngine
+from nanokpu.units.kda_state import KdaStateUpdate
 from nanokpu.units.pwl_functions import Decay, Exp, Silu
 from nanokpu.units.router import TopKRouter
 from nanokpu.units.sigmoid import Sigmoid
@@ -36,6 +37,7 @@ UNITS: dict[str, Factory] = {
     "silu": Silu,
     "decay": Decay,
     "softmax": Softmax,
+    "kda_state": KdaStateUpdate,
     "kpu": NanoKPU,
 }
 

@@ -74,6 +74,7 @@ _SMX = "tests/units/test_softmax.py::test_softmax_matches_golden_with_idle_and_b
 _PWL = "tests/units/test_pwl.py"
 _GEMM = "tests/units/test_gemm.py::test_reads_of_a_row_written_in_the_same_cycle_are_never_used"
 _INT = "tests/golden/test_intops.py"
+_KDA = "tests/units/test_kda_state.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     # -- the requantiser ---------------------------------------------------------------
@@ -124,6 +125,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("combine-rounding", "nanokpu/units/vector.py",
            "round_shift(total, cfg.weight_frac, cfg.rounding)", "round_shift(total, cfg.weight_frac, \"floor\")",
            (f"{_VEC}::test_combine_ties_amaranth[half_even]",), what="COMBINE floors instead of rounding"),
+    # -- the KDA state update ----------------------------------------------------------
+    Mutant("kda-delta-saturation", "nanokpu/units/kda_state.py",
+           "o_row[j].eq(saturate(s1_2[j] + round_shift(pd_2[j], u, mode), w))",
+           "o_row[j].eq(s1_2[j] + round_shift(pd_2[j], u, mode))",
+           (f"{_KDA}::test_directed_steps[half_even]",), what="the delta rule wraps instead of saturating"),
+    Mutant("kda-prediction-rounding", "nanokpu/units/kda_state.py",
+           "(v_rf[j] << shift_v) - round_shift(acc[j], u, mode)",
+           "(v_rf[j] << shift_v) - round_shift(acc[j], u, \"floor\")",
+           (f"{_KDA}::test_directed_steps[half_even]",), what="S'^T k floored instead of rounded"),
+    Mutant("kda-read-last-row", "nanokpu/units/kda_state.py",
+           "last1.eq(n2 == K - 1)", "last1.eq(n2 == K - 2)",
+           (f"{_KDA}::test_random_steps[1]",), what="the read-out r formed before the last row is summed"),
     # -- the routing engine ------------------------------------------------------------
     Mutant("router-insert-tie", "nanokpu/units/router.py",
            "(new.key > e.key)", "(new.key >= e.key)",

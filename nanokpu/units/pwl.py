@@ -28,7 +28,8 @@ from amaranth.lib.wiring import In, Out
 from golden import intops
 from nanokpu.config import DSP_TARGETS, ROUNDING_MODES
 
-__all__ = ["PwlEvaluator", "error_bound", "out_range", "round_shift", "range_shape", "stall_pipeline"]
+__all__ = ["PwlEvaluator", "error_bound", "out_range", "round_shift", "range_shape", "saturate",
+           "stall_pipeline"]
 
 
 def range_shape(lo: int, hi: int) -> Shape:
@@ -76,6 +77,17 @@ def round_shift(x, shift: int, mode: str):
         return q + half_bit
     below_half = x[:shift - 1] != 0 if shift > 1 else Const(0, 1)
     return q + (half_bit & (below_half | q[0]))
+
+
+def saturate(value, width: int):
+    """RTL of :func:`golden.intops.saturate` (signed): ``value`` clamped to ``width`` bits. It fits
+    when its bits from ``width - 1`` up all equal the sign (two reduction trees, where comparisons
+    with the bounds would be two carry chains as wide as ``value``)."""
+    if len(value) <= width:
+        return value
+    top = value[width - 1:]
+    hi = (1 << (width - 1)) - 1
+    return Mux(top.all() | ~top.any(), value[:width].as_signed(), Mux(value[-1], -hi - 1, hi))
 
 
 def stall_pipeline(m: Module, i, o, latency: int):

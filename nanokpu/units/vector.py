@@ -28,6 +28,7 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.units.divider import SeqDivider
 from nanokpu.units.pwl import round_shift
+from nanokpu.units.pwl import saturate as _sat
 
 __all__ = ["VecOp", "VectorUnit", "vector_in_layout", "N_WIDTH"]
 
@@ -48,17 +49,6 @@ def vector_in_layout(cfg: KpuConfig) -> data.StructLayout:
     return data.StructLayout({"a": signed(cfg.act_width),
                               "b": signed(max(cfg.act_width, cfg.weight_width + 1)),
                               "last": 1})
-
-
-def _sat(value, width: int):
-    """Signed ``value`` saturated to ``width`` bits: it fits when its bits from ``width - 1``
-    up all equal the sign (two reduction trees, where comparisons with the bounds would be
-    two carry chains as wide as ``value``)."""
-    if len(value) <= width:
-        return value
-    top = value[width - 1:]
-    hi = (1 << (width - 1)) - 1
-    return Mux(top.all() | ~top.any(), value[:width].as_signed(), Mux(value[-1], -hi - 1, hi))
 
 
 def _leading_zeros(value):
