@@ -166,6 +166,11 @@ class KpuConfig:
         output, the sigmoid's input); ``logit_width`` in ``[2, 24]`` (the sigmoid table is checked
         over every input) and at most ``acc_width`` (the requantiser's widest output); ``None``
         (default) means ``act_width`` / ``act_frac``.
+    layer_ops : bool
+        Whether the nano-KPU builds the K3 layer's element-wise table ops ``SILU`` and ``DECAY``
+        (:data:`nanokpu.isa.LAYER_OPS`: SiLU and the KDA decay, act format in, on their own
+        tables beside the sigmoid's); without (the default), they are
+        :attr:`~nanokpu.isa.Err.BAD_OPCODE`.
     """
 
     name: str = "custom"
@@ -227,6 +232,8 @@ class KpuConfig:
     router_width: int | None = None
     logit_width: int | None = None
     logit_frac: int | None = None
+    # -- the K3 layer's ops ----------------------------------------------------------------
+    layer_ops: bool = False
 
     def __post_init__(self):
         self._validate()
@@ -313,6 +320,7 @@ class KpuConfig:
             return value is None or (isinstance(value, int) and not isinstance(value, bool))
 
         need(self.weight_scales in WEIGHT_SCALES, "weight_scales", f"one of {WEIGHT_SCALES}")
+        need(isinstance(self.layer_ops, bool), "layer_ops", "True or False")
         top = max(ROUTER_WIDTH_MAX, self.in_width)
         rw = self.router_width
         need(int_or_none(rw) and (rw is None or self.in_width <= rw <= top), "router_width",

@@ -82,14 +82,17 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   ``(P_hh << 2D) + ((P_lh + P_hl) << D) + P_ll``, the four digit GEMMs of a two-digit product,
                   ``[m, n]`` each), ``2 <= width <= acc_width``; ``mult``, ``shift`` as for ``GEMM`` (the
                   instruction's, :data:`F_RQ_EXPERT`, or with :data:`F_RQ_CHANNEL` column ``j = i mod n``'s).
+``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
+``DECAY``         ``c[i] = decay_q(a[i])``: the KDA decay ``exp(kda_gate_min sigmoid(a[i]))`` of act-format
+                  gate logits, unsigned, ``score_frac`` bits (built with ``layer_ops``).
 ================  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
 not overlap an operand region (``a``, ``b``, a requantiser table) - the units stream, so
 an overlap would make results depend on timing - except exactly (same base and size) for the
-element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD`` and ``NORM``, which may run in
-place; otherwise ``OVERLAP``. Gather/scatter indices are
+element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU`` and ``DECAY``, which
+may run in place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
 (``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
@@ -157,22 +160,28 @@ class Op(enum.IntEnum):
     JUMP = 14
     SPLIT = 15
     REQUANT_WIDE = 16
+    SILU = 17
+    DECAY = 18
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
+#: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
+LAYER_OPS = (Op.SILU, Op.DECAY)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
     """The ops the nano-KPU of ``cfg`` executes; any other opcode is :attr:`Err.BAD_OPCODE`."""
-    return tuple(o for o in Op if cfg.wide_router or o not in WIDE_ROUTER_OPS)
+    return tuple(o for o in Op if (cfg.wide_router or o not in WIDE_ROUTER_OPS)
+                 and (cfg.layer_ops or o not in LAYER_OPS))
 
 
 class Err(enum.IntEnum):
     """Error codes in ``STATUS[15:8]``; the controller stops on the first."""
 
     NONE = 0
-    BAD_OPCODE = 1      # opcode not in :func:`built_ops` (:class:`Op`, less WIDE_ROUTER_OPS without a wide router)
+    BAD_OPCODE = 1      # opcode not in :func:`built_ops` (:class:`Op`, less WIDE_ROUTER_OPS without a wide
+    #                     router, less LAYER_OPS without layer_ops)
     SPAD_RANGE = 2      # a scratchpad region (or a gathered/scattered row) out of range
     BAD_SHAPE = 3       # a zero or inconsistent dimension, bad width, k != top_k, n != n_experts,
     #                     a GEMM beyond the GEMM engine's scratchpads
@@ -328,6 +337,8 @@ OP_RULES: dict[Op, OpRule] = {
     Op.JUMP: OpRule(target=True),
     Op.SPLIT: OpRule("act", a="m*n", c="2*m*n", positive="mn"),
     Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
+    Op.SILU: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.DECAY: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())

@@ -250,6 +250,11 @@ MUTANTS: tuple[Mutant, ...] = (
            "[pa.eq(pa + r_k), q_read.eq(q_read + r_k)", "[pa.eq(pa + B), q_read.eq(q_read + r_k)",
            ("tests/kpu/test_elementwise_gemm.py::test_requant_with_fewer_banks_than_rows[13-False]",),
            what="REQUANT steps a full read after a word's short last read"),
+    Mutant("layer-table-output", "nanokpu/kpu/executors/elementwise.py",
+           "out_valid.eq(t.o.valid), out_data.eq(t.o.payload[0])]",
+           "out_valid.eq(t.o.valid), out_data.eq(sig.o.payload[0])]",
+           ("tests/kpu/test_elementwise_gemm.py::test_layer_table_ops_match_funcsim[SILU-False]",),
+           what="SILU and DECAY write the sigmoid's output"),
     # -- the golden model ----------------------------------------------------------------
     Mutant("golden-round-half-even", "golden/intops.py",
            "((r == half) & ((q & 1) == 1))", "((r == half) & ((q & 1) == 0))",

@@ -256,6 +256,10 @@ class FuncSim:
         elif op == Op.SIGMOID:
             self._write(c, I.sigmoid_q(self._read(a, ln, cfg.router_logit_width), cfg))
             self.scores = (c, ln)
+        elif op == Op.SILU:
+            self._write(c, I.silu_q(self._read(a, ln, act), cfg))
+        elif op == Op.DECAY:
+            self._write(c, I.decay_q(self._read(a, ln, act), cfg))
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
         elif op == Op.ADD:

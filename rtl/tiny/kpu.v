@@ -28,49 +28,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$116 ;
   wire \$117 ;
   wire \$118 ;
-  wire [13:0] \$119 ;
+  wire \$119 ;
   wire \$12 ;
-  wire [13:0] \$120 ;
-  wire [13:0] \$121 ;
+  wire \$120 ;
+  wire \$121 ;
   wire \$122 ;
-  wire [4:0] \$123 ;
+  wire \$123 ;
   wire \$124 ;
-  wire \$125 ;
+  wire [13:0] \$125 ;
   wire [13:0] \$126 ;
   wire [13:0] \$127 ;
   wire \$128 ;
-  wire \$129 ;
+  wire [4:0] \$129 ;
   wire \$13 ;
   wire \$130 ;
   wire \$131 ;
-  wire \$132 ;
-  reg [1:0] \$133 ;
-  reg [31:0] \$134 ;
-  reg [31:0] \$135 ;
-  reg \$136 ;
-  reg \$137 ;
-  reg [7:0] \$138 ;
-  reg [12:0] \$139 ;
+  wire [13:0] \$132 ;
+  wire [13:0] \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire \$136 ;
+  wire \$137 ;
+  wire \$138 ;
+  reg [1:0] \$139 ;
   wire \$14 ;
-  reg \$140 ;
-  reg \$141 ;
+  reg [31:0] \$140 ;
+  reg [31:0] \$141 ;
   reg \$142 ;
-  reg [3:0] \$143 ;
+  reg \$143 ;
   reg [7:0] \$144 ;
-  reg [5:0] \$145 ;
+  reg [12:0] \$145 ;
   reg \$146 ;
-  reg [281:0] \$147 ;
-  reg [4:0] \$148 ;
+  reg \$147 ;
+  reg \$148 ;
   reg [3:0] \$149 ;
   wire \$15 ;
-  reg [12:0] \$150 ;
-  reg [13:0] \$151 ;
-  reg [3:0] \$152 ;
-  reg [15:0] \$153 ;
-  reg [13:0] \$154 ;
-  wire [5:0] \$155 ;
-  wire [5:0] \$156 ;
+  reg [7:0] \$150 ;
+  reg [5:0] \$151 ;
+  reg \$152 ;
+  reg [281:0] \$153 ;
+  reg [4:0] \$154 ;
+  reg [3:0] \$155 ;
+  reg [12:0] \$156 ;
+  reg [13:0] \$157 ;
+  reg [3:0] \$158 ;
+  reg [15:0] \$159 ;
   wire [13:0] \$16 ;
+  reg [13:0] \$160 ;
+  wire [5:0] \$161 ;
+  wire [5:0] \$162 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -103,12 +109,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$43 ;
   wire \$44 ;
   wire \$45 ;
-  wire [13:0] \$46 ;
-  wire [13:0] \$47 ;
-  wire [14:0] \$48 ;
-  wire \$49 ;
+  wire \$46 ;
+  wire \$47 ;
+  wire [13:0] \$48 ;
+  wire [13:0] \$49 ;
   wire \$5 ;
-  wire \$50 ;
+  wire [14:0] \$50 ;
   wire \$51 ;
   wire \$52 ;
   wire \$53 ;
@@ -122,9 +128,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$60 ;
   wire \$61 ;
   wire \$62 ;
-  wire [2:0] \$63 ;
+  wire \$63 ;
   wire \$64 ;
-  wire \$65 ;
+  wire [2:0] \$65 ;
   wire \$66 ;
   wire \$67 ;
   wire \$68 ;
@@ -898,143 +904,149 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$37  = ins[5:0] == 4'hd;
   assign \$38  = ins[5:0] == 4'hf;
   assign \$39  = ins[5:0] == 5'h10;
-  assign \$40  = ins[5:0] == 4'h8;
-  assign \$41  = ins[5:0] == 4'ha;
-  assign \$42  = ins[5:0] == 4'hb;
-  assign \$43  = | { \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$44  = \$28  & \$43 ;
-  assign \$45  = scan >= 4'h8;
-  assign \$46  = cur[34:22] + scan;
-  assign \$47  = cur[34:22] + 4'h8;
-  assign \$48  = \$47  + scan;
-  assign \$49  = | \$like ;
-  assign \$50  = ~ running;
-  assign \$51  = soft_reset & \$50 ;
-  assign \$52  = ! ctrl_state;
-  assign \$53  = ctrl_state == 1'h1;
-  assign \$54  = ctrl_state == 2'h2;
-  assign \$55  = ctrl_state == 2'h3;
-  assign \$56  = ctrl_state == 3'h4;
-  assign \$57  = ctrl_state == 3'h5;
-  assign \$58  = ctrl_state == 3'h6;
-  assign \$59  = ctrl_state == 3'h7;
-  assign \$60  = ctrl_state == 4'h8;
-  assign \$61  = ctrl_state == 4'h9;
-  assign \$62  = | settle;
-  assign \$63  = settle - 1'h1;
-  assign \$64  = pc >= 7'h40;
-  assign \$65  = \done$364  | pf_ready;
-  assign \$66  = ~ \$65 ;
-  assign \$67  = | settle;
-  assign \$68  = \$66  | \$67 ;
-  assign \$69  = ! ins[5:0];
-  assign \$70  = | \error$367 ;
-  assign \$71  = ins[5:0] == 4'he;
-  assign \$72  = ins[5:0] == 4'h9;
-  assign \$73  = \done$364  | pf_ready;
-  assign \$74  = cur[5:0] == 1'h1;
-  assign \$75  = cur[5:0] == 2'h2;
-  assign \$76  = cur[5:0] == 2'h3;
-  assign \$77  = cur[5:0] == 3'h4;
-  assign \$78  = cur[5:0] == 3'h5;
-  assign \$79  = cur[5:0] == 3'h6;
-  assign \$80  = cur[5:0] == 3'h7;
-  assign \$81  = cur[5:0] == 4'h8;
-  assign \$82  = cur[5:0] == 4'ha;
-  assign \$83  = cur[5:0] == 4'hb;
-  assign \$84  = cur[5:0] == 4'hc;
-  assign \$85  = cur[5:0] == 4'hd;
-  assign \$86  = cur[5:0] == 4'hf;
-  assign \$87  = cur[5:0] == 5'h10;
-  assign \$88  = cur[5:0] == 3'h5;
-  assign \$89  = cur[5:0] == 3'h5;
-  assign \$90  = running_exec[3] | \$89 ;
-  assign \$91  = | exec_error;
-  assign \$92  = pc >= 6'h3f;
-  assign \$93  = \done$364  | pf_ready;
-  assign \$94  = ! settle;
-  assign \$95  = \$93  & \$94 ;
-  assign \$96  = ~ running_exec[3];
-  assign \$97  = \$95  & \$96 ;
-  assign \$98  = cur[5:0] == 3'h5;
-  assign \$99  = ~ \$98 ;
-  assign \$100  = \$97  & \$99 ;
-  assign \$101  = ! \error$367 ;
-  assign \$102  = \$100  & \$101 ;
-  assign \$103  = ins[5:0] == 1'h1;
-  assign \$104  = ins[5:0] == 2'h2;
-  assign \$105  = ins[5:0] == 2'h3;
-  assign \$106  = ins[5:0] == 3'h4;
-  assign \$107  = ins[5:0] == 3'h5;
-  assign \$108  = ins[5:0] == 3'h6;
-  assign \$109  = ins[5:0] == 3'h7;
-  assign \$110  = ins[5:0] == 4'hc;
-  assign \$111  = ins[5:0] == 4'hd;
-  assign \$112  = ins[5:0] == 4'hf;
-  assign \$113  = ins[5:0] == 5'h10;
-  assign \$114  = ins[5:0] == 4'h8;
-  assign \$115  = ins[5:0] == 4'ha;
-  assign \$116  = ins[5:0] == 4'hb;
-  assign \$117  = | { \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107 , \$106 , \$105 , \$104 , \$103  };
-  assign \$118  = \$102  & \$117 ;
-  assign \$119  = pc + 1'h1;
-  assign \$120  = pc + 1'h1;
-  assign \$121  = pc + 1'h1;
-  assign \$122  = scan >= 4'h8;
-  assign \$123  = scan + 1'h1;
-  assign \$124  = | \$like ;
-  assign \$125  = | rd1_q[23:14];
-  assign \$126  = \$125  ? 14'h3fff : rd1_q[13:0];
+  assign \$40  = ins[5:0] == 5'h11;
+  assign \$41  = ins[5:0] == 5'h12;
+  assign \$42  = ins[5:0] == 4'h8;
+  assign \$43  = ins[5:0] == 4'ha;
+  assign \$44  = ins[5:0] == 4'hb;
+  assign \$45  = | { \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$46  = \$28  & \$45 ;
+  assign \$47  = scan >= 4'h8;
+  assign \$48  = cur[34:22] + scan;
+  assign \$49  = cur[34:22] + 4'h8;
+  assign \$50  = \$49  + scan;
+  assign \$51  = | \$like ;
+  assign \$52  = ~ running;
+  assign \$53  = soft_reset & \$52 ;
+  assign \$54  = ! ctrl_state;
+  assign \$55  = ctrl_state == 1'h1;
+  assign \$56  = ctrl_state == 2'h2;
+  assign \$57  = ctrl_state == 2'h3;
+  assign \$58  = ctrl_state == 3'h4;
+  assign \$59  = ctrl_state == 3'h5;
+  assign \$60  = ctrl_state == 3'h6;
+  assign \$61  = ctrl_state == 3'h7;
+  assign \$62  = ctrl_state == 4'h8;
+  assign \$63  = ctrl_state == 4'h9;
+  assign \$64  = | settle;
+  assign \$65  = settle - 1'h1;
+  assign \$66  = pc >= 7'h40;
+  assign \$67  = \done$364  | pf_ready;
+  assign \$68  = ~ \$67 ;
+  assign \$69  = | settle;
+  assign \$70  = \$68  | \$69 ;
+  assign \$71  = ! ins[5:0];
+  assign \$72  = | \error$367 ;
+  assign \$73  = ins[5:0] == 4'he;
+  assign \$74  = ins[5:0] == 4'h9;
+  assign \$75  = \done$364  | pf_ready;
+  assign \$76  = cur[5:0] == 1'h1;
+  assign \$77  = cur[5:0] == 2'h2;
+  assign \$78  = cur[5:0] == 2'h3;
+  assign \$79  = cur[5:0] == 3'h4;
+  assign \$80  = cur[5:0] == 3'h5;
+  assign \$81  = cur[5:0] == 3'h6;
+  assign \$82  = cur[5:0] == 3'h7;
+  assign \$83  = cur[5:0] == 4'h8;
+  assign \$84  = cur[5:0] == 4'ha;
+  assign \$85  = cur[5:0] == 4'hb;
+  assign \$86  = cur[5:0] == 4'hc;
+  assign \$87  = cur[5:0] == 4'hd;
+  assign \$88  = cur[5:0] == 4'hf;
+  assign \$89  = cur[5:0] == 5'h10;
+  assign \$90  = cur[5:0] == 5'h11;
+  assign \$91  = cur[5:0] == 5'h12;
+  assign \$92  = cur[5:0] == 3'h5;
+  assign \$93  = cur[5:0] == 3'h5;
+  assign \$94  = running_exec[3] | \$93 ;
+  assign \$95  = | exec_error;
+  assign \$96  = pc >= 6'h3f;
+  assign \$97  = \done$364  | pf_ready;
+  assign \$98  = ! settle;
+  assign \$99  = \$97  & \$98 ;
+  assign \$100  = ~ running_exec[3];
+  assign \$101  = \$99  & \$100 ;
+  assign \$102  = cur[5:0] == 3'h5;
+  assign \$103  = ~ \$102 ;
+  assign \$104  = \$101  & \$103 ;
+  assign \$105  = ! \error$367 ;
+  assign \$106  = \$104  & \$105 ;
+  assign \$107  = ins[5:0] == 1'h1;
+  assign \$108  = ins[5:0] == 2'h2;
+  assign \$109  = ins[5:0] == 2'h3;
+  assign \$110  = ins[5:0] == 3'h4;
+  assign \$111  = ins[5:0] == 3'h5;
+  assign \$112  = ins[5:0] == 3'h6;
+  assign \$113  = ins[5:0] == 3'h7;
+  assign \$114  = ins[5:0] == 4'hc;
+  assign \$115  = ins[5:0] == 4'hd;
+  assign \$116  = ins[5:0] == 4'hf;
+  assign \$117  = ins[5:0] == 5'h10;
+  assign \$118  = ins[5:0] == 5'h11;
+  assign \$119  = ins[5:0] == 5'h12;
+  assign \$120  = ins[5:0] == 4'h8;
+  assign \$121  = ins[5:0] == 4'ha;
+  assign \$122  = ins[5:0] == 4'hb;
+  assign \$123  = | { \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107  };
+  assign \$124  = \$106  & \$123 ;
+  assign \$125  = pc + 1'h1;
+  assign \$126  = pc + 1'h1;
   assign \$127  = pc + 1'h1;
-  assign \$128  = ~ dma__rd_busy;
-  assign \$129  = ~ dma__wr_busy;
-  assign \$130  = \$128  & \$129 ;
-  assign \$131  = ~ running;
-  assign \$132  = soft_reset & \$131 ;
+  assign \$128  = scan >= 4'h8;
+  assign \$129  = scan + 1'h1;
+  assign \$130  = | \$like ;
+  assign \$131  = | rd1_q[23:14];
+  assign \$132  = \$131  ? 14'h3fff : rd1_q[13:0];
+  assign \$133  = pc + 1'h1;
+  assign \$134  = ~ dma__rd_busy;
+  assign \$135  = ~ dma__wr_busy;
+  assign \$136  = \$134  & \$135 ;
+  assign \$137  = ~ running;
+  assign \$138  = soft_reset & \$137 ;
   always @(posedge clk)
-    settle <= \$133 ;
+    settle <= \$139 ;
   always @(posedge clk)
-    \$like  <= \$134 ;
+    \$like  <= \$140 ;
   always @(posedge clk)
-    rd1_q <= \$135 ;
+    rd1_q <= \$141 ;
   always @(posedge clk)
-    running <= \$136 ;
+    running <= \$142 ;
   always @(posedge clk)
-    done <= \$137 ;
+    done <= \$143 ;
   always @(posedge clk)
-    error <= \$138 ;
+    error <= \$144 ;
   always @(posedge clk)
-    pc <= \$139 ;
+    pc <= \$145 ;
   always @(posedge clk)
-    route_done <= \$140 ;
+    route_done <= \$146 ;
   always @(posedge clk)
-    exp_active <= \$141 ;
+    exp_active <= \$147 ;
   always @(posedge clk)
-    scores_ok <= \$142 ;
+    scores_ok <= \$148 ;
   always @(posedge clk)
-    ctrl_state <= \$143 ;
+    ctrl_state <= \$149 ;
   always @(posedge clk)
-    stop_code <= \$144 ;
+    stop_code <= \$150 ;
   always @(posedge clk)
-    executor <= \$145 ;
+    executor <= \$151 ;
   always @(posedge clk)
-    pf_ready <= \$146 ;
+    pf_ready <= \$152 ;
   always @(posedge clk)
-    cur <= \$147 ;
+    cur <= \$153 ;
   always @(posedge clk)
-    running_exec <= \$148 ;
+    running_exec <= \$154 ;
   always @(posedge clk)
-    scan <= \$149 ;
+    scan <= \$155 ;
   always @(posedge clk)
-    scores_a <= \$150 ;
+    scores_a <= \$156 ;
   always @(posedge clk)
-    scores_len <= \$151 ;
+    scores_len <= \$157 ;
   always @(posedge clk)
-    expert <= \$152 ;
+    expert <= \$158 ;
   always @(posedge clk)
-    count <= \$153 ;
+    count <= \$159 ;
   always @(posedge clk)
-    offset <= \$154 ;
+    offset <= \$160 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1063,7 +1075,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$651$0 (\load_data$288 ),
+    .\port$661$0 (\load_data$288 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -1104,9 +1116,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$391$0 (\$155 ),
-    .\port$409$0 (\$156 ),
-    .\port$6427$254 (cur[269:254]),
+    .\port$401$0 (\$161 ),
+    .\port$419$0 (\$162 ),
+    .\port$6449$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1330,7 +1342,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6429$0 (running_exec),
+    .\port$6451$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1440,20 +1452,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$44 ) begin
+            end else if (\$46 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$45 ) begin
+          if (\$47 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$49 ) begin
+          if (\$51 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1492,9 +1504,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$47 ) begin
           end else begin
-            clients__0__rd0__addr = \$46 [12:0];
+            clients__0__rd0__addr = \$48 [12:0];
           end
     endcase
   end
@@ -1516,9 +1528,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$47 ) begin
           end else begin
-            clients__0__rd1__addr = \$48 [12:0];
+            clients__0__rd1__addr = \$50 [12:0];
           end
     endcase
   end
@@ -1540,7 +1552,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$47 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1564,7 +1576,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$45 ) begin
+          if (\$47 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1621,17 +1633,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$51 ) begin
+    if (\$53 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$133  = settle;
+    \$139  = settle;
     if (window_wr) begin
-      \$133  = 2'h2;
-    end else if (\$62 ) begin
-      \$133  = \$63 [1:0];
+      \$139  = 2'h2;
+    end else if (\$64 ) begin
+      \$139  = \$65 [1:0];
     end
     casez (ctrl_state)
       4'h0:
@@ -1646,273 +1658,59 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$90 ) begin
-              \$133  = 2'h2;
+            if (\$94 ) begin
+              \$139  = 2'h2;
             end
           end
     endcase
     if (rst) begin
-      \$133  = 2'h0;
+      \$139  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$134  = spad__rd0__lanes[31:0];
+    \$140  = spad__rd0__lanes[31:0];
     if (rst) begin
-      \$134  = 32'd0;
+      \$140  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$135  = spad__rd1__data;
+    \$141  = spad__rd1__data;
     if (rst) begin
-      \$135  = 32'd0;
+      \$141  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$136  = running;
+    \$142  = running;
     casez (ctrl_state)
       4'h0:
           if (\start$381 ) begin
-            \$136  = 1'h1;
+            \$142  = 1'h1;
           end
       4'h1:
           /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-            \$136  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$130 ) begin
-            \$136  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$136  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$137  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$137  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-            \$137  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$130 ) begin
-            \$137  = 1'h0;
-          end
-    endcase
-    if (\$132 ) begin
-      \$137  = 1'h0;
-    end
-    if (rst) begin
-      \$137  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$138  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$138  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$130 ) begin
-            \$138  = stop_code;
-          end
-    endcase
-    if (\$132 ) begin
-      \$138  = 8'h00;
-    end
-    if (rst) begin
-      \$138  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$139  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-          end else if (\$70 ) begin
+          if (\$70 ) begin
           end else if (\$71 ) begin
-            \$139  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$91 ) begin
-            end else if (\$92 ) begin
-              \$139  = \$119 [12:0];
-            end else if (\$118 ) begin
-              \$139  = \$120 [12:0];
-            end else begin
-              \$139  = \$121 [12:0];
-            end
-          end
-      4'h5:
-          if (\$122 ) begin
-            \$139  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$124 ) begin
-            \$139  = \$127 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$139  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$140  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$140  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$140  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$141  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$141  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$122 ) begin
-            \$141  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$124 ) begin
-            \$141  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$141  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
             \$142  = 1'h0;
           end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-          if (exec_done) begin
-            if (\$88 ) begin
-              \$142  = 1'h1;
-            end
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$136 ) begin
+            \$142  = 1'h0;
           end
     endcase
     if (rst) begin
@@ -1921,340 +1719,149 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = ctrl_state;
+    \$143  = done;
     casez (ctrl_state)
       4'h0:
           if (\start$381 ) begin
-            \$143  = 4'h1;
+            \$143  = 1'h0;
           end
       4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$64 ) begin
-            \$143  = 4'h2;
-          end else begin
-            \$143  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h3:
-        begin
-          if (start) begin
-            \$143  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-            \$143  = 4'h0;
-          end else if (\$70 ) begin
-            \$143  = 4'h2;
+          if (\$70 ) begin
           end else if (\$71 ) begin
-            \$143  = 4'h1;
-          end else if (\$72 ) begin
-            \$143  = 4'h5;
-          end else begin
-            \$143  = 4'h6;
+            \$143  = 1'h1;
           end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
       4'h6:
-        begin
-          \$143  = 4'h7;
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$91 ) begin
-              \$143  = 4'h2;
-            end else if (\$92 ) begin
-              \$143  = 4'h1;
-            end else if (\$118 ) begin
-              \$143  = 4'h6;
-            end else begin
-              \$143  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$122 ) begin
-            \$143  = 4'h1;
-          end else begin
-            \$143  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h8:
-        begin
-          \$143  = 4'h9;
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$124 ) begin
-            \$143  = 4'h1;
-          end else begin
-            \$143  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$143  = 4'h2;
-          end
-        end
+          /* empty */;
       4'h2:
-          if (\$130 ) begin
-            \$143  = 4'h0;
+          if (\$136 ) begin
+            \$143  = 1'h0;
           end
     endcase
+    if (\$138 ) begin
+      \$143  = 1'h0;
+    end
     if (rst) begin
-      \$143  = 4'h0;
+      \$143  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = stop_code;
+    \$144  = error;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$381 ) begin
+            \$144  = 8'h00;
+          end
       4'h1:
-        begin
-          if (\$64 ) begin
-            \$144  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-          end else if (\$70 ) begin
-            \$144  = \error$367 ;
-          end
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h6:
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
+          /* empty */;
       4'h7:
-        begin
-          if (exec_done) begin
-            if (\$91 ) begin
-              \$144  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
-        end
+          /* empty */;
       4'h5:
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
+          /* empty */;
       4'h8:
-          if (soft_reset) begin
-            \$144  = 8'h00;
-          end
+          /* empty */;
       4'h9:
-          if (soft_reset) begin
-            \$144  = 8'h00;
+          /* empty */;
+      4'h2:
+          if (\$136 ) begin
+            \$144  = stop_code;
           end
     endcase
+    if (\$138 ) begin
+      \$144  = 8'h00;
+    end
     if (rst) begin
       \$144  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = executor;
+    \$145  = pc;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
+          if (\start$381 ) begin
+            \$145  = 13'h0000;
+          end
       4'h1:
-        begin
-          if (\$64 ) begin
-            \$145  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h3:
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
+          /* empty */;
       4'h4:
-        begin
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-          end else if (\$70 ) begin
-            \$145  = 6'h00;
+          if (\$70 ) begin
           end else if (\$71 ) begin
-            \$145  = 6'h00;
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$145  = { 1'h0, ins[255:244] };
           end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
       4'h6:
-        begin
-          if (\$74 ) begin
-            \$145  = 6'h01;
-          end
-          if (\$75 ) begin
-            \$145  = 6'h01;
-          end
-          if (\$76 ) begin
-            \$145  = 6'h02;
-          end
-          if (\$77 ) begin
-            \$145  = 6'h04;
-          end
-          if (\$78 ) begin
-            \$145  = 6'h04;
-          end
-          if (\$79 ) begin
-            \$145  = 6'h04;
-          end
-          if (\$80 ) begin
-            \$145  = 6'h10;
-          end
-          if (\$81 ) begin
-            \$145  = 6'h08;
-          end
-          if (\$82 ) begin
-            \$145  = 6'h20;
-          end
-          if (\$83 ) begin
-            \$145  = 6'h20;
-          end
-          if (\$84 ) begin
-            \$145  = 6'h10;
-          end
-          if (\$85 ) begin
-            \$145  = 6'h10;
-          end
-          if (\$86 ) begin
-            \$145  = 6'h04;
-          end
-          if (\$87 ) begin
-            \$145  = 6'h04;
-          end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
+          /* empty */;
       4'h7:
-        begin
           if (exec_done) begin
             (* full_case = 32'd1 *)
-            if (\$91 ) begin
-              \$145  = 6'h00;
-            end else if (\$92 ) begin
-              \$145  = 6'h00;
-            end else if (\$118 ) begin
-              \$145  = 6'h00;
+            if (\$95 ) begin
+            end else if (\$96 ) begin
+              \$145  = \$125 [12:0];
+            end else if (\$124 ) begin
+              \$145  = \$126 [12:0];
             end else begin
-              \$145  = 6'h00;
+              \$145  = \$127 [12:0];
             end
           end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
       4'h5:
-        begin
-          if (\$122 ) begin
-            \$145  = 6'h00;
+          if (\$128 ) begin
+            \$145  = { 1'h0, cur[281:270] };
           end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
       4'h8:
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
+          /* empty */;
       4'h9:
-        begin
-          if (\$124 ) begin
-            \$145  = 6'h00;
+          if (\$130 ) begin
+            \$145  = \$133 [12:0];
           end
-          if (soft_reset) begin
-            \$145  = 6'h00;
-          end
-        end
     endcase
     if (rst) begin
-      \$145  = 6'h00;
+      \$145  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = pf_ready;
+    \$146  = route_done;
     casez (ctrl_state)
       4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$64 ) begin
-          end else begin
+          if (\start$381 ) begin
             \$146  = 1'h0;
           end
+      4'h1:
+          /* empty */;
       4'h3:
           /* empty */;
       4'h4:
-        begin
-          \$146  = 1'h0;
-          if (\$68 ) begin
-            \$146  = \$73 ;
-          end
-        end
+          /* empty */;
       4'h6:
           /* empty */;
       4'h7:
-        begin
-          if (\done$364 ) begin
-            \$146  = 1'h1;
-          end
           if (exec_done) begin
-            if (\$91 ) begin
-            end else if (\$92 ) begin
-            end else if (\$118 ) begin
-              \$146  = 1'h0;
+            if (running_exec[3]) begin
+              \$146  = 1'h1;
             end
           end
-        end
     endcase
     if (rst) begin
       \$146  = 1'h0;
@@ -2262,7 +1869,418 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = cur;
+    \$147  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$147  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$147  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$128 ) begin
+            \$147  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$130 ) begin
+            \$147  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$147  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$148  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$148  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$92 ) begin
+              \$148  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$148  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$149  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$149  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$66 ) begin
+            \$149  = 4'h2;
+          end else begin
+            \$149  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$149  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$70 ) begin
+          end else if (\$71 ) begin
+            \$149  = 4'h0;
+          end else if (\$72 ) begin
+            \$149  = 4'h2;
+          end else if (\$73 ) begin
+            \$149  = 4'h1;
+          end else if (\$74 ) begin
+            \$149  = 4'h5;
+          end else begin
+            \$149  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$149  = 4'h7;
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$95 ) begin
+              \$149  = 4'h2;
+            end else if (\$96 ) begin
+              \$149  = 4'h1;
+            end else if (\$124 ) begin
+              \$149  = 4'h6;
+            end else begin
+              \$149  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$128 ) begin
+            \$149  = 4'h1;
+          end else begin
+            \$149  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$149  = 4'h9;
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$130 ) begin
+            \$149  = 4'h1;
+          end else begin
+            \$149  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$149  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$136 ) begin
+            \$149  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$149  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$150  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$66 ) begin
+            \$150  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$70 ) begin
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$150  = \error$367 ;
+          end
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$95 ) begin
+              \$150  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$150  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$150  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$151  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$66 ) begin
+            \$151  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$70 ) begin
+          end else if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$151  = 6'h00;
+          end else if (\$73 ) begin
+            \$151  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$76 ) begin
+            \$151  = 6'h01;
+          end
+          if (\$77 ) begin
+            \$151  = 6'h01;
+          end
+          if (\$78 ) begin
+            \$151  = 6'h02;
+          end
+          if (\$79 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$80 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$81 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$82 ) begin
+            \$151  = 6'h10;
+          end
+          if (\$83 ) begin
+            \$151  = 6'h08;
+          end
+          if (\$84 ) begin
+            \$151  = 6'h20;
+          end
+          if (\$85 ) begin
+            \$151  = 6'h20;
+          end
+          if (\$86 ) begin
+            \$151  = 6'h10;
+          end
+          if (\$87 ) begin
+            \$151  = 6'h10;
+          end
+          if (\$88 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$89 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$90 ) begin
+            \$151  = 6'h04;
+          end
+          if (\$91 ) begin
+            \$151  = 6'h04;
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$95 ) begin
+              \$151  = 6'h00;
+            end else if (\$96 ) begin
+              \$151  = 6'h00;
+            end else if (\$124 ) begin
+              \$151  = 6'h00;
+            end else begin
+              \$151  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$128 ) begin
+            \$151  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$130 ) begin
+            \$151  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$151  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$151  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$152  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$66 ) begin
+          end else begin
+            \$152  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$152  = 1'h0;
+          if (\$70 ) begin
+            \$152  = \$75 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$364 ) begin
+            \$152  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$95 ) begin
+            end else if (\$96 ) begin
+            end else if (\$124 ) begin
+              \$152  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$152  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$153  = cur;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2272,42 +2290,42 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-          end else if (\$70 ) begin
+          if (\$70 ) begin
           end else if (\$71 ) begin
           end else if (\$72 ) begin
-            \$147 [220:0] = decoded;
-            \$147 [253:221] = host;
-            \$147 [269:254] = beats;
-            \$147 [281:270] = ins[255:244];
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$153 [220:0] = decoded;
+            \$153 [253:221] = host;
+            \$153 [269:254] = beats;
+            \$153 [281:270] = ins[255:244];
           end else begin
-            \$147 [220:0] = decoded;
-            \$147 [253:221] = host;
-            \$147 [269:254] = beats;
-            \$147 [281:270] = ins[255:244];
+            \$153 [220:0] = decoded;
+            \$153 [253:221] = host;
+            \$153 [269:254] = beats;
+            \$153 [281:270] = ins[255:244];
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$91 ) begin
-            end else if (\$92 ) begin
-            end else if (\$118 ) begin
-              \$147 [220:0] = decoded;
-              \$147 [253:221] = host;
-              \$147 [269:254] = beats;
-              \$147 [281:270] = ins[255:244];
+            if (\$95 ) begin
+            end else if (\$96 ) begin
+            end else if (\$124 ) begin
+              \$153 [220:0] = decoded;
+              \$153 [253:221] = host;
+              \$153 [269:254] = beats;
+              \$153 [281:270] = ins[255:244];
             end
           end
     endcase
     if (rst) begin
-      \$147  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+      \$153  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = running_exec;
+    \$154  = running_exec;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2317,55 +2335,55 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h4:
           (* full_case = 32'd1 *)
-          if (\$68 ) begin
-          end else if (\$69 ) begin
-          end else if (\$70 ) begin
+          if (\$70 ) begin
           end else if (\$71 ) begin
           end else if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
           end else begin
             casez (ins[5:0])
               6'h01, 6'h02:
-                  \$148  = 5'h01;
+                  \$154  = 5'h01;
               6'h03:
-                  \$148  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
-                  \$148  = 5'h04;
+                  \$154  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
+                  \$154  = 5'h04;
               6'h08:
-                  \$148  = 5'h08;
+                  \$154  = 5'h08;
               6'h0a, 6'h0b:
-                  \$148  = 5'h10;
+                  \$154  = 5'h10;
             endcase
           end
       4'h6:
           /* empty */;
       4'h7:
           if (exec_done) begin
-            \$148  = 5'h00;
-            if (\$91 ) begin
-            end else if (\$92 ) begin
-            end else if (\$118 ) begin
+            \$154  = 5'h00;
+            if (\$95 ) begin
+            end else if (\$96 ) begin
+            end else if (\$124 ) begin
               casez (ins[5:0])
                 6'h01, 6'h02:
-                    \$148  = 5'h01;
+                    \$154  = 5'h01;
                 6'h03:
-                    \$148  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10:
-                    \$148  = 5'h04;
+                    \$154  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
+                    \$154  = 5'h04;
                 6'h08:
-                    \$148  = 5'h08;
+                    \$154  = 5'h08;
                 6'h0a, 6'h0b:
-                    \$148  = 5'h10;
+                    \$154  = 5'h10;
               endcase
             end
           end
     endcase
     if (rst) begin
-      \$148  = 5'h00;
+      \$154  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$149  = scan;
+    \$155  = scan;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2380,25 +2398,25 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (running_exec[3]) begin
-              \$149  = 4'h0;
+              \$155  = 4'h0;
             end
           end
       4'h5:
-          if (\$122 ) begin
-            \$149  = 4'h8;
+          if (\$128 ) begin
+            \$155  = 4'h8;
           end
       4'h8:
           /* empty */;
       4'h9:
-          \$149  = \$123 [3:0];
+          \$155  = \$129 [3:0];
     endcase
     if (rst) begin
-      \$149  = 4'h0;
+      \$155  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$150  = scores_a;
+    \$156  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2412,18 +2430,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$88 ) begin
-              \$150  = cur[60:48];
+            if (\$92 ) begin
+              \$156  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$150  = 13'h0000;
+      \$156  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = scores_len;
+    \$157  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2437,18 +2455,18 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (\$88 ) begin
-              \$151  = cur[122:109];
+            if (\$92 ) begin
+              \$157  = cur[122:109];
             end
           end
     endcase
     if (rst) begin
-      \$151  = 14'h0000;
+      \$157  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = expert;
+    \$158  = expert;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2467,17 +2485,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$124 ) begin
-            \$152  = scan;
+          if (\$130 ) begin
+            \$158  = scan;
           end
     endcase
     if (rst) begin
-      \$152  = 4'h0;
+      \$158  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = count;
+    \$159  = count;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2496,17 +2514,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$124 ) begin
-            \$153  = \$like [15:0];
+          if (\$130 ) begin
+            \$159  = \$like [15:0];
           end
     endcase
     if (rst) begin
-      \$153  = 16'h0000;
+      \$159  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = offset;
+    \$160  = offset;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2525,12 +2543,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h8:
           /* empty */;
       4'h9:
-          if (\$124 ) begin
-            \$154  = \$126 ;
+          if (\$130 ) begin
+            \$160  = \$132 ;
           end
     endcase
     if (rst) begin
-      \$154  = 14'h0000;
+      \$160  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2558,14 +2576,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$155 [5], \$155 [5], \$155  };
+  assign bus__arlen = { \$161 [5], \$161 [5], \$161  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$156 [5], \$156 [5], \$156  };
+  assign bus__awlen = { \$162 [5], \$162 [5], \$162  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2738,12 +2756,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$156 [5], \$156 [5], \$156  };
+  assign m_axi__awlen = { \$162 [5], \$162 [5], \$162  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$155 [5], \$155 [5], \$155  };
+  assign m_axi__arlen = { \$161 [5], \$161 [5], \$161  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -3011,7 +3029,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$651$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$661$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -3141,8 +3159,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$651$0 ;
-  wire [15:0] \port$651$0 ;
+  input [15:0] \port$661$0 ;
+  wire [15:0] \port$661$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3251,7 +3269,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$651$0  };
+      rd_data = { 16'h0000, \port$661$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3392,7 +3410,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$651$0  };
+  assign load_data = { 16'h0000, \port$661$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -3633,79 +3651,79 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [9:0] \$100 ;
-  wire [22:0] \$101 ;
-  wire [23:0] \$102 ;
-  wire [16:0] \$103 ;
-  wire \$104 ;
-  wire [23:0] \$105 ;
-  wire [13:0] \$106 ;
-  wire [9:0] \$107 ;
-  wire \$108 ;
-  wire [4:0] \$109 ;
+  wire [22:0] \$100 ;
+  wire [23:0] \$101 ;
+  wire [16:0] \$102 ;
+  wire \$103 ;
+  wire [23:0] \$104 ;
+  wire \$105 ;
+  wire [9:0] \$106 ;
+  wire [22:0] \$107 ;
+  wire [23:0] \$108 ;
+  wire [16:0] \$109 ;
   wire [16:0] \$11 ;
   wire \$110 ;
-  wire [13:0] \$111 ;
-  wire [9:0] \$112 ;
-  wire \$113 ;
-  wire [4:0] \$114 ;
-  wire \$115 ;
-  wire [13:0] \$116 ;
-  wire [14:0] \$117 ;
-  wire \$118 ;
-  wire [14:0] \$119 ;
+  wire [23:0] \$111 ;
+  wire [13:0] \$112 ;
+  wire [9:0] \$113 ;
+  wire \$114 ;
+  wire [4:0] \$115 ;
+  wire \$116 ;
+  wire [13:0] \$117 ;
+  wire [9:0] \$118 ;
+  wire \$119 ;
   wire [17:0] \$12 ;
-  wire [13:0] \$120 ;
-  wire [16:0] \$121 ;
-  wire \$122 ;
-  wire [16:0] \$123 ;
-  wire [13:0] \$124 ;
-  wire [16:0] \$125 ;
-  wire \$126 ;
+  wire [4:0] \$120 ;
+  wire \$121 ;
+  wire [13:0] \$122 ;
+  wire [14:0] \$123 ;
+  wire \$124 ;
+  wire [14:0] \$125 ;
+  wire [13:0] \$126 ;
   wire [16:0] \$127 ;
-  wire [13:0] \$128 ;
+  wire \$128 ;
   wire [16:0] \$129 ;
   wire [17:0] \$13 ;
-  wire \$130 ;
+  wire [13:0] \$130 ;
   wire [16:0] \$131 ;
-  wire [13:0] \$132 ;
-  wire [14:0] \$133 ;
-  wire \$134 ;
-  wire [14:0] \$135 ;
-  wire [13:0] \$136 ;
+  wire \$132 ;
+  wire [16:0] \$133 ;
+  wire [13:0] \$134 ;
+  wire [16:0] \$135 ;
+  wire \$136 ;
   wire [16:0] \$137 ;
-  wire \$138 ;
-  wire [16:0] \$139 ;
+  wire [13:0] \$138 ;
+  wire [14:0] \$139 ;
   wire [18:0] \$14 ;
-  wire [13:0] \$140 ;
-  wire [9:0] \$141 ;
-  wire [9:0] \$142 ;
-  wire [22:0] \$143 ;
-  wire [23:0] \$144 ;
+  wire \$140 ;
+  wire [14:0] \$141 ;
+  wire [13:0] \$142 ;
+  wire [16:0] \$143 ;
+  wire \$144 ;
   wire [16:0] \$145 ;
-  wire \$146 ;
-  wire [23:0] \$147 ;
-  wire \$148 ;
-  wire [9:0] \$149 ;
+  wire [13:0] \$146 ;
+  wire [9:0] \$147 ;
+  wire [9:0] \$148 ;
+  wire [22:0] \$149 ;
   wire \$15 ;
-  wire [22:0] \$150 ;
-  wire [23:0] \$151 ;
-  wire [16:0] \$152 ;
-  wire \$153 ;
-  wire [23:0] \$154 ;
-  wire [13:0] \$155 ;
-  wire [9:0] \$156 ;
-  wire \$157 ;
-  wire [4:0] \$158 ;
+  wire [23:0] \$150 ;
+  wire [16:0] \$151 ;
+  wire \$152 ;
+  wire [23:0] \$153 ;
+  wire \$154 ;
+  wire [9:0] \$155 ;
+  wire [22:0] \$156 ;
+  wire [23:0] \$157 ;
+  wire [16:0] \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire [13:0] \$160 ;
-  wire \$161 ;
-  wire \$162 ;
+  wire [23:0] \$160 ;
+  wire [13:0] \$161 ;
+  wire [9:0] \$162 ;
   wire \$163 ;
-  wire \$164 ;
+  wire [4:0] \$164 ;
   wire \$165 ;
-  wire \$166 ;
+  wire [13:0] \$166 ;
   wire \$167 ;
   wire \$168 ;
   wire \$169 ;
@@ -3718,26 +3736,26 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$175 ;
   wire \$176 ;
   wire \$177 ;
-  wire [9:0] \$178 ;
+  wire \$178 ;
   wire \$179 ;
   wire [1:0] \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
-  wire \$184 ;
+  wire [9:0] \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
-  wire [9:0] \$189 ;
+  wire \$189 ;
   wire [18:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
   wire \$193 ;
   wire \$194 ;
-  wire \$195 ;
+  wire [9:0] \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
@@ -3778,17 +3796,17 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$229 ;
   wire \$23 ;
   wire \$230 ;
-  wire [14:0] \$231 ;
+  wire \$231 ;
   wire \$232 ;
   wire \$233 ;
-  wire [14:0] \$234 ;
+  wire \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire \$237 ;
+  wire [14:0] \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire \$24 ;
-  wire \$240 ;
+  wire [14:0] \$240 ;
   wire \$241 ;
   wire \$242 ;
   wire \$243 ;
@@ -3801,19 +3819,19 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  wire [14:0] \$252 ;
+  wire \$252 ;
   wire \$253 ;
   wire \$254 ;
-  wire [14:0] \$255 ;
+  wire \$255 ;
   wire \$256 ;
   wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire \$260 ;
+  wire [14:0] \$260 ;
   wire \$261 ;
   wire \$262 ;
-  wire \$263 ;
+  wire [14:0] \$263 ;
   wire \$264 ;
   wire \$265 ;
   wire \$266 ;
@@ -3824,32 +3842,32 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$270 ;
   wire \$271 ;
   wire \$272 ;
-  wire [14:0] \$273 ;
+  wire \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
   wire \$278 ;
-  wire [14:0] \$279 ;
+  wire \$279 ;
   wire \$28 ;
   wire \$280 ;
   wire \$281 ;
   wire \$282 ;
-  wire \$283 ;
+  wire [14:0] \$283 ;
   wire \$284 ;
   wire \$285 ;
-  wire [14:0] \$286 ;
+  wire \$286 ;
   wire \$287 ;
   wire \$288 ;
-  wire \$289 ;
+  wire [14:0] \$289 ;
   wire \$29 ;
   wire \$290 ;
   wire \$291 ;
   wire \$292 ;
   wire \$293 ;
-  wire [33:0] \$294 ;
-  wire [32:0] \$295 ;
-  wire \$296 ;
+  wire \$294 ;
+  wire \$295 ;
+  wire [14:0] \$296 ;
   wire \$297 ;
   wire \$298 ;
   wire \$299 ;
@@ -3859,35 +3877,45 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$301 ;
   wire \$302 ;
   wire \$303 ;
-  wire \$304 ;
-  wire [13:0] \$305 ;
+  wire [33:0] \$304 ;
+  wire [32:0] \$305 ;
   wire \$306 ;
-  wire [13:0] \$307 ;
+  wire \$307 ;
   wire \$308 ;
-  wire [13:0] \$309 ;
+  wire \$309 ;
   wire \$31 ;
   wire \$310 ;
-  wire [13:0] \$311 ;
+  wire \$311 ;
   wire \$312 ;
-  wire [17:0] \$313 ;
-  wire [3:0] \$314 ;
-  wire [2:0] \$315 ;
-  reg \$316 ;
-  reg \$317 ;
-  reg \$318 ;
-  reg \$319 ;
+  wire \$313 ;
+  wire \$314 ;
+  wire [13:0] \$315 ;
+  wire \$316 ;
+  wire [13:0] \$317 ;
+  wire \$318 ;
+  wire [13:0] \$319 ;
   wire \$32 ;
-  reg [7:0] \$320 ;
-  reg \$321 ;
-  reg [2:0] \$322 ;
-  reg [1:0] \$323 ;
-  reg [13:0] \$324 ;
-  reg [13:0] \$325 ;
-  reg [13:0] \$326 ;
-  reg [13:0] \$327 ;
-  reg [17:0] \$328 ;
-  reg [32:0] \$329 ;
+  wire \$320 ;
+  wire [13:0] \$321 ;
+  wire \$322 ;
+  wire [17:0] \$323 ;
+  wire [3:0] \$324 ;
+  wire [2:0] \$325 ;
+  reg \$326 ;
+  reg \$327 ;
+  reg \$328 ;
+  reg \$329 ;
   wire \$33 ;
+  reg [7:0] \$330 ;
+  reg \$331 ;
+  reg [2:0] \$332 ;
+  reg [1:0] \$333 ;
+  reg [13:0] \$334 ;
+  reg [13:0] \$335 ;
+  reg [13:0] \$336 ;
+  reg [13:0] \$337 ;
+  reg [17:0] \$338 ;
+  reg [32:0] \$339 ;
   wire \$34 ;
   wire \$35 ;
   wire \$36 ;
@@ -3952,14 +3980,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [17:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire [9:0] \$92 ;
-  wire [9:0] \$93 ;
-  wire [22:0] \$94 ;
-  wire [23:0] \$95 ;
-  wire [16:0] \$96 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire \$96 ;
   wire \$97 ;
-  wire [23:0] \$98 ;
-  wire \$99 ;
+  wire [9:0] \$98 ;
+  wire [9:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4133,220 +4161,230 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$88  = ins[243:238] <= 5'h18;
   assign \$89  = \$87  & \$88 ;
   assign \$91  = & { \$90 , \$86 , \$85  };
-  assign \$95  = 1'h0 + \$94 ;
-  assign \$98  = \$97  ? \$95  : { 7'h00, \$96  };
-  assign \$99  = | \$98 [23:14];
-  assign \$102  = 1'h0 + \$101 ;
-  assign \$105  = \$104  ? \$102  : { 7'h00, \$103  };
-  assign \$106  = \$99  ? 14'h3fff : \$105 [13:0];
-  assign \$109  = \$108  ? 5'h10 : 5'h00;
-  assign \$111  = \$110  ? \$106  : { 9'h000, \$109  };
-  assign \$114  = \$113  ? 5'h10 : 5'h00;
-  assign \$115  = | ins[63:62];
-  assign \$116  = \$115  ? 14'h3fff : ins[61:48];
-  assign \$117  = mk + 5'h10;
-  assign \$119  = mk + 5'h10;
-  assign \$120  = \$118  ? 14'h3fff : \$119 [13:0];
-  assign \$122  = | \$121 [16:14];
-  assign \$124  = \$122  ? 14'h3fff : \$123 [13:0];
-  assign \$125  = \context [47:34] + \context [33:18];
-  assign \$126  = | \$125 [16:14];
-  assign \$127  = \context [47:34] + \context [33:18];
-  assign \$128  = \$126  ? 14'h3fff : \$127 [13:0];
-  assign \$129  = \context [47:34] + \context [33:18];
-  assign \$130  = | \$129 [16:14];
+  assign \$92  = m_eff >= 1'h1;
+  assign \$93  = ins[63:48] >= 1'h1;
+  assign \$94  = & { \$93 , \$92  };
+  assign \$95  = m_eff >= 1'h1;
+  assign \$96  = ins[63:48] >= 1'h1;
+  assign \$97  = & { \$96 , \$95  };
+  assign \$101  = 1'h0 + \$100 ;
+  assign \$104  = \$103  ? \$101  : { 7'h00, \$102  };
+  assign \$105  = | \$104 [23:14];
+  assign \$108  = 1'h0 + \$107 ;
+  assign \$111  = \$110  ? \$108  : { 7'h00, \$109  };
+  assign \$112  = \$105  ? 14'h3fff : \$111 [13:0];
+  assign \$115  = \$114  ? 5'h10 : 5'h00;
+  assign \$117  = \$116  ? \$112  : { 9'h000, \$115  };
+  assign \$120  = \$119  ? 5'h10 : 5'h00;
+  assign \$121  = | ins[63:62];
+  assign \$122  = \$121  ? 14'h3fff : ins[61:48];
+  assign \$123  = mk + 5'h10;
+  assign \$125  = mk + 5'h10;
+  assign \$126  = \$124  ? 14'h3fff : \$125 [13:0];
+  assign \$128  = | \$127 [16:14];
+  assign \$130  = \$128  ? 14'h3fff : \$129 [13:0];
   assign \$131  = \context [47:34] + \context [33:18];
-  assign \$132  = \$130  ? 14'h3fff : \$131 [13:0];
-  assign \$136  = \$134  ? 14'h3fff : \$135 [13:0];
-  assign \$138  = | \$137 [16:14];
-  assign \$140  = \$138  ? 14'h3fff : \$139 [13:0];
-  assign \$144  = 1'h0 + \$143 ;
-  assign \$147  = \$146  ? \$144  : { 7'h00, \$145  };
-  assign \$148  = | \$147 [23:14];
-  assign \$151  = 1'h0 + \$150 ;
-  assign \$154  = \$153  ? \$151  : { 7'h00, \$152  };
-  assign \$155  = \$148  ? 14'h3fff : \$154 [13:0];
-  assign \$158  = \$157  ? 5'h10 : 5'h00;
-  assign \$160  = \$159  ? \$155  : { 9'h000, \$158  };
-  assign \$161  = ! ins[5:0];
-  assign \$162  = ins[5:0] == 1'h1;
-  assign \$163  = ins[5:0] == 2'h2;
-  assign \$164  = ins[5:0] == 2'h3;
-  assign \$165  = ins[5:0] == 3'h4;
-  assign \$166  = ins[5:0] == 3'h5;
-  assign \$167  = ins[5:0] == 3'h6;
-  assign \$168  = ins[5:0] == 3'h7;
-  assign \$169  = ins[5:0] == 4'h8;
-  assign \$170  = ins[5:0] == 4'h9;
-  assign \$171  = ins[5:0] == 4'ha;
-  assign \$172  = ins[5:0] == 4'hb;
-  assign \$173  = ins[5:0] == 4'hc;
-  assign \$174  = ins[5:0] == 4'hd;
-  assign \$175  = ins[5:0] == 4'he;
-  assign \$176  = | { \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , \$161 , 1'h0 };
-  assign \$177  = ~ \$176 ;
-  assign \$179  = | \$178 ;
-  assign \$180  = ins[5:0] == 4'ha;
-  assign \$181  = ins[5:0] == 4'hb;
-  assign \$182  = | { \$181 , \$180 , 1'h0 };
-  assign \$183  = \$179  | \$182 ;
-  assign \$184  = ins[5:0] == 4'h9;
-  assign \$186  = \$183  | \$185 ;
-  assign \$187  = ~ \context [0];
-  assign \$188  = \$186  & \$187 ;
-  assign \$190  = | \$189 ;
-  assign \$191  = ins[5:0] == 4'ha;
-  assign \$192  = ins[5:0] == 4'hb;
-  assign \$193  = | { \$192 , \$191 , 1'h0 };
-  assign \$194  = \$190  | \$193 ;
-  assign \$195  = ~ \context [1];
-  assign \$196  = \$194  & \$195 ;
-  assign \$197  = \$188  | \$196 ;
-  assign \$198  = ins[5:0] == 4'h9;
-  assign \$199  = ins[5:0] == 4'he;
-  assign \$200  = | { \$199 , \$198 , 1'h0 };
-  assign \$201  = ins[255:244] < 7'h40;
-  assign \$202  = ~ \$201 ;
-  assign \$203  = \$200  & \$202 ;
-  assign \$204  = ~ shape_q;
-  assign \$205  = ins[5:0] == 4'h8;
-  assign \$207  = ! ins[87:77];
-  assign \$208  = \context [48] & \$207 ;
-  assign \$209  = \context [61:49] == ins[76:64];
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = \context [75:62] == ln;
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = ~ \$212 ;
-  assign \$214  = \$206  & \$213 ;
-  assign \$215  = ~ spad_ok;
-  assign \$216  = ins[5:0] == 1'h1;
-  assign \$217  = ins[5:0] == 2'h2;
-  assign \$218  = ins[5:0] == 2'h3;
-  assign \$219  = | { \$218 , \$217 , \$216 , 1'h0 };
-  assign \$220  = ~ host_ok;
-  assign \$221  = \$219  & \$220 ;
-  assign \$222  = ~ busy;
-  assign \$223  = active & \$222 ;
-  assign \$224  = step != 3'h7;
-  assign \$225  = ! ins[5:0];
-  assign \$226  = settle == 2'h2;
-  assign \$227  = \$225  | \$226 ;
-  assign \$228  = | wa;
-  assign \$229  = | wc;
-  assign \$230  = \$228  & \$229 ;
-  assign \$231  = ins[125:112] + wc;
-  assign \$232  = ins[77:64] < \$231 ;
-  assign \$233  = \$230  & \$232 ;
-  assign \$234  = ins[77:64] + wa;
-  assign \$235  = ins[125:112] < \$234 ;
-  assign \$236  = \$233  & \$235 ;
-  assign \$237  = ins[5:0] == 3'h4;
-  assign \$238  = ins[5:0] == 3'h5;
-  assign \$239  = ins[5:0] == 3'h6;
-  assign \$240  = ins[5:0] == 3'h7;
-  assign \$241  = ins[5:0] == 4'hd;
-  assign \$242  = | { \$241 , \$240 , \$239 , \$238 , \$237 , 1'h0 };
-  assign \$243  = ins[77:64] == ins[125:112];
-  assign \$244  = \$242  & \$243 ;
-  assign \$245  = wa == wc;
-  assign \$246  = \$244  & \$245 ;
-  assign \$247  = ~ \$246 ;
-  assign \$248  = \$236  & \$247 ;
-  assign \$249  = | wb;
-  assign \$250  = | wc;
-  assign \$251  = \$249  & \$250 ;
-  assign \$252  = ins[125:112] + wc;
-  assign \$253  = ins[101:88] < \$252 ;
-  assign \$254  = \$251  & \$253 ;
-  assign \$255  = ins[101:88] + wb;
-  assign \$256  = ins[125:112] < \$255 ;
-  assign \$257  = \$254  & \$256 ;
-  assign \$258  = ins[5:0] == 3'h4;
-  assign \$259  = ins[5:0] == 3'h5;
-  assign \$260  = ins[5:0] == 3'h6;
-  assign \$261  = ins[5:0] == 3'h7;
-  assign \$262  = ins[5:0] == 4'hd;
-  assign \$263  = | { \$262 , \$261 , \$260 , \$259 , \$258 , 1'h0 };
-  assign \$264  = ins[101:88] == ins[125:112];
-  assign \$265  = \$263  & \$264 ;
-  assign \$266  = wb == wc;
-  assign \$267  = \$265  & \$266 ;
-  assign \$268  = ~ \$267 ;
-  assign \$269  = \$257  & \$268 ;
-  assign \$270  = \$248  | \$269 ;
-  assign \$271  = ! wa;
-  assign \$272  = ! ins[87:78];
-  assign \$273  = ins[77:64] + wa;
-  assign \$274  = \$273  <= 14'h2000;
-  assign \$275  = \$272  & \$274 ;
-  assign \$276  = \$271  | \$275 ;
-  assign \$277  = ! wb;
-  assign \$278  = ! ins[111:102];
-  assign \$279  = ins[101:88] + wb;
-  assign \$280  = \$279  <= 14'h2000;
-  assign \$281  = \$278  & \$280 ;
-  assign \$282  = \$277  | \$281 ;
-  assign \$283  = \$276  & \$282 ;
-  assign \$284  = ! wc;
-  assign \$285  = ! ins[135:126];
-  assign \$286  = ins[125:112] + wc;
-  assign \$287  = \$286  <= 14'h2000;
-  assign \$288  = \$285  & \$287 ;
-  assign \$289  = \$284  | \$288 ;
-  assign \$290  = \$283  & \$289 ;
-  assign \$291  = ! host[1:0];
-  assign \$292  = host >= \context [107:76];
-  assign \$293  = \$291  & \$292 ;
-  assign \$294  = host + { l4[17:2], 2'h0 };
-  assign \$295  = \context [107:76] + \context [139:108];
-  assign \$296  = \$294  <= \$295 ;
-  assign \$297  = \$293  & \$296 ;
-  assign \$298  = ~ busy;
-  assign \$299  = active & \$298 ;
-  assign \$300  = step != 3'h7;
-  assign \$301  = ! ins[5:0];
-  assign \$302  = settle == 2'h2;
-  assign \$303  = \$301  | \$302 ;
-  assign \$304  = | acc[32:14];
-  assign \$305  = \$304  ? 14'h3fff : acc[13:0];
-  assign \$306  = | acc[32:14];
-  assign \$307  = \$306  ? 14'h3fff : acc[13:0];
-  assign \$308  = | acc[32:14];
-  assign \$309  = \$308  ? 14'h3fff : acc[13:0];
-  assign \$310  = | acc[32:14];
-  assign \$311  = \$310  ? 14'h3fff : acc[13:0];
-  assign \$312  = | acc[32:18];
-  assign \$313  = \$312  ? 18'h3ffff : acc[17:0];
-  assign \$314  = step + 1'h1;
-  assign \$315  = settle + 1'h1;
+  assign \$132  = | \$131 [16:14];
+  assign \$133  = \context [47:34] + \context [33:18];
+  assign \$134  = \$132  ? 14'h3fff : \$133 [13:0];
+  assign \$135  = \context [47:34] + \context [33:18];
+  assign \$136  = | \$135 [16:14];
+  assign \$137  = \context [47:34] + \context [33:18];
+  assign \$138  = \$136  ? 14'h3fff : \$137 [13:0];
+  assign \$142  = \$140  ? 14'h3fff : \$141 [13:0];
+  assign \$144  = | \$143 [16:14];
+  assign \$146  = \$144  ? 14'h3fff : \$145 [13:0];
+  assign \$150  = 1'h0 + \$149 ;
+  assign \$153  = \$152  ? \$150  : { 7'h00, \$151  };
+  assign \$154  = | \$153 [23:14];
+  assign \$157  = 1'h0 + \$156 ;
+  assign \$160  = \$159  ? \$157  : { 7'h00, \$158  };
+  assign \$161  = \$154  ? 14'h3fff : \$160 [13:0];
+  assign \$164  = \$163  ? 5'h10 : 5'h00;
+  assign \$166  = \$165  ? \$161  : { 9'h000, \$164  };
+  assign \$167  = ! ins[5:0];
+  assign \$168  = ins[5:0] == 1'h1;
+  assign \$169  = ins[5:0] == 2'h2;
+  assign \$170  = ins[5:0] == 2'h3;
+  assign \$171  = ins[5:0] == 3'h4;
+  assign \$172  = ins[5:0] == 3'h5;
+  assign \$173  = ins[5:0] == 3'h6;
+  assign \$174  = ins[5:0] == 3'h7;
+  assign \$175  = ins[5:0] == 4'h8;
+  assign \$176  = ins[5:0] == 4'h9;
+  assign \$177  = ins[5:0] == 4'ha;
+  assign \$178  = ins[5:0] == 4'hb;
+  assign \$179  = ins[5:0] == 4'hc;
+  assign \$180  = ins[5:0] == 4'hd;
+  assign \$181  = ins[5:0] == 4'he;
+  assign \$182  = | { \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , 1'h0 };
+  assign \$183  = ~ \$182 ;
+  assign \$185  = | \$184 ;
+  assign \$186  = ins[5:0] == 4'ha;
+  assign \$187  = ins[5:0] == 4'hb;
+  assign \$188  = | { \$187 , \$186 , 1'h0 };
+  assign \$189  = \$185  | \$188 ;
+  assign \$190  = ins[5:0] == 4'h9;
+  assign \$192  = \$189  | \$191 ;
+  assign \$193  = ~ \context [0];
+  assign \$194  = \$192  & \$193 ;
+  assign \$196  = | \$195 ;
+  assign \$197  = ins[5:0] == 4'ha;
+  assign \$198  = ins[5:0] == 4'hb;
+  assign \$199  = | { \$198 , \$197 , 1'h0 };
+  assign \$200  = \$196  | \$199 ;
+  assign \$201  = ~ \context [1];
+  assign \$202  = \$200  & \$201 ;
+  assign \$203  = \$194  | \$202 ;
+  assign \$204  = ins[5:0] == 4'h9;
+  assign \$205  = ins[5:0] == 4'he;
+  assign \$206  = | { \$205 , \$204 , 1'h0 };
+  assign \$207  = ins[255:244] < 7'h40;
+  assign \$208  = ~ \$207 ;
+  assign \$209  = \$206  & \$208 ;
+  assign \$210  = ~ shape_q;
+  assign \$211  = ins[5:0] == 4'h8;
+  assign \$213  = ! ins[87:77];
+  assign \$214  = \context [48] & \$213 ;
+  assign \$215  = \context [61:49] == ins[76:64];
+  assign \$216  = \$214  & \$215 ;
+  assign \$217  = \context [75:62] == ln;
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = ~ \$218 ;
+  assign \$220  = \$212  & \$219 ;
+  assign \$221  = ~ spad_ok;
+  assign \$222  = ins[5:0] == 1'h1;
+  assign \$223  = ins[5:0] == 2'h2;
+  assign \$224  = ins[5:0] == 2'h3;
+  assign \$225  = | { \$224 , \$223 , \$222 , 1'h0 };
+  assign \$226  = ~ host_ok;
+  assign \$227  = \$225  & \$226 ;
+  assign \$228  = ~ busy;
+  assign \$229  = active & \$228 ;
+  assign \$230  = step != 3'h7;
+  assign \$231  = ! ins[5:0];
+  assign \$232  = settle == 2'h2;
+  assign \$233  = \$231  | \$232 ;
+  assign \$234  = | wa;
+  assign \$235  = | wc;
+  assign \$236  = \$234  & \$235 ;
+  assign \$237  = ins[125:112] + wc;
+  assign \$238  = ins[77:64] < \$237 ;
+  assign \$239  = \$236  & \$238 ;
+  assign \$240  = ins[77:64] + wa;
+  assign \$241  = ins[125:112] < \$240 ;
+  assign \$242  = \$239  & \$241 ;
+  assign \$243  = ins[5:0] == 3'h4;
+  assign \$244  = ins[5:0] == 3'h5;
+  assign \$245  = ins[5:0] == 3'h6;
+  assign \$246  = ins[5:0] == 3'h7;
+  assign \$247  = ins[5:0] == 4'hd;
+  assign \$248  = ins[5:0] == 5'h11;
+  assign \$249  = ins[5:0] == 5'h12;
+  assign \$250  = | { \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , 1'h0 };
+  assign \$251  = ins[77:64] == ins[125:112];
+  assign \$252  = \$250  & \$251 ;
+  assign \$253  = wa == wc;
+  assign \$254  = \$252  & \$253 ;
+  assign \$255  = ~ \$254 ;
+  assign \$256  = \$242  & \$255 ;
+  assign \$257  = | wb;
+  assign \$258  = | wc;
+  assign \$259  = \$257  & \$258 ;
+  assign \$260  = ins[125:112] + wc;
+  assign \$261  = ins[101:88] < \$260 ;
+  assign \$262  = \$259  & \$261 ;
+  assign \$263  = ins[101:88] + wb;
+  assign \$264  = ins[125:112] < \$263 ;
+  assign \$265  = \$262  & \$264 ;
+  assign \$266  = ins[5:0] == 3'h4;
+  assign \$267  = ins[5:0] == 3'h5;
+  assign \$268  = ins[5:0] == 3'h6;
+  assign \$269  = ins[5:0] == 3'h7;
+  assign \$270  = ins[5:0] == 4'hd;
+  assign \$271  = ins[5:0] == 5'h11;
+  assign \$272  = ins[5:0] == 5'h12;
+  assign \$273  = | { \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , 1'h0 };
+  assign \$274  = ins[101:88] == ins[125:112];
+  assign \$275  = \$273  & \$274 ;
+  assign \$276  = wb == wc;
+  assign \$277  = \$275  & \$276 ;
+  assign \$278  = ~ \$277 ;
+  assign \$279  = \$265  & \$278 ;
+  assign \$280  = \$256  | \$279 ;
+  assign \$281  = ! wa;
+  assign \$282  = ! ins[87:78];
+  assign \$283  = ins[77:64] + wa;
+  assign \$284  = \$283  <= 14'h2000;
+  assign \$285  = \$282  & \$284 ;
+  assign \$286  = \$281  | \$285 ;
+  assign \$287  = ! wb;
+  assign \$288  = ! ins[111:102];
+  assign \$289  = ins[101:88] + wb;
+  assign \$290  = \$289  <= 14'h2000;
+  assign \$291  = \$288  & \$290 ;
+  assign \$292  = \$287  | \$291 ;
+  assign \$293  = \$286  & \$292 ;
+  assign \$294  = ! wc;
+  assign \$295  = ! ins[135:126];
+  assign \$296  = ins[125:112] + wc;
+  assign \$297  = \$296  <= 14'h2000;
+  assign \$298  = \$295  & \$297 ;
+  assign \$299  = \$294  | \$298 ;
+  assign \$300  = \$293  & \$299 ;
+  assign \$301  = ! host[1:0];
+  assign \$302  = host >= \context [107:76];
+  assign \$303  = \$301  & \$302 ;
+  assign \$304  = host + { l4[17:2], 2'h0 };
+  assign \$305  = \context [107:76] + \context [139:108];
+  assign \$306  = \$304  <= \$305 ;
+  assign \$307  = \$303  & \$306 ;
+  assign \$308  = ~ busy;
+  assign \$309  = active & \$308 ;
+  assign \$310  = step != 3'h7;
+  assign \$311  = ! ins[5:0];
+  assign \$312  = settle == 2'h2;
+  assign \$313  = \$311  | \$312 ;
+  assign \$314  = | acc[32:14];
+  assign \$315  = \$314  ? 14'h3fff : acc[13:0];
+  assign \$316  = | acc[32:14];
+  assign \$317  = \$316  ? 14'h3fff : acc[13:0];
+  assign \$318  = | acc[32:14];
+  assign \$319  = \$318  ? 14'h3fff : acc[13:0];
+  assign \$320  = | acc[32:14];
+  assign \$321  = \$320  ? 14'h3fff : acc[13:0];
+  assign \$322  = | acc[32:18];
+  assign \$323  = \$322  ? 18'h3ffff : acc[17:0];
+  assign \$324  = step + 1'h1;
+  assign \$325  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$316 ;
+    shape_q <= \$326 ;
   always @(posedge clk)
-    overlap_q <= \$317 ;
+    overlap_q <= \$327 ;
   always @(posedge clk)
-    spad_ok <= \$318 ;
+    spad_ok <= \$328 ;
   always @(posedge clk)
-    host_ok <= \$319 ;
+    host_ok <= \$329 ;
   always @(posedge clk)
-    error <= \$320 ;
+    error <= \$330 ;
   always @(posedge clk)
-    active <= \$321 ;
+    active <= \$331 ;
   always @(posedge clk)
-    step <= \$322 ;
+    step <= \$332 ;
   always @(posedge clk)
-    settle <= \$323 ;
+    settle <= \$333 ;
   always @(posedge clk)
-    ln <= \$324 ;
+    ln <= \$334 ;
   always @(posedge clk)
-    mk <= \$325 ;
+    mk <= \$335 ;
   always @(posedge clk)
-    p2 <= \$326 ;
+    p2 <= \$336 ;
   always @(posedge clk)
-    p3 <= \$327 ;
+    p3 <= \$337 ;
   always @(posedge clk)
-    l4 <= \$328 ;
+    l4 <= \$338 ;
   always @(posedge clk)
-    host <= \$329 ;
+    host <= \$339 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4364,7 +4402,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
                 st_y = m_eff;
           endcase
       3'h1:
@@ -4407,7 +4445,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
@@ -4450,7 +4488,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
                 st_acc = 33'h000000000;
           endcase
       3'h1:
@@ -4525,6 +4563,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           shape_ok = \$84 ;
       6'h10:
           shape_ok = \$91 ;
+      6'h11:
+          shape_ok = \$94 ;
+      6'h12:
+          shape_ok = \$97 ;
     endcase
   end
   always @* begin
@@ -4539,12 +4581,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wc = ln;
       6'h04:
           wc = ln;
-      6'h05, 6'h0d:
+      6'h05, 6'h0d, 6'h11, 6'h12:
           wc = ln;
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$120 ;
+          wc = \$126 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4554,7 +4596,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0c:
           wc = ln;
       6'h0f:
-          wc = \$136 ;
+          wc = \$142 ;
       6'h10:
           wc = ln;
     endcase
@@ -4571,14 +4613,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wa = mk;
       6'h04:
           wa = ln;
-      6'h05, 6'h0d:
+      6'h05, 6'h0d, 6'h11, 6'h12:
           wa = ln;
       6'h06, 6'h07:
           wa = ln;
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$124 ;
+          wa = \$130 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4588,7 +4630,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0f:
           wa = ln;
       6'h10:
-          wa = \$140 ;
+          wa = \$146 ;
     endcase
   end
   always @* begin
@@ -4600,47 +4642,47 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$111 ;
+          wb = \$117 ;
       6'h04:
-          wb = { 9'h000, \$114  };
-      6'h05, 6'h0d:
+          wb = { 9'h000, \$120  };
+      6'h05, 6'h0d, 6'h11, 6'h12:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$116 ;
+          wb = \$122 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$128 ;
+          wb = \$134 ;
       6'h0b:
-          wb = \$132 ;
+          wb = \$138 ;
       6'h0c:
           wb = mk;
       6'h0f:
           /* empty */;
       6'h10:
-          wb = \$160 ;
+          wb = \$166 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$177 ) begin
+    if (\$183 ) begin
       decode_err = 8'h01;
-    end else if (\$197 ) begin
-      decode_err = 8'h08;
     end else if (\$203 ) begin
+      decode_err = 8'h08;
+    end else if (\$209 ) begin
       decode_err = 8'h06;
-    end else if (\$204 ) begin
+    end else if (\$210 ) begin
       decode_err = 8'h03;
-    end else if (\$214 ) begin
+    end else if (\$220 ) begin
       decode_err = 8'h04;
-    end else if (\$215 ) begin
+    end else if (\$221 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$221 ) begin
+    end else if (\$227 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4648,8 +4690,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$223 ) begin
-      if (\$224 ) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
         load = 1'h1;
       end
     end
@@ -4658,8 +4700,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$223 ) begin
-      if (\$224 ) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
         y = st_y;
       end
     end
@@ -4668,8 +4710,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$223 ) begin
-      if (\$224 ) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
         x = st_x;
       end
     end
@@ -4678,8 +4720,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$223 ) begin
-      if (\$224 ) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
         acc_in = st_acc;
       end
     end
@@ -4688,187 +4730,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$223 ) begin
-      if (\$224 ) begin
-      end else if (\$227 ) begin
+    end else if (\$229 ) begin
+      if (\$230 ) begin
+      end else if (\$233 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$316  = shape_ok;
+    \$326  = shape_ok;
     if (unit_rst) begin
-      \$316  = 1'h0;
+      \$326  = 1'h0;
     end
     if (rst) begin
-      \$316  = 1'h0;
+      \$326  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$317  = \$270 ;
+    \$327  = \$280 ;
     if (unit_rst) begin
-      \$317  = 1'h0;
+      \$327  = 1'h0;
     end
     if (rst) begin
-      \$317  = 1'h0;
+      \$327  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$318  = \$290 ;
+    \$328  = \$300 ;
     if (unit_rst) begin
-      \$318  = 1'h0;
+      \$328  = 1'h0;
     end
     if (rst) begin
-      \$318  = 1'h0;
+      \$328  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$319  = \$297 ;
+    \$329  = \$307 ;
     if (unit_rst) begin
-      \$319  = 1'h0;
+      \$329  = 1'h0;
     end
     if (rst) begin
-      \$319  = 1'h0;
+      \$329  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$320  = decode_err;
+    \$330  = decode_err;
     if (unit_rst) begin
-      \$320  = 8'h00;
+      \$330  = 8'h00;
     end
     if (rst) begin
-      \$320  = 8'h00;
+      \$330  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$321  = active;
+    \$331  = active;
     if (start) begin
-      \$321  = 1'h1;
-    end else if (\$299 ) begin
-      if (\$300 ) begin
-      end else if (\$303 ) begin
-        \$321  = 1'h0;
+      \$331  = 1'h1;
+    end else if (\$309 ) begin
+      if (\$310 ) begin
+      end else if (\$313 ) begin
+        \$331  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$321  = 1'h0;
+      \$331  = 1'h0;
     end
     if (rst) begin
-      \$321  = 1'h0;
+      \$331  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$322  = step;
+    \$332  = step;
     if (start) begin
-      \$322  = 3'h0;
-    end else if (\$299 ) begin
-      if (\$300 ) begin
-        \$322  = \$314 [2:0];
+      \$332  = 3'h0;
+    end else if (\$309 ) begin
+      if (\$310 ) begin
+        \$332  = \$324 [2:0];
       end
     end
     if (unit_rst) begin
-      \$322  = 3'h0;
+      \$332  = 3'h0;
     end
     if (rst) begin
-      \$322  = 3'h0;
+      \$332  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$323  = settle;
+    \$333  = settle;
     if (start) begin
-      \$323  = 2'h0;
-    end else if (\$299 ) begin
+      \$333  = 2'h0;
+    end else if (\$309 ) begin
       (* full_case = 32'd1 *)
-      if (\$300 ) begin
-      end else if (\$303 ) begin
+      if (\$310 ) begin
+      end else if (\$313 ) begin
       end else begin
-        \$323  = \$315 [1:0];
+        \$333  = \$325 [1:0];
       end
     end
     if (unit_rst) begin
-      \$323  = 2'h0;
+      \$333  = 2'h0;
     end
     if (rst) begin
-      \$323  = 2'h0;
+      \$333  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$324  = ln;
+    \$334  = ln;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
-              \$324  = \$305 ;
+              \$334  = \$315 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$324  = 14'h0000;
+      \$334  = 14'h0000;
     end
     if (rst) begin
-      \$324  = 14'h0000;
+      \$334  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$325  = mk;
+    \$335  = mk;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$325  = \$307 ;
+              \$335  = \$317 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$325  = 14'h0000;
+      \$335  = 14'h0000;
     end
     if (rst) begin
-      \$325  = 14'h0000;
+      \$335  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$326  = p2;
+    \$336  = p2;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$326  = \$309 ;
+              \$336  = \$319 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$326  = 14'h0000;
+      \$336  = 14'h0000;
     end
     if (rst) begin
-      \$326  = 14'h0000;
+      \$336  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$327  = p3;
+    \$337  = p3;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4877,23 +4919,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$327  = \$311 ;
+              \$337  = \$321 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$327  = 14'h0000;
+      \$337  = 14'h0000;
     end
     if (rst) begin
-      \$327  = 14'h0000;
+      \$337  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$328  = l4;
+    \$338  = l4;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4904,23 +4946,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$328  = \$313 ;
+              \$338  = \$323 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$328  = 18'h00000;
+      \$338  = 18'h00000;
     end
     if (rst) begin
-      \$328  = 18'h00000;
+      \$338  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$329  = host;
+    \$339  = host;
     if (start) begin
-    end else if (\$299 ) begin
-      if (\$300 ) begin
+    end else if (\$309 ) begin
+      if (\$310 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4933,15 +4975,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$329  = acc;
+              \$339  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$329  = 33'h000000000;
+      \$339  = 33'h000000000;
     end
     if (rst) begin
-      \$329  = 33'h000000000;
+      \$339  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -5016,55 +5058,55 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
   assign \$90  = \$89 ;
-  assign { \$92 [9:4], \$92 [2:0] } = 9'h000;
-  assign \$92 [3] = ins[9];
-  assign { \$93 [9:3], \$93 [1:0] } = 9'h000;
-  assign \$93 [2] = ins[8];
-  assign \$94  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$96  = { ins[63:48], 1'h0 };
-  assign \$97  = ins[8];
-  assign { \$100 [9:3], \$100 [1:0] } = 9'h000;
-  assign \$100 [2] = ins[8];
-  assign \$101  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$103  = { ins[63:48], 1'h0 };
-  assign \$104  = ins[8];
-  assign { \$107 [9:3], \$107 [1:0] } = 9'h000;
-  assign \$107 [2] = ins[8];
-  assign \$108  = ins[8];
-  assign \$110  = ins[9];
-  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
-  assign \$112 [2] = ins[8];
-  assign \$113  = ins[8];
-  assign \$118  = \$117 [14];
-  assign \$121  = { ins[63:48], 1'h0 };
-  assign \$123  = { ins[63:48], 1'h0 };
-  assign \$133  = { ln, 1'h0 };
-  assign \$134  = \$133 [14];
-  assign \$135  = { ln, 1'h0 };
-  assign \$137  = { 1'h0, ln, 2'h0 };
-  assign \$139  = { 1'h0, ln, 2'h0 };
-  assign { \$141 [9:4], \$141 [2:0] } = 9'h000;
-  assign \$141 [3] = ins[9];
-  assign { \$142 [9:3], \$142 [1:0] } = 9'h000;
-  assign \$142 [2] = ins[8];
-  assign \$143  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$145  = { ins[63:48], 1'h0 };
-  assign \$146  = ins[8];
-  assign { \$149 [9:3], \$149 [1:0] } = 9'h000;
-  assign \$149 [2] = ins[8];
-  assign \$150  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$152  = { ins[63:48], 1'h0 };
-  assign \$153  = ins[8];
-  assign { \$156 [9:3], \$156 [1:0] } = 9'h000;
-  assign \$156 [2] = ins[8];
-  assign \$157  = ins[8];
-  assign \$159  = ins[9];
-  assign \$178 [9:3] = 7'h00;
-  assign \$178 [2:0] = ins[8:6];
-  assign \$185  = \$184 ;
-  assign \$189 [9:3] = 7'h00;
-  assign \$189 [2:0] = ins[8:6];
-  assign \$206  = \$205 ;
+  assign { \$98 [9:4], \$98 [2:0] } = 9'h000;
+  assign \$98 [3] = ins[9];
+  assign { \$99 [9:3], \$99 [1:0] } = 9'h000;
+  assign \$99 [2] = ins[8];
+  assign \$100  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$102  = { ins[63:48], 1'h0 };
+  assign \$103  = ins[8];
+  assign { \$106 [9:3], \$106 [1:0] } = 9'h000;
+  assign \$106 [2] = ins[8];
+  assign \$107  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$109  = { ins[63:48], 1'h0 };
+  assign \$110  = ins[8];
+  assign { \$113 [9:3], \$113 [1:0] } = 9'h000;
+  assign \$113 [2] = ins[8];
+  assign \$114  = ins[8];
+  assign \$116  = ins[9];
+  assign { \$118 [9:3], \$118 [1:0] } = 9'h000;
+  assign \$118 [2] = ins[8];
+  assign \$119  = ins[8];
+  assign \$124  = \$123 [14];
+  assign \$127  = { ins[63:48], 1'h0 };
+  assign \$129  = { ins[63:48], 1'h0 };
+  assign \$139  = { ln, 1'h0 };
+  assign \$140  = \$139 [14];
+  assign \$141  = { ln, 1'h0 };
+  assign \$143  = { 1'h0, ln, 2'h0 };
+  assign \$145  = { 1'h0, ln, 2'h0 };
+  assign { \$147 [9:4], \$147 [2:0] } = 9'h000;
+  assign \$147 [3] = ins[9];
+  assign { \$148 [9:3], \$148 [1:0] } = 9'h000;
+  assign \$148 [2] = ins[8];
+  assign \$149  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$151  = { ins[63:48], 1'h0 };
+  assign \$152  = ins[8];
+  assign { \$155 [9:3], \$155 [1:0] } = 9'h000;
+  assign \$155 [2] = ins[8];
+  assign \$156  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$158  = { ins[63:48], 1'h0 };
+  assign \$159  = ins[8];
+  assign { \$162 [9:3], \$162 [1:0] } = 9'h000;
+  assign \$162 [2] = ins[8];
+  assign \$163  = ins[8];
+  assign \$165  = ins[9];
+  assign \$184 [9:3] = 7'h00;
+  assign \$184 [2:0] = ins[8:6];
+  assign \$191  = \$190 ;
+  assign \$195 [9:3] = 7'h00;
+  assign \$195 [2:0] = ins[8:6];
+  assign \$212  = \$211 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -5165,8 +5207,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$391$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$409$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6427$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$401$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$419$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6449$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5305,12 +5347,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$391$0 ;
-  wire [5:0] \port$391$0 ;
-  output [5:0] \port$409$0 ;
-  wire [5:0] \port$409$0 ;
-  input [15:0] \port$6427$254 ;
-  wire [15:0] \port$6427$254 ;
+  output [5:0] \port$401$0 ;
+  wire [5:0] \port$401$0 ;
+  output [5:0] \port$419$0 ;
+  wire [5:0] \port$419$0 ;
+  input [15:0] \port$6449$254 ;
+  wire [15:0] \port$6449$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5475,7 +5517,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6427$254  };
+      \$74  = { 8'h00, \port$6449$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5511,7 +5553,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6427$254  };
+      \$77  = { 8'h00, \port$6449$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5556,11 +5598,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6427$254  };
+  assign rd_beats = { 8'h00, \port$6449$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6427$254  };
-  assign \port$391$0  = \$9 ;
-  assign \port$409$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$6449$254  };
+  assign \port$401$0  = \$9 ;
+  assign \port$419$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -7395,9 +7437,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [12:0] \$signal$28  = 13'h0000;
   reg [12:0] \$signal$30  = 13'h0000;
   reg \$signal$32  = 1'h0;
-  reg \$signal$33  = 1'h0;
   reg \$signal$34  = 1'h0;
-  reg \$signal$35  = 1'h0;
   wire [2:0] \$signal$41 ;
   reg [1:0] \$signal$42  = 2'h0;
   reg [1:0] \$signal$43  = 2'h0;
@@ -7459,6 +7499,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [13:0] \ins.p2 ;
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
+  reg is_sigmoid = 1'h0;
+  reg is_split = 1'h0;
   reg issuing = 1'h0;
   wire [1:0] level;
   reg low = 1'h0;
@@ -9371,11 +9413,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   always @(posedge clk)
     \$signal$32  <= \$1791 ;
   always @(posedge clk)
-    \$signal$33  <= \$1792 ;
+    is_sigmoid <= \$1792 ;
   always @(posedge clk)
     \$signal$34  <= \$1793 ;
   always @(posedge clk)
-    \$signal$35  <= \$1794 ;
+    is_split <= \$1794 ;
   always @(posedge clk)
     low <= \$1795 ;
   always @(posedge clk)
@@ -9429,9 +9471,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5946$0 (spad__rd1__data),
-    .\port$7522$0 (\$signal ),
-    .\port$7911$0 (spad__rd0__lanes[31:0]),
+    .\port$5956$0 (spad__rd1__data),
+    .\port$7544$0 (\$signal ),
+    .\port$7933$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9588,7 +9630,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1767  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1767  = 1'h0;
               6'h0c:
                   \$1767  = 1'h0;
@@ -9618,7 +9660,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1768  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1768  = 1'h0;
               6'h0c:
                   \$1768  = 1'h0;
@@ -9670,7 +9712,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1770  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1770  = ins[122:109];
               6'h0c:
                   \$1770  = ins[106:93];
@@ -9716,7 +9758,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1771  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1771  = ins[34:22];
               6'h0c:
                   \$1771  = ins[34:22];
@@ -9755,7 +9797,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1772  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1772  = ins[47:35];
               6'h0c:
                   \$1772  = ins[47:35];
@@ -9793,7 +9835,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1773  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1773  = 14'h0001;
               6'h0c:
                   \$1773  = ins[90:77];
@@ -9831,7 +9873,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1774  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1774  = ins[34:22];
               6'h0c:
                   \$1774  = ins[34:22];
@@ -9869,7 +9911,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1775  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1775  = ins[47:35];
               6'h0c:
                   \$1775  = ins[47:35];
@@ -9906,7 +9948,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1776  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1776  = 14'h0001;
               6'h0c:
                   \$1776  = ins[74:61];
@@ -9943,7 +9985,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1777  = ins[34:22];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1777  = ins[34:22];
               6'h0c:
                   \$1777  = ins[34:22];
@@ -9980,7 +10022,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1778  = ins[47:35];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1778  = ins[47:35];
               6'h0c:
                   \$1778  = ins[47:35];
@@ -10019,7 +10061,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1779  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1779  = 1'h1;
               6'h0c:
                   \$1779  = 1'h1;
@@ -10213,7 +10255,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1787  = 14'h0000;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1787  = 14'h0000;
               6'h0c:
                   \$1787  = 14'h0000;
@@ -10325,7 +10367,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = \$signal$33 ;
+    \$1792  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10357,7 +10399,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = \$signal$35 ;
+    \$1794  = is_split;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10484,7 +10526,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1801  = ins[122:109];
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1801  = ins[122:109];
               6'h0c:
                   \$1801  = ins[106:93];
@@ -10511,7 +10553,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1802  = 14'h0001;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1802  = 14'h0001;
               6'h0c:
                   \$1802  = ins[90:77];
@@ -10538,7 +10580,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1803  = 13'h0001;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1803  = 13'h0001;
               6'h0c:
                   \$1803  = ins[89:77];
@@ -10565,7 +10607,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1804  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1804  = 1'h0;
               6'h0c:
                   \$1804  = 1'h1;
@@ -10592,7 +10634,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1805  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1805  = 13'h0000;
               6'h0c:
                   \$1805  = ins[135:123];
@@ -10619,7 +10661,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1806  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1806  = 1'h1;
               6'h0c:
                   \$1806  = 1'h1;
@@ -10646,7 +10688,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1807  = 1'h0;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1807  = 1'h0;
               6'h0c:
                   \$1807  = 1'h0;
@@ -10673,7 +10715,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             casez (ins[5:0])
               6'h04:
                   \$1808  = 13'h0000;
-              6'h05, 6'h06, 6'h07:
+              6'h06, 6'h07, 6'h05:
                   \$1808  = 13'h0000;
               6'h0c:
                   \$1808  = ins[105:93];
@@ -10923,7 +10965,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     i__valid = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
         i__valid = h_valid;
       end
     end
@@ -10934,11 +10976,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
         unit_ready = i__ready;
       end else if (\$signal$34 ) begin
         unit_ready = \i__ready$96 ;
-      end else if (\$signal$35 ) begin
+      end else if (is_split) begin
       end else begin
         unit_ready = \i__ready$100 ;
       end
@@ -10950,11 +10992,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
         out_valid = o__valid;
       end else if (\$signal$34 ) begin
         out_valid = \o__valid$97 ;
-      end else if (\$signal$35 ) begin
+      end else if (is_split) begin
       end else begin
         out_valid = \o__valid$101 ;
       end
@@ -10966,11 +11008,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (\$signal$34 ) begin
         out_data = { \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98  };
-      end else if (\$signal$35 ) begin
+      end else if (is_split) begin
       end else begin
         out_data = { \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102  };
       end
@@ -10981,7 +11023,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \i__valid$95  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
         \i__valid$95  = h_valid;
       end
@@ -10993,9 +11035,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
-      end else if (\$signal$33 ) begin
+      end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
-      end else if (\$signal$35 ) begin
+      end else if (is_split) begin
       end else begin
         \i__valid$99  = h_valid;
       end
@@ -13565,7 +13607,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5946$0 , unit_rst, \port$7522$0 , level, \port$7911$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5956$0 , unit_rst, \port$7544$0 , level, \port$7933$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13590,12 +13632,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5946
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$5946$0 ;
-  wire [31:0] \port$5946$0 ;
-  input \port$7522$0 ;
-  wire \port$7522$0 ;
-  input [31:0] \port$7911$0 ;
-  wire [31:0] \port$7911$0 ;
+  input [31:0] \port$5956$0 ;
+  wire [31:0] \port$5956$0 ;
+  input \port$7544$0 ;
+  wire \port$7544$0 ;
+  input [31:0] \port$7933$0 ;
+  wire [31:0] \port$7933$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13628,7 +13670,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5946
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7522$0 , \port$5946$0 , \port$7911$0  };
+      storage[w_port__addr] <= { \port$7544$0 , \port$5956$0 , \port$7933$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13699,8 +13741,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5946
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7522$0 , \port$5946$0 , \port$7911$0  };
-  assign w_data = { \port$7522$0 , \port$5946$0 , \port$7911$0  };
+  assign w_port__data = { \port$7544$0 , \port$5956$0 , \port$7933$0  };
+  assign w_data = { \port$7544$0 , \port$5956$0 , \port$7933$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -17771,10 +17813,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$93 ),
-    .\port$1322$0 (\$412 ),
-    .\port$1323$0 (\$413 ),
-    .\port$1324$0 (\$414 ),
-    .\port$1325$0 (\$415 ),
+    .\port$1332$0 (\$412 ),
+    .\port$1333$0 (\$413 ),
+    .\port$1334$0 (\$414 ),
+    .\port$1335$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -19526,7 +19568,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0 , \port$1324$0 , \port$1325$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0 , \port$1334$0 , \port$1335$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
 , col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
@@ -20028,14 +20070,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$1322$0 ;
-  wire [7:0] \port$1322$0 ;
-  input [7:0] \port$1323$0 ;
-  wire [7:0] \port$1323$0 ;
-  input [7:0] \port$1324$0 ;
-  wire [7:0] \port$1324$0 ;
-  input [7:0] \port$1325$0 ;
-  wire [7:0] \port$1325$0 ;
+  input [7:0] \port$1332$0 ;
+  wire [7:0] \port$1332$0 ;
+  input [7:0] \port$1333$0 ;
+  wire [7:0] \port$1333$0 ;
+  input [7:0] \port$1334$0 ;
+  wire [7:0] \port$1334$0 ;
+  input [7:0] \port$1335$0 ;
+  wire [7:0] \port$1335$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -20658,7 +20700,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
+      spad_a[a_wptr[7:0]] <= { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -22711,8 +22753,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
-  assign a_in__payload = { \port$1325$0 , \port$1324$0 , \port$1323$0 , \port$1322$0  };
+  assign \$signature__data  = { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
+  assign a_in__payload = { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -22808,14 +22850,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1322$0 , \port$1323$0
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$1322$0 ;
-  assign \$signature__data[1]  = \port$1323$0 ;
-  assign \$signature__data[2]  = \port$1324$0 ;
-  assign \$signature__data[3]  = \port$1325$0 ;
-  assign \a_in__payload[0]  = \port$1322$0 ;
-  assign \a_in__payload[1]  = \port$1323$0 ;
-  assign \a_in__payload[2]  = \port$1324$0 ;
-  assign \a_in__payload[3]  = \port$1325$0 ;
+  assign \$signature__data[0]  = \port$1332$0 ;
+  assign \$signature__data[1]  = \port$1333$0 ;
+  assign \$signature__data[2]  = \port$1334$0 ;
+  assign \$signature__data[3]  = \port$1335$0 ;
+  assign \a_in__payload[0]  = \port$1332$0 ;
+  assign \a_in__payload[1]  = \port$1333$0 ;
+  assign \a_in__payload[2]  = \port$1334$0 ;
+  assign \a_in__payload[3]  = \port$1335$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29036,8 +29078,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1887$0 (mult),
-    .\port$1892$0 (i__payload),
+    .\port$1897$0 (mult),
+    .\port$1902$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -29893,7 +29935,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -29979,10 +30021,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1887$0 ;
-  wire [15:0] \port$1887$0 ;
-  input [95:0] \port$1892$0 ;
-  wire [95:0] \port$1892$0 ;
+  input [15:0] \port$1897$0 ;
+  wire [15:0] \port$1897$0 ;
+  input [95:0] \port$1902$0 ;
+  wire [95:0] \port$1902$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30047,7 +30089,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1892$0 [16:0] };
+      \$9  = { 1'h0, \port$1902$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30060,7 +30102,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1887$0  };
+      \$10  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30086,7 +30128,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23:17] };
+      \$12  = { \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30099,7 +30141,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1887$0  };
+      \$13  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30125,7 +30167,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1892$0 [40:24] };
+      \$15  = { 1'h0, \port$1902$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30138,7 +30180,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1887$0  };
+      \$16  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30164,7 +30206,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47:41] };
+      \$18  = { \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30177,7 +30219,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1887$0  };
+      \$19  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30203,7 +30245,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1892$0 [64:48] };
+      \$21  = { 1'h0, \port$1902$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30216,7 +30258,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1887$0  };
+      \$22  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30242,7 +30284,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71:65] };
+      \$24  = { \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30255,7 +30297,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1887$0  };
+      \$25  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30281,7 +30323,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1892$0 [88:72] };
+      \$27  = { 1'h0, \port$1902$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30294,7 +30336,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1887$0  };
+      \$28  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30320,7 +30362,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95:89] };
+      \$30  = { \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30333,7 +30375,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1887$0  };
+      \$31  = { 2'h0, \port$1897$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30355,22 +30397,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1887$0 , \port$1892$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1892$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1887$0  };
-  assign a__1 = { \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23], \port$1892$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1887$0  };
-  assign a__2 = { 1'h0, \port$1892$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1887$0  };
-  assign a__3 = { \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47], \port$1892$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1887$0  };
-  assign a__4 = { 1'h0, \port$1892$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1887$0  };
-  assign a__5 = { \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71], \port$1892$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1887$0  };
-  assign a__6 = { 1'h0, \port$1892$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1887$0  };
-  assign a__7 = { \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95], \port$1892$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1887$0  };
+  assign a__0 = { 1'h0, \port$1902$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1897$0  };
+  assign a__1 = { \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1897$0  };
+  assign a__2 = { 1'h0, \port$1902$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1897$0  };
+  assign a__3 = { \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1897$0  };
+  assign a__4 = { 1'h0, \port$1902$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1897$0  };
+  assign a__5 = { \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1897$0  };
+  assign a__6 = { 1'h0, \port$1902$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1897$0  };
+  assign a__7 = { \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1897$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35032,7 +35074,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6429$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6451$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35303,8 +35345,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6429$0 ;
-  wire [4:0] \port$6429$0 ;
+  input [4:0] \port$6451$0 ;
+  wire [4:0] \port$6451$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35328,81 +35370,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6429$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6451$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6429$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6451$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6429$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6451$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6429$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6451$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6429$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6451$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6429$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6451$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6429$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6451$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6429$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6451$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6429$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6429$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6451$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6451$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6429$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6451$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6429$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6451$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6429$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6451$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3], \port$6429$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6429$0 [0], \port$6429$0 [0], \port$6429$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6429$0 [1], \port$6429$0 [1], \port$6429$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6429$0 [2], \port$6429$0 [2], \port$6429$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6429$0 [4], \port$6429$0 [4], \port$6429$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35419,7 +35461,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6429$0 , \port$2$0  };
+  assign select = { \port$6451$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

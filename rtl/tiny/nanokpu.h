@@ -78,6 +78,8 @@
 #define NANOKPU_OP_JUMP                          14
 #define NANOKPU_OP_SPLIT                         15
 #define NANOKPU_OP_REQUANT_WIDE                  16
+#define NANOKPU_OP_SILU                          17
+#define NANOKPU_OP_DECAY                         18
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0
@@ -188,6 +190,7 @@
 #define NANOKPU_ROUTER_WIDTH                     8
 #define NANOKPU_LOGIT_WIDTH                      16
 #define NANOKPU_LOGIT_FRAC                       8
+#define NANOKPU_LAYER_OPS                        0
 
 /* derived sizes */
 #define NANOKPU_BUS_BYTES                        4

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from golden import fidelity, k3
+from golden import intops as I
 from golden.block import latent_moe_int, quantize_latent_moe
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
@@ -13,6 +14,7 @@ from nanokpu.isa import (
     F_M_COUNT,
     F_RQ_CHANNEL,
     F_RQ_EXPERT,
+    LAYER_OPS,
     OP_RULES,
     RQ_WIDTHS,
     SIZES,
@@ -264,14 +266,17 @@ def _code(instrs, cfg):
 
 
 def _cfg(op):
-    """tiny, with a wide router for the ops only it builds."""
-    return profile("tiny", router_width=16) if op in WIDE_ROUTER_OPS else profile("tiny")
+    """tiny, with a wide router or the layer's ops for the ops only they build."""
+    if op in WIDE_ROUTER_OPS:
+        return profile("tiny", router_width=16)
+    return profile("tiny", layer_ops=op in LAYER_OPS)
 
 
-@pytest.mark.parametrize("op", WIDE_ROUTER_OPS, ids=lambda op: op.name)
-def test_wide_router_ops_are_bad_opcodes_without_a_wide_router(op):
-    """SPLIT and REQUANT_WIDE are built only with router_width > in_width: otherwise the same
-    valid instruction stops with BAD_OPCODE, and nothing is written."""
+@pytest.mark.parametrize("op", WIDE_ROUTER_OPS + LAYER_OPS, ids=lambda op: op.name)
+def test_optional_ops_are_bad_opcodes_when_not_built(op):
+    """SPLIT and REQUANT_WIDE are built only with router_width > in_width, SILU and DECAY only
+    with layer_ops: otherwise the same valid instruction stops with BAD_OPCODE, and nothing is
+    written."""
     tiny = profile("tiny")
     res, sim, _ = _run(_valid(op, _cfg(op)) + [Instr(Op.HALT)], tiny, host=bytes(256))
     assert (res.error, res.pc, res.retired) == (Err.BAD_OPCODE, 0, 0)
@@ -323,3 +328,15 @@ def test_each_region_is_checked(op):
             f"c on {field}"
         if words and r.in_place:
             assert _code(_valid(op, cfg, c=getattr(probe, field) + 1), cfg) == Err.OVERLAP, f"c on {field} + 1"
+
+
+@pytest.mark.parametrize("op, table", [(Op.SILU, "silu_q"), (Op.DECAY, "decay_q")], ids=["SILU", "DECAY"])
+def test_layer_table_ops_are_their_golden_functions(op, table):
+    """SILU and DECAY: every act-format input (2**16), the upper bits of each word ignored."""
+    cfg = profile("tiny", layer_ops=True, dmem_depth=1 << 17)
+    x = np.arange(-(1 << 15), 1 << 15)
+    sim = FuncSim(cfg)
+    sim.spad[:x.size] = x + (np.random.default_rng(3).integers(-3, 4, x.size) << 16)
+    res = sim.run([Instr(op, m=256, n=256, a=0, c=1 << 16), Instr(Op.HALT)])
+    assert res.error == Err.NONE
+    assert np.array_equal(sim.spad[1 << 16:2 << 16], getattr(I, table)(x, cfg))

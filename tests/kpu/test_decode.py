@@ -153,3 +153,14 @@ def test_wide_router_ops_decode_with_a_wide_router():
     wide = profile("tiny", router_width=16)
     got = _decode(wide, _WIDE_OPS)
     assert [e for e, *_ in got] == [Err.NONE, Err.NONE] == [_expected(i, wide) for i in _WIDE_OPS]
+
+
+def test_layer_ops_decode_only_with_layer_ops():
+    """SILU and DECAY: BAD_OPCODE without layer_ops, checked like any element-wise op with it
+    (FuncSim agrees each way)."""
+    ops = [Instr(Op.SILU, m=2, n=4, a=0, c=100), Instr(Op.DECAY, m=2, n=4, a=0, c=0),
+           Instr(Op.DECAY, m=2, n=4, a=0, c=4)]
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 3), (profile("tiny", layer_ops=True),
+                                                    [Err.NONE, Err.NONE, Err.OVERLAP])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops]

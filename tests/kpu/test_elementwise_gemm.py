@@ -22,6 +22,8 @@ from sim.lib.executor_model import run_instruction, serve_scratchpad
 CFG = profile("tiny")
 #: The wide router's config (REQUANT_WIDE joins partials into router_acc_width = 40 bits).
 WIDE = profile("tiny", router_width=16)
+#: With the K3 layer's ops (SILU, DECAY).
+LAYER = profile("tiny", layer_ops=True)
 
 
 class _Pair(Elaboratable):
@@ -142,6 +144,27 @@ def test_sigmoid_reads_logits_in_their_format():
     got, want, err, _ = _run(ins, {ins.a + i: int(v) for i, v in enumerate(words)}, seed=6, cfg=cfg)
     assert got == want and err == Err.NONE
     assert [want[ins.c + i] for i in range(logits.size)] == sigmoid_q(logits, cfg).tolist()
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+@pytest.mark.parametrize("op", [Op.SILU, Op.DECAY], ids=["SILU", "DECAY"])
+def test_layer_table_ops_match_funcsim(op, one_write_port):
+    """SILU and DECAY on their tables (layer_ops): both ends of the act format, the flat tails,
+    zero and random values with random upper bits, under read blocking, in place too; with two
+    write ports, a cycle more for each element more."""
+    rng = np.random.default_rng(int(op))
+    cycles = []
+    for n, a, c in ((24, 16, 320), (72, 16, 320), (24, 16, 16)):
+        x = _act(rng, n)
+        x[2:6] = [0, -1, 1, (1 << 14)]
+        words = x + (rng.integers(-8, 8, n) << CFG.act_width)
+        ins = Instr(op, m=1, n=n, a=a, c=c)
+        got, want, err, cyc = _run(ins, {a + i: int(v) for i, v in enumerate(words)}, cfg=LAYER,
+                                   one_write_port=one_write_port, spad_stall=0.2 * (a == c), seed=n)
+        assert got == want and err == Err.NONE, (op.name, n, a == c)
+        cycles.append(cyc)
+    if not one_write_port:   # (with one, a cycle that writes reads nothing)
+        assert cycles[1] - cycles[0] == 72 - 24, cycles
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])

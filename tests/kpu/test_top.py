@@ -48,13 +48,24 @@ def test_tiny_blocks_wide_router():
            overrides={"router_width": 16})
 
 
+#: Issue 26's AFTER scheme with the K3 layer's ops built too: one build for both tests below.
+AFTER_LAYER = {**fidelity.AFTER, "layer_ops": True}
+
+
 def test_tiny_blocks_after_scheme():
     """Issue 26's AFTER scheme, all of it: per-channel scales (REQUANT_WIDE per column too), the
     16-bit router GEMM, router logits in Q20.16 (requantised to 20 bits, the sigmoid's 512-segment
     table over them), 16-bit scores, 20-bit bias; 6 random blocks under bus stalls, RTL ==
     latent_moe_int == FuncSim bit for bit."""
-    _bench("tiny", "test_block", tag="_after", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
-           overrides=fidelity.AFTER)
+    _bench("tiny", "test_block", tag="_after_layer", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
+           overrides=AFTER_LAYER)
+
+
+def test_layer_ops_on_the_whole_kpu():
+    """SILU and DECAY on the whole nano-KPU (layer_ops), through the AXI buses under stalls,
+    extremes and random inputs, in place too: host memory == FuncSim's (sim/bench_top.py
+    test_layer_ops)."""
+    _bench("tiny", "test_layer_ops", tag="_after_layer", seed=3, pause=0.2, overrides=AFTER_LAYER)
 
 
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):

@@ -1,6 +1,7 @@
-"""The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM`` and
-``SPLIT`` on one streaming engine that walks the operands through the scratchpad, one element per
-cycle, and ``REQUANT_WIDE`` on a :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
+"""The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
+``SPLIT``, ``SILU`` and ``DECAY`` on one streaming engine that walks the operands through the
+scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
+:class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
 from nanokpu.kpu.executors.wide_requant import WideRequant
+from nanokpu.units.pwl_functions import Decay, Silu
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
 from nanokpu.units.vector import VecOp, VectorUnit
@@ -32,13 +34,15 @@ class Elementwise(wiring.Component):
     the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`);
     ``REQUANT_WIDE`` on its :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`, which has the
     scratchpad port while it runs (it and ``SPLIT`` built only with
-    :attr:`~nanokpu.config.KpuConfig.wide_router`).
+    :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU`` and ``DECAY`` on
+    :class:`~nanokpu.units.pwl_functions.Silu` and :class:`~nanokpu.units.pwl_functions.Decay`
+    (built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
 
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
-    ``SITU``, ``ADD``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
+    ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
     columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice; ``SPLIT``: ``a`` twice, the
     high digits written in the first pass, the low ones in the second: ``2 * len`` results), reading both operands
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
@@ -66,6 +70,11 @@ class Elementwise(wiring.Component):
         m.submodules.sigmoid = sig = Sigmoid(cfg)
         m.submodules.situ = situ = Situ(cfg)
         m.submodules.vector = vec = VectorUnit(cfg)
+        # SILU and DECAY only with layer_ops (decode refuses them otherwise): act format in, one lane
+        tables = {Op.SIGMOID: sig}
+        if cfg.layer_ops:
+            m.submodules.silu = tables[Op.SILU] = Silu(cfg)
+            m.submodules.decay = tables[Op.DECAY] = Decay(cfg)
         # SPLIT and REQUANT_WIDE only with a wide router (nanokpu.isa.built_ops: decode refuses them otherwise)
         built_wide = cfg.wide_router
         if built_wide:
@@ -130,7 +139,8 @@ class Elementwise(wiring.Component):
 
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
-        is_rq, is_sig, is_situ, is_split = Signal(), Signal(), Signal(), Signal()
+        is_rq, is_situ, is_split = Signal(), Signal(), Signal()
+        is_table = {op: Signal(name=f"is_{op.name.lower()}") for op in tables}   # SIGMOID and the layer's
         low = Signal()          # SPLIT: the second pass (the low digits)
         results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
         vec_op = Signal(VecOp)
@@ -158,6 +168,7 @@ class Elementwise(wiring.Component):
         out_data = Signal(signed(ww))
         m.d.comb += [
             sig.i.payload[0].eq(a_word[:cfg.router_logit_width].as_signed()),   # the logit format
+            *(t.i.payload[0].eq(a_word[:act].as_signed()) for op, t in tables.items() if op != Op.SIGMOID),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
             vec.i.payload.a.eq(a_word[:act].as_signed()),
@@ -165,7 +176,7 @@ class Elementwise(wiring.Component):
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
             vec.op.eq(vec_op),
-            sig.o.ready.eq(1), situ.o.ready.eq(1), vec.o.ready.eq(1),
+            situ.o.ready.eq(1), vec.o.ready.eq(1), *(t.o.ready.eq(1) for t in tables.values()),
         ]
         with m.If(run):
             with m.If(is_rq):
@@ -207,9 +218,10 @@ class Elementwise(wiring.Component):
                         m.d.sync += hold_valid.eq(0)
                 with m.If(rq.o.valid & rq.o.ready):
                     m.d.sync += [hold.eq(rq.o.payload), hold_valid.eq(1)]
-            with m.Elif(is_sig):
-                m.d.comb += [sig.i.valid.eq(h_valid), unit_ready.eq(sig.i.ready),
-                             out_valid.eq(sig.o.valid), out_data.eq(sig.o.payload[0])]
+            for op, t in tables.items():
+                with m.Elif(is_table[op]):
+                    m.d.comb += [t.i.valid.eq(h_valid), unit_ready.eq(t.i.ready),
+                                 out_valid.eq(t.o.valid), out_data.eq(t.o.payload[0])]
             with m.Elif(is_situ):
                 m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
                              out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
@@ -228,7 +240,7 @@ class Elementwise(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     op = ins.op
-                    m.d.sync += [is_rq.eq(op == Op.REQUANT), is_sig.eq(op == Op.SIGMOID),
+                    m.d.sync += [is_rq.eq(op == Op.REQUANT), *(f.eq(op == o) for o, f in is_table.items()),
                                  is_situ.eq(op == Op.SITU), is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
                                  results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1, ln)),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
@@ -239,7 +251,7 @@ class Elementwise(wiring.Component):
                     with m.Switch(op):
                         with m.Case(Op.REQUANT):     # pa only: its own wide reads
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0) + [issuing.eq(0)]
-                        with m.Case(Op.SIGMOID, Op.SITU, Op.ADD):
+                        with m.Case(Op.SITU, Op.ADD, *tables):
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 1, 0, 0)
                         with m.Case(Op.COMBINE):
                             m.d.sync += walk(ins.k, ins.n, ins.m, ins.n, 1, ins.p2, 1, 0, ins.k)
