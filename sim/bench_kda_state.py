@@ -22,8 +22,6 @@ import random
 
 import cocotb
 import numpy as np
-from amaranth import Module
-from amaranth.lib import wiring
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
@@ -31,6 +29,7 @@ from golden import intops as I
 from golden.kda import kda_head_step_int, state_width, unit_frac
 from nanokpu.config import KpuConfig, profile
 from nanokpu.units.kda_state import KdaStateUpdate, kda_row_layout
+from sim.lib.side_by_side import SideBySide
 from sim.runner import bench_config, bench_params
 
 __all__ = ["KdaStateBench", "Step", "directed_steps", "random_steps", "golden_chain", "BENCH_CONFIGS", "run"]
@@ -40,7 +39,7 @@ __all__ = ["KdaStateBench", "Step", "directed_steps", "random_steps", "golden_ch
 Step = tuple
 
 
-class KdaStateBench(wiring.Component):
+class KdaStateBench(SideBySide):
     """The KDA state units of several configs in one simulation top (no logic of its own).
 
     Members
@@ -50,18 +49,7 @@ class KdaStateBench(wiring.Component):
     """
 
     def __init__(self, cfgs: dict[str, KpuConfig]):
-        self.units = {key: KdaStateUpdate(cfg) for key, cfg in cfgs.items()}
-        super().__init__({f"{key}_{port}": unit.signature.members[port]
-                          for key, unit in self.units.items() for port in ("i", "o", "r")})
-
-    def elaborate(self, platform):
-        m = Module()
-        for key, unit in self.units.items():
-            m.submodules[key] = unit
-            wiring.connect(m, wiring.flipped(getattr(self, f"{key}_i")), unit.i)
-            wiring.connect(m, unit.o, wiring.flipped(getattr(self, f"{key}_o")))
-            wiring.connect(m, unit.r, wiring.flipped(getattr(self, f"{key}_r")))
-        return m
+        super().__init__({key: KdaStateUpdate(cfg) for key, cfg in cfgs.items()}, ("i", "o", "r"))
 
 
 # ----------------------------------------------------------------------------------------

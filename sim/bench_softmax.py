@@ -18,20 +18,19 @@ import random
 
 import cocotb
 import numpy as np
-from amaranth import Module
-from amaranth.lib import wiring
 from cocotb.clock import Clock
 from cocotb.triggers import RisingEdge
 
 from golden.intops import softmax_int
 from nanokpu.config import KpuConfig, profile
 from nanokpu.units.softmax import Softmax, cycles_per_row
+from sim.lib.side_by_side import SideBySide
 from sim.runner import bench_config, bench_params
 
 __all__ = ["SoftmaxBench", "softmax_rows", "check_rows", "BENCH_CONFIGS", "run"]
 
 
-class SoftmaxBench(wiring.Component):
+class SoftmaxBench(SideBySide):
     """Softmax units of several configs in one simulation top (no logic of its own).
 
     Parameters
@@ -42,20 +41,7 @@ class SoftmaxBench(wiring.Component):
     """
 
     def __init__(self, cfgs: dict[str, tuple[KpuConfig, int]]):
-        self.units = {key: Softmax(cfg, max_n) for key, (cfg, max_n) in cfgs.items()}
-        members = {}
-        for key, unit in self.units.items():
-            members[f"{key}_i"] = unit.signature.members["i"]
-            members[f"{key}_o"] = unit.signature.members["o"]
-        super().__init__(members)
-
-    def elaborate(self, platform):
-        m = Module()
-        for key, unit in self.units.items():
-            m.submodules[key] = unit
-            wiring.connect(m, wiring.flipped(getattr(self, f"{key}_i")), unit.i)
-            wiring.connect(m, unit.o, wiring.flipped(getattr(self, f"{key}_o")))
-        return m
+        super().__init__({key: Softmax(cfg, max_n) for key, (cfg, max_n) in cfgs.items()}, ("i", "o"))
 
 
 def softmax_rows(cfg: KpuConfig, max_n: int, n_random: int, seed: int) -> list[np.ndarray]:
