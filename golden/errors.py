@@ -16,7 +16,7 @@ from golden import attn_res, block, k3, kda, layer, mla
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
-__all__ = ["OpError", "op_errors", "attn_res_candidates", "attn_res_errors", "block_errors", "format_table",
+__all__ = ["OpError", "op_errors", "attn_res_errors", "block_errors", "format_table",
            "kda_op_errors", "kda_errors", "mla_errors", "layer_cases", "layer_errors"]
 
 
@@ -120,7 +120,7 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
     # from flat to one-hot. Every e_j is within exp_err (the exp row, over every input) of
     # exp(s_j - m), the max term exact, so with S = sum e, a_i = e_i / S exact:
     # |e_i/S - a_i| <= exp_err ((1 - a_i) [i not the max] + a_i (others not the max)) / S; then 1 weight LSB
-    n_cand = attn_res_candidates(cfg)
+    n_cand = cfg.attnres_candidates
     logits = I.saturate(np.round(2.0 * rng.standard_normal((20_000, n_cand)) / act_lsb).astype(np.int64),
                         cfg.act_width)
     sm = I.softmax_int(logits, cfg) * w_lsb
@@ -135,23 +135,18 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
     return rows
 
 
-def attn_res_candidates(cfg: KpuConfig) -> int:
-    """``N`` of the deepest Attention Residuals of ``cfg``: the embedding, one representative per
-    later block (``ceil(n_layers / attnres_block)`` in all) and the partial sum ``P``."""
-    return -(-cfg.n_layers // cfg.attnres_block) + 1
-
-
 def attn_res_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 256) -> dict:
     """End to end: :func:`golden.attn_res.attn_res_int` against :func:`golden.k3.attn_res` on the
     same act-format candidates (so input quantisation is not counted; the query's is).
 
-    :func:`attn_res_candidates` candidates ``V_n ~ N(0, 4**n / 4)`` (the stream grows with depth)
-    ``[tokens, d_model]``, rounded to the act format, and a query ``q ~ N(0, 4 / d_model)`` (scores
-    of standard deviation ~2), drawn from ``seed`` in that order. Keys: ``cosine``, ``max_abs`` and
-    ``max_rel`` (max abs error / max abs h) of ``h``; ``weights_max_abs`` of the softmax weights.
+    :attr:`~nanokpu.config.KpuConfig.attnres_candidates` candidates ``V_n ~ N(0, 4**n / 4)`` (the
+    stream grows with depth) ``[tokens, d_model]``, rounded to the act format, and a query ``q ~
+    N(0, 4 / d_model)`` (scores of standard deviation ~2), drawn from ``seed`` in that order.
+    Keys: ``cosine``, ``max_abs`` and ``max_rel`` (max abs error / max abs h) of ``h``;
+    ``weights_max_abs`` of the softmax weights.
     """
     rng = np.random.default_rng(seed)
-    n_cand, d = attn_res_candidates(cfg), cfg.d_model
+    n_cand, d = cfg.attnres_candidates, cfg.d_model
     sigma = 2.0 ** (np.arange(n_cand) - 1)
     act_lsb = 2.0 ** -cfg.act_frac
     V = layer.quantize_act(rng.standard_normal((n_cand, tokens, d)) * sigma[:, None, None], cfg)

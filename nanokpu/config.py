@@ -167,9 +167,10 @@ class KpuConfig:
         over every input) and at most ``acc_width`` (the requantiser's widest output); ``None``
         (default) means ``act_width`` / ``act_frac``.
     layer_ops : bool
-        Whether the nano-KPU builds the K3 layer's element-wise table ops ``SILU`` and ``DECAY``
-        (:data:`nanokpu.isa.LAYER_OPS`: SiLU and the KDA decay, act format in, on their own
-        tables beside the sigmoid's); without (the default), they are
+        Whether the nano-KPU builds the K3 layer's element-wise ops (:data:`nanokpu.isa.LAYER_OPS`):
+        ``SILU`` and ``DECAY`` (SiLU and the KDA decay, act format in, on their own tables beside
+        the sigmoid's) and ``SOFTMAX`` (rows of up to :attr:`attnres_candidates` logits, the
+        Attention Residuals' softmax over depth); without (the default), they are
         :attr:`~nanokpu.isa.Err.BAD_OPCODE`.
     """
 
@@ -369,6 +370,12 @@ class KpuConfig:
     def score_width(self) -> int:
         """Width of an unsigned sigmoid score, 1.0 included."""
         return self.score_frac + 1
+
+    @property
+    def attnres_candidates(self) -> int:
+        """``N`` of the deepest Attention Residuals: the embedding, one representative per
+        later block (``ceil(n_layers / attnres_block)`` in all) and the partial sum ``P``."""
+        return -(-self.n_layers // self.attnres_block) + 1
 
     @property
     def weight_width(self) -> int:

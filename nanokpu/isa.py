@@ -85,14 +85,17 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
 ``DECAY``         ``c[i] = decay_q(a[i])``: the KDA decay ``exp(kda_gate_min sigmoid(a[i]))`` of act-format
                   gate logits, unsigned, ``score_frac`` bits (built with ``layer_ops``).
+``SOFTMAX``       ``c[t*n:(t+1)*n] = softmax_int(a[t*n:(t+1)*n])``, ``t < m``: act-format logits to
+                  unsigned weights of ``weight_frac`` bits (the format ``COMBINE`` takes), a row of
+                  ``n <= attnres_candidates`` (built with ``layer_ops``).
 ================  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
 not overlap an operand region (``a``, ``b``, a requantiser table) - the units stream, so
 an overlap would make results depend on timing - except exactly (same base and size) for the
-element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU`` and ``DECAY``, which
-may run in place; otherwise ``OVERLAP``. Gather/scatter indices are
+element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU``, ``DECAY`` and
+``SOFTMAX``, which may run in place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
 (``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
@@ -162,12 +165,13 @@ class Op(enum.IntEnum):
     REQUANT_WIDE = 16
     SILU = 17
     DECAY = 18
+    SOFTMAX = 19
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
 #: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
-LAYER_OPS = (Op.SILU, Op.DECAY)
+LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
@@ -277,6 +281,9 @@ class OpRule:
         are the next four).
     ``n_experts``, ``top_k``
         ``n`` must be ``n_experts``; ``k`` must be ``top_k``.
+    ``softmax_row``
+        ``n`` must be at most :attr:`~nanokpu.config.KpuConfig.attnres_candidates` (the softmax
+        unit's row buffer).
     ``widths``
         The allowed ``width`` values (ints, or :data:`RQ_WIDTHS` for the range ``[2,
         acc_width]``); empty: ``width`` is not read.
@@ -301,6 +308,7 @@ class OpRule:
     positive: str = ""
     n_experts: bool = False
     top_k: bool = False
+    softmax_row: bool = False
     widths: tuple = ()
     engine: bool = False
     scores: bool = False
@@ -339,6 +347,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
     Op.SILU: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.DECAY: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.SOFTMAX: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn", softmax_row=True),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())

@@ -26,7 +26,9 @@ import numpy as np
 from cocotb.triggers import ClockCycles, Edge, RisingEdge
 from cocotb.utils import get_sim_time
 
+from golden.attn_res import attn_res_int, quantize_attn_res
 from golden.block import block_error, latent_moe_int, random_block, same_routing
+from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import EXECUTORS, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
@@ -359,3 +361,30 @@ async def test_layer_ops(dut):
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
         f"seed {tb.seed}: SILU/DECAY results differ from FuncSim's"
+
+
+@cocotb.test()
+async def test_attn_res(dut):
+    """Attention Residuals (:mod:`nanokpu.host.attn_res`: NORM, GEMM, SOFTMAX, COMBINE; ``layer_ops``)
+    of 8 tokens, for every candidate count up to ``attnres_candidates``: ``h`` equals
+    :func:`golden.attn_res.attn_res_int` and the host memory FuncSim's (under the bench's bus
+    stalls)."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    for n_cand in range(1, cfg.attnres_candidates + 1):
+        V = rng.integers(lo, hi + 1, (n_cand, 8, cfg.d_model)) >> rng.integers(0, 12, (n_cand, 1, 1))
+        V[-1, 0, ::2] = lo
+        P, Bl = V[-1], list(V[:-1])
+        Q = quantize_attn_res(2.0 * rng.standard_normal(cfg.d_model) / np.sqrt(cfg.d_model), cfg)
+        prog = compile_attn_res(P, Bl, Q, cfg)
+        sim = FuncSim(cfg, prog.image)
+        assert sim.run(prog.instrs).error == Err.NONE
+        await tb.load(prog.instrs, prog.image)
+        err, pc, done = await tb.run(poll=2000)
+        assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
+        final = tb.ram.read(0, len(prog.image))
+        assert np.array_equal(prog.outputs(final), attn_res_int(P, Bl, Q, cfg)), \
+            f"seed {tb.seed}, {n_cand} candidates: h differs from attn_res_int"
+        assert final == bytes(sim.host), f"seed {tb.seed}, {n_cand} candidates: host memory differs from FuncSim's"

@@ -39,7 +39,7 @@ def render(profiles: list[str], seed: int) -> str:
     for name in profiles:
         cfg = profile(name)
         e = errors.attn_res_errors(cfg, seed)
-        parts.append(f"| {name} | {errors.attn_res_candidates(cfg)} | {e['cosine']:.6f} | {e['max_abs']:.3g} "
+        parts.append(f"| {name} | {cfg.attnres_candidates} | {e['cosine']:.6f} | {e['max_abs']:.3g} "
                      f"| {e['max_rel']:.3g} | {e['weights_max_abs']:.3g} |")
     parts += kda_section(profiles, seed)
     parts.append("")

@@ -66,7 +66,7 @@ from nanokpu.isa import (
     weight_panels,
 )
 
-__all__ = ["Program", "compile_block"]
+__all__ = ["HostImage", "Program", "compile_block"]
 
 
 @dataclass
@@ -108,7 +108,7 @@ class Program:
                 "loads": table[rt["counts"]:rt["offsets"]]}
 
 
-class _Host:
+class HostImage:
     """Host image builder: buffers aligned to ``align`` bytes."""
 
     def __init__(self, align: int):
@@ -296,7 +296,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     if cfg.in_width != 8 or bus_bytes(cfg) % 4:
         raise ValueError(f"in_width = {cfg.in_width}, cols = {cfg.cols}: the compiler needs int8 "
                          "operands and cols a multiple of 4 (whole 32-bit bus words)")
-    host = _Host(bus_bytes(cfg))
+    host = HostImage(bus_bytes(cfg))
 
     def panels(name, W):
         return host.int8(name, weight_panels(W, cfg))

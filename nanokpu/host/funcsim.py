@@ -189,6 +189,8 @@ class FuncSim:
               f"{op.name} needs {', '.join(rule.positive)} >= 1")
         check(not rule.n_experts or n == E, Err.BAD_SHAPE, f"{op.name} needs n = n_experts")
         check(not rule.top_k or k == cfg.top_k, Err.BAD_SHAPE, f"{op.name} needs k = top_k")
+        check(not rule.softmax_row or n <= cfg.attnres_candidates, Err.BAD_SHAPE,
+              f"{op.name} needs n <= attnres_candidates = {cfg.attnres_candidates}")
         check(rule.width_ok(ins.width, cfg), Err.BAD_SHAPE, f"{op.name} width {ins.width} not in {rule.widths}")
         if rule.engine:
             mb = -(-m // cfg.rows)
@@ -260,6 +262,8 @@ class FuncSim:
             self._write(c, I.silu_q(self._read(a, ln, act), cfg))
         elif op == Op.DECAY:
             self._write(c, I.decay_q(self._read(a, ln, act), cfg))
+        elif op == Op.SOFTMAX:
+            self._write(c, I.softmax_int(self._read(a, ln, act).reshape(m, n), cfg))
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
         elif op == Op.ADD:

@@ -195,10 +195,12 @@ class Decode(wiring.Component):
         letters = {"m": m_eff, "n": ins.n, "k": ins.k}
 
         def shape_rule(r):
-            """The shape rules of ``r``: letters >= 1, n = n_experts, k = top_k, width, the GEMM engine's limits."""
+            """The shape rules of ``r``: letters >= 1, n = n_experts, k = top_k, n <= attnres_candidates,
+            width, the GEMM engine's limits."""
             terms = [letters[x] >= 1 for x in r.positive]
             terms += [ins.n == E] if r.n_experts else []
             terms += [ins.k == top_k] if r.top_k else []
+            terms += [ins.n <= cfg.attnres_candidates] if r.softmax_row else []
             if r.widths:
                 terms.append(Cat(*((ins.width >= 2) & (ins.width <= cfg.acc_width) if w == RQ_WIDTHS else ins.width == w
                                    for w in r.widths)).any())

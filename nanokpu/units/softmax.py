@@ -29,7 +29,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.units.pwl import PwlEvaluator
 from nanokpu.units.renorm import Renormaliser
 
-__all__ = ["Softmax", "attn_res_candidates", "cycles_per_row"]
+__all__ = ["Softmax", "cycles_per_row"]
 
 #: Stages from a buffer read to its ``e``: the read, the registered ``s - m``, the PwlEvaluator.
 EXP_STAGES = 2 + PwlEvaluator.latency
@@ -46,12 +46,6 @@ def cycles_per_row(cfg: KpuConfig, n: int) -> int:
     return 3 * n + EXP_DELAY + cfg.weight_frac + 2
 
 
-def attn_res_candidates(cfg: KpuConfig) -> int:
-    """The most Attention Residuals candidates of a sublayer, ``len(Bl) + 1`` at the last layer:
-    ``(n_layers - 1) // attnres_block + 2`` (9 at ``k3``)."""
-    return (cfg.n_layers - 1) // cfg.attnres_block + 2
-
-
 class Softmax(wiring.Component):
     """Streamed softmax over rows of up to ``max_n`` logits (see the module docstring).
 
@@ -61,7 +55,7 @@ class Softmax(wiring.Component):
         Reads ``act_width``/``act_frac`` (logits), ``score_frac`` (the exponentials),
         ``weight_frac``, ``pwl_guard``, ``rounding`` and ``dsp``.
     max_n : int or None
-        The longest row, ``>= 1`` (the buffer depth); None: :func:`attn_res_candidates`.
+        The longest row, ``>= 1`` (the buffer depth); None: :attr:`~nanokpu.config.KpuConfig.attnres_candidates`.
 
     Members
     -------
@@ -85,7 +79,7 @@ class Softmax(wiring.Component):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
         if max_n is None:
-            max_n = attn_res_candidates(cfg)
+            max_n = cfg.attnres_candidates
         if not isinstance(max_n, int) or isinstance(max_n, bool) or max_n < 1:
             raise ValueError(f"max_n = {max_n!r}: must be a positive integer")
         self.cfg = cfg

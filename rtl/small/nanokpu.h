@@ -80,6 +80,7 @@
 #define NANOKPU_OP_REQUANT_WIDE                  16
 #define NANOKPU_OP_SILU                          17
 #define NANOKPU_OP_DECAY                         18
+#define NANOKPU_OP_SOFTMAX                       19
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0

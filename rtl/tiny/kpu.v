@@ -35,48 +35,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$122 ;
   wire \$123 ;
   wire \$124 ;
-  wire [13:0] \$125 ;
-  wire [13:0] \$126 ;
-  wire [13:0] \$127 ;
-  wire \$128 ;
-  wire [4:0] \$129 ;
+  wire \$125 ;
+  wire \$126 ;
+  wire \$127 ;
+  wire [13:0] \$128 ;
+  wire [13:0] \$129 ;
   wire \$13 ;
-  wire \$130 ;
+  wire [13:0] \$130 ;
   wire \$131 ;
-  wire [13:0] \$132 ;
-  wire [13:0] \$133 ;
+  wire [4:0] \$132 ;
+  wire \$133 ;
   wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
+  wire [13:0] \$135 ;
+  wire [13:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
-  reg [1:0] \$139 ;
+  wire \$139 ;
   wire \$14 ;
-  reg [31:0] \$140 ;
-  reg [31:0] \$141 ;
-  reg \$142 ;
-  reg \$143 ;
-  reg [7:0] \$144 ;
-  reg [12:0] \$145 ;
+  wire \$140 ;
+  wire \$141 ;
+  reg [1:0] \$142 ;
+  reg [31:0] \$143 ;
+  reg [31:0] \$144 ;
+  reg \$145 ;
   reg \$146 ;
-  reg \$147 ;
-  reg \$148 ;
-  reg [3:0] \$149 ;
+  reg [7:0] \$147 ;
+  reg [12:0] \$148 ;
+  reg \$149 ;
   wire \$15 ;
-  reg [7:0] \$150 ;
-  reg [5:0] \$151 ;
-  reg \$152 ;
-  reg [281:0] \$153 ;
-  reg [4:0] \$154 ;
-  reg [3:0] \$155 ;
-  reg [12:0] \$156 ;
-  reg [13:0] \$157 ;
+  reg \$150 ;
+  reg \$151 ;
+  reg [3:0] \$152 ;
+  reg [7:0] \$153 ;
+  reg [5:0] \$154 ;
+  reg \$155 ;
+  reg [281:0] \$156 ;
+  reg [4:0] \$157 ;
   reg [3:0] \$158 ;
-  reg [15:0] \$159 ;
+  reg [12:0] \$159 ;
   wire [13:0] \$16 ;
   reg [13:0] \$160 ;
-  wire [5:0] \$161 ;
-  wire [5:0] \$162 ;
+  reg [3:0] \$161 ;
+  reg [15:0] \$162 ;
+  reg [13:0] \$163 ;
+  wire [5:0] \$164 ;
+  wire [5:0] \$165 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -111,11 +114,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$45 ;
   wire \$46 ;
   wire \$47 ;
-  wire [13:0] \$48 ;
+  wire \$48 ;
   wire [13:0] \$49 ;
   wire \$5 ;
-  wire [14:0] \$50 ;
-  wire \$51 ;
+  wire [13:0] \$50 ;
+  wire [14:0] \$51 ;
   wire \$52 ;
   wire \$53 ;
   wire \$54 ;
@@ -130,8 +133,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$62 ;
   wire \$63 ;
   wire \$64 ;
-  wire [2:0] \$65 ;
-  wire \$66 ;
+  wire \$65 ;
+  wire [2:0] \$66 ;
   wire \$67 ;
   wire \$68 ;
   wire \$69 ;
@@ -906,147 +909,150 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$39  = ins[5:0] == 5'h10;
   assign \$40  = ins[5:0] == 5'h11;
   assign \$41  = ins[5:0] == 5'h12;
-  assign \$42  = ins[5:0] == 4'h8;
-  assign \$43  = ins[5:0] == 4'ha;
-  assign \$44  = ins[5:0] == 4'hb;
-  assign \$45  = | { \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$46  = \$28  & \$45 ;
-  assign \$47  = scan >= 4'h8;
-  assign \$48  = cur[34:22] + scan;
-  assign \$49  = cur[34:22] + 4'h8;
-  assign \$50  = \$49  + scan;
-  assign \$51  = | \$like ;
-  assign \$52  = ~ running;
-  assign \$53  = soft_reset & \$52 ;
-  assign \$54  = ! ctrl_state;
-  assign \$55  = ctrl_state == 1'h1;
-  assign \$56  = ctrl_state == 2'h2;
-  assign \$57  = ctrl_state == 2'h3;
-  assign \$58  = ctrl_state == 3'h4;
-  assign \$59  = ctrl_state == 3'h5;
-  assign \$60  = ctrl_state == 3'h6;
-  assign \$61  = ctrl_state == 3'h7;
-  assign \$62  = ctrl_state == 4'h8;
-  assign \$63  = ctrl_state == 4'h9;
-  assign \$64  = | settle;
-  assign \$65  = settle - 1'h1;
-  assign \$66  = pc >= 7'h40;
-  assign \$67  = \done$364  | pf_ready;
-  assign \$68  = ~ \$67 ;
-  assign \$69  = | settle;
-  assign \$70  = \$68  | \$69 ;
-  assign \$71  = ! ins[5:0];
-  assign \$72  = | \error$367 ;
-  assign \$73  = ins[5:0] == 4'he;
-  assign \$74  = ins[5:0] == 4'h9;
-  assign \$75  = \done$364  | pf_ready;
-  assign \$76  = cur[5:0] == 1'h1;
-  assign \$77  = cur[5:0] == 2'h2;
-  assign \$78  = cur[5:0] == 2'h3;
-  assign \$79  = cur[5:0] == 3'h4;
-  assign \$80  = cur[5:0] == 3'h5;
-  assign \$81  = cur[5:0] == 3'h6;
-  assign \$82  = cur[5:0] == 3'h7;
-  assign \$83  = cur[5:0] == 4'h8;
-  assign \$84  = cur[5:0] == 4'ha;
-  assign \$85  = cur[5:0] == 4'hb;
-  assign \$86  = cur[5:0] == 4'hc;
-  assign \$87  = cur[5:0] == 4'hd;
-  assign \$88  = cur[5:0] == 4'hf;
-  assign \$89  = cur[5:0] == 5'h10;
-  assign \$90  = cur[5:0] == 5'h11;
-  assign \$91  = cur[5:0] == 5'h12;
-  assign \$92  = cur[5:0] == 3'h5;
-  assign \$93  = cur[5:0] == 3'h5;
-  assign \$94  = running_exec[3] | \$93 ;
-  assign \$95  = | exec_error;
-  assign \$96  = pc >= 6'h3f;
-  assign \$97  = \done$364  | pf_ready;
-  assign \$98  = ! settle;
-  assign \$99  = \$97  & \$98 ;
-  assign \$100  = ~ running_exec[3];
+  assign \$42  = ins[5:0] == 5'h13;
+  assign \$43  = ins[5:0] == 4'h8;
+  assign \$44  = ins[5:0] == 4'ha;
+  assign \$45  = ins[5:0] == 4'hb;
+  assign \$46  = | { \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$47  = \$28  & \$46 ;
+  assign \$48  = scan >= 4'h8;
+  assign \$49  = cur[34:22] + scan;
+  assign \$50  = cur[34:22] + 4'h8;
+  assign \$51  = \$50  + scan;
+  assign \$52  = | \$like ;
+  assign \$53  = ~ running;
+  assign \$54  = soft_reset & \$53 ;
+  assign \$55  = ! ctrl_state;
+  assign \$56  = ctrl_state == 1'h1;
+  assign \$57  = ctrl_state == 2'h2;
+  assign \$58  = ctrl_state == 2'h3;
+  assign \$59  = ctrl_state == 3'h4;
+  assign \$60  = ctrl_state == 3'h5;
+  assign \$61  = ctrl_state == 3'h6;
+  assign \$62  = ctrl_state == 3'h7;
+  assign \$63  = ctrl_state == 4'h8;
+  assign \$64  = ctrl_state == 4'h9;
+  assign \$65  = | settle;
+  assign \$66  = settle - 1'h1;
+  assign \$67  = pc >= 7'h40;
+  assign \$68  = \done$364  | pf_ready;
+  assign \$69  = ~ \$68 ;
+  assign \$70  = | settle;
+  assign \$71  = \$69  | \$70 ;
+  assign \$72  = ! ins[5:0];
+  assign \$73  = | \error$367 ;
+  assign \$74  = ins[5:0] == 4'he;
+  assign \$75  = ins[5:0] == 4'h9;
+  assign \$76  = \done$364  | pf_ready;
+  assign \$77  = cur[5:0] == 1'h1;
+  assign \$78  = cur[5:0] == 2'h2;
+  assign \$79  = cur[5:0] == 2'h3;
+  assign \$80  = cur[5:0] == 3'h4;
+  assign \$81  = cur[5:0] == 3'h5;
+  assign \$82  = cur[5:0] == 3'h6;
+  assign \$83  = cur[5:0] == 3'h7;
+  assign \$84  = cur[5:0] == 4'h8;
+  assign \$85  = cur[5:0] == 4'ha;
+  assign \$86  = cur[5:0] == 4'hb;
+  assign \$87  = cur[5:0] == 4'hc;
+  assign \$88  = cur[5:0] == 4'hd;
+  assign \$89  = cur[5:0] == 4'hf;
+  assign \$90  = cur[5:0] == 5'h10;
+  assign \$91  = cur[5:0] == 5'h11;
+  assign \$92  = cur[5:0] == 5'h12;
+  assign \$93  = cur[5:0] == 5'h13;
+  assign \$94  = cur[5:0] == 3'h5;
+  assign \$95  = cur[5:0] == 3'h5;
+  assign \$96  = running_exec[3] | \$95 ;
+  assign \$97  = | exec_error;
+  assign \$98  = pc >= 6'h3f;
+  assign \$99  = \done$364  | pf_ready;
+  assign \$100  = ! settle;
   assign \$101  = \$99  & \$100 ;
-  assign \$102  = cur[5:0] == 3'h5;
-  assign \$103  = ~ \$102 ;
-  assign \$104  = \$101  & \$103 ;
-  assign \$105  = ! \error$367 ;
-  assign \$106  = \$104  & \$105 ;
-  assign \$107  = ins[5:0] == 1'h1;
-  assign \$108  = ins[5:0] == 2'h2;
-  assign \$109  = ins[5:0] == 2'h3;
-  assign \$110  = ins[5:0] == 3'h4;
-  assign \$111  = ins[5:0] == 3'h5;
-  assign \$112  = ins[5:0] == 3'h6;
-  assign \$113  = ins[5:0] == 3'h7;
-  assign \$114  = ins[5:0] == 4'hc;
-  assign \$115  = ins[5:0] == 4'hd;
-  assign \$116  = ins[5:0] == 4'hf;
-  assign \$117  = ins[5:0] == 5'h10;
-  assign \$118  = ins[5:0] == 5'h11;
-  assign \$119  = ins[5:0] == 5'h12;
-  assign \$120  = ins[5:0] == 4'h8;
-  assign \$121  = ins[5:0] == 4'ha;
-  assign \$122  = ins[5:0] == 4'hb;
-  assign \$123  = | { \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109 , \$108 , \$107  };
-  assign \$124  = \$106  & \$123 ;
-  assign \$125  = pc + 1'h1;
-  assign \$126  = pc + 1'h1;
-  assign \$127  = pc + 1'h1;
-  assign \$128  = scan >= 4'h8;
-  assign \$129  = scan + 1'h1;
-  assign \$130  = | \$like ;
-  assign \$131  = | rd1_q[23:14];
-  assign \$132  = \$131  ? 14'h3fff : rd1_q[13:0];
-  assign \$133  = pc + 1'h1;
-  assign \$134  = ~ dma__rd_busy;
-  assign \$135  = ~ dma__wr_busy;
-  assign \$136  = \$134  & \$135 ;
-  assign \$137  = ~ running;
-  assign \$138  = soft_reset & \$137 ;
+  assign \$102  = ~ running_exec[3];
+  assign \$103  = \$101  & \$102 ;
+  assign \$104  = cur[5:0] == 3'h5;
+  assign \$105  = ~ \$104 ;
+  assign \$106  = \$103  & \$105 ;
+  assign \$107  = ! \error$367 ;
+  assign \$108  = \$106  & \$107 ;
+  assign \$109  = ins[5:0] == 1'h1;
+  assign \$110  = ins[5:0] == 2'h2;
+  assign \$111  = ins[5:0] == 2'h3;
+  assign \$112  = ins[5:0] == 3'h4;
+  assign \$113  = ins[5:0] == 3'h5;
+  assign \$114  = ins[5:0] == 3'h6;
+  assign \$115  = ins[5:0] == 3'h7;
+  assign \$116  = ins[5:0] == 4'hc;
+  assign \$117  = ins[5:0] == 4'hd;
+  assign \$118  = ins[5:0] == 4'hf;
+  assign \$119  = ins[5:0] == 5'h10;
+  assign \$120  = ins[5:0] == 5'h11;
+  assign \$121  = ins[5:0] == 5'h12;
+  assign \$122  = ins[5:0] == 5'h13;
+  assign \$123  = ins[5:0] == 4'h8;
+  assign \$124  = ins[5:0] == 4'ha;
+  assign \$125  = ins[5:0] == 4'hb;
+  assign \$126  = | { \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109  };
+  assign \$127  = \$108  & \$126 ;
+  assign \$128  = pc + 1'h1;
+  assign \$129  = pc + 1'h1;
+  assign \$130  = pc + 1'h1;
+  assign \$131  = scan >= 4'h8;
+  assign \$132  = scan + 1'h1;
+  assign \$133  = | \$like ;
+  assign \$134  = | rd1_q[23:14];
+  assign \$135  = \$134  ? 14'h3fff : rd1_q[13:0];
+  assign \$136  = pc + 1'h1;
+  assign \$137  = ~ dma__rd_busy;
+  assign \$138  = ~ dma__wr_busy;
+  assign \$139  = \$137  & \$138 ;
+  assign \$140  = ~ running;
+  assign \$141  = soft_reset & \$140 ;
   always @(posedge clk)
-    settle <= \$139 ;
+    settle <= \$142 ;
   always @(posedge clk)
-    \$like  <= \$140 ;
+    \$like  <= \$143 ;
   always @(posedge clk)
-    rd1_q <= \$141 ;
+    rd1_q <= \$144 ;
   always @(posedge clk)
-    running <= \$142 ;
+    running <= \$145 ;
   always @(posedge clk)
-    done <= \$143 ;
+    done <= \$146 ;
   always @(posedge clk)
-    error <= \$144 ;
+    error <= \$147 ;
   always @(posedge clk)
-    pc <= \$145 ;
+    pc <= \$148 ;
   always @(posedge clk)
-    route_done <= \$146 ;
+    route_done <= \$149 ;
   always @(posedge clk)
-    exp_active <= \$147 ;
+    exp_active <= \$150 ;
   always @(posedge clk)
-    scores_ok <= \$148 ;
+    scores_ok <= \$151 ;
   always @(posedge clk)
-    ctrl_state <= \$149 ;
+    ctrl_state <= \$152 ;
   always @(posedge clk)
-    stop_code <= \$150 ;
+    stop_code <= \$153 ;
   always @(posedge clk)
-    executor <= \$151 ;
+    executor <= \$154 ;
   always @(posedge clk)
-    pf_ready <= \$152 ;
+    pf_ready <= \$155 ;
   always @(posedge clk)
-    cur <= \$153 ;
+    cur <= \$156 ;
   always @(posedge clk)
-    running_exec <= \$154 ;
+    running_exec <= \$157 ;
   always @(posedge clk)
-    scan <= \$155 ;
+    scan <= \$158 ;
   always @(posedge clk)
-    scores_a <= \$156 ;
+    scores_a <= \$159 ;
   always @(posedge clk)
-    scores_len <= \$157 ;
+    scores_len <= \$160 ;
   always @(posedge clk)
-    expert <= \$158 ;
+    expert <= \$161 ;
   always @(posedge clk)
-    count <= \$159 ;
+    count <= \$162 ;
   always @(posedge clk)
-    offset <= \$160 ;
+    offset <= \$163 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1075,7 +1081,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$661$0 (\load_data$288 ),
+    .\port$666$0 (\load_data$288 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -1116,9 +1122,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$401$0 (\$161 ),
-    .\port$419$0 (\$162 ),
-    .\port$6449$254 (cur[269:254]),
+    .\port$406$0 (\$164 ),
+    .\port$424$0 (\$165 ),
+    .\port$6464$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1342,7 +1348,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6451$0 (running_exec),
+    .\port$6466$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1452,20 +1458,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$46 ) begin
+            end else if (\$47 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$47 ) begin
+          if (\$48 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$51 ) begin
+          if (\$52 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1504,9 +1510,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$47 ) begin
+          if (\$48 ) begin
           end else begin
-            clients__0__rd0__addr = \$48 [12:0];
+            clients__0__rd0__addr = \$49 [12:0];
           end
     endcase
   end
@@ -1528,9 +1534,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$47 ) begin
+          if (\$48 ) begin
           end else begin
-            clients__0__rd1__addr = \$50 [12:0];
+            clients__0__rd1__addr = \$51 [12:0];
           end
     endcase
   end
@@ -1552,7 +1558,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$47 ) begin
+          if (\$48 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1576,7 +1582,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$47 ) begin
+          if (\$48 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1633,18 +1639,793 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$53 ) begin
+    if (\$54 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$139  = settle;
+    \$142  = settle;
     if (window_wr) begin
-      \$139  = 2'h2;
-    end else if (\$64 ) begin
-      \$139  = \$65 [1:0];
+      \$142  = 2'h2;
+    end else if (\$65 ) begin
+      \$142  = \$66 [1:0];
     end
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$96 ) begin
+              \$142  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$142  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$143  = spad__rd0__lanes[31:0];
+    if (rst) begin
+      \$143  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$144  = spad__rd1__data;
+    if (rst) begin
+      \$144  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$145  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$145  = 1'h1;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$145  = 1'h0;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$139 ) begin
+            \$145  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$145  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$146  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$146  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$139 ) begin
+            \$146  = 1'h0;
+          end
+    endcase
+    if (\$141 ) begin
+      \$146  = 1'h0;
+    end
+    if (rst) begin
+      \$146  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$147  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$147  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$139 ) begin
+            \$147  = stop_code;
+          end
+    endcase
+    if (\$141 ) begin
+      \$147  = 8'h00;
+    end
+    if (rst) begin
+      \$147  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$148  = pc;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$148  = 13'h0000;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$148  = { 1'h0, ins[255:244] };
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$97 ) begin
+            end else if (\$98 ) begin
+              \$148  = \$128 [12:0];
+            end else if (\$127 ) begin
+              \$148  = \$129 [12:0];
+            end else begin
+              \$148  = \$130 [12:0];
+            end
+          end
+      4'h5:
+          if (\$131 ) begin
+            \$148  = { 1'h0, cur[281:270] };
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$133 ) begin
+            \$148  = \$136 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$148  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$149  = route_done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$149  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$149  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$149  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$150  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$150  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$150  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$131 ) begin
+            \$150  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$133 ) begin
+            \$150  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$150  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$151  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$151  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$94 ) begin
+              \$151  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$151  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$152  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$152  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$67 ) begin
+            \$152  = 4'h2;
+          end else begin
+            \$152  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$152  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+            \$152  = 4'h0;
+          end else if (\$73 ) begin
+            \$152  = 4'h2;
+          end else if (\$74 ) begin
+            \$152  = 4'h1;
+          end else if (\$75 ) begin
+            \$152  = 4'h5;
+          end else begin
+            \$152  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$152  = 4'h7;
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$97 ) begin
+              \$152  = 4'h2;
+            end else if (\$98 ) begin
+              \$152  = 4'h1;
+            end else if (\$127 ) begin
+              \$152  = 4'h6;
+            end else begin
+              \$152  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$131 ) begin
+            \$152  = 4'h1;
+          end else begin
+            \$152  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$152  = 4'h9;
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$133 ) begin
+            \$152  = 4'h1;
+          end else begin
+            \$152  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$152  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$139 ) begin
+            \$152  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$152  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$153  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$67 ) begin
+            \$153  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$153  = \error$367 ;
+          end
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$97 ) begin
+              \$153  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$153  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$153  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$154  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$67 ) begin
+            \$154  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$154  = 6'h00;
+          end else if (\$74 ) begin
+            \$154  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$77 ) begin
+            \$154  = 6'h01;
+          end
+          if (\$78 ) begin
+            \$154  = 6'h01;
+          end
+          if (\$79 ) begin
+            \$154  = 6'h02;
+          end
+          if (\$80 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$81 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$82 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$83 ) begin
+            \$154  = 6'h10;
+          end
+          if (\$84 ) begin
+            \$154  = 6'h08;
+          end
+          if (\$85 ) begin
+            \$154  = 6'h20;
+          end
+          if (\$86 ) begin
+            \$154  = 6'h20;
+          end
+          if (\$87 ) begin
+            \$154  = 6'h10;
+          end
+          if (\$88 ) begin
+            \$154  = 6'h10;
+          end
+          if (\$89 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$90 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$91 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$92 ) begin
+            \$154  = 6'h04;
+          end
+          if (\$93 ) begin
+            \$154  = 6'h04;
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$97 ) begin
+              \$154  = 6'h00;
+            end else if (\$98 ) begin
+              \$154  = 6'h00;
+            end else if (\$127 ) begin
+              \$154  = 6'h00;
+            end else begin
+              \$154  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$131 ) begin
+            \$154  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$133 ) begin
+            \$154  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$154  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$154  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$155  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$67 ) begin
+          end else begin
+            \$155  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$155  = 1'h0;
+          if (\$71 ) begin
+            \$155  = \$76 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$364 ) begin
+            \$155  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$97 ) begin
+            end else if (\$98 ) begin
+            end else if (\$127 ) begin
+              \$155  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$155  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$156  = cur;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+            \$156 [220:0] = decoded;
+            \$156 [253:221] = host;
+            \$156 [269:254] = beats;
+            \$156 [281:270] = ins[255:244];
+          end else begin
+            \$156 [220:0] = decoded;
+            \$156 [253:221] = host;
+            \$156 [269:254] = beats;
+            \$156 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$97 ) begin
+            end else if (\$98 ) begin
+            end else if (\$127 ) begin
+              \$156 [220:0] = decoded;
+              \$156 [253:221] = host;
+              \$156 [269:254] = beats;
+              \$156 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$156  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$157  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$71 ) begin
+          end else if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h01, 6'h02:
+                  \$157  = 5'h01;
+              6'h03:
+                  \$157  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
+                  \$157  = 5'h04;
+              6'h08:
+                  \$157  = 5'h08;
+              6'h0a, 6'h0b:
+                  \$157  = 5'h10;
+            endcase
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            \$157  = 5'h00;
+            if (\$97 ) begin
+            end else if (\$98 ) begin
+            end else if (\$127 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$157  = 5'h01;
+                6'h03:
+                    \$157  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
+                    \$157  = 5'h04;
+                6'h08:
+                    \$157  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$157  = 5'h10;
+              endcase
+            end
+          end
+    endcase
+    if (rst) begin
+      \$157  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$158  = scan;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$158  = 4'h0;
+            end
+          end
+      4'h5:
+          if (\$131 ) begin
+            \$158  = 4'h8;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$158  = \$132 [3:0];
+    endcase
+    if (rst) begin
+      \$158  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$159  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1659,731 +2440,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (\$94 ) begin
-              \$139  = 2'h2;
+              \$159  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$139  = 2'h0;
+      \$159  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$140  = spad__rd0__lanes[31:0];
-    if (rst) begin
-      \$140  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$141  = spad__rd1__data;
-    if (rst) begin
-      \$141  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = running;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$142  = 1'h1;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-            \$142  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$136 ) begin
-            \$142  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$142  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$143  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-            \$143  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$136 ) begin
-            \$143  = 1'h0;
-          end
-    endcase
-    if (\$138 ) begin
-      \$143  = 1'h0;
-    end
-    if (rst) begin
-      \$143  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$144  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$136 ) begin
-            \$144  = stop_code;
-          end
-    endcase
-    if (\$138 ) begin
-      \$144  = 8'h00;
-    end
-    if (rst) begin
-      \$144  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$145  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$145  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$95 ) begin
-            end else if (\$96 ) begin
-              \$145  = \$125 [12:0];
-            end else if (\$124 ) begin
-              \$145  = \$126 [12:0];
-            end else begin
-              \$145  = \$127 [12:0];
-            end
-          end
-      4'h5:
-          if (\$128 ) begin
-            \$145  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$130 ) begin
-            \$145  = \$133 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$145  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$146  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$146  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$146  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$147  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$147  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$128 ) begin
-            \$147  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$130 ) begin
-            \$147  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$147  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$148  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$92 ) begin
-              \$148  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$148  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$149  = ctrl_state;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$149  = 4'h1;
-          end
-      4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$66 ) begin
-            \$149  = 4'h2;
-          end else begin
-            \$149  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h3:
-        begin
-          if (start) begin
-            \$149  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-            \$149  = 4'h0;
-          end else if (\$72 ) begin
-            \$149  = 4'h2;
-          end else if (\$73 ) begin
-            \$149  = 4'h1;
-          end else if (\$74 ) begin
-            \$149  = 4'h5;
-          end else begin
-            \$149  = 4'h6;
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h6:
-        begin
-          \$149  = 4'h7;
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$95 ) begin
-              \$149  = 4'h2;
-            end else if (\$96 ) begin
-              \$149  = 4'h1;
-            end else if (\$124 ) begin
-              \$149  = 4'h6;
-            end else begin
-              \$149  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$128 ) begin
-            \$149  = 4'h1;
-          end else begin
-            \$149  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h8:
-        begin
-          \$149  = 4'h9;
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$130 ) begin
-            \$149  = 4'h1;
-          end else begin
-            \$149  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$149  = 4'h2;
-          end
-        end
-      4'h2:
-          if (\$136 ) begin
-            \$149  = 4'h0;
-          end
-    endcase
-    if (rst) begin
-      \$149  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$150  = stop_code;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$66 ) begin
-            \$150  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-      4'h4:
-        begin
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-          end else if (\$72 ) begin
-            \$150  = \error$367 ;
-          end
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-        end
-      4'h6:
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-      4'h7:
-        begin
-          if (exec_done) begin
-            if (\$95 ) begin
-              \$150  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-        end
-      4'h5:
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-      4'h8:
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-      4'h9:
-          if (soft_reset) begin
-            \$150  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$150  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = executor;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$66 ) begin
-            \$151  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-      4'h4:
-        begin
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-          end else if (\$72 ) begin
-            \$151  = 6'h00;
-          end else if (\$73 ) begin
-            \$151  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-      4'h6:
-        begin
-          if (\$76 ) begin
-            \$151  = 6'h01;
-          end
-          if (\$77 ) begin
-            \$151  = 6'h01;
-          end
-          if (\$78 ) begin
-            \$151  = 6'h02;
-          end
-          if (\$79 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$80 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$81 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$82 ) begin
-            \$151  = 6'h10;
-          end
-          if (\$83 ) begin
-            \$151  = 6'h08;
-          end
-          if (\$84 ) begin
-            \$151  = 6'h20;
-          end
-          if (\$85 ) begin
-            \$151  = 6'h20;
-          end
-          if (\$86 ) begin
-            \$151  = 6'h10;
-          end
-          if (\$87 ) begin
-            \$151  = 6'h10;
-          end
-          if (\$88 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$89 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$90 ) begin
-            \$151  = 6'h04;
-          end
-          if (\$91 ) begin
-            \$151  = 6'h04;
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$95 ) begin
-              \$151  = 6'h00;
-            end else if (\$96 ) begin
-              \$151  = 6'h00;
-            end else if (\$124 ) begin
-              \$151  = 6'h00;
-            end else begin
-              \$151  = 6'h00;
-            end
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (\$128 ) begin
-            \$151  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-      4'h8:
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-      4'h9:
-        begin
-          if (\$130 ) begin
-            \$151  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$151  = 6'h00;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$151  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = pf_ready;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$66 ) begin
-          end else begin
-            \$152  = 1'h0;
-          end
-      4'h3:
-          /* empty */;
-      4'h4:
-        begin
-          \$152  = 1'h0;
-          if (\$70 ) begin
-            \$152  = \$75 ;
-          end
-        end
-      4'h6:
-          /* empty */;
-      4'h7:
-        begin
-          if (\done$364 ) begin
-            \$152  = 1'h1;
-          end
-          if (exec_done) begin
-            if (\$95 ) begin
-            end else if (\$96 ) begin
-            end else if (\$124 ) begin
-              \$152  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$152  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = cur;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-            \$153 [220:0] = decoded;
-            \$153 [253:221] = host;
-            \$153 [269:254] = beats;
-            \$153 [281:270] = ins[255:244];
-          end else begin
-            \$153 [220:0] = decoded;
-            \$153 [253:221] = host;
-            \$153 [269:254] = beats;
-            \$153 [281:270] = ins[255:244];
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$95 ) begin
-            end else if (\$96 ) begin
-            end else if (\$124 ) begin
-              \$153 [220:0] = decoded;
-              \$153 [253:221] = host;
-              \$153 [269:254] = beats;
-              \$153 [281:270] = ins[255:244];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$153  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = running_exec;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$70 ) begin
-          end else if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h01, 6'h02:
-                  \$154  = 5'h01;
-              6'h03:
-                  \$154  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
-                  \$154  = 5'h04;
-              6'h08:
-                  \$154  = 5'h08;
-              6'h0a, 6'h0b:
-                  \$154  = 5'h10;
-            endcase
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            \$154  = 5'h00;
-            if (\$95 ) begin
-            end else if (\$96 ) begin
-            end else if (\$124 ) begin
-              casez (ins[5:0])
-                6'h01, 6'h02:
-                    \$154  = 5'h01;
-                6'h03:
-                    \$154  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
-                    \$154  = 5'h04;
-                6'h08:
-                    \$154  = 5'h08;
-                6'h0a, 6'h0b:
-                    \$154  = 5'h10;
-              endcase
-            end
-          end
-    endcase
-    if (rst) begin
-      \$154  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$155  = scan;
+    \$160  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2397,158 +2464,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (running_exec[3]) begin
-              \$155  = 4'h0;
+            if (\$94 ) begin
+              \$160  = cur[122:109];
             end
-          end
-      4'h5:
-          if (\$128 ) begin
-            \$155  = 4'h8;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          \$155  = \$129 [3:0];
-    endcase
-    if (rst) begin
-      \$155  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$156  = scores_a;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$92 ) begin
-              \$156  = cur[60:48];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$156  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$157  = scores_len;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$92 ) begin
-              \$157  = cur[122:109];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$157  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$158  = expert;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$130 ) begin
-            \$158  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$158  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$159  = count;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$130 ) begin
-            \$159  = \$like [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$159  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$160  = offset;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$130 ) begin
-            \$160  = \$132 ;
           end
     endcase
     if (rst) begin
       \$160  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$161  = expert;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$133 ) begin
+            \$161  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$161  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$162  = count;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$133 ) begin
+            \$162  = \$like [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$162  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$163  = offset;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$133 ) begin
+            \$163  = \$135 ;
+          end
+    endcase
+    if (rst) begin
+      \$163  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2576,14 +2585,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$161 [5], \$161 [5], \$161  };
+  assign bus__arlen = { \$164 [5], \$164 [5], \$164  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$162 [5], \$162 [5], \$162  };
+  assign bus__awlen = { \$165 [5], \$165 [5], \$165  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2756,12 +2765,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$162 [5], \$162 [5], \$162  };
+  assign m_axi__awlen = { \$165 [5], \$165 [5], \$165  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$161 [5], \$161 [5], \$161  };
+  assign m_axi__arlen = { \$164 [5], \$164 [5], \$164  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -3029,7 +3038,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$661$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$666$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -3159,8 +3168,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$661$0 ;
-  wire [15:0] \port$661$0 ;
+  input [15:0] \port$666$0 ;
+  wire [15:0] \port$666$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3269,7 +3278,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$661$0  };
+      rd_data = { 16'h0000, \port$666$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3410,7 +3419,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$661$0  };
+  assign load_data = { 16'h0000, \port$666$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -3651,38 +3660,38 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [22:0] \$100 ;
-  wire [23:0] \$101 ;
-  wire [16:0] \$102 ;
-  wire \$103 ;
-  wire [23:0] \$104 ;
-  wire \$105 ;
-  wire [9:0] \$106 ;
-  wire [22:0] \$107 ;
+  wire \$100 ;
+  wire \$101 ;
+  wire [9:0] \$102 ;
+  wire [9:0] \$103 ;
+  wire [22:0] \$104 ;
+  wire [23:0] \$105 ;
+  wire [16:0] \$106 ;
+  wire \$107 ;
   wire [23:0] \$108 ;
-  wire [16:0] \$109 ;
+  wire \$109 ;
   wire [16:0] \$11 ;
-  wire \$110 ;
-  wire [23:0] \$111 ;
-  wire [13:0] \$112 ;
-  wire [9:0] \$113 ;
+  wire [9:0] \$110 ;
+  wire [22:0] \$111 ;
+  wire [23:0] \$112 ;
+  wire [16:0] \$113 ;
   wire \$114 ;
-  wire [4:0] \$115 ;
-  wire \$116 ;
-  wire [13:0] \$117 ;
-  wire [9:0] \$118 ;
-  wire \$119 ;
+  wire [23:0] \$115 ;
+  wire [13:0] \$116 ;
+  wire [9:0] \$117 ;
+  wire \$118 ;
+  wire [4:0] \$119 ;
   wire [17:0] \$12 ;
-  wire [4:0] \$120 ;
-  wire \$121 ;
-  wire [13:0] \$122 ;
-  wire [14:0] \$123 ;
-  wire \$124 ;
-  wire [14:0] \$125 ;
+  wire \$120 ;
+  wire [13:0] \$121 ;
+  wire [9:0] \$122 ;
+  wire \$123 ;
+  wire [4:0] \$124 ;
+  wire \$125 ;
   wire [13:0] \$126 ;
-  wire [16:0] \$127 ;
+  wire [14:0] \$127 ;
   wire \$128 ;
-  wire [16:0] \$129 ;
+  wire [14:0] \$129 ;
   wire [17:0] \$13 ;
   wire [13:0] \$130 ;
   wire [16:0] \$131 ;
@@ -3693,42 +3702,42 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$136 ;
   wire [16:0] \$137 ;
   wire [13:0] \$138 ;
-  wire [14:0] \$139 ;
+  wire [16:0] \$139 ;
   wire [18:0] \$14 ;
   wire \$140 ;
-  wire [14:0] \$141 ;
+  wire [16:0] \$141 ;
   wire [13:0] \$142 ;
-  wire [16:0] \$143 ;
+  wire [14:0] \$143 ;
   wire \$144 ;
-  wire [16:0] \$145 ;
+  wire [14:0] \$145 ;
   wire [13:0] \$146 ;
-  wire [9:0] \$147 ;
-  wire [9:0] \$148 ;
-  wire [22:0] \$149 ;
+  wire [16:0] \$147 ;
+  wire \$148 ;
+  wire [16:0] \$149 ;
   wire \$15 ;
-  wire [23:0] \$150 ;
-  wire [16:0] \$151 ;
-  wire \$152 ;
-  wire [23:0] \$153 ;
-  wire \$154 ;
-  wire [9:0] \$155 ;
-  wire [22:0] \$156 ;
+  wire [13:0] \$150 ;
+  wire [9:0] \$151 ;
+  wire [9:0] \$152 ;
+  wire [22:0] \$153 ;
+  wire [23:0] \$154 ;
+  wire [16:0] \$155 ;
+  wire \$156 ;
   wire [23:0] \$157 ;
-  wire [16:0] \$158 ;
-  wire \$159 ;
+  wire \$158 ;
+  wire [9:0] \$159 ;
   wire \$16 ;
-  wire [23:0] \$160 ;
-  wire [13:0] \$161 ;
-  wire [9:0] \$162 ;
+  wire [22:0] \$160 ;
+  wire [23:0] \$161 ;
+  wire [16:0] \$162 ;
   wire \$163 ;
-  wire [4:0] \$164 ;
-  wire \$165 ;
-  wire [13:0] \$166 ;
+  wire [23:0] \$164 ;
+  wire [13:0] \$165 ;
+  wire [9:0] \$166 ;
   wire \$167 ;
-  wire \$168 ;
+  wire [4:0] \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire \$170 ;
+  wire [13:0] \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
@@ -3743,11 +3752,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
-  wire [9:0] \$184 ;
+  wire \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
-  wire \$188 ;
+  wire [9:0] \$188 ;
   wire \$189 ;
   wire [18:0] \$19 ;
   wire \$190 ;
@@ -3755,11 +3764,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$192 ;
   wire \$193 ;
   wire \$194 ;
-  wire [9:0] \$195 ;
+  wire \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire \$199 ;
+  wire [9:0] \$199 ;
   wire \$2 ;
   wire [9:0] \$20 ;
   wire \$200 ;
@@ -3802,15 +3811,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire [14:0] \$237 ;
+  wire \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire \$24 ;
-  wire [14:0] \$240 ;
-  wire \$241 ;
+  wire \$240 ;
+  wire [14:0] \$241 ;
   wire \$242 ;
   wire \$243 ;
-  wire \$244 ;
+  wire [14:0] \$244 ;
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
@@ -3828,15 +3837,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
-  wire [14:0] \$260 ;
+  wire \$260 ;
   wire \$261 ;
   wire \$262 ;
-  wire [14:0] \$263 ;
+  wire \$263 ;
   wire \$264 ;
-  wire \$265 ;
+  wire [14:0] \$265 ;
   wire \$266 ;
   wire \$267 ;
-  wire \$268 ;
+  wire [14:0] \$268 ;
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
@@ -3853,7 +3862,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$280 ;
   wire \$281 ;
   wire \$282 ;
-  wire [14:0] \$283 ;
+  wire \$283 ;
   wire \$284 ;
   wire \$285 ;
   wire \$286 ;
@@ -3866,8 +3875,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$292 ;
   wire \$293 ;
   wire \$294 ;
-  wire \$295 ;
-  wire [14:0] \$296 ;
+  wire [14:0] \$295 ;
+  wire \$296 ;
   wire \$297 ;
   wire \$298 ;
   wire \$299 ;
@@ -3875,48 +3884,54 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$30 ;
   wire \$300 ;
   wire \$301 ;
-  wire \$302 ;
+  wire [14:0] \$302 ;
   wire \$303 ;
-  wire [33:0] \$304 ;
-  wire [32:0] \$305 ;
+  wire \$304 ;
+  wire \$305 ;
   wire \$306 ;
   wire \$307 ;
   wire \$308 ;
   wire \$309 ;
   wire \$31 ;
-  wire \$310 ;
-  wire \$311 ;
+  wire [33:0] \$310 ;
+  wire [32:0] \$311 ;
   wire \$312 ;
   wire \$313 ;
   wire \$314 ;
-  wire [13:0] \$315 ;
+  wire \$315 ;
   wire \$316 ;
-  wire [13:0] \$317 ;
+  wire \$317 ;
   wire \$318 ;
-  wire [13:0] \$319 ;
+  wire \$319 ;
   wire \$32 ;
   wire \$320 ;
   wire [13:0] \$321 ;
   wire \$322 ;
-  wire [17:0] \$323 ;
-  wire [3:0] \$324 ;
-  wire [2:0] \$325 ;
-  reg \$326 ;
-  reg \$327 ;
-  reg \$328 ;
-  reg \$329 ;
+  wire [13:0] \$323 ;
+  wire \$324 ;
+  wire [13:0] \$325 ;
+  wire \$326 ;
+  wire [13:0] \$327 ;
+  wire \$328 ;
+  wire [17:0] \$329 ;
   wire \$33 ;
-  reg [7:0] \$330 ;
-  reg \$331 ;
-  reg [2:0] \$332 ;
-  reg [1:0] \$333 ;
-  reg [13:0] \$334 ;
-  reg [13:0] \$335 ;
-  reg [13:0] \$336 ;
-  reg [13:0] \$337 ;
-  reg [17:0] \$338 ;
-  reg [32:0] \$339 ;
+  wire [3:0] \$330 ;
+  wire [2:0] \$331 ;
+  reg \$332 ;
+  reg \$333 ;
+  reg \$334 ;
+  reg \$335 ;
+  reg [7:0] \$336 ;
+  reg \$337 ;
+  reg [2:0] \$338 ;
+  reg [1:0] \$339 ;
   wire \$34 ;
+  reg [13:0] \$340 ;
+  reg [13:0] \$341 ;
+  reg [13:0] \$342 ;
+  reg [13:0] \$343 ;
+  reg [17:0] \$344 ;
+  reg [32:0] \$345 ;
   wire \$35 ;
   wire \$36 ;
   wire \$37 ;
@@ -3986,8 +4001,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$95 ;
   wire \$96 ;
   wire \$97 ;
-  wire [9:0] \$98 ;
-  wire [9:0] \$99 ;
+  wire \$98 ;
+  wire \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4167,224 +4182,230 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$95  = m_eff >= 1'h1;
   assign \$96  = ins[63:48] >= 1'h1;
   assign \$97  = & { \$96 , \$95  };
-  assign \$101  = 1'h0 + \$100 ;
-  assign \$104  = \$103  ? \$101  : { 7'h00, \$102  };
-  assign \$105  = | \$104 [23:14];
-  assign \$108  = 1'h0 + \$107 ;
-  assign \$111  = \$110  ? \$108  : { 7'h00, \$109  };
-  assign \$112  = \$105  ? 14'h3fff : \$111 [13:0];
-  assign \$115  = \$114  ? 5'h10 : 5'h00;
-  assign \$117  = \$116  ? \$112  : { 9'h000, \$115  };
-  assign \$120  = \$119  ? 5'h10 : 5'h00;
-  assign \$121  = | ins[63:62];
-  assign \$122  = \$121  ? 14'h3fff : ins[61:48];
-  assign \$123  = mk + 5'h10;
-  assign \$125  = mk + 5'h10;
-  assign \$126  = \$124  ? 14'h3fff : \$125 [13:0];
-  assign \$128  = | \$127 [16:14];
+  assign \$98  = m_eff >= 1'h1;
+  assign \$99  = ins[63:48] >= 1'h1;
+  assign \$100  = ins[63:48] <= 2'h3;
+  assign \$101  = & { \$100 , \$99 , \$98  };
+  assign \$105  = 1'h0 + \$104 ;
+  assign \$108  = \$107  ? \$105  : { 7'h00, \$106  };
+  assign \$109  = | \$108 [23:14];
+  assign \$112  = 1'h0 + \$111 ;
+  assign \$115  = \$114  ? \$112  : { 7'h00, \$113  };
+  assign \$116  = \$109  ? 14'h3fff : \$115 [13:0];
+  assign \$119  = \$118  ? 5'h10 : 5'h00;
+  assign \$121  = \$120  ? \$116  : { 9'h000, \$119  };
+  assign \$124  = \$123  ? 5'h10 : 5'h00;
+  assign \$125  = | ins[63:62];
+  assign \$126  = \$125  ? 14'h3fff : ins[61:48];
+  assign \$127  = mk + 5'h10;
+  assign \$129  = mk + 5'h10;
   assign \$130  = \$128  ? 14'h3fff : \$129 [13:0];
-  assign \$131  = \context [47:34] + \context [33:18];
   assign \$132  = | \$131 [16:14];
-  assign \$133  = \context [47:34] + \context [33:18];
   assign \$134  = \$132  ? 14'h3fff : \$133 [13:0];
   assign \$135  = \context [47:34] + \context [33:18];
   assign \$136  = | \$135 [16:14];
   assign \$137  = \context [47:34] + \context [33:18];
   assign \$138  = \$136  ? 14'h3fff : \$137 [13:0];
+  assign \$139  = \context [47:34] + \context [33:18];
+  assign \$140  = | \$139 [16:14];
+  assign \$141  = \context [47:34] + \context [33:18];
   assign \$142  = \$140  ? 14'h3fff : \$141 [13:0];
-  assign \$144  = | \$143 [16:14];
   assign \$146  = \$144  ? 14'h3fff : \$145 [13:0];
-  assign \$150  = 1'h0 + \$149 ;
-  assign \$153  = \$152  ? \$150  : { 7'h00, \$151  };
-  assign \$154  = | \$153 [23:14];
-  assign \$157  = 1'h0 + \$156 ;
-  assign \$160  = \$159  ? \$157  : { 7'h00, \$158  };
-  assign \$161  = \$154  ? 14'h3fff : \$160 [13:0];
-  assign \$164  = \$163  ? 5'h10 : 5'h00;
-  assign \$166  = \$165  ? \$161  : { 9'h000, \$164  };
-  assign \$167  = ! ins[5:0];
-  assign \$168  = ins[5:0] == 1'h1;
-  assign \$169  = ins[5:0] == 2'h2;
-  assign \$170  = ins[5:0] == 2'h3;
-  assign \$171  = ins[5:0] == 3'h4;
-  assign \$172  = ins[5:0] == 3'h5;
-  assign \$173  = ins[5:0] == 3'h6;
-  assign \$174  = ins[5:0] == 3'h7;
-  assign \$175  = ins[5:0] == 4'h8;
-  assign \$176  = ins[5:0] == 4'h9;
-  assign \$177  = ins[5:0] == 4'ha;
-  assign \$178  = ins[5:0] == 4'hb;
-  assign \$179  = ins[5:0] == 4'hc;
-  assign \$180  = ins[5:0] == 4'hd;
-  assign \$181  = ins[5:0] == 4'he;
-  assign \$182  = | { \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , 1'h0 };
-  assign \$183  = ~ \$182 ;
-  assign \$185  = | \$184 ;
-  assign \$186  = ins[5:0] == 4'ha;
-  assign \$187  = ins[5:0] == 4'hb;
-  assign \$188  = | { \$187 , \$186 , 1'h0 };
-  assign \$189  = \$185  | \$188 ;
-  assign \$190  = ins[5:0] == 4'h9;
-  assign \$192  = \$189  | \$191 ;
-  assign \$193  = ~ \context [0];
-  assign \$194  = \$192  & \$193 ;
-  assign \$196  = | \$195 ;
-  assign \$197  = ins[5:0] == 4'ha;
-  assign \$198  = ins[5:0] == 4'hb;
-  assign \$199  = | { \$198 , \$197 , 1'h0 };
-  assign \$200  = \$196  | \$199 ;
-  assign \$201  = ~ \context [1];
-  assign \$202  = \$200  & \$201 ;
-  assign \$203  = \$194  | \$202 ;
-  assign \$204  = ins[5:0] == 4'h9;
-  assign \$205  = ins[5:0] == 4'he;
-  assign \$206  = | { \$205 , \$204 , 1'h0 };
-  assign \$207  = ins[255:244] < 7'h40;
-  assign \$208  = ~ \$207 ;
-  assign \$209  = \$206  & \$208 ;
-  assign \$210  = ~ shape_q;
-  assign \$211  = ins[5:0] == 4'h8;
-  assign \$213  = ! ins[87:77];
-  assign \$214  = \context [48] & \$213 ;
-  assign \$215  = \context [61:49] == ins[76:64];
-  assign \$216  = \$214  & \$215 ;
-  assign \$217  = \context [75:62] == ln;
-  assign \$218  = \$216  & \$217 ;
-  assign \$219  = ~ \$218 ;
-  assign \$220  = \$212  & \$219 ;
-  assign \$221  = ~ spad_ok;
-  assign \$222  = ins[5:0] == 1'h1;
-  assign \$223  = ins[5:0] == 2'h2;
-  assign \$224  = ins[5:0] == 2'h3;
-  assign \$225  = | { \$224 , \$223 , \$222 , 1'h0 };
-  assign \$226  = ~ host_ok;
-  assign \$227  = \$225  & \$226 ;
-  assign \$228  = ~ busy;
-  assign \$229  = active & \$228 ;
-  assign \$230  = step != 3'h7;
-  assign \$231  = ! ins[5:0];
-  assign \$232  = settle == 2'h2;
-  assign \$233  = \$231  | \$232 ;
-  assign \$234  = | wa;
-  assign \$235  = | wc;
-  assign \$236  = \$234  & \$235 ;
-  assign \$237  = ins[125:112] + wc;
-  assign \$238  = ins[77:64] < \$237 ;
-  assign \$239  = \$236  & \$238 ;
-  assign \$240  = ins[77:64] + wa;
-  assign \$241  = ins[125:112] < \$240 ;
-  assign \$242  = \$239  & \$241 ;
-  assign \$243  = ins[5:0] == 3'h4;
-  assign \$244  = ins[5:0] == 3'h5;
-  assign \$245  = ins[5:0] == 3'h6;
-  assign \$246  = ins[5:0] == 3'h7;
-  assign \$247  = ins[5:0] == 4'hd;
-  assign \$248  = ins[5:0] == 5'h11;
-  assign \$249  = ins[5:0] == 5'h12;
-  assign \$250  = | { \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , 1'h0 };
-  assign \$251  = ins[77:64] == ins[125:112];
-  assign \$252  = \$250  & \$251 ;
-  assign \$253  = wa == wc;
-  assign \$254  = \$252  & \$253 ;
-  assign \$255  = ~ \$254 ;
-  assign \$256  = \$242  & \$255 ;
-  assign \$257  = | wb;
-  assign \$258  = | wc;
+  assign \$148  = | \$147 [16:14];
+  assign \$150  = \$148  ? 14'h3fff : \$149 [13:0];
+  assign \$154  = 1'h0 + \$153 ;
+  assign \$157  = \$156  ? \$154  : { 7'h00, \$155  };
+  assign \$158  = | \$157 [23:14];
+  assign \$161  = 1'h0 + \$160 ;
+  assign \$164  = \$163  ? \$161  : { 7'h00, \$162  };
+  assign \$165  = \$158  ? 14'h3fff : \$164 [13:0];
+  assign \$168  = \$167  ? 5'h10 : 5'h00;
+  assign \$170  = \$169  ? \$165  : { 9'h000, \$168  };
+  assign \$171  = ! ins[5:0];
+  assign \$172  = ins[5:0] == 1'h1;
+  assign \$173  = ins[5:0] == 2'h2;
+  assign \$174  = ins[5:0] == 2'h3;
+  assign \$175  = ins[5:0] == 3'h4;
+  assign \$176  = ins[5:0] == 3'h5;
+  assign \$177  = ins[5:0] == 3'h6;
+  assign \$178  = ins[5:0] == 3'h7;
+  assign \$179  = ins[5:0] == 4'h8;
+  assign \$180  = ins[5:0] == 4'h9;
+  assign \$181  = ins[5:0] == 4'ha;
+  assign \$182  = ins[5:0] == 4'hb;
+  assign \$183  = ins[5:0] == 4'hc;
+  assign \$184  = ins[5:0] == 4'hd;
+  assign \$185  = ins[5:0] == 4'he;
+  assign \$186  = | { \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , 1'h0 };
+  assign \$187  = ~ \$186 ;
+  assign \$189  = | \$188 ;
+  assign \$190  = ins[5:0] == 4'ha;
+  assign \$191  = ins[5:0] == 4'hb;
+  assign \$192  = | { \$191 , \$190 , 1'h0 };
+  assign \$193  = \$189  | \$192 ;
+  assign \$194  = ins[5:0] == 4'h9;
+  assign \$196  = \$193  | \$195 ;
+  assign \$197  = ~ \context [0];
+  assign \$198  = \$196  & \$197 ;
+  assign \$200  = | \$199 ;
+  assign \$201  = ins[5:0] == 4'ha;
+  assign \$202  = ins[5:0] == 4'hb;
+  assign \$203  = | { \$202 , \$201 , 1'h0 };
+  assign \$204  = \$200  | \$203 ;
+  assign \$205  = ~ \context [1];
+  assign \$206  = \$204  & \$205 ;
+  assign \$207  = \$198  | \$206 ;
+  assign \$208  = ins[5:0] == 4'h9;
+  assign \$209  = ins[5:0] == 4'he;
+  assign \$210  = | { \$209 , \$208 , 1'h0 };
+  assign \$211  = ins[255:244] < 7'h40;
+  assign \$212  = ~ \$211 ;
+  assign \$213  = \$210  & \$212 ;
+  assign \$214  = ~ shape_q;
+  assign \$215  = ins[5:0] == 4'h8;
+  assign \$217  = ! ins[87:77];
+  assign \$218  = \context [48] & \$217 ;
+  assign \$219  = \context [61:49] == ins[76:64];
+  assign \$220  = \$218  & \$219 ;
+  assign \$221  = \context [75:62] == ln;
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = ~ \$222 ;
+  assign \$224  = \$216  & \$223 ;
+  assign \$225  = ~ spad_ok;
+  assign \$226  = ins[5:0] == 1'h1;
+  assign \$227  = ins[5:0] == 2'h2;
+  assign \$228  = ins[5:0] == 2'h3;
+  assign \$229  = | { \$228 , \$227 , \$226 , 1'h0 };
+  assign \$230  = ~ host_ok;
+  assign \$231  = \$229  & \$230 ;
+  assign \$232  = ~ busy;
+  assign \$233  = active & \$232 ;
+  assign \$234  = step != 3'h7;
+  assign \$235  = ! ins[5:0];
+  assign \$236  = settle == 2'h2;
+  assign \$237  = \$235  | \$236 ;
+  assign \$238  = | wa;
+  assign \$239  = | wc;
+  assign \$240  = \$238  & \$239 ;
+  assign \$241  = ins[125:112] + wc;
+  assign \$242  = ins[77:64] < \$241 ;
+  assign \$243  = \$240  & \$242 ;
+  assign \$244  = ins[77:64] + wa;
+  assign \$245  = ins[125:112] < \$244 ;
+  assign \$246  = \$243  & \$245 ;
+  assign \$247  = ins[5:0] == 3'h4;
+  assign \$248  = ins[5:0] == 3'h5;
+  assign \$249  = ins[5:0] == 3'h6;
+  assign \$250  = ins[5:0] == 3'h7;
+  assign \$251  = ins[5:0] == 4'hd;
+  assign \$252  = ins[5:0] == 5'h11;
+  assign \$253  = ins[5:0] == 5'h12;
+  assign \$254  = ins[5:0] == 5'h13;
+  assign \$255  = | { \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , 1'h0 };
+  assign \$256  = ins[77:64] == ins[125:112];
+  assign \$257  = \$255  & \$256 ;
+  assign \$258  = wa == wc;
   assign \$259  = \$257  & \$258 ;
-  assign \$260  = ins[125:112] + wc;
-  assign \$261  = ins[101:88] < \$260 ;
-  assign \$262  = \$259  & \$261 ;
-  assign \$263  = ins[101:88] + wb;
-  assign \$264  = ins[125:112] < \$263 ;
-  assign \$265  = \$262  & \$264 ;
-  assign \$266  = ins[5:0] == 3'h4;
-  assign \$267  = ins[5:0] == 3'h5;
-  assign \$268  = ins[5:0] == 3'h6;
-  assign \$269  = ins[5:0] == 3'h7;
-  assign \$270  = ins[5:0] == 4'hd;
-  assign \$271  = ins[5:0] == 5'h11;
-  assign \$272  = ins[5:0] == 5'h12;
-  assign \$273  = | { \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , 1'h0 };
-  assign \$274  = ins[101:88] == ins[125:112];
-  assign \$275  = \$273  & \$274 ;
-  assign \$276  = wb == wc;
-  assign \$277  = \$275  & \$276 ;
-  assign \$278  = ~ \$277 ;
-  assign \$279  = \$265  & \$278 ;
-  assign \$280  = \$256  | \$279 ;
-  assign \$281  = ! wa;
-  assign \$282  = ! ins[87:78];
-  assign \$283  = ins[77:64] + wa;
-  assign \$284  = \$283  <= 14'h2000;
-  assign \$285  = \$282  & \$284 ;
-  assign \$286  = \$281  | \$285 ;
-  assign \$287  = ! wb;
-  assign \$288  = ! ins[111:102];
-  assign \$289  = ins[101:88] + wb;
+  assign \$260  = ~ \$259 ;
+  assign \$261  = \$246  & \$260 ;
+  assign \$262  = | wb;
+  assign \$263  = | wc;
+  assign \$264  = \$262  & \$263 ;
+  assign \$265  = ins[125:112] + wc;
+  assign \$266  = ins[101:88] < \$265 ;
+  assign \$267  = \$264  & \$266 ;
+  assign \$268  = ins[101:88] + wb;
+  assign \$269  = ins[125:112] < \$268 ;
+  assign \$270  = \$267  & \$269 ;
+  assign \$271  = ins[5:0] == 3'h4;
+  assign \$272  = ins[5:0] == 3'h5;
+  assign \$273  = ins[5:0] == 3'h6;
+  assign \$274  = ins[5:0] == 3'h7;
+  assign \$275  = ins[5:0] == 4'hd;
+  assign \$276  = ins[5:0] == 5'h11;
+  assign \$277  = ins[5:0] == 5'h12;
+  assign \$278  = ins[5:0] == 5'h13;
+  assign \$279  = | { \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , 1'h0 };
+  assign \$280  = ins[101:88] == ins[125:112];
+  assign \$281  = \$279  & \$280 ;
+  assign \$282  = wb == wc;
+  assign \$283  = \$281  & \$282 ;
+  assign \$284  = ~ \$283 ;
+  assign \$285  = \$270  & \$284 ;
+  assign \$286  = \$261  | \$285 ;
+  assign \$287  = ! wa;
+  assign \$288  = ! ins[87:78];
+  assign \$289  = ins[77:64] + wa;
   assign \$290  = \$289  <= 14'h2000;
   assign \$291  = \$288  & \$290 ;
   assign \$292  = \$287  | \$291 ;
-  assign \$293  = \$286  & \$292 ;
-  assign \$294  = ! wc;
-  assign \$295  = ! ins[135:126];
-  assign \$296  = ins[125:112] + wc;
-  assign \$297  = \$296  <= 14'h2000;
-  assign \$298  = \$295  & \$297 ;
-  assign \$299  = \$294  | \$298 ;
-  assign \$300  = \$293  & \$299 ;
-  assign \$301  = ! host[1:0];
-  assign \$302  = host >= \context [107:76];
-  assign \$303  = \$301  & \$302 ;
-  assign \$304  = host + { l4[17:2], 2'h0 };
-  assign \$305  = \context [107:76] + \context [139:108];
-  assign \$306  = \$304  <= \$305 ;
-  assign \$307  = \$303  & \$306 ;
-  assign \$308  = ~ busy;
-  assign \$309  = active & \$308 ;
-  assign \$310  = step != 3'h7;
-  assign \$311  = ! ins[5:0];
-  assign \$312  = settle == 2'h2;
-  assign \$313  = \$311  | \$312 ;
-  assign \$314  = | acc[32:14];
-  assign \$315  = \$314  ? 14'h3fff : acc[13:0];
-  assign \$316  = | acc[32:14];
-  assign \$317  = \$316  ? 14'h3fff : acc[13:0];
-  assign \$318  = | acc[32:14];
-  assign \$319  = \$318  ? 14'h3fff : acc[13:0];
+  assign \$293  = ! wb;
+  assign \$294  = ! ins[111:102];
+  assign \$295  = ins[101:88] + wb;
+  assign \$296  = \$295  <= 14'h2000;
+  assign \$297  = \$294  & \$296 ;
+  assign \$298  = \$293  | \$297 ;
+  assign \$299  = \$292  & \$298 ;
+  assign \$300  = ! wc;
+  assign \$301  = ! ins[135:126];
+  assign \$302  = ins[125:112] + wc;
+  assign \$303  = \$302  <= 14'h2000;
+  assign \$304  = \$301  & \$303 ;
+  assign \$305  = \$300  | \$304 ;
+  assign \$306  = \$299  & \$305 ;
+  assign \$307  = ! host[1:0];
+  assign \$308  = host >= \context [107:76];
+  assign \$309  = \$307  & \$308 ;
+  assign \$310  = host + { l4[17:2], 2'h0 };
+  assign \$311  = \context [107:76] + \context [139:108];
+  assign \$312  = \$310  <= \$311 ;
+  assign \$313  = \$309  & \$312 ;
+  assign \$314  = ~ busy;
+  assign \$315  = active & \$314 ;
+  assign \$316  = step != 3'h7;
+  assign \$317  = ! ins[5:0];
+  assign \$318  = settle == 2'h2;
+  assign \$319  = \$317  | \$318 ;
   assign \$320  = | acc[32:14];
   assign \$321  = \$320  ? 14'h3fff : acc[13:0];
-  assign \$322  = | acc[32:18];
-  assign \$323  = \$322  ? 18'h3ffff : acc[17:0];
-  assign \$324  = step + 1'h1;
-  assign \$325  = settle + 1'h1;
+  assign \$322  = | acc[32:14];
+  assign \$323  = \$322  ? 14'h3fff : acc[13:0];
+  assign \$324  = | acc[32:14];
+  assign \$325  = \$324  ? 14'h3fff : acc[13:0];
+  assign \$326  = | acc[32:14];
+  assign \$327  = \$326  ? 14'h3fff : acc[13:0];
+  assign \$328  = | acc[32:18];
+  assign \$329  = \$328  ? 18'h3ffff : acc[17:0];
+  assign \$330  = step + 1'h1;
+  assign \$331  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$326 ;
+    shape_q <= \$332 ;
   always @(posedge clk)
-    overlap_q <= \$327 ;
+    overlap_q <= \$333 ;
   always @(posedge clk)
-    spad_ok <= \$328 ;
+    spad_ok <= \$334 ;
   always @(posedge clk)
-    host_ok <= \$329 ;
+    host_ok <= \$335 ;
   always @(posedge clk)
-    error <= \$330 ;
+    error <= \$336 ;
   always @(posedge clk)
-    active <= \$331 ;
+    active <= \$337 ;
   always @(posedge clk)
-    step <= \$332 ;
+    step <= \$338 ;
   always @(posedge clk)
-    settle <= \$333 ;
+    settle <= \$339 ;
   always @(posedge clk)
-    ln <= \$334 ;
+    ln <= \$340 ;
   always @(posedge clk)
-    mk <= \$335 ;
+    mk <= \$341 ;
   always @(posedge clk)
-    p2 <= \$336 ;
+    p2 <= \$342 ;
   always @(posedge clk)
-    p3 <= \$337 ;
+    p3 <= \$343 ;
   always @(posedge clk)
-    l4 <= \$338 ;
+    l4 <= \$344 ;
   always @(posedge clk)
-    host <= \$339 ;
+    host <= \$345 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4402,7 +4423,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
                 st_y = m_eff;
           endcase
       3'h1:
@@ -4445,7 +4466,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
@@ -4488,7 +4509,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
                 st_acc = 33'h000000000;
           endcase
       3'h1:
@@ -4567,6 +4588,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           shape_ok = \$94 ;
       6'h12:
           shape_ok = \$97 ;
+      6'h13:
+          shape_ok = \$101 ;
     endcase
   end
   always @* begin
@@ -4581,12 +4604,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wc = ln;
       6'h04:
           wc = ln;
-      6'h05, 6'h0d, 6'h11, 6'h12:
+      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
           wc = ln;
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$126 ;
+          wc = \$130 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4596,7 +4619,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0c:
           wc = ln;
       6'h0f:
-          wc = \$142 ;
+          wc = \$146 ;
       6'h10:
           wc = ln;
     endcase
@@ -4613,14 +4636,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wa = mk;
       6'h04:
           wa = ln;
-      6'h05, 6'h0d, 6'h11, 6'h12:
+      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
           wa = ln;
       6'h06, 6'h07:
           wa = ln;
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$130 ;
+          wa = \$134 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4630,7 +4653,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0f:
           wa = ln;
       6'h10:
-          wa = \$146 ;
+          wa = \$150 ;
     endcase
   end
   always @* begin
@@ -4642,47 +4665,47 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$117 ;
+          wb = \$121 ;
       6'h04:
-          wb = { 9'h000, \$120  };
-      6'h05, 6'h0d, 6'h11, 6'h12:
+          wb = { 9'h000, \$124  };
+      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$122 ;
+          wb = \$126 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$134 ;
-      6'h0b:
           wb = \$138 ;
+      6'h0b:
+          wb = \$142 ;
       6'h0c:
           wb = mk;
       6'h0f:
           /* empty */;
       6'h10:
-          wb = \$166 ;
+          wb = \$170 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$183 ) begin
+    if (\$187 ) begin
       decode_err = 8'h01;
-    end else if (\$203 ) begin
+    end else if (\$207 ) begin
       decode_err = 8'h08;
-    end else if (\$209 ) begin
+    end else if (\$213 ) begin
       decode_err = 8'h06;
-    end else if (\$210 ) begin
+    end else if (\$214 ) begin
       decode_err = 8'h03;
-    end else if (\$220 ) begin
+    end else if (\$224 ) begin
       decode_err = 8'h04;
-    end else if (\$221 ) begin
+    end else if (\$225 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$227 ) begin
+    end else if (\$231 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4690,8 +4713,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$233 ) begin
+      if (\$234 ) begin
         load = 1'h1;
       end
     end
@@ -4700,8 +4723,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$233 ) begin
+      if (\$234 ) begin
         y = st_y;
       end
     end
@@ -4710,8 +4733,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$233 ) begin
+      if (\$234 ) begin
         x = st_x;
       end
     end
@@ -4720,8 +4743,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
+    end else if (\$233 ) begin
+      if (\$234 ) begin
         acc_in = st_acc;
       end
     end
@@ -4730,187 +4753,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$229 ) begin
-      if (\$230 ) begin
-      end else if (\$233 ) begin
+    end else if (\$233 ) begin
+      if (\$234 ) begin
+      end else if (\$237 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$326  = shape_ok;
+    \$332  = shape_ok;
     if (unit_rst) begin
-      \$326  = 1'h0;
+      \$332  = 1'h0;
     end
     if (rst) begin
-      \$326  = 1'h0;
+      \$332  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$327  = \$280 ;
+    \$333  = \$286 ;
     if (unit_rst) begin
-      \$327  = 1'h0;
+      \$333  = 1'h0;
     end
     if (rst) begin
-      \$327  = 1'h0;
+      \$333  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$328  = \$300 ;
+    \$334  = \$306 ;
     if (unit_rst) begin
-      \$328  = 1'h0;
+      \$334  = 1'h0;
     end
     if (rst) begin
-      \$328  = 1'h0;
+      \$334  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$329  = \$307 ;
+    \$335  = \$313 ;
     if (unit_rst) begin
-      \$329  = 1'h0;
+      \$335  = 1'h0;
     end
     if (rst) begin
-      \$329  = 1'h0;
+      \$335  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$330  = decode_err;
+    \$336  = decode_err;
     if (unit_rst) begin
-      \$330  = 8'h00;
+      \$336  = 8'h00;
     end
     if (rst) begin
-      \$330  = 8'h00;
+      \$336  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$331  = active;
+    \$337  = active;
     if (start) begin
-      \$331  = 1'h1;
-    end else if (\$309 ) begin
-      if (\$310 ) begin
-      end else if (\$313 ) begin
-        \$331  = 1'h0;
+      \$337  = 1'h1;
+    end else if (\$315 ) begin
+      if (\$316 ) begin
+      end else if (\$319 ) begin
+        \$337  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$331  = 1'h0;
+      \$337  = 1'h0;
     end
     if (rst) begin
-      \$331  = 1'h0;
+      \$337  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$332  = step;
+    \$338  = step;
     if (start) begin
-      \$332  = 3'h0;
-    end else if (\$309 ) begin
-      if (\$310 ) begin
-        \$332  = \$324 [2:0];
+      \$338  = 3'h0;
+    end else if (\$315 ) begin
+      if (\$316 ) begin
+        \$338  = \$330 [2:0];
       end
     end
     if (unit_rst) begin
-      \$332  = 3'h0;
+      \$338  = 3'h0;
     end
     if (rst) begin
-      \$332  = 3'h0;
+      \$338  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$333  = settle;
+    \$339  = settle;
     if (start) begin
-      \$333  = 2'h0;
-    end else if (\$309 ) begin
+      \$339  = 2'h0;
+    end else if (\$315 ) begin
       (* full_case = 32'd1 *)
-      if (\$310 ) begin
-      end else if (\$313 ) begin
+      if (\$316 ) begin
+      end else if (\$319 ) begin
       end else begin
-        \$333  = \$325 [1:0];
+        \$339  = \$331 [1:0];
       end
     end
     if (unit_rst) begin
-      \$333  = 2'h0;
+      \$339  = 2'h0;
     end
     if (rst) begin
-      \$333  = 2'h0;
+      \$339  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$334  = ln;
+    \$340  = ln;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
-              \$334  = \$315 ;
+              \$340  = \$321 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$334  = 14'h0000;
+      \$340  = 14'h0000;
     end
     if (rst) begin
-      \$334  = 14'h0000;
+      \$340  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$335  = mk;
+    \$341  = mk;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$335  = \$317 ;
+              \$341  = \$323 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$335  = 14'h0000;
+      \$341  = 14'h0000;
     end
     if (rst) begin
-      \$335  = 14'h0000;
+      \$341  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$336  = p2;
+    \$342  = p2;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$336  = \$319 ;
+              \$342  = \$325 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$336  = 14'h0000;
+      \$342  = 14'h0000;
     end
     if (rst) begin
-      \$336  = 14'h0000;
+      \$342  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$337  = p3;
+    \$343  = p3;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4919,23 +4942,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$337  = \$321 ;
+              \$343  = \$327 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$337  = 14'h0000;
+      \$343  = 14'h0000;
     end
     if (rst) begin
-      \$337  = 14'h0000;
+      \$343  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$338  = l4;
+    \$344  = l4;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4946,23 +4969,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$338  = \$323 ;
+              \$344  = \$329 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$338  = 18'h00000;
+      \$344  = 18'h00000;
     end
     if (rst) begin
-      \$338  = 18'h00000;
+      \$344  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$339  = host;
+    \$345  = host;
     if (start) begin
-    end else if (\$309 ) begin
-      if (\$310 ) begin
+    end else if (\$315 ) begin
+      if (\$316 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4975,15 +4998,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$339  = acc;
+              \$345  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$339  = 33'h000000000;
+      \$345  = 33'h000000000;
     end
     if (rst) begin
-      \$339  = 33'h000000000;
+      \$345  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -5058,55 +5081,55 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
   assign \$90  = \$89 ;
-  assign { \$98 [9:4], \$98 [2:0] } = 9'h000;
-  assign \$98 [3] = ins[9];
-  assign { \$99 [9:3], \$99 [1:0] } = 9'h000;
-  assign \$99 [2] = ins[8];
-  assign \$100  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$102  = { ins[63:48], 1'h0 };
-  assign \$103  = ins[8];
-  assign { \$106 [9:3], \$106 [1:0] } = 9'h000;
-  assign \$106 [2] = ins[8];
-  assign \$107  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$109  = { ins[63:48], 1'h0 };
-  assign \$110  = ins[8];
-  assign { \$113 [9:3], \$113 [1:0] } = 9'h000;
-  assign \$113 [2] = ins[8];
+  assign { \$102 [9:4], \$102 [2:0] } = 9'h000;
+  assign \$102 [3] = ins[9];
+  assign { \$103 [9:3], \$103 [1:0] } = 9'h000;
+  assign \$103 [2] = ins[8];
+  assign \$104  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$106  = { ins[63:48], 1'h0 };
+  assign \$107  = ins[8];
+  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
+  assign \$110 [2] = ins[8];
+  assign \$111  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$113  = { ins[63:48], 1'h0 };
   assign \$114  = ins[8];
-  assign \$116  = ins[9];
-  assign { \$118 [9:3], \$118 [1:0] } = 9'h000;
-  assign \$118 [2] = ins[8];
-  assign \$119  = ins[8];
-  assign \$124  = \$123 [14];
-  assign \$127  = { ins[63:48], 1'h0 };
-  assign \$129  = { ins[63:48], 1'h0 };
-  assign \$139  = { ln, 1'h0 };
-  assign \$140  = \$139 [14];
-  assign \$141  = { ln, 1'h0 };
-  assign \$143  = { 1'h0, ln, 2'h0 };
-  assign \$145  = { 1'h0, ln, 2'h0 };
-  assign { \$147 [9:4], \$147 [2:0] } = 9'h000;
-  assign \$147 [3] = ins[9];
-  assign { \$148 [9:3], \$148 [1:0] } = 9'h000;
-  assign \$148 [2] = ins[8];
-  assign \$149  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$151  = { ins[63:48], 1'h0 };
-  assign \$152  = ins[8];
-  assign { \$155 [9:3], \$155 [1:0] } = 9'h000;
-  assign \$155 [2] = ins[8];
-  assign \$156  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$158  = { ins[63:48], 1'h0 };
-  assign \$159  = ins[8];
-  assign { \$162 [9:3], \$162 [1:0] } = 9'h000;
-  assign \$162 [2] = ins[8];
+  assign { \$117 [9:3], \$117 [1:0] } = 9'h000;
+  assign \$117 [2] = ins[8];
+  assign \$118  = ins[8];
+  assign \$120  = ins[9];
+  assign { \$122 [9:3], \$122 [1:0] } = 9'h000;
+  assign \$122 [2] = ins[8];
+  assign \$123  = ins[8];
+  assign \$128  = \$127 [14];
+  assign \$131  = { ins[63:48], 1'h0 };
+  assign \$133  = { ins[63:48], 1'h0 };
+  assign \$143  = { ln, 1'h0 };
+  assign \$144  = \$143 [14];
+  assign \$145  = { ln, 1'h0 };
+  assign \$147  = { 1'h0, ln, 2'h0 };
+  assign \$149  = { 1'h0, ln, 2'h0 };
+  assign { \$151 [9:4], \$151 [2:0] } = 9'h000;
+  assign \$151 [3] = ins[9];
+  assign { \$152 [9:3], \$152 [1:0] } = 9'h000;
+  assign \$152 [2] = ins[8];
+  assign \$153  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$155  = { ins[63:48], 1'h0 };
+  assign \$156  = ins[8];
+  assign { \$159 [9:3], \$159 [1:0] } = 9'h000;
+  assign \$159 [2] = ins[8];
+  assign \$160  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$162  = { ins[63:48], 1'h0 };
   assign \$163  = ins[8];
-  assign \$165  = ins[9];
-  assign \$184 [9:3] = 7'h00;
-  assign \$184 [2:0] = ins[8:6];
-  assign \$191  = \$190 ;
-  assign \$195 [9:3] = 7'h00;
-  assign \$195 [2:0] = ins[8:6];
-  assign \$212  = \$211 ;
+  assign { \$166 [9:3], \$166 [1:0] } = 9'h000;
+  assign \$166 [2] = ins[8];
+  assign \$167  = ins[8];
+  assign \$169  = ins[9];
+  assign \$188 [9:3] = 7'h00;
+  assign \$188 [2:0] = ins[8:6];
+  assign \$195  = \$194 ;
+  assign \$199 [9:3] = 7'h00;
+  assign \$199 [2:0] = ins[8:6];
+  assign \$216  = \$215 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -5207,8 +5230,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$401$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$419$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6449$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$406$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$424$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6464$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5347,12 +5370,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$401$0 ;
-  wire [5:0] \port$401$0 ;
-  output [5:0] \port$419$0 ;
-  wire [5:0] \port$419$0 ;
-  input [15:0] \port$6449$254 ;
-  wire [15:0] \port$6449$254 ;
+  output [5:0] \port$406$0 ;
+  wire [5:0] \port$406$0 ;
+  output [5:0] \port$424$0 ;
+  wire [5:0] \port$424$0 ;
+  input [15:0] \port$6464$254 ;
+  wire [15:0] \port$6464$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5517,7 +5540,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6449$254  };
+      \$74  = { 8'h00, \port$6464$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5553,7 +5576,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6449$254  };
+      \$77  = { 8'h00, \port$6464$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5598,11 +5621,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6449$254  };
+  assign rd_beats = { 8'h00, \port$6464$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6449$254  };
-  assign \port$401$0  = \$9 ;
-  assign \port$419$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$6464$254  };
+  assign \port$406$0  = \$9 ;
+  assign \port$424$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -5632,7 +5655,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1007 ;
   wire \$1008 ;
   wire \$1009 ;
-  wire [14:0] \$101 ;
+  wire \$101 ;
   wire \$1010 ;
   wire \$1011 ;
   wire \$1012 ;
@@ -5643,7 +5666,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1017 ;
   wire \$1018 ;
   wire \$1019 ;
-  wire [14:0] \$102 ;
+  wire \$102 ;
   wire \$1020 ;
   wire \$1021 ;
   wire \$1022 ;
@@ -5654,18 +5677,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1027 ;
   wire \$1028 ;
   wire \$1029 ;
-  wire \$103 ;
+  wire [14:0] \$103 ;
   wire \$1030 ;
   wire \$1031 ;
   wire \$1032 ;
   wire \$1033 ;
   wire \$1034 ;
-  wire [23:0] \$1035 ;
+  wire \$1035 ;
   wire \$1036 ;
-  wire \$1037 ;
+  wire [23:0] \$1037 ;
   wire \$1038 ;
   wire \$1039 ;
-  wire \$104 ;
+  wire [14:0] \$104 ;
   wire \$1040 ;
   wire \$1041 ;
   wire \$1042 ;
@@ -5676,7 +5699,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1047 ;
   wire \$1048 ;
   wire \$1049 ;
-  wire [1:0] \$105 ;
+  wire \$105 ;
   wire \$1050 ;
   wire \$1051 ;
   wire \$1052 ;
@@ -5687,18 +5710,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1057 ;
   wire \$1058 ;
   wire \$1059 ;
-  wire [1:0] \$106 ;
-  wire [23:0] \$1060 ;
-  wire [23:0] \$1061 ;
+  wire \$106 ;
+  wire \$1060 ;
+  wire \$1061 ;
   wire [23:0] \$1062 ;
-  wire \$1063 ;
-  wire \$1064 ;
+  wire [23:0] \$1063 ;
+  wire [23:0] \$1064 ;
   wire \$1065 ;
   wire \$1066 ;
   wire \$1067 ;
   wire \$1068 ;
   wire \$1069 ;
-  wire \$107 ;
+  wire [1:0] \$107 ;
   wire \$1070 ;
   wire \$1071 ;
   wire \$1072 ;
@@ -5709,7 +5732,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1077 ;
   wire \$1078 ;
   wire \$1079 ;
-  wire \$108 ;
+  wire [1:0] \$108 ;
   wire \$1080 ;
   wire \$1081 ;
   wire \$1082 ;
@@ -5732,7 +5755,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1098 ;
   wire \$1099 ;
   wire \$11 ;
-  wire [9:0] \$110 ;
+  wire \$110 ;
   wire \$1100 ;
   wire \$1101 ;
   wire \$1102 ;
@@ -5754,7 +5777,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1117 ;
   wire \$1118 ;
   wire \$1119 ;
-  wire \$112 ;
+  wire [9:0] \$112 ;
   wire \$1120 ;
   wire \$1121 ;
   wire \$1122 ;
@@ -5765,13 +5788,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1127 ;
   wire \$1128 ;
   wire \$1129 ;
-  wire [14:0] \$113 ;
+  wire \$113 ;
   wire \$1130 ;
   wire \$1131 ;
   wire \$1132 ;
-  wire [23:0] \$1133 ;
+  wire \$1133 ;
   wire \$1134 ;
-  wire \$1135 ;
+  wire [23:0] \$1135 ;
   wire \$1136 ;
   wire \$1137 ;
   wire \$1138 ;
@@ -5787,7 +5810,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1147 ;
   wire \$1148 ;
   wire \$1149 ;
-  wire \$115 ;
+  wire [14:0] \$115 ;
   wire \$1150 ;
   wire \$1151 ;
   wire \$1152 ;
@@ -5796,12 +5819,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1155 ;
   wire \$1156 ;
   wire \$1157 ;
-  wire [23:0] \$1158 ;
-  wire [23:0] \$1159 ;
+  wire \$1158 ;
+  wire \$1159 ;
   wire \$116 ;
   wire [23:0] \$1160 ;
-  wire \$1161 ;
-  wire \$1162 ;
+  wire [23:0] \$1161 ;
+  wire [23:0] \$1162 ;
   wire \$1163 ;
   wire \$1164 ;
   wire \$1165 ;
@@ -5876,18 +5899,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1227 ;
   wire \$1228 ;
   wire \$1229 ;
-  wire [2:0] \$123 ;
+  wire \$123 ;
   wire \$1230 ;
-  wire [23:0] \$1231 ;
+  wire \$1231 ;
   wire \$1232 ;
-  wire \$1233 ;
+  wire [23:0] \$1233 ;
   wire \$1234 ;
   wire \$1235 ;
   wire \$1236 ;
   wire \$1237 ;
   wire \$1238 ;
   wire \$1239 ;
-  wire [3:0] \$124 ;
+  wire \$124 ;
   wire \$1240 ;
   wire \$1241 ;
   wire \$1242 ;
@@ -5898,19 +5921,19 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1247 ;
   wire \$1248 ;
   wire \$1249 ;
-  wire \$125 ;
+  wire [2:0] \$125 ;
   wire \$1250 ;
   wire \$1251 ;
   wire \$1252 ;
   wire \$1253 ;
   wire \$1254 ;
   wire \$1255 ;
-  wire [23:0] \$1256 ;
-  wire [23:0] \$1257 ;
+  wire \$1256 ;
+  wire \$1257 ;
   wire [23:0] \$1258 ;
-  wire \$1259 ;
-  wire \$126 ;
-  wire \$1260 ;
+  wire [23:0] \$1259 ;
+  wire [3:0] \$126 ;
+  wire [23:0] \$1260 ;
   wire \$1261 ;
   wire \$1262 ;
   wire \$1263 ;
@@ -5942,7 +5965,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1287 ;
   wire \$1288 ;
   wire \$1289 ;
-  wire [2:0] \$129 ;
+  wire \$129 ;
   wire \$1290 ;
   wire \$1291 ;
   wire \$1292 ;
@@ -5954,7 +5977,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1298 ;
   wire \$1299 ;
   wire \$13 ;
-  wire [3:0] \$130 ;
+  wire \$130 ;
   wire \$1300 ;
   wire \$1301 ;
   wire \$1302 ;
@@ -5965,7 +5988,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1307 ;
   wire \$1308 ;
   wire \$1309 ;
-  wire \$131 ;
+  wire [2:0] \$131 ;
   wire \$1310 ;
   wire \$1311 ;
   wire \$1312 ;
@@ -5976,7 +5999,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1317 ;
   wire \$1318 ;
   wire \$1319 ;
-  wire \$132 ;
+  wire [3:0] \$132 ;
   wire \$1320 ;
   wire \$1321 ;
   wire \$1322 ;
@@ -5986,10 +6009,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1326 ;
   wire \$1327 ;
   wire \$1328 ;
-  wire [23:0] \$1329 ;
-  wire [3:0] \$133 ;
+  wire \$1329 ;
+  wire \$133 ;
   wire \$1330 ;
-  wire \$1331 ;
+  wire [23:0] \$1331 ;
   wire \$1332 ;
   wire \$1333 ;
   wire \$1334 ;
@@ -6014,14 +6037,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1351 ;
   wire \$1352 ;
   wire \$1353 ;
-  wire [23:0] \$1354 ;
-  wire [23:0] \$1355 ;
+  wire \$1354 ;
+  wire \$1355 ;
   wire [23:0] \$1356 ;
-  reg [23:0] \$1357 ;
-  wire [2:0] \$1358 ;
-  wire \$1359 ;
-  wire [14:0] \$136 ;
-  wire \$1360 ;
+  wire [23:0] \$1357 ;
+  wire [23:0] \$1358 ;
+  reg [23:0] \$1359 ;
+  wire \$136 ;
+  wire [2:0] \$1360 ;
   wire \$1361 ;
   wire \$1362 ;
   wire \$1363 ;
@@ -6031,7 +6054,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1367 ;
   wire \$1368 ;
   wire \$1369 ;
-  wire \$137 ;
+  wire [3:0] \$137 ;
   wire \$1370 ;
   wire \$1371 ;
   wire \$1372 ;
@@ -6042,7 +6065,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1377 ;
   wire \$1378 ;
   wire \$1379 ;
-  wire \$138 ;
+  wire [14:0] \$138 ;
   wire \$1380 ;
   wire \$1381 ;
   wire \$1382 ;
@@ -6053,7 +6076,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1387 ;
   wire \$1388 ;
   wire \$1389 ;
-  wire [3:0] \$139 ;
+  wire \$139 ;
   wire \$1390 ;
   wire \$1391 ;
   wire \$1392 ;
@@ -6065,7 +6088,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1398 ;
   wire \$1399 ;
   wire [2:0] \$14 ;
-  wire [14:0] \$140 ;
+  wire \$140 ;
   wire \$1400 ;
   wire \$1401 ;
   wire \$1402 ;
@@ -6076,7 +6099,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1407 ;
   wire \$1408 ;
   wire \$1409 ;
-  wire \$141 ;
+  wire [3:0] \$141 ;
   wire \$1410 ;
   wire \$1411 ;
   wire \$1412 ;
@@ -6097,10 +6120,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1426 ;
   wire \$1427 ;
   wire \$1428 ;
-  wire [23:0] \$1429 ;
-  wire [14:0] \$143 ;
+  wire \$1429 ;
+  wire \$143 ;
   wire \$1430 ;
-  wire \$1431 ;
+  wire [23:0] \$1431 ;
   wire \$1432 ;
   wire \$1433 ;
   wire \$1434 ;
@@ -6120,18 +6143,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1447 ;
   wire \$1448 ;
   wire \$1449 ;
-  wire \$145 ;
+  wire [14:0] \$145 ;
   wire \$1450 ;
   wire \$1451 ;
   wire \$1452 ;
   wire \$1453 ;
-  wire [23:0] \$1454 ;
-  wire [23:0] \$1455 ;
+  wire \$1454 ;
+  wire \$1455 ;
   wire [23:0] \$1456 ;
-  wire \$1457 ;
-  wire \$1458 ;
+  wire [23:0] \$1457 ;
+  wire [23:0] \$1458 ;
   wire \$1459 ;
-  wire [16:0] \$146 ;
+  wire [14:0] \$146 ;
   wire \$1460 ;
   wire \$1461 ;
   wire \$1462 ;
@@ -6153,7 +6176,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1477 ;
   wire \$1478 ;
   wire \$1479 ;
-  wire \$148 ;
+  wire [16:0] \$148 ;
   wire \$1480 ;
   wire \$1481 ;
   wire \$1482 ;
@@ -6206,9 +6229,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1524 ;
   wire \$1525 ;
   wire \$1526 ;
-  wire [23:0] \$1527 ;
+  wire \$1527 ;
   wire \$1528 ;
-  wire \$1529 ;
+  wire [23:0] \$1529 ;
   wire \$153 ;
   wire \$1530 ;
   wire \$1531 ;
@@ -6234,11 +6257,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$155 ;
   wire \$1550 ;
   wire \$1551 ;
-  wire [23:0] \$1552 ;
-  wire [23:0] \$1553 ;
+  wire \$1552 ;
+  wire \$1553 ;
   wire [23:0] \$1554 ;
-  wire \$1555 ;
-  wire \$1556 ;
+  wire [23:0] \$1555 ;
+  wire [23:0] \$1556 ;
   wire \$1557 ;
   wire \$1558 ;
   wire \$1559 ;
@@ -6253,7 +6276,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1567 ;
   wire \$1568 ;
   wire \$1569 ;
-  wire [3:0] \$157 ;
+  wire \$157 ;
   wire \$1570 ;
   wire \$1571 ;
   wire \$1572 ;
@@ -6287,7 +6310,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1598 ;
   wire \$1599 ;
   wire \$16 ;
-  wire [14:0] \$160 ;
+  wire \$160 ;
   wire \$1600 ;
   wire \$1601 ;
   wire \$1602 ;
@@ -6298,7 +6321,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1607 ;
   wire \$1608 ;
   wire \$1609 ;
-  wire \$161 ;
+  wire [3:0] \$161 ;
   wire \$1610 ;
   wire \$1611 ;
   wire \$1612 ;
@@ -6309,18 +6332,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1617 ;
   wire \$1618 ;
   wire \$1619 ;
-  wire \$162 ;
+  wire [14:0] \$162 ;
   wire \$1620 ;
   wire \$1621 ;
   wire \$1622 ;
   wire \$1623 ;
   wire \$1624 ;
-  wire [23:0] \$1625 ;
+  wire \$1625 ;
   wire \$1626 ;
-  wire \$1627 ;
+  wire [23:0] \$1627 ;
   wire \$1628 ;
   wire \$1629 ;
-  wire [3:0] \$163 ;
+  wire \$163 ;
   wire \$1630 ;
   wire \$1631 ;
   wire \$1632 ;
@@ -6331,7 +6354,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1637 ;
   wire \$1638 ;
   wire \$1639 ;
-  wire [14:0] \$164 ;
+  wire \$164 ;
   wire \$1640 ;
   wire \$1641 ;
   wire \$1642 ;
@@ -6342,12 +6365,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1647 ;
   wire \$1648 ;
   wire \$1649 ;
-  wire \$165 ;
-  wire [23:0] \$1650 ;
-  wire [23:0] \$1651 ;
+  wire [3:0] \$165 ;
+  wire \$1650 ;
+  wire \$1651 ;
   wire [23:0] \$1652 ;
-  wire \$1653 ;
-  wire \$1654 ;
+  wire [23:0] \$1653 ;
+  wire [23:0] \$1654 ;
   wire \$1655 ;
   wire \$1656 ;
   wire \$1657 ;
@@ -6364,7 +6387,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1667 ;
   wire \$1668 ;
   wire \$1669 ;
-  wire [14:0] \$167 ;
+  wire \$167 ;
   wire \$1670 ;
   wire \$1671 ;
   wire \$1672 ;
@@ -6386,7 +6409,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1687 ;
   wire \$1688 ;
   wire \$1689 ;
-  wire [3:0] \$169 ;
+  wire [14:0] \$169 ;
   wire \$1690 ;
   wire \$1691 ;
   wire \$1692 ;
@@ -6398,7 +6421,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1698 ;
   wire \$1699 ;
   wire \$17 ;
-  wire \$170 ;
+  wire [14:0] \$170 ;
   wire \$1700 ;
   wire \$1701 ;
   wire \$1702 ;
@@ -6409,7 +6432,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1707 ;
   wire \$1708 ;
   wire \$1709 ;
-  wire [14:0] \$171 ;
+  wire [3:0] \$171 ;
   wire \$1710 ;
   wire \$1711 ;
   wire \$1712 ;
@@ -6424,14 +6447,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1720 ;
   wire \$1721 ;
   wire \$1722 ;
-  wire [23:0] \$1723 ;
+  wire \$1723 ;
   wire \$1724 ;
-  wire \$1725 ;
+  wire [23:0] \$1725 ;
   wire \$1726 ;
   wire \$1727 ;
   wire \$1728 ;
   wire \$1729 ;
-  wire \$173 ;
+  wire [14:0] \$173 ;
   wire \$1730 ;
   wire \$1731 ;
   wire \$1732 ;
@@ -6451,76 +6474,79 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1745 ;
   wire \$1746 ;
   wire \$1747 ;
-  wire [23:0] \$1748 ;
-  wire [23:0] \$1749 ;
+  wire \$1748 ;
+  wire \$1749 ;
   wire \$175 ;
   wire [23:0] \$1750 ;
-  reg [23:0] \$1751 ;
-  wire \$1752 ;
-  wire \$1753 ;
+  wire [23:0] \$1751 ;
+  wire [23:0] \$1752 ;
+  reg [23:0] \$1753 ;
   wire \$1754 ;
-  wire [16:0] \$1755 ;
-  wire [17:0] \$1756 ;
+  wire \$1755 ;
+  wire \$1756 ;
   wire [16:0] \$1757 ;
   wire [17:0] \$1758 ;
-  wire [18:0] \$1759 ;
-  wire [14:0] \$176 ;
-  wire [14:0] \$1760 ;
-  wire \$1761 ;
-  wire \$1762 ;
+  wire [16:0] \$1759 ;
+  wire \$176 ;
+  wire [17:0] \$1760 ;
+  wire [18:0] \$1761 ;
+  wire [14:0] \$1762 ;
   wire \$1763 ;
   wire \$1764 ;
   wire \$1765 ;
-  reg [64:0] \$1766 ;
-  reg \$1767 ;
-  reg \$1768 ;
+  wire \$1766 ;
+  wire \$1767 ;
+  reg [64:0] \$1768 ;
   reg \$1769 ;
   wire \$177 ;
-  reg [13:0] \$1770 ;
-  reg [12:0] \$1771 ;
-  reg [12:0] \$1772 ;
-  reg [13:0] \$1773 ;
+  reg \$1770 ;
+  reg \$1771 ;
+  reg [13:0] \$1772 ;
+  reg [12:0] \$1773 ;
   reg [12:0] \$1774 ;
-  reg [12:0] \$1775 ;
-  reg [13:0] \$1776 ;
+  reg [13:0] \$1775 ;
+  reg [12:0] \$1776 ;
   reg [12:0] \$1777 ;
-  reg [12:0] \$1778 ;
-  reg \$1779 ;
-  wire \$178 ;
-  reg [13:0] \$1780 ;
+  reg [13:0] \$1778 ;
+  reg [12:0] \$1779 ;
+  wire [14:0] \$178 ;
+  reg [12:0] \$1780 ;
   reg \$1781 ;
-  reg [1:0] \$1782 ;
-  reg [2:0] \$1783 ;
+  reg [13:0] \$1782 ;
+  reg \$1783 ;
   reg [1:0] \$1784 ;
-  reg \$1785 ;
-  reg [95:0] \$1786 ;
-  reg [13:0] \$1787 ;
-  reg [1:0] \$1788 ;
-  reg \$1789 ;
+  reg [2:0] \$1785 ;
+  reg [1:0] \$1786 ;
+  reg \$1787 ;
+  reg [95:0] \$1788 ;
+  reg [13:0] \$1789 ;
   wire \$179 ;
-  reg [95:0] \$1790 ;
+  reg [1:0] \$1790 ;
   reg \$1791 ;
-  reg \$1792 ;
+  reg [95:0] \$1792 ;
   reg \$1793 ;
   reg \$1794 ;
   reg \$1795 ;
-  reg [14:0] \$1796 ;
-  reg [1:0] \$1797 ;
-  reg [5:0] \$1798 ;
-  reg [15:0] \$1799 ;
+  reg \$1796 ;
+  reg \$1797 ;
+  reg \$1798 ;
+  reg [14:0] \$1799 ;
   wire \$18 ;
   wire \$180 ;
-  reg [5:0] \$1800 ;
-  reg [13:0] \$1801 ;
-  reg [13:0] \$1802 ;
-  reg [12:0] \$1803 ;
-  reg \$1804 ;
-  reg [12:0] \$1805 ;
-  reg \$1806 ;
+  reg [1:0] \$1800 ;
+  reg [5:0] \$1801 ;
+  reg [15:0] \$1802 ;
+  reg [5:0] \$1803 ;
+  reg [13:0] \$1804 ;
+  reg [13:0] \$1805 ;
+  reg [12:0] \$1806 ;
   reg \$1807 ;
   reg [12:0] \$1808 ;
-  reg [1:0] \$1809 ;
+  reg \$1809 ;
   wire \$181 ;
+  reg \$1810 ;
+  reg [12:0] \$1811 ;
+  reg [1:0] \$1812 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
@@ -6593,9 +6619,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$244 ;
   wire \$245 ;
   wire \$246 ;
-  wire [23:0] \$247 ;
+  wire \$247 ;
   wire \$248 ;
-  wire \$249 ;
+  wire [23:0] \$249 ;
   wire [13:0] \$25 ;
   wire \$250 ;
   wire \$251 ;
@@ -6621,11 +6647,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [13:0] \$27 ;
   wire \$270 ;
   wire \$271 ;
-  wire [23:0] \$272 ;
-  wire [23:0] \$273 ;
+  wire \$272 ;
+  wire \$273 ;
   wire [23:0] \$274 ;
-  wire \$275 ;
-  wire \$276 ;
+  wire [23:0] \$275 ;
+  wire [23:0] \$276 ;
   wire \$277 ;
   wire \$278 ;
   wire \$279 ;
@@ -6702,9 +6728,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$342 ;
   wire \$343 ;
   wire \$344 ;
-  wire [23:0] \$345 ;
+  wire \$345 ;
   wire \$346 ;
-  wire \$347 ;
+  wire [23:0] \$347 ;
   wire \$348 ;
   wire \$349 ;
   wire \$35 ;
@@ -6730,11 +6756,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$368 ;
   wire \$369 ;
   wire \$37 ;
-  wire [23:0] \$370 ;
-  wire [23:0] \$371 ;
+  wire \$370 ;
+  wire \$371 ;
   wire [23:0] \$372 ;
-  wire \$373 ;
-  wire \$374 ;
+  wire [23:0] \$373 ;
+  wire [23:0] \$374 ;
   wire \$375 ;
   wire \$376 ;
   wire \$377 ;
@@ -6811,9 +6837,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$440 ;
   wire \$441 ;
   wire \$442 ;
-  wire [23:0] \$443 ;
+  wire \$443 ;
   wire \$444 ;
-  wire \$445 ;
+  wire [23:0] \$445 ;
   wire \$446 ;
   wire \$447 ;
   wire \$448 ;
@@ -6838,12 +6864,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$465 ;
   wire \$466 ;
   wire \$467 ;
-  wire [23:0] \$468 ;
-  wire [23:0] \$469 ;
+  wire \$468 ;
+  wire \$469 ;
   wire \$47 ;
   wire [23:0] \$470 ;
-  wire \$471 ;
-  wire \$472 ;
+  wire [23:0] \$471 ;
+  wire [23:0] \$472 ;
   wire \$473 ;
   wire \$474 ;
   wire \$475 ;
@@ -6920,9 +6946,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$539 ;
   wire \$54 ;
   wire \$540 ;
-  wire [23:0] \$541 ;
+  wire \$541 ;
   wire \$542 ;
-  wire \$543 ;
+  wire [23:0] \$543 ;
   wire \$544 ;
   wire \$545 ;
   wire \$546 ;
@@ -6947,14 +6973,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$563 ;
   wire \$564 ;
   wire \$565 ;
-  wire [23:0] \$566 ;
-  wire [23:0] \$567 ;
+  wire \$566 ;
+  wire \$567 ;
   wire [23:0] \$568 ;
-  reg [23:0] \$569 ;
+  wire [23:0] \$569 ;
   wire \$57 ;
-  wire [2:0] \$570 ;
-  wire \$571 ;
-  wire \$572 ;
+  wire [23:0] \$570 ;
+  reg [23:0] \$571 ;
+  wire [2:0] \$572 ;
   wire \$573 ;
   wire \$574 ;
   wire \$575 ;
@@ -7031,9 +7057,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$639 ;
   wire \$64 ;
   wire \$640 ;
-  wire [23:0] \$641 ;
+  wire \$641 ;
   wire \$642 ;
-  wire \$643 ;
+  wire [23:0] \$643 ;
   wire \$644 ;
   wire \$645 ;
   wire \$646 ;
@@ -7058,12 +7084,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$663 ;
   wire \$664 ;
   wire \$665 ;
-  wire [23:0] \$666 ;
-  wire [23:0] \$667 ;
+  wire \$666 ;
+  wire \$667 ;
   wire [23:0] \$668 ;
-  wire \$669 ;
+  wire [23:0] \$669 ;
   reg [23:0] \$67 ;
-  wire \$670 ;
+  wire [23:0] \$670 ;
   wire \$671 ;
   wire \$672 ;
   wire \$673 ;
@@ -7139,10 +7165,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$736 ;
   wire \$737 ;
   wire \$738 ;
-  wire [23:0] \$739 ;
+  wire \$739 ;
   wire \$74 ;
   wire \$740 ;
-  wire \$741 ;
+  wire [23:0] \$741 ;
   wire \$742 ;
   wire \$743 ;
   wire \$744 ;
@@ -7167,11 +7193,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$761 ;
   wire \$762 ;
   wire \$763 ;
-  wire [23:0] \$764 ;
-  wire [23:0] \$765 ;
+  wire \$764 ;
+  wire \$765 ;
   wire [23:0] \$766 ;
-  wire \$767 ;
-  wire \$768 ;
+  wire [23:0] \$767 ;
+  wire [23:0] \$768 ;
   wire \$769 ;
   wire \$77 ;
   wire \$770 ;
@@ -7248,9 +7274,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$834 ;
   wire \$835 ;
   wire \$836 ;
-  wire [23:0] \$837 ;
+  wire \$837 ;
   wire \$838 ;
-  wire \$839 ;
+  wire [23:0] \$839 ;
   wire [2:0] \$84 ;
   wire \$840 ;
   wire \$841 ;
@@ -7276,11 +7302,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [3:0] \$86 ;
   wire \$860 ;
   wire \$861 ;
-  wire [23:0] \$862 ;
-  wire [23:0] \$863 ;
+  wire \$862 ;
+  wire \$863 ;
   wire [23:0] \$864 ;
-  wire \$865 ;
-  wire \$866 ;
+  wire [23:0] \$865 ;
+  wire [23:0] \$866 ;
   wire \$867 ;
   wire \$868 ;
   wire \$869 ;
@@ -7357,9 +7383,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$932 ;
   wire \$933 ;
   wire \$934 ;
-  wire [23:0] \$935 ;
+  wire \$935 ;
   wire \$936 ;
-  wire \$937 ;
+  wire [23:0] \$937 ;
   wire \$938 ;
   wire \$939 ;
   wire \$94 ;
@@ -7385,13 +7411,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$958 ;
   wire \$959 ;
   wire \$96 ;
-  wire [23:0] \$960 ;
-  wire [23:0] \$961 ;
+  wire \$960 ;
+  wire \$961 ;
   wire [23:0] \$962 ;
-  reg [23:0] \$963 ;
-  wire [2:0] \$964 ;
-  wire \$965 ;
-  wire \$966 ;
+  wire [23:0] \$963 ;
+  wire [23:0] \$964 ;
+  reg [23:0] \$965 ;
+  wire [2:0] \$966 ;
   wire \$967 ;
   wire \$968 ;
   wire \$969 ;
@@ -7438,12 +7464,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [12:0] \$signal$30  = 13'h0000;
   reg \$signal$32  = 1'h0;
   reg \$signal$34  = 1'h0;
+  reg \$signal$35  = 1'h0;
   wire [2:0] \$signal$41 ;
   reg [1:0] \$signal$42  = 2'h0;
   reg [1:0] \$signal$43  = 2'h0;
   reg [2:0] \$signal$49 ;
   reg [1:0] \$signal$50  = 2'h0;
   reg \$signal$51 ;
+  reg \$signal$58  = 1'h0;
   reg [64:0] beat = 65'h00000000000000000;
   wire [31:0] \beat.a ;
   wire [31:0] \beat.b ;
@@ -7466,21 +7494,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$77 ;
-  wire [31:0] \i__payload$77[0] ;
-  wire [15:0] \i__payload$77[0].g ;
-  wire [15:0] \i__payload$77[0].u ;
-  wire [33:0] \i__payload$78 ;
-  wire [15:0] \i__payload$78.a ;
-  wire [16:0] \i__payload$78.b ;
-  wire \i__payload$78.last ;
+  wire [31:0] \i__payload$78 ;
+  wire [31:0] \i__payload$78[0] ;
+  wire [15:0] \i__payload$78[0].g ;
+  wire [15:0] \i__payload$78[0].u ;
+  wire [33:0] \i__payload$79 ;
+  wire [15:0] \i__payload$79.a ;
+  wire [16:0] \i__payload$79.b ;
+  wire \i__payload$79.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$100 ;
-  wire \i__ready$96 ;
+  wire \i__ready$101 ;
+  wire \i__ready$97 ;
   reg i__valid;
-  reg \i__valid$95 ;
-  reg \i__valid$99 ;
+  reg \i__valid$100 ;
+  reg \i__valid$96 ;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -7500,7 +7528,6 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
   reg is_sigmoid = 1'h0;
-  reg is_split = 1'h0;
   reg issuing = 1'h0;
   wire [1:0] level;
   reg low = 1'h0;
@@ -7508,16 +7535,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$102 ;
-  wire [15:0] \o__payload$98 ;
-  wire [15:0] \o__payload$98[0] ;
+  wire [15:0] \o__payload$103 ;
+  wire [15:0] \o__payload$99 ;
+  wire [15:0] \o__payload$99[0] ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$82 ;
   wire \o__ready$83 ;
+  wire \o__ready$84 ;
   wire o__valid;
-  wire \o__valid$101 ;
-  wire \o__valid$97 ;
+  wire \o__valid$102 ;
+  wire \o__valid$98 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -7666,11 +7693,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$48  = wvalid & rq__i__ready;
   assign \$49  = \$47  | \$48 ;
   assign \$50  = q_pend & \$49 ;
-  assign \$51  = \$signal$17  + \$144 [2:0];
-  assign \$52  = q_read + \$144 [2:0];
-  assign \$53  = \$signal$43  + \$144 [2:0];
+  assign \$51  = \$signal$17  + \$146 [2:0];
+  assign \$52  = q_read + \$146 [2:0];
+  assign \$53  = \$signal$43  + \$146 [2:0];
   assign \$54  = \$53  == 3'h4;
-  assign \$55  = \$signal$43  + \$144 [2:0];
+  assign \$55  = \$signal$43  + \$146 [2:0];
   assign \$56  = \$54  ? 4'h0 : \$55 ;
   assign \$57  = wvalid & rq__i__ready;
   assign \$58  = ~ wvalid;
@@ -7708,1746 +7735,1749 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$94  = ins[5:0] == 3'h4;
   assign \$95  = ins[5:0] == 3'h5;
   assign \$96  = ins[5:0] == 3'h6;
-  assign \$97  = ins[5:0] == 4'hf;
+  assign \$97  = ins[5:0] == 5'h13;
   assign \$99  = ins[5:0] == 4'hf;
-  assign \$103  = ins[5:0] == 4'hd;
-  assign \$104  = ins[5:0] == 4'hc;
-  assign \$105  = \$104  ? 2'h1 : 2'h0;
-  assign \$106  = \$103  ? 2'h2 : \$105 ;
-  assign \$107  = ins[5:0] == 5'h10;
-  assign \$109  = ins[5:0] == 3'h4;
-  assign \$112  = \$109  & \$111 ;
-  assign \$113  = el + 1'h1;
-  assign \$114  = el >= results;
-  assign \$115  = ~ h_valid;
-  assign r_en = \$115  | unit_ready;
-  assign \$116  = ~ h_valid;
-  assign \$117  = \$116  | unit_ready;
-  assign \$118  = ~ r_rdy;
-  assign \$119  = \$117  & \$118 ;
-  assign \$120  = ~ \$119 ;
-  assign w_en = \$signal$10  & \$120 ;
-  assign \$123  = \$signal$10  + level;
-  assign \$124  = \$123  + h_valid;
-  assign \$125  = \$124  < 2'h3;
-  assign \$126  = \$122  & \$125 ;
-  assign \$129  = \$signal$10  + level;
-  assign \$130  = \$129  + h_valid;
-  assign \$131  = \$130  < 2'h3;
-  assign \$132  = \$128  & \$131 ;
-  assign \$133  = 3'h4 - \$signal$43 ;
-  assign \$134  = $signed(\$133 ) < $signed(4'h4);
+  assign \$101  = ins[5:0] == 4'hf;
+  assign \$105  = ins[5:0] == 4'hd;
+  assign \$106  = ins[5:0] == 4'hc;
+  assign \$107  = \$106  ? 2'h1 : 2'h0;
+  assign \$108  = \$105  ? 2'h2 : \$107 ;
+  assign \$109  = ins[5:0] == 5'h10;
+  assign \$111  = ins[5:0] == 3'h4;
+  assign \$114  = \$111  & \$113 ;
+  assign \$115  = el + 1'h1;
+  assign \$116  = el >= results;
+  assign \$117  = ~ h_valid;
+  assign r_en = \$117  | unit_ready;
+  assign \$118  = ~ h_valid;
+  assign \$119  = \$118  | unit_ready;
+  assign \$120  = ~ r_rdy;
+  assign \$121  = \$119  & \$120 ;
+  assign \$122  = ~ \$121 ;
+  assign w_en = \$signal$10  & \$122 ;
+  assign \$125  = \$signal$10  + level;
+  assign \$126  = \$125  + h_valid;
+  assign \$127  = \$126  < 2'h3;
+  assign \$128  = \$124  & \$127 ;
+  assign \$131  = \$signal$10  + level;
+  assign \$132  = \$131  + h_valid;
+  assign \$133  = \$132  < 2'h3;
+  assign \$134  = \$130  & \$133 ;
   assign \$135  = 3'h4 - \$signal$43 ;
-  assign \$136  = ins[122:109] - q_read;
-  assign \$137  = $signed(\$135 ) < $signed(\$136 );
-  assign \$138  = \$134  & \$137 ;
-  assign \$139  = 3'h4 - \$signal$43 ;
-  assign \$140  = ins[122:109] - q_read;
-  assign \$141  = $signed(\$140 ) < $signed(4'h4);
+  assign \$136  = $signed(\$135 ) < $signed(4'h4);
+  assign \$137  = 3'h4 - \$signal$43 ;
+  assign \$138  = ins[122:109] - q_read;
+  assign \$139  = $signed(\$137 ) < $signed(\$138 );
+  assign \$140  = \$136  & \$139 ;
+  assign \$141  = 3'h4 - \$signal$43 ;
   assign \$142  = ins[122:109] - q_read;
-  assign \$143  = \$141  ? \$142  : 15'h0004;
-  assign \$144  = \$138  ? { \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139 [3], \$139  } : \$143 ;
-  assign \$145  = vec_op == 1'h1;
-  assign \$146  = \$145  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$147  = q_read < ins[122:109];
-  assign \$150  = ~ q_pend;
-  assign \$151  = ~ wvalid;
-  assign \$152  = wvalid & rq__i__ready;
-  assign \$153  = \$151  | \$152 ;
-  assign \$154  = q_pend & \$153 ;
-  assign \$155  = \$150  | \$154 ;
-  assign \$156  = \$149  & \$155 ;
-  assign \$157  = 3'h4 - \$signal$50 ;
-  assign \$158  = $signed(\$157 ) < $signed(4'h4);
+  assign \$143  = $signed(\$142 ) < $signed(4'h4);
+  assign \$144  = ins[122:109] - q_read;
+  assign \$145  = \$143  ? \$144  : 15'h0004;
+  assign \$146  = \$140  ? { \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141  } : \$145 ;
+  assign \$147  = vec_op == 1'h1;
+  assign \$148  = \$147  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$149  = q_read < ins[122:109];
+  assign \$152  = ~ q_pend;
+  assign \$153  = ~ wvalid;
+  assign \$154  = wvalid & rq__i__ready;
+  assign \$155  = \$153  | \$154 ;
+  assign \$156  = q_pend & \$155 ;
+  assign \$157  = \$152  | \$156 ;
+  assign \$158  = \$151  & \$157 ;
   assign \$159  = 3'h4 - \$signal$50 ;
-  assign \$160  = ins[122:109] - el;
-  assign \$161  = $signed(\$159 ) < $signed(\$160 );
-  assign \$162  = \$158  & \$161 ;
-  assign \$163  = 3'h4 - \$signal$50 ;
-  assign \$164  = ins[122:109] - el;
-  assign \$165  = $signed(\$164 ) < $signed(4'h4);
+  assign \$160  = $signed(\$159 ) < $signed(4'h4);
+  assign \$161  = 3'h4 - \$signal$50 ;
+  assign \$162  = ins[122:109] - el;
+  assign \$163  = $signed(\$161 ) < $signed(\$162 );
+  assign \$164  = \$160  & \$163 ;
+  assign \$165  = 3'h4 - \$signal$50 ;
   assign \$166  = ins[122:109] - el;
-  assign \$167  = \$165  ? \$166  : 15'h0004;
-  assign \$168  = \$162  ? { \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163 [3], \$163  } : \$167 ;
-  assign \$169  = 3'h4 - \$signal$50 ;
-  assign \$170  = $signed(\$169 ) <= $signed(4'h4);
-  assign \$171  = ins[122:109] - el;
+  assign \$167  = $signed(\$166 ) < $signed(4'h4);
+  assign \$168  = ins[122:109] - el;
+  assign \$169  = \$167  ? \$168  : 15'h0004;
+  assign \$170  = \$164  ? { \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165  } : \$169 ;
+  assign \$171  = 3'h4 - \$signal$50 ;
   assign \$172  = $signed(\$171 ) <= $signed(4'h4);
-  assign \$173  = \$170  | \$172 ;
-  assign \$174  = ~ hold_valid;
-  assign \$175  = \$174  | \$signal$51 ;
-  assign \$176  = ins[60:48] + el;
-  assign \$177  = width > 1'h1;
-  assign \$178  = width > 2'h2;
-  assign \$179  = width > 2'h3;
-  assign \$180  = width > 3'h4;
-  assign \$181  = width > 3'h5;
-  assign \$182  = width > 3'h6;
-  assign \$183  = width > 3'h7;
-  assign \$184  = width > 4'h8;
-  assign \$185  = width > 4'h9;
-  assign \$186  = width > 4'ha;
-  assign \$187  = width > 4'hb;
-  assign \$188  = width > 4'hc;
-  assign \$189  = width > 4'hd;
-  assign \$190  = width > 4'he;
-  assign \$191  = width > 4'hf;
-  assign \$192  = width > 5'h10;
-  assign \$193  = width > 5'h11;
-  assign \$194  = width > 5'h12;
-  assign \$195  = width > 5'h13;
-  assign \$196  = width > 5'h14;
-  assign \$197  = width > 5'h15;
-  assign \$198  = width > 5'h16;
-  assign \$199  = width > 5'h17;
-  assign \$200  = $signed(hold[23:0]) > $signed({ 1'h0, \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177  });
-  assign \$201  = width > 1'h1;
-  assign \$202  = width > 2'h2;
-  assign \$203  = width > 2'h3;
-  assign \$204  = width > 3'h4;
-  assign \$205  = width > 3'h5;
-  assign \$206  = width > 3'h6;
-  assign \$207  = width > 3'h7;
-  assign \$208  = width > 4'h8;
-  assign \$209  = width > 4'h9;
-  assign \$210  = width > 4'ha;
-  assign \$211  = width > 4'hb;
-  assign \$212  = width > 4'hc;
-  assign \$213  = width > 4'hd;
-  assign \$214  = width > 4'he;
-  assign \$215  = width > 4'hf;
-  assign \$216  = width > 5'h10;
-  assign \$217  = width > 5'h11;
-  assign \$218  = width > 5'h12;
-  assign \$219  = width > 5'h13;
-  assign \$220  = width > 5'h14;
-  assign \$221  = width > 5'h15;
-  assign \$222  = width > 5'h16;
-  assign \$223  = width > 5'h17;
-  assign \$224  = width > 1'h1;
-  assign \$225  = width > 2'h2;
-  assign \$226  = width > 2'h3;
-  assign \$227  = width > 3'h4;
-  assign \$228  = width > 3'h5;
-  assign \$229  = width > 3'h6;
-  assign \$230  = width > 3'h7;
-  assign \$231  = width > 4'h8;
-  assign \$232  = width > 4'h9;
-  assign \$233  = width > 4'ha;
-  assign \$234  = width > 4'hb;
-  assign \$235  = width > 4'hc;
-  assign \$236  = width > 4'hd;
-  assign \$237  = width > 4'he;
-  assign \$238  = width > 4'hf;
-  assign \$239  = width > 5'h10;
-  assign \$240  = width > 5'h11;
-  assign \$241  = width > 5'h12;
-  assign \$242  = width > 5'h13;
-  assign \$243  = width > 5'h14;
-  assign \$244  = width > 5'h15;
-  assign \$245  = width > 5'h16;
-  assign \$246  = width > 5'h17;
-  assign \$247  = ~ { 1'h0, \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224  };
-  assign \$248  = $signed(hold[23:0]) < $signed(\$247 );
-  assign \$249  = width > 1'h1;
-  assign \$250  = width > 2'h2;
-  assign \$251  = width > 2'h3;
-  assign \$252  = width > 3'h4;
-  assign \$253  = width > 3'h5;
-  assign \$254  = width > 3'h6;
-  assign \$255  = width > 3'h7;
-  assign \$256  = width > 4'h8;
-  assign \$257  = width > 4'h9;
-  assign \$258  = width > 4'ha;
-  assign \$259  = width > 4'hb;
-  assign \$260  = width > 4'hc;
-  assign \$261  = width > 4'hd;
-  assign \$262  = width > 4'he;
-  assign \$263  = width > 4'hf;
-  assign \$264  = width > 5'h10;
-  assign \$265  = width > 5'h11;
-  assign \$266  = width > 5'h12;
-  assign \$267  = width > 5'h13;
-  assign \$268  = width > 5'h14;
-  assign \$269  = width > 5'h15;
-  assign \$270  = width > 5'h16;
-  assign \$271  = width > 5'h17;
-  assign \$272  = ~ { 1'h0, \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249  };
-  assign \$273  = \$248  ? \$272  : hold[23:0];
-  assign \$274  = \$200  ? { 1'h0, \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201  } : \$273 ;
-  assign \$275  = width > 1'h1;
-  assign \$276  = width > 2'h2;
-  assign \$277  = width > 2'h3;
-  assign \$278  = width > 3'h4;
-  assign \$279  = width > 3'h5;
-  assign \$280  = width > 3'h6;
-  assign \$281  = width > 3'h7;
-  assign \$282  = width > 4'h8;
-  assign \$283  = width > 4'h9;
-  assign \$284  = width > 4'ha;
-  assign \$285  = width > 4'hb;
-  assign \$286  = width > 4'hc;
-  assign \$287  = width > 4'hd;
-  assign \$288  = width > 4'he;
-  assign \$289  = width > 4'hf;
-  assign \$290  = width > 5'h10;
-  assign \$291  = width > 5'h11;
-  assign \$292  = width > 5'h12;
-  assign \$293  = width > 5'h13;
-  assign \$294  = width > 5'h14;
-  assign \$295  = width > 5'h15;
-  assign \$296  = width > 5'h16;
-  assign \$297  = width > 5'h17;
-  assign \$298  = $signed(hold[47:24]) > $signed({ 1'h0, \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275  });
-  assign \$299  = width > 1'h1;
-  assign \$300  = width > 2'h2;
-  assign \$301  = width > 2'h3;
-  assign \$302  = width > 3'h4;
-  assign \$303  = width > 3'h5;
-  assign \$304  = width > 3'h6;
-  assign \$305  = width > 3'h7;
-  assign \$306  = width > 4'h8;
-  assign \$307  = width > 4'h9;
-  assign \$308  = width > 4'ha;
-  assign \$309  = width > 4'hb;
-  assign \$310  = width > 4'hc;
-  assign \$311  = width > 4'hd;
-  assign \$312  = width > 4'he;
-  assign \$313  = width > 4'hf;
-  assign \$314  = width > 5'h10;
-  assign \$315  = width > 5'h11;
-  assign \$316  = width > 5'h12;
-  assign \$317  = width > 5'h13;
-  assign \$318  = width > 5'h14;
-  assign \$319  = width > 5'h15;
-  assign \$320  = width > 5'h16;
-  assign \$321  = width > 5'h17;
-  assign \$322  = width > 1'h1;
-  assign \$323  = width > 2'h2;
-  assign \$324  = width > 2'h3;
-  assign \$325  = width > 3'h4;
-  assign \$326  = width > 3'h5;
-  assign \$327  = width > 3'h6;
-  assign \$328  = width > 3'h7;
-  assign \$329  = width > 4'h8;
-  assign \$330  = width > 4'h9;
-  assign \$331  = width > 4'ha;
-  assign \$332  = width > 4'hb;
-  assign \$333  = width > 4'hc;
-  assign \$334  = width > 4'hd;
-  assign \$335  = width > 4'he;
-  assign \$336  = width > 4'hf;
-  assign \$337  = width > 5'h10;
-  assign \$338  = width > 5'h11;
-  assign \$339  = width > 5'h12;
-  assign \$340  = width > 5'h13;
-  assign \$341  = width > 5'h14;
-  assign \$342  = width > 5'h15;
-  assign \$343  = width > 5'h16;
-  assign \$344  = width > 5'h17;
-  assign \$345  = ~ { 1'h0, \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322  };
-  assign \$346  = $signed(hold[47:24]) < $signed(\$345 );
-  assign \$347  = width > 1'h1;
-  assign \$348  = width > 2'h2;
-  assign \$349  = width > 2'h3;
-  assign \$350  = width > 3'h4;
-  assign \$351  = width > 3'h5;
-  assign \$352  = width > 3'h6;
-  assign \$353  = width > 3'h7;
-  assign \$354  = width > 4'h8;
-  assign \$355  = width > 4'h9;
-  assign \$356  = width > 4'ha;
-  assign \$357  = width > 4'hb;
-  assign \$358  = width > 4'hc;
-  assign \$359  = width > 4'hd;
-  assign \$360  = width > 4'he;
-  assign \$361  = width > 4'hf;
-  assign \$362  = width > 5'h10;
-  assign \$363  = width > 5'h11;
-  assign \$364  = width > 5'h12;
-  assign \$365  = width > 5'h13;
-  assign \$366  = width > 5'h14;
-  assign \$367  = width > 5'h15;
-  assign \$368  = width > 5'h16;
-  assign \$369  = width > 5'h17;
-  assign \$370  = ~ { 1'h0, \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347  };
-  assign \$371  = \$346  ? \$370  : hold[47:24];
-  assign \$372  = \$298  ? { 1'h0, \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299  } : \$371 ;
-  assign \$373  = width > 1'h1;
-  assign \$374  = width > 2'h2;
-  assign \$375  = width > 2'h3;
-  assign \$376  = width > 3'h4;
-  assign \$377  = width > 3'h5;
-  assign \$378  = width > 3'h6;
-  assign \$379  = width > 3'h7;
-  assign \$380  = width > 4'h8;
-  assign \$381  = width > 4'h9;
-  assign \$382  = width > 4'ha;
-  assign \$383  = width > 4'hb;
-  assign \$384  = width > 4'hc;
-  assign \$385  = width > 4'hd;
-  assign \$386  = width > 4'he;
-  assign \$387  = width > 4'hf;
-  assign \$388  = width > 5'h10;
-  assign \$389  = width > 5'h11;
-  assign \$390  = width > 5'h12;
-  assign \$391  = width > 5'h13;
-  assign \$392  = width > 5'h14;
-  assign \$393  = width > 5'h15;
-  assign \$394  = width > 5'h16;
-  assign \$395  = width > 5'h17;
-  assign \$396  = $signed(hold[71:48]) > $signed({ 1'h0, \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373  });
-  assign \$397  = width > 1'h1;
-  assign \$398  = width > 2'h2;
-  assign \$399  = width > 2'h3;
-  assign \$400  = width > 3'h4;
-  assign \$401  = width > 3'h5;
-  assign \$402  = width > 3'h6;
-  assign \$403  = width > 3'h7;
-  assign \$404  = width > 4'h8;
-  assign \$405  = width > 4'h9;
-  assign \$406  = width > 4'ha;
-  assign \$407  = width > 4'hb;
-  assign \$408  = width > 4'hc;
-  assign \$409  = width > 4'hd;
-  assign \$410  = width > 4'he;
-  assign \$411  = width > 4'hf;
-  assign \$412  = width > 5'h10;
-  assign \$413  = width > 5'h11;
-  assign \$414  = width > 5'h12;
-  assign \$415  = width > 5'h13;
-  assign \$416  = width > 5'h14;
-  assign \$417  = width > 5'h15;
-  assign \$418  = width > 5'h16;
-  assign \$419  = width > 5'h17;
-  assign \$420  = width > 1'h1;
-  assign \$421  = width > 2'h2;
-  assign \$422  = width > 2'h3;
-  assign \$423  = width > 3'h4;
-  assign \$424  = width > 3'h5;
-  assign \$425  = width > 3'h6;
-  assign \$426  = width > 3'h7;
-  assign \$427  = width > 4'h8;
-  assign \$428  = width > 4'h9;
-  assign \$429  = width > 4'ha;
-  assign \$430  = width > 4'hb;
-  assign \$431  = width > 4'hc;
-  assign \$432  = width > 4'hd;
-  assign \$433  = width > 4'he;
-  assign \$434  = width > 4'hf;
-  assign \$435  = width > 5'h10;
-  assign \$436  = width > 5'h11;
-  assign \$437  = width > 5'h12;
-  assign \$438  = width > 5'h13;
-  assign \$439  = width > 5'h14;
-  assign \$440  = width > 5'h15;
-  assign \$441  = width > 5'h16;
-  assign \$442  = width > 5'h17;
-  assign \$443  = ~ { 1'h0, \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420  };
-  assign \$444  = $signed(hold[71:48]) < $signed(\$443 );
-  assign \$445  = width > 1'h1;
-  assign \$446  = width > 2'h2;
-  assign \$447  = width > 2'h3;
-  assign \$448  = width > 3'h4;
-  assign \$449  = width > 3'h5;
-  assign \$450  = width > 3'h6;
-  assign \$451  = width > 3'h7;
-  assign \$452  = width > 4'h8;
-  assign \$453  = width > 4'h9;
-  assign \$454  = width > 4'ha;
-  assign \$455  = width > 4'hb;
-  assign \$456  = width > 4'hc;
-  assign \$457  = width > 4'hd;
-  assign \$458  = width > 4'he;
-  assign \$459  = width > 4'hf;
-  assign \$460  = width > 5'h10;
-  assign \$461  = width > 5'h11;
-  assign \$462  = width > 5'h12;
-  assign \$463  = width > 5'h13;
-  assign \$464  = width > 5'h14;
-  assign \$465  = width > 5'h15;
-  assign \$466  = width > 5'h16;
-  assign \$467  = width > 5'h17;
-  assign \$468  = ~ { 1'h0, \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445  };
-  assign \$469  = \$444  ? \$468  : hold[71:48];
-  assign \$470  = \$396  ? { 1'h0, \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397  } : \$469 ;
-  assign \$471  = width > 1'h1;
-  assign \$472  = width > 2'h2;
-  assign \$473  = width > 2'h3;
-  assign \$474  = width > 3'h4;
-  assign \$475  = width > 3'h5;
-  assign \$476  = width > 3'h6;
-  assign \$477  = width > 3'h7;
-  assign \$478  = width > 4'h8;
-  assign \$479  = width > 4'h9;
-  assign \$480  = width > 4'ha;
-  assign \$481  = width > 4'hb;
-  assign \$482  = width > 4'hc;
-  assign \$483  = width > 4'hd;
-  assign \$484  = width > 4'he;
-  assign \$485  = width > 4'hf;
-  assign \$486  = width > 5'h10;
-  assign \$487  = width > 5'h11;
-  assign \$488  = width > 5'h12;
-  assign \$489  = width > 5'h13;
-  assign \$490  = width > 5'h14;
-  assign \$491  = width > 5'h15;
-  assign \$492  = width > 5'h16;
-  assign \$493  = width > 5'h17;
-  assign \$494  = $signed(hold[95:72]) > $signed({ 1'h0, \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471  });
-  assign \$495  = width > 1'h1;
-  assign \$496  = width > 2'h2;
-  assign \$497  = width > 2'h3;
-  assign \$498  = width > 3'h4;
-  assign \$499  = width > 3'h5;
-  assign \$500  = width > 3'h6;
-  assign \$501  = width > 3'h7;
-  assign \$502  = width > 4'h8;
-  assign \$503  = width > 4'h9;
-  assign \$504  = width > 4'ha;
-  assign \$505  = width > 4'hb;
-  assign \$506  = width > 4'hc;
-  assign \$507  = width > 4'hd;
-  assign \$508  = width > 4'he;
-  assign \$509  = width > 4'hf;
-  assign \$510  = width > 5'h10;
-  assign \$511  = width > 5'h11;
-  assign \$512  = width > 5'h12;
-  assign \$513  = width > 5'h13;
-  assign \$514  = width > 5'h14;
-  assign \$515  = width > 5'h15;
-  assign \$516  = width > 5'h16;
-  assign \$517  = width > 5'h17;
-  assign \$518  = width > 1'h1;
-  assign \$519  = width > 2'h2;
-  assign \$520  = width > 2'h3;
-  assign \$521  = width > 3'h4;
-  assign \$522  = width > 3'h5;
-  assign \$523  = width > 3'h6;
-  assign \$524  = width > 3'h7;
-  assign \$525  = width > 4'h8;
-  assign \$526  = width > 4'h9;
-  assign \$527  = width > 4'ha;
-  assign \$528  = width > 4'hb;
-  assign \$529  = width > 4'hc;
-  assign \$530  = width > 4'hd;
-  assign \$531  = width > 4'he;
-  assign \$532  = width > 4'hf;
-  assign \$533  = width > 5'h10;
-  assign \$534  = width > 5'h11;
-  assign \$535  = width > 5'h12;
-  assign \$536  = width > 5'h13;
-  assign \$537  = width > 5'h14;
-  assign \$538  = width > 5'h15;
-  assign \$539  = width > 5'h16;
-  assign \$540  = width > 5'h17;
-  assign \$541  = ~ { 1'h0, \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518  };
-  assign \$542  = $signed(hold[95:72]) < $signed(\$541 );
-  assign \$543  = width > 1'h1;
-  assign \$544  = width > 2'h2;
-  assign \$545  = width > 2'h3;
-  assign \$546  = width > 3'h4;
-  assign \$547  = width > 3'h5;
-  assign \$548  = width > 3'h6;
-  assign \$549  = width > 3'h7;
-  assign \$550  = width > 4'h8;
-  assign \$551  = width > 4'h9;
-  assign \$552  = width > 4'ha;
-  assign \$553  = width > 4'hb;
-  assign \$554  = width > 4'hc;
-  assign \$555  = width > 4'hd;
-  assign \$556  = width > 4'he;
-  assign \$557  = width > 4'hf;
-  assign \$558  = width > 5'h10;
-  assign \$559  = width > 5'h11;
-  assign \$560  = width > 5'h12;
-  assign \$561  = width > 5'h13;
-  assign \$562  = width > 5'h14;
-  assign \$563  = width > 5'h15;
-  assign \$564  = width > 5'h16;
-  assign \$565  = width > 5'h17;
-  assign \$566  = ~ { 1'h0, \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543  };
-  assign \$567  = \$542  ? \$566  : hold[95:72];
-  assign \$568  = \$494  ? { 1'h0, \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495  } : \$567 ;
-  assign \$570  = \$signal$50  + 1'h1;
-  assign \$571  = width > 1'h1;
-  assign \$572  = width > 2'h2;
-  assign \$573  = width > 2'h3;
-  assign \$574  = width > 3'h4;
-  assign \$575  = width > 3'h5;
-  assign \$576  = width > 3'h6;
-  assign \$577  = width > 3'h7;
-  assign \$578  = width > 4'h8;
-  assign \$579  = width > 4'h9;
-  assign \$580  = width > 4'ha;
-  assign \$581  = width > 4'hb;
-  assign \$582  = width > 4'hc;
-  assign \$583  = width > 4'hd;
-  assign \$584  = width > 4'he;
-  assign \$585  = width > 4'hf;
-  assign \$586  = width > 5'h10;
-  assign \$587  = width > 5'h11;
-  assign \$588  = width > 5'h12;
-  assign \$589  = width > 5'h13;
-  assign \$590  = width > 5'h14;
-  assign \$591  = width > 5'h15;
-  assign \$592  = width > 5'h16;
-  assign \$593  = width > 5'h17;
-  assign \$594  = $signed(hold[23:0]) > $signed({ 1'h0, \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571  });
-  assign \$595  = width > 1'h1;
-  assign \$596  = width > 2'h2;
-  assign \$597  = width > 2'h3;
-  assign \$598  = width > 3'h4;
-  assign \$599  = width > 3'h5;
-  assign \$600  = width > 3'h6;
-  assign \$601  = width > 3'h7;
-  assign \$602  = width > 4'h8;
-  assign \$603  = width > 4'h9;
-  assign \$604  = width > 4'ha;
-  assign \$605  = width > 4'hb;
-  assign \$606  = width > 4'hc;
-  assign \$607  = width > 4'hd;
-  assign \$608  = width > 4'he;
-  assign \$609  = width > 4'hf;
-  assign \$610  = width > 5'h10;
-  assign \$611  = width > 5'h11;
-  assign \$612  = width > 5'h12;
-  assign \$613  = width > 5'h13;
-  assign \$614  = width > 5'h14;
-  assign \$615  = width > 5'h15;
-  assign \$616  = width > 5'h16;
-  assign \$617  = width > 5'h17;
-  assign \$618  = width > 1'h1;
-  assign \$619  = width > 2'h2;
-  assign \$620  = width > 2'h3;
-  assign \$621  = width > 3'h4;
-  assign \$622  = width > 3'h5;
-  assign \$623  = width > 3'h6;
-  assign \$624  = width > 3'h7;
-  assign \$625  = width > 4'h8;
-  assign \$626  = width > 4'h9;
-  assign \$627  = width > 4'ha;
-  assign \$628  = width > 4'hb;
-  assign \$629  = width > 4'hc;
-  assign \$630  = width > 4'hd;
-  assign \$631  = width > 4'he;
-  assign \$632  = width > 4'hf;
-  assign \$633  = width > 5'h10;
-  assign \$634  = width > 5'h11;
-  assign \$635  = width > 5'h12;
-  assign \$636  = width > 5'h13;
-  assign \$637  = width > 5'h14;
-  assign \$638  = width > 5'h15;
-  assign \$639  = width > 5'h16;
-  assign \$640  = width > 5'h17;
-  assign \$641  = ~ { 1'h0, \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618  };
-  assign \$642  = $signed(hold[23:0]) < $signed(\$641 );
-  assign \$643  = width > 1'h1;
-  assign \$644  = width > 2'h2;
-  assign \$645  = width > 2'h3;
-  assign \$646  = width > 3'h4;
-  assign \$647  = width > 3'h5;
-  assign \$648  = width > 3'h6;
-  assign \$649  = width > 3'h7;
-  assign \$650  = width > 4'h8;
-  assign \$651  = width > 4'h9;
-  assign \$652  = width > 4'ha;
-  assign \$653  = width > 4'hb;
-  assign \$654  = width > 4'hc;
-  assign \$655  = width > 4'hd;
-  assign \$656  = width > 4'he;
-  assign \$657  = width > 4'hf;
-  assign \$658  = width > 5'h10;
-  assign \$659  = width > 5'h11;
-  assign \$660  = width > 5'h12;
-  assign \$661  = width > 5'h13;
-  assign \$662  = width > 5'h14;
-  assign \$663  = width > 5'h15;
-  assign \$664  = width > 5'h16;
-  assign \$665  = width > 5'h17;
-  assign \$666  = ~ { 1'h0, \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643  };
-  assign \$667  = \$642  ? \$666  : hold[23:0];
-  assign \$668  = \$594  ? { 1'h0, \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595  } : \$667 ;
-  assign \$669  = width > 1'h1;
-  assign \$670  = width > 2'h2;
-  assign \$671  = width > 2'h3;
-  assign \$672  = width > 3'h4;
-  assign \$673  = width > 3'h5;
-  assign \$674  = width > 3'h6;
-  assign \$675  = width > 3'h7;
-  assign \$676  = width > 4'h8;
-  assign \$677  = width > 4'h9;
-  assign \$678  = width > 4'ha;
-  assign \$679  = width > 4'hb;
-  assign \$680  = width > 4'hc;
-  assign \$681  = width > 4'hd;
-  assign \$682  = width > 4'he;
-  assign \$683  = width > 4'hf;
-  assign \$684  = width > 5'h10;
-  assign \$685  = width > 5'h11;
-  assign \$686  = width > 5'h12;
-  assign \$687  = width > 5'h13;
-  assign \$688  = width > 5'h14;
-  assign \$689  = width > 5'h15;
-  assign \$690  = width > 5'h16;
-  assign \$691  = width > 5'h17;
-  assign \$692  = $signed(hold[47:24]) > $signed({ 1'h0, \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669  });
-  assign \$693  = width > 1'h1;
-  assign \$694  = width > 2'h2;
-  assign \$695  = width > 2'h3;
-  assign \$696  = width > 3'h4;
-  assign \$697  = width > 3'h5;
-  assign \$698  = width > 3'h6;
-  assign \$699  = width > 3'h7;
-  assign \$700  = width > 4'h8;
-  assign \$701  = width > 4'h9;
-  assign \$702  = width > 4'ha;
-  assign \$703  = width > 4'hb;
-  assign \$704  = width > 4'hc;
-  assign \$705  = width > 4'hd;
-  assign \$706  = width > 4'he;
-  assign \$707  = width > 4'hf;
-  assign \$708  = width > 5'h10;
-  assign \$709  = width > 5'h11;
-  assign \$710  = width > 5'h12;
-  assign \$711  = width > 5'h13;
-  assign \$712  = width > 5'h14;
-  assign \$713  = width > 5'h15;
-  assign \$714  = width > 5'h16;
-  assign \$715  = width > 5'h17;
-  assign \$716  = width > 1'h1;
-  assign \$717  = width > 2'h2;
-  assign \$718  = width > 2'h3;
-  assign \$719  = width > 3'h4;
-  assign \$720  = width > 3'h5;
-  assign \$721  = width > 3'h6;
-  assign \$722  = width > 3'h7;
-  assign \$723  = width > 4'h8;
-  assign \$724  = width > 4'h9;
-  assign \$725  = width > 4'ha;
-  assign \$726  = width > 4'hb;
-  assign \$727  = width > 4'hc;
-  assign \$728  = width > 4'hd;
-  assign \$729  = width > 4'he;
-  assign \$730  = width > 4'hf;
-  assign \$731  = width > 5'h10;
-  assign \$732  = width > 5'h11;
-  assign \$733  = width > 5'h12;
-  assign \$734  = width > 5'h13;
-  assign \$735  = width > 5'h14;
-  assign \$736  = width > 5'h15;
-  assign \$737  = width > 5'h16;
-  assign \$738  = width > 5'h17;
-  assign \$739  = ~ { 1'h0, \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716  };
-  assign \$740  = $signed(hold[47:24]) < $signed(\$739 );
-  assign \$741  = width > 1'h1;
-  assign \$742  = width > 2'h2;
-  assign \$743  = width > 2'h3;
-  assign \$744  = width > 3'h4;
-  assign \$745  = width > 3'h5;
-  assign \$746  = width > 3'h6;
-  assign \$747  = width > 3'h7;
-  assign \$748  = width > 4'h8;
-  assign \$749  = width > 4'h9;
-  assign \$750  = width > 4'ha;
-  assign \$751  = width > 4'hb;
-  assign \$752  = width > 4'hc;
-  assign \$753  = width > 4'hd;
-  assign \$754  = width > 4'he;
-  assign \$755  = width > 4'hf;
-  assign \$756  = width > 5'h10;
-  assign \$757  = width > 5'h11;
-  assign \$758  = width > 5'h12;
-  assign \$759  = width > 5'h13;
-  assign \$760  = width > 5'h14;
-  assign \$761  = width > 5'h15;
-  assign \$762  = width > 5'h16;
-  assign \$763  = width > 5'h17;
-  assign \$764  = ~ { 1'h0, \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741  };
-  assign \$765  = \$740  ? \$764  : hold[47:24];
-  assign \$766  = \$692  ? { 1'h0, \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693  } : \$765 ;
-  assign \$767  = width > 1'h1;
-  assign \$768  = width > 2'h2;
-  assign \$769  = width > 2'h3;
-  assign \$770  = width > 3'h4;
-  assign \$771  = width > 3'h5;
-  assign \$772  = width > 3'h6;
-  assign \$773  = width > 3'h7;
-  assign \$774  = width > 4'h8;
-  assign \$775  = width > 4'h9;
-  assign \$776  = width > 4'ha;
-  assign \$777  = width > 4'hb;
-  assign \$778  = width > 4'hc;
-  assign \$779  = width > 4'hd;
-  assign \$780  = width > 4'he;
-  assign \$781  = width > 4'hf;
-  assign \$782  = width > 5'h10;
-  assign \$783  = width > 5'h11;
-  assign \$784  = width > 5'h12;
-  assign \$785  = width > 5'h13;
-  assign \$786  = width > 5'h14;
-  assign \$787  = width > 5'h15;
-  assign \$788  = width > 5'h16;
-  assign \$789  = width > 5'h17;
-  assign \$790  = $signed(hold[71:48]) > $signed({ 1'h0, \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767  });
-  assign \$791  = width > 1'h1;
-  assign \$792  = width > 2'h2;
-  assign \$793  = width > 2'h3;
-  assign \$794  = width > 3'h4;
-  assign \$795  = width > 3'h5;
-  assign \$796  = width > 3'h6;
-  assign \$797  = width > 3'h7;
-  assign \$798  = width > 4'h8;
-  assign \$799  = width > 4'h9;
-  assign \$800  = width > 4'ha;
-  assign \$801  = width > 4'hb;
-  assign \$802  = width > 4'hc;
-  assign \$803  = width > 4'hd;
-  assign \$804  = width > 4'he;
-  assign \$805  = width > 4'hf;
-  assign \$806  = width > 5'h10;
-  assign \$807  = width > 5'h11;
-  assign \$808  = width > 5'h12;
-  assign \$809  = width > 5'h13;
-  assign \$810  = width > 5'h14;
-  assign \$811  = width > 5'h15;
-  assign \$812  = width > 5'h16;
-  assign \$813  = width > 5'h17;
-  assign \$814  = width > 1'h1;
-  assign \$815  = width > 2'h2;
-  assign \$816  = width > 2'h3;
-  assign \$817  = width > 3'h4;
-  assign \$818  = width > 3'h5;
-  assign \$819  = width > 3'h6;
-  assign \$820  = width > 3'h7;
-  assign \$821  = width > 4'h8;
-  assign \$822  = width > 4'h9;
-  assign \$823  = width > 4'ha;
-  assign \$824  = width > 4'hb;
-  assign \$825  = width > 4'hc;
-  assign \$826  = width > 4'hd;
-  assign \$827  = width > 4'he;
-  assign \$828  = width > 4'hf;
-  assign \$829  = width > 5'h10;
-  assign \$830  = width > 5'h11;
-  assign \$831  = width > 5'h12;
-  assign \$832  = width > 5'h13;
-  assign \$833  = width > 5'h14;
-  assign \$834  = width > 5'h15;
-  assign \$835  = width > 5'h16;
-  assign \$836  = width > 5'h17;
-  assign \$837  = ~ { 1'h0, \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814  };
-  assign \$838  = $signed(hold[71:48]) < $signed(\$837 );
-  assign \$839  = width > 1'h1;
-  assign \$840  = width > 2'h2;
-  assign \$841  = width > 2'h3;
-  assign \$842  = width > 3'h4;
-  assign \$843  = width > 3'h5;
-  assign \$844  = width > 3'h6;
-  assign \$845  = width > 3'h7;
-  assign \$846  = width > 4'h8;
-  assign \$847  = width > 4'h9;
-  assign \$848  = width > 4'ha;
-  assign \$849  = width > 4'hb;
-  assign \$850  = width > 4'hc;
-  assign \$851  = width > 4'hd;
-  assign \$852  = width > 4'he;
-  assign \$853  = width > 4'hf;
-  assign \$854  = width > 5'h10;
-  assign \$855  = width > 5'h11;
-  assign \$856  = width > 5'h12;
-  assign \$857  = width > 5'h13;
-  assign \$858  = width > 5'h14;
-  assign \$859  = width > 5'h15;
-  assign \$860  = width > 5'h16;
-  assign \$861  = width > 5'h17;
-  assign \$862  = ~ { 1'h0, \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839  };
-  assign \$863  = \$838  ? \$862  : hold[71:48];
-  assign \$864  = \$790  ? { 1'h0, \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791  } : \$863 ;
-  assign \$865  = width > 1'h1;
-  assign \$866  = width > 2'h2;
-  assign \$867  = width > 2'h3;
-  assign \$868  = width > 3'h4;
-  assign \$869  = width > 3'h5;
-  assign \$870  = width > 3'h6;
-  assign \$871  = width > 3'h7;
-  assign \$872  = width > 4'h8;
-  assign \$873  = width > 4'h9;
-  assign \$874  = width > 4'ha;
-  assign \$875  = width > 4'hb;
-  assign \$876  = width > 4'hc;
-  assign \$877  = width > 4'hd;
-  assign \$878  = width > 4'he;
-  assign \$879  = width > 4'hf;
-  assign \$880  = width > 5'h10;
-  assign \$881  = width > 5'h11;
-  assign \$882  = width > 5'h12;
-  assign \$883  = width > 5'h13;
-  assign \$884  = width > 5'h14;
-  assign \$885  = width > 5'h15;
-  assign \$886  = width > 5'h16;
-  assign \$887  = width > 5'h17;
-  assign \$888  = $signed(hold[95:72]) > $signed({ 1'h0, \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865  });
-  assign \$889  = width > 1'h1;
-  assign \$890  = width > 2'h2;
-  assign \$891  = width > 2'h3;
-  assign \$892  = width > 3'h4;
-  assign \$893  = width > 3'h5;
-  assign \$894  = width > 3'h6;
-  assign \$895  = width > 3'h7;
-  assign \$896  = width > 4'h8;
-  assign \$897  = width > 4'h9;
-  assign \$898  = width > 4'ha;
-  assign \$899  = width > 4'hb;
-  assign \$900  = width > 4'hc;
-  assign \$901  = width > 4'hd;
-  assign \$902  = width > 4'he;
-  assign \$903  = width > 4'hf;
-  assign \$904  = width > 5'h10;
-  assign \$905  = width > 5'h11;
-  assign \$906  = width > 5'h12;
-  assign \$907  = width > 5'h13;
-  assign \$908  = width > 5'h14;
-  assign \$909  = width > 5'h15;
-  assign \$910  = width > 5'h16;
-  assign \$911  = width > 5'h17;
-  assign \$912  = width > 1'h1;
-  assign \$913  = width > 2'h2;
-  assign \$914  = width > 2'h3;
-  assign \$915  = width > 3'h4;
-  assign \$916  = width > 3'h5;
-  assign \$917  = width > 3'h6;
-  assign \$918  = width > 3'h7;
-  assign \$919  = width > 4'h8;
-  assign \$920  = width > 4'h9;
-  assign \$921  = width > 4'ha;
-  assign \$922  = width > 4'hb;
-  assign \$923  = width > 4'hc;
-  assign \$924  = width > 4'hd;
-  assign \$925  = width > 4'he;
-  assign \$926  = width > 4'hf;
-  assign \$927  = width > 5'h10;
-  assign \$928  = width > 5'h11;
-  assign \$929  = width > 5'h12;
-  assign \$930  = width > 5'h13;
-  assign \$931  = width > 5'h14;
-  assign \$932  = width > 5'h15;
-  assign \$933  = width > 5'h16;
-  assign \$934  = width > 5'h17;
-  assign \$935  = ~ { 1'h0, \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912  };
-  assign \$936  = $signed(hold[95:72]) < $signed(\$935 );
-  assign \$937  = width > 1'h1;
-  assign \$938  = width > 2'h2;
-  assign \$939  = width > 2'h3;
-  assign \$940  = width > 3'h4;
-  assign \$941  = width > 3'h5;
-  assign \$942  = width > 3'h6;
-  assign \$943  = width > 3'h7;
-  assign \$944  = width > 4'h8;
-  assign \$945  = width > 4'h9;
-  assign \$946  = width > 4'ha;
-  assign \$947  = width > 4'hb;
-  assign \$948  = width > 4'hc;
-  assign \$949  = width > 4'hd;
-  assign \$950  = width > 4'he;
-  assign \$951  = width > 4'hf;
-  assign \$952  = width > 5'h10;
-  assign \$953  = width > 5'h11;
-  assign \$954  = width > 5'h12;
-  assign \$955  = width > 5'h13;
-  assign \$956  = width > 5'h14;
-  assign \$957  = width > 5'h15;
-  assign \$958  = width > 5'h16;
-  assign \$959  = width > 5'h17;
-  assign \$960  = ~ { 1'h0, \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937  };
-  assign \$961  = \$936  ? \$960  : hold[95:72];
-  assign \$962  = \$888  ? { 1'h0, \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889  } : \$961 ;
-  assign \$964  = \$signal$50  + 2'h2;
-  assign \$965  = width > 1'h1;
-  assign \$966  = width > 2'h2;
-  assign \$967  = width > 2'h3;
-  assign \$968  = width > 3'h4;
-  assign \$969  = width > 3'h5;
-  assign \$970  = width > 3'h6;
-  assign \$971  = width > 3'h7;
-  assign \$972  = width > 4'h8;
-  assign \$973  = width > 4'h9;
-  assign \$974  = width > 4'ha;
-  assign \$975  = width > 4'hb;
-  assign \$976  = width > 4'hc;
-  assign \$977  = width > 4'hd;
-  assign \$978  = width > 4'he;
-  assign \$979  = width > 4'hf;
-  assign \$980  = width > 5'h10;
-  assign \$981  = width > 5'h11;
-  assign \$982  = width > 5'h12;
-  assign \$983  = width > 5'h13;
-  assign \$984  = width > 5'h14;
-  assign \$985  = width > 5'h15;
-  assign \$986  = width > 5'h16;
-  assign \$987  = width > 5'h17;
-  assign \$988  = $signed(hold[23:0]) > $signed({ 1'h0, \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965  });
-  assign \$989  = width > 1'h1;
-  assign \$990  = width > 2'h2;
-  assign \$991  = width > 2'h3;
-  assign \$992  = width > 3'h4;
-  assign \$993  = width > 3'h5;
-  assign \$994  = width > 3'h6;
-  assign \$995  = width > 3'h7;
-  assign \$996  = width > 4'h8;
-  assign \$997  = width > 4'h9;
-  assign \$998  = width > 4'ha;
-  assign \$999  = width > 4'hb;
-  assign \$1000  = width > 4'hc;
-  assign \$1001  = width > 4'hd;
-  assign \$1002  = width > 4'he;
-  assign \$1003  = width > 4'hf;
-  assign \$1004  = width > 5'h10;
-  assign \$1005  = width > 5'h11;
-  assign \$1006  = width > 5'h12;
-  assign \$1007  = width > 5'h13;
-  assign \$1008  = width > 5'h14;
-  assign \$1009  = width > 5'h15;
-  assign \$1010  = width > 5'h16;
-  assign \$1011  = width > 5'h17;
-  assign \$1012  = width > 1'h1;
-  assign \$1013  = width > 2'h2;
-  assign \$1014  = width > 2'h3;
-  assign \$1015  = width > 3'h4;
-  assign \$1016  = width > 3'h5;
-  assign \$1017  = width > 3'h6;
-  assign \$1018  = width > 3'h7;
-  assign \$1019  = width > 4'h8;
-  assign \$1020  = width > 4'h9;
-  assign \$1021  = width > 4'ha;
-  assign \$1022  = width > 4'hb;
-  assign \$1023  = width > 4'hc;
-  assign \$1024  = width > 4'hd;
-  assign \$1025  = width > 4'he;
-  assign \$1026  = width > 4'hf;
-  assign \$1027  = width > 5'h10;
-  assign \$1028  = width > 5'h11;
-  assign \$1029  = width > 5'h12;
-  assign \$1030  = width > 5'h13;
-  assign \$1031  = width > 5'h14;
-  assign \$1032  = width > 5'h15;
-  assign \$1033  = width > 5'h16;
-  assign \$1034  = width > 5'h17;
-  assign \$1035  = ~ { 1'h0, \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012  };
-  assign \$1036  = $signed(hold[23:0]) < $signed(\$1035 );
-  assign \$1037  = width > 1'h1;
-  assign \$1038  = width > 2'h2;
-  assign \$1039  = width > 2'h3;
-  assign \$1040  = width > 3'h4;
-  assign \$1041  = width > 3'h5;
-  assign \$1042  = width > 3'h6;
-  assign \$1043  = width > 3'h7;
-  assign \$1044  = width > 4'h8;
-  assign \$1045  = width > 4'h9;
-  assign \$1046  = width > 4'ha;
-  assign \$1047  = width > 4'hb;
-  assign \$1048  = width > 4'hc;
-  assign \$1049  = width > 4'hd;
-  assign \$1050  = width > 4'he;
-  assign \$1051  = width > 4'hf;
-  assign \$1052  = width > 5'h10;
-  assign \$1053  = width > 5'h11;
-  assign \$1054  = width > 5'h12;
-  assign \$1055  = width > 5'h13;
-  assign \$1056  = width > 5'h14;
-  assign \$1057  = width > 5'h15;
-  assign \$1058  = width > 5'h16;
-  assign \$1059  = width > 5'h17;
-  assign \$1060  = ~ { 1'h0, \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037  };
-  assign \$1061  = \$1036  ? \$1060  : hold[23:0];
-  assign \$1062  = \$988  ? { 1'h0, \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989  } : \$1061 ;
-  assign \$1063  = width > 1'h1;
-  assign \$1064  = width > 2'h2;
-  assign \$1065  = width > 2'h3;
-  assign \$1066  = width > 3'h4;
-  assign \$1067  = width > 3'h5;
-  assign \$1068  = width > 3'h6;
-  assign \$1069  = width > 3'h7;
-  assign \$1070  = width > 4'h8;
-  assign \$1071  = width > 4'h9;
-  assign \$1072  = width > 4'ha;
-  assign \$1073  = width > 4'hb;
-  assign \$1074  = width > 4'hc;
-  assign \$1075  = width > 4'hd;
-  assign \$1076  = width > 4'he;
-  assign \$1077  = width > 4'hf;
-  assign \$1078  = width > 5'h10;
-  assign \$1079  = width > 5'h11;
-  assign \$1080  = width > 5'h12;
-  assign \$1081  = width > 5'h13;
-  assign \$1082  = width > 5'h14;
-  assign \$1083  = width > 5'h15;
-  assign \$1084  = width > 5'h16;
-  assign \$1085  = width > 5'h17;
-  assign \$1086  = $signed(hold[47:24]) > $signed({ 1'h0, \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063  });
-  assign \$1087  = width > 1'h1;
-  assign \$1088  = width > 2'h2;
-  assign \$1089  = width > 2'h3;
-  assign \$1090  = width > 3'h4;
-  assign \$1091  = width > 3'h5;
-  assign \$1092  = width > 3'h6;
-  assign \$1093  = width > 3'h7;
-  assign \$1094  = width > 4'h8;
-  assign \$1095  = width > 4'h9;
-  assign \$1096  = width > 4'ha;
-  assign \$1097  = width > 4'hb;
-  assign \$1098  = width > 4'hc;
-  assign \$1099  = width > 4'hd;
-  assign \$1100  = width > 4'he;
-  assign \$1101  = width > 4'hf;
-  assign \$1102  = width > 5'h10;
-  assign \$1103  = width > 5'h11;
-  assign \$1104  = width > 5'h12;
-  assign \$1105  = width > 5'h13;
-  assign \$1106  = width > 5'h14;
-  assign \$1107  = width > 5'h15;
-  assign \$1108  = width > 5'h16;
-  assign \$1109  = width > 5'h17;
-  assign \$1110  = width > 1'h1;
-  assign \$1111  = width > 2'h2;
-  assign \$1112  = width > 2'h3;
-  assign \$1113  = width > 3'h4;
-  assign \$1114  = width > 3'h5;
-  assign \$1115  = width > 3'h6;
-  assign \$1116  = width > 3'h7;
-  assign \$1117  = width > 4'h8;
-  assign \$1118  = width > 4'h9;
-  assign \$1119  = width > 4'ha;
-  assign \$1120  = width > 4'hb;
-  assign \$1121  = width > 4'hc;
-  assign \$1122  = width > 4'hd;
-  assign \$1123  = width > 4'he;
-  assign \$1124  = width > 4'hf;
-  assign \$1125  = width > 5'h10;
-  assign \$1126  = width > 5'h11;
-  assign \$1127  = width > 5'h12;
-  assign \$1128  = width > 5'h13;
-  assign \$1129  = width > 5'h14;
-  assign \$1130  = width > 5'h15;
-  assign \$1131  = width > 5'h16;
-  assign \$1132  = width > 5'h17;
-  assign \$1133  = ~ { 1'h0, \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110  };
-  assign \$1134  = $signed(hold[47:24]) < $signed(\$1133 );
-  assign \$1135  = width > 1'h1;
-  assign \$1136  = width > 2'h2;
-  assign \$1137  = width > 2'h3;
-  assign \$1138  = width > 3'h4;
-  assign \$1139  = width > 3'h5;
-  assign \$1140  = width > 3'h6;
-  assign \$1141  = width > 3'h7;
-  assign \$1142  = width > 4'h8;
-  assign \$1143  = width > 4'h9;
-  assign \$1144  = width > 4'ha;
-  assign \$1145  = width > 4'hb;
-  assign \$1146  = width > 4'hc;
-  assign \$1147  = width > 4'hd;
-  assign \$1148  = width > 4'he;
-  assign \$1149  = width > 4'hf;
-  assign \$1150  = width > 5'h10;
-  assign \$1151  = width > 5'h11;
-  assign \$1152  = width > 5'h12;
-  assign \$1153  = width > 5'h13;
-  assign \$1154  = width > 5'h14;
-  assign \$1155  = width > 5'h15;
-  assign \$1156  = width > 5'h16;
-  assign \$1157  = width > 5'h17;
-  assign \$1158  = ~ { 1'h0, \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135  };
-  assign \$1159  = \$1134  ? \$1158  : hold[47:24];
-  assign \$1160  = \$1086  ? { 1'h0, \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087  } : \$1159 ;
-  assign \$1161  = width > 1'h1;
-  assign \$1162  = width > 2'h2;
-  assign \$1163  = width > 2'h3;
-  assign \$1164  = width > 3'h4;
-  assign \$1165  = width > 3'h5;
-  assign \$1166  = width > 3'h6;
-  assign \$1167  = width > 3'h7;
-  assign \$1168  = width > 4'h8;
-  assign \$1169  = width > 4'h9;
-  assign \$1170  = width > 4'ha;
-  assign \$1171  = width > 4'hb;
-  assign \$1172  = width > 4'hc;
-  assign \$1173  = width > 4'hd;
-  assign \$1174  = width > 4'he;
-  assign \$1175  = width > 4'hf;
-  assign \$1176  = width > 5'h10;
-  assign \$1177  = width > 5'h11;
-  assign \$1178  = width > 5'h12;
-  assign \$1179  = width > 5'h13;
-  assign \$1180  = width > 5'h14;
-  assign \$1181  = width > 5'h15;
-  assign \$1182  = width > 5'h16;
-  assign \$1183  = width > 5'h17;
-  assign \$1184  = $signed(hold[71:48]) > $signed({ 1'h0, \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161  });
-  assign \$1185  = width > 1'h1;
-  assign \$1186  = width > 2'h2;
-  assign \$1187  = width > 2'h3;
-  assign \$1188  = width > 3'h4;
-  assign \$1189  = width > 3'h5;
-  assign \$1190  = width > 3'h6;
-  assign \$1191  = width > 3'h7;
-  assign \$1192  = width > 4'h8;
-  assign \$1193  = width > 4'h9;
-  assign \$1194  = width > 4'ha;
-  assign \$1195  = width > 4'hb;
-  assign \$1196  = width > 4'hc;
-  assign \$1197  = width > 4'hd;
-  assign \$1198  = width > 4'he;
-  assign \$1199  = width > 4'hf;
-  assign \$1200  = width > 5'h10;
-  assign \$1201  = width > 5'h11;
-  assign \$1202  = width > 5'h12;
-  assign \$1203  = width > 5'h13;
-  assign \$1204  = width > 5'h14;
-  assign \$1205  = width > 5'h15;
-  assign \$1206  = width > 5'h16;
-  assign \$1207  = width > 5'h17;
-  assign \$1208  = width > 1'h1;
-  assign \$1209  = width > 2'h2;
-  assign \$1210  = width > 2'h3;
-  assign \$1211  = width > 3'h4;
-  assign \$1212  = width > 3'h5;
-  assign \$1213  = width > 3'h6;
-  assign \$1214  = width > 3'h7;
-  assign \$1215  = width > 4'h8;
-  assign \$1216  = width > 4'h9;
-  assign \$1217  = width > 4'ha;
-  assign \$1218  = width > 4'hb;
-  assign \$1219  = width > 4'hc;
-  assign \$1220  = width > 4'hd;
-  assign \$1221  = width > 4'he;
-  assign \$1222  = width > 4'hf;
-  assign \$1223  = width > 5'h10;
-  assign \$1224  = width > 5'h11;
-  assign \$1225  = width > 5'h12;
-  assign \$1226  = width > 5'h13;
-  assign \$1227  = width > 5'h14;
-  assign \$1228  = width > 5'h15;
-  assign \$1229  = width > 5'h16;
-  assign \$1230  = width > 5'h17;
-  assign \$1231  = ~ { 1'h0, \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208  };
-  assign \$1232  = $signed(hold[71:48]) < $signed(\$1231 );
-  assign \$1233  = width > 1'h1;
-  assign \$1234  = width > 2'h2;
-  assign \$1235  = width > 2'h3;
-  assign \$1236  = width > 3'h4;
-  assign \$1237  = width > 3'h5;
-  assign \$1238  = width > 3'h6;
-  assign \$1239  = width > 3'h7;
-  assign \$1240  = width > 4'h8;
-  assign \$1241  = width > 4'h9;
-  assign \$1242  = width > 4'ha;
-  assign \$1243  = width > 4'hb;
-  assign \$1244  = width > 4'hc;
-  assign \$1245  = width > 4'hd;
-  assign \$1246  = width > 4'he;
-  assign \$1247  = width > 4'hf;
-  assign \$1248  = width > 5'h10;
-  assign \$1249  = width > 5'h11;
-  assign \$1250  = width > 5'h12;
-  assign \$1251  = width > 5'h13;
-  assign \$1252  = width > 5'h14;
-  assign \$1253  = width > 5'h15;
-  assign \$1254  = width > 5'h16;
-  assign \$1255  = width > 5'h17;
-  assign \$1256  = ~ { 1'h0, \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233  };
-  assign \$1257  = \$1232  ? \$1256  : hold[71:48];
-  assign \$1258  = \$1184  ? { 1'h0, \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185  } : \$1257 ;
-  assign \$1259  = width > 1'h1;
-  assign \$1260  = width > 2'h2;
-  assign \$1261  = width > 2'h3;
-  assign \$1262  = width > 3'h4;
-  assign \$1263  = width > 3'h5;
-  assign \$1264  = width > 3'h6;
-  assign \$1265  = width > 3'h7;
-  assign \$1266  = width > 4'h8;
-  assign \$1267  = width > 4'h9;
-  assign \$1268  = width > 4'ha;
-  assign \$1269  = width > 4'hb;
-  assign \$1270  = width > 4'hc;
-  assign \$1271  = width > 4'hd;
-  assign \$1272  = width > 4'he;
-  assign \$1273  = width > 4'hf;
-  assign \$1274  = width > 5'h10;
-  assign \$1275  = width > 5'h11;
-  assign \$1276  = width > 5'h12;
-  assign \$1277  = width > 5'h13;
-  assign \$1278  = width > 5'h14;
-  assign \$1279  = width > 5'h15;
-  assign \$1280  = width > 5'h16;
-  assign \$1281  = width > 5'h17;
-  assign \$1282  = $signed(hold[95:72]) > $signed({ 1'h0, \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259  });
-  assign \$1283  = width > 1'h1;
-  assign \$1284  = width > 2'h2;
-  assign \$1285  = width > 2'h3;
-  assign \$1286  = width > 3'h4;
-  assign \$1287  = width > 3'h5;
-  assign \$1288  = width > 3'h6;
-  assign \$1289  = width > 3'h7;
-  assign \$1290  = width > 4'h8;
-  assign \$1291  = width > 4'h9;
-  assign \$1292  = width > 4'ha;
-  assign \$1293  = width > 4'hb;
-  assign \$1294  = width > 4'hc;
-  assign \$1295  = width > 4'hd;
-  assign \$1296  = width > 4'he;
-  assign \$1297  = width > 4'hf;
-  assign \$1298  = width > 5'h10;
-  assign \$1299  = width > 5'h11;
-  assign \$1300  = width > 5'h12;
-  assign \$1301  = width > 5'h13;
-  assign \$1302  = width > 5'h14;
-  assign \$1303  = width > 5'h15;
-  assign \$1304  = width > 5'h16;
-  assign \$1305  = width > 5'h17;
-  assign \$1306  = width > 1'h1;
-  assign \$1307  = width > 2'h2;
-  assign \$1308  = width > 2'h3;
-  assign \$1309  = width > 3'h4;
-  assign \$1310  = width > 3'h5;
-  assign \$1311  = width > 3'h6;
-  assign \$1312  = width > 3'h7;
-  assign \$1313  = width > 4'h8;
-  assign \$1314  = width > 4'h9;
-  assign \$1315  = width > 4'ha;
-  assign \$1316  = width > 4'hb;
-  assign \$1317  = width > 4'hc;
-  assign \$1318  = width > 4'hd;
-  assign \$1319  = width > 4'he;
-  assign \$1320  = width > 4'hf;
-  assign \$1321  = width > 5'h10;
-  assign \$1322  = width > 5'h11;
-  assign \$1323  = width > 5'h12;
-  assign \$1324  = width > 5'h13;
-  assign \$1325  = width > 5'h14;
-  assign \$1326  = width > 5'h15;
-  assign \$1327  = width > 5'h16;
-  assign \$1328  = width > 5'h17;
-  assign \$1329  = ~ { 1'h0, \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306  };
-  assign \$1330  = $signed(hold[95:72]) < $signed(\$1329 );
-  assign \$1331  = width > 1'h1;
-  assign \$1332  = width > 2'h2;
-  assign \$1333  = width > 2'h3;
-  assign \$1334  = width > 3'h4;
-  assign \$1335  = width > 3'h5;
-  assign \$1336  = width > 3'h6;
-  assign \$1337  = width > 3'h7;
-  assign \$1338  = width > 4'h8;
-  assign \$1339  = width > 4'h9;
-  assign \$1340  = width > 4'ha;
-  assign \$1341  = width > 4'hb;
-  assign \$1342  = width > 4'hc;
-  assign \$1343  = width > 4'hd;
-  assign \$1344  = width > 4'he;
-  assign \$1345  = width > 4'hf;
-  assign \$1346  = width > 5'h10;
-  assign \$1347  = width > 5'h11;
-  assign \$1348  = width > 5'h12;
-  assign \$1349  = width > 5'h13;
-  assign \$1350  = width > 5'h14;
-  assign \$1351  = width > 5'h15;
-  assign \$1352  = width > 5'h16;
-  assign \$1353  = width > 5'h17;
-  assign \$1354  = ~ { 1'h0, \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331  };
-  assign \$1355  = \$1330  ? \$1354  : hold[95:72];
-  assign \$1356  = \$1282  ? { 1'h0, \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283  } : \$1355 ;
-  assign \$1358  = \$signal$50  + 2'h3;
-  assign \$1359  = width > 1'h1;
-  assign \$1360  = width > 2'h2;
-  assign \$1361  = width > 2'h3;
-  assign \$1362  = width > 3'h4;
-  assign \$1363  = width > 3'h5;
-  assign \$1364  = width > 3'h6;
-  assign \$1365  = width > 3'h7;
-  assign \$1366  = width > 4'h8;
-  assign \$1367  = width > 4'h9;
-  assign \$1368  = width > 4'ha;
-  assign \$1369  = width > 4'hb;
-  assign \$1370  = width > 4'hc;
-  assign \$1371  = width > 4'hd;
-  assign \$1372  = width > 4'he;
-  assign \$1373  = width > 4'hf;
-  assign \$1374  = width > 5'h10;
-  assign \$1375  = width > 5'h11;
-  assign \$1376  = width > 5'h12;
-  assign \$1377  = width > 5'h13;
-  assign \$1378  = width > 5'h14;
-  assign \$1379  = width > 5'h15;
-  assign \$1380  = width > 5'h16;
-  assign \$1381  = width > 5'h17;
-  assign \$1382  = $signed(hold[23:0]) > $signed({ 1'h0, \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359  });
-  assign \$1383  = width > 1'h1;
-  assign \$1384  = width > 2'h2;
-  assign \$1385  = width > 2'h3;
-  assign \$1386  = width > 3'h4;
-  assign \$1387  = width > 3'h5;
-  assign \$1388  = width > 3'h6;
-  assign \$1389  = width > 3'h7;
-  assign \$1390  = width > 4'h8;
-  assign \$1391  = width > 4'h9;
-  assign \$1392  = width > 4'ha;
-  assign \$1393  = width > 4'hb;
-  assign \$1394  = width > 4'hc;
-  assign \$1395  = width > 4'hd;
-  assign \$1396  = width > 4'he;
-  assign \$1397  = width > 4'hf;
-  assign \$1398  = width > 5'h10;
-  assign \$1399  = width > 5'h11;
-  assign \$1400  = width > 5'h12;
-  assign \$1401  = width > 5'h13;
-  assign \$1402  = width > 5'h14;
-  assign \$1403  = width > 5'h15;
-  assign \$1404  = width > 5'h16;
-  assign \$1405  = width > 5'h17;
-  assign \$1406  = width > 1'h1;
-  assign \$1407  = width > 2'h2;
-  assign \$1408  = width > 2'h3;
-  assign \$1409  = width > 3'h4;
-  assign \$1410  = width > 3'h5;
-  assign \$1411  = width > 3'h6;
-  assign \$1412  = width > 3'h7;
-  assign \$1413  = width > 4'h8;
-  assign \$1414  = width > 4'h9;
-  assign \$1415  = width > 4'ha;
-  assign \$1416  = width > 4'hb;
-  assign \$1417  = width > 4'hc;
-  assign \$1418  = width > 4'hd;
-  assign \$1419  = width > 4'he;
-  assign \$1420  = width > 4'hf;
-  assign \$1421  = width > 5'h10;
-  assign \$1422  = width > 5'h11;
-  assign \$1423  = width > 5'h12;
-  assign \$1424  = width > 5'h13;
-  assign \$1425  = width > 5'h14;
-  assign \$1426  = width > 5'h15;
-  assign \$1427  = width > 5'h16;
-  assign \$1428  = width > 5'h17;
-  assign \$1429  = ~ { 1'h0, \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406  };
-  assign \$1430  = $signed(hold[23:0]) < $signed(\$1429 );
-  assign \$1431  = width > 1'h1;
-  assign \$1432  = width > 2'h2;
-  assign \$1433  = width > 2'h3;
-  assign \$1434  = width > 3'h4;
-  assign \$1435  = width > 3'h5;
-  assign \$1436  = width > 3'h6;
-  assign \$1437  = width > 3'h7;
-  assign \$1438  = width > 4'h8;
-  assign \$1439  = width > 4'h9;
-  assign \$1440  = width > 4'ha;
-  assign \$1441  = width > 4'hb;
-  assign \$1442  = width > 4'hc;
-  assign \$1443  = width > 4'hd;
-  assign \$1444  = width > 4'he;
-  assign \$1445  = width > 4'hf;
-  assign \$1446  = width > 5'h10;
-  assign \$1447  = width > 5'h11;
-  assign \$1448  = width > 5'h12;
-  assign \$1449  = width > 5'h13;
-  assign \$1450  = width > 5'h14;
-  assign \$1451  = width > 5'h15;
-  assign \$1452  = width > 5'h16;
-  assign \$1453  = width > 5'h17;
-  assign \$1454  = ~ { 1'h0, \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431  };
-  assign \$1455  = \$1430  ? \$1454  : hold[23:0];
-  assign \$1456  = \$1382  ? { 1'h0, \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383  } : \$1455 ;
-  assign \$1457  = width > 1'h1;
-  assign \$1458  = width > 2'h2;
-  assign \$1459  = width > 2'h3;
-  assign \$1460  = width > 3'h4;
-  assign \$1461  = width > 3'h5;
-  assign \$1462  = width > 3'h6;
-  assign \$1463  = width > 3'h7;
-  assign \$1464  = width > 4'h8;
-  assign \$1465  = width > 4'h9;
-  assign \$1466  = width > 4'ha;
-  assign \$1467  = width > 4'hb;
-  assign \$1468  = width > 4'hc;
-  assign \$1469  = width > 4'hd;
-  assign \$1470  = width > 4'he;
-  assign \$1471  = width > 4'hf;
-  assign \$1472  = width > 5'h10;
-  assign \$1473  = width > 5'h11;
-  assign \$1474  = width > 5'h12;
-  assign \$1475  = width > 5'h13;
-  assign \$1476  = width > 5'h14;
-  assign \$1477  = width > 5'h15;
-  assign \$1478  = width > 5'h16;
-  assign \$1479  = width > 5'h17;
-  assign \$1480  = $signed(hold[47:24]) > $signed({ 1'h0, \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457  });
-  assign \$1481  = width > 1'h1;
-  assign \$1482  = width > 2'h2;
-  assign \$1483  = width > 2'h3;
-  assign \$1484  = width > 3'h4;
-  assign \$1485  = width > 3'h5;
-  assign \$1486  = width > 3'h6;
-  assign \$1487  = width > 3'h7;
-  assign \$1488  = width > 4'h8;
-  assign \$1489  = width > 4'h9;
-  assign \$1490  = width > 4'ha;
-  assign \$1491  = width > 4'hb;
-  assign \$1492  = width > 4'hc;
-  assign \$1493  = width > 4'hd;
-  assign \$1494  = width > 4'he;
-  assign \$1495  = width > 4'hf;
-  assign \$1496  = width > 5'h10;
-  assign \$1497  = width > 5'h11;
-  assign \$1498  = width > 5'h12;
-  assign \$1499  = width > 5'h13;
-  assign \$1500  = width > 5'h14;
-  assign \$1501  = width > 5'h15;
-  assign \$1502  = width > 5'h16;
-  assign \$1503  = width > 5'h17;
-  assign \$1504  = width > 1'h1;
-  assign \$1505  = width > 2'h2;
-  assign \$1506  = width > 2'h3;
-  assign \$1507  = width > 3'h4;
-  assign \$1508  = width > 3'h5;
-  assign \$1509  = width > 3'h6;
-  assign \$1510  = width > 3'h7;
-  assign \$1511  = width > 4'h8;
-  assign \$1512  = width > 4'h9;
-  assign \$1513  = width > 4'ha;
-  assign \$1514  = width > 4'hb;
-  assign \$1515  = width > 4'hc;
-  assign \$1516  = width > 4'hd;
-  assign \$1517  = width > 4'he;
-  assign \$1518  = width > 4'hf;
-  assign \$1519  = width > 5'h10;
-  assign \$1520  = width > 5'h11;
-  assign \$1521  = width > 5'h12;
-  assign \$1522  = width > 5'h13;
-  assign \$1523  = width > 5'h14;
-  assign \$1524  = width > 5'h15;
-  assign \$1525  = width > 5'h16;
-  assign \$1526  = width > 5'h17;
-  assign \$1527  = ~ { 1'h0, \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504  };
-  assign \$1528  = $signed(hold[47:24]) < $signed(\$1527 );
-  assign \$1529  = width > 1'h1;
-  assign \$1530  = width > 2'h2;
-  assign \$1531  = width > 2'h3;
-  assign \$1532  = width > 3'h4;
-  assign \$1533  = width > 3'h5;
-  assign \$1534  = width > 3'h6;
-  assign \$1535  = width > 3'h7;
-  assign \$1536  = width > 4'h8;
-  assign \$1537  = width > 4'h9;
-  assign \$1538  = width > 4'ha;
-  assign \$1539  = width > 4'hb;
-  assign \$1540  = width > 4'hc;
-  assign \$1541  = width > 4'hd;
-  assign \$1542  = width > 4'he;
-  assign \$1543  = width > 4'hf;
-  assign \$1544  = width > 5'h10;
-  assign \$1545  = width > 5'h11;
-  assign \$1546  = width > 5'h12;
-  assign \$1547  = width > 5'h13;
-  assign \$1548  = width > 5'h14;
-  assign \$1549  = width > 5'h15;
-  assign \$1550  = width > 5'h16;
-  assign \$1551  = width > 5'h17;
-  assign \$1552  = ~ { 1'h0, \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529  };
-  assign \$1553  = \$1528  ? \$1552  : hold[47:24];
-  assign \$1554  = \$1480  ? { 1'h0, \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481  } : \$1553 ;
-  assign \$1555  = width > 1'h1;
-  assign \$1556  = width > 2'h2;
-  assign \$1557  = width > 2'h3;
-  assign \$1558  = width > 3'h4;
-  assign \$1559  = width > 3'h5;
-  assign \$1560  = width > 3'h6;
-  assign \$1561  = width > 3'h7;
-  assign \$1562  = width > 4'h8;
-  assign \$1563  = width > 4'h9;
-  assign \$1564  = width > 4'ha;
-  assign \$1565  = width > 4'hb;
-  assign \$1566  = width > 4'hc;
-  assign \$1567  = width > 4'hd;
-  assign \$1568  = width > 4'he;
-  assign \$1569  = width > 4'hf;
-  assign \$1570  = width > 5'h10;
-  assign \$1571  = width > 5'h11;
-  assign \$1572  = width > 5'h12;
-  assign \$1573  = width > 5'h13;
-  assign \$1574  = width > 5'h14;
-  assign \$1575  = width > 5'h15;
-  assign \$1576  = width > 5'h16;
-  assign \$1577  = width > 5'h17;
-  assign \$1578  = $signed(hold[71:48]) > $signed({ 1'h0, \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555  });
-  assign \$1579  = width > 1'h1;
-  assign \$1580  = width > 2'h2;
-  assign \$1581  = width > 2'h3;
-  assign \$1582  = width > 3'h4;
-  assign \$1583  = width > 3'h5;
-  assign \$1584  = width > 3'h6;
-  assign \$1585  = width > 3'h7;
-  assign \$1586  = width > 4'h8;
-  assign \$1587  = width > 4'h9;
-  assign \$1588  = width > 4'ha;
-  assign \$1589  = width > 4'hb;
-  assign \$1590  = width > 4'hc;
-  assign \$1591  = width > 4'hd;
-  assign \$1592  = width > 4'he;
-  assign \$1593  = width > 4'hf;
-  assign \$1594  = width > 5'h10;
-  assign \$1595  = width > 5'h11;
-  assign \$1596  = width > 5'h12;
-  assign \$1597  = width > 5'h13;
-  assign \$1598  = width > 5'h14;
-  assign \$1599  = width > 5'h15;
-  assign \$1600  = width > 5'h16;
-  assign \$1601  = width > 5'h17;
-  assign \$1602  = width > 1'h1;
-  assign \$1603  = width > 2'h2;
-  assign \$1604  = width > 2'h3;
-  assign \$1605  = width > 3'h4;
-  assign \$1606  = width > 3'h5;
-  assign \$1607  = width > 3'h6;
-  assign \$1608  = width > 3'h7;
-  assign \$1609  = width > 4'h8;
-  assign \$1610  = width > 4'h9;
-  assign \$1611  = width > 4'ha;
-  assign \$1612  = width > 4'hb;
-  assign \$1613  = width > 4'hc;
-  assign \$1614  = width > 4'hd;
-  assign \$1615  = width > 4'he;
-  assign \$1616  = width > 4'hf;
-  assign \$1617  = width > 5'h10;
-  assign \$1618  = width > 5'h11;
-  assign \$1619  = width > 5'h12;
-  assign \$1620  = width > 5'h13;
-  assign \$1621  = width > 5'h14;
-  assign \$1622  = width > 5'h15;
-  assign \$1623  = width > 5'h16;
-  assign \$1624  = width > 5'h17;
-  assign \$1625  = ~ { 1'h0, \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602  };
-  assign \$1626  = $signed(hold[71:48]) < $signed(\$1625 );
-  assign \$1627  = width > 1'h1;
-  assign \$1628  = width > 2'h2;
-  assign \$1629  = width > 2'h3;
-  assign \$1630  = width > 3'h4;
-  assign \$1631  = width > 3'h5;
-  assign \$1632  = width > 3'h6;
-  assign \$1633  = width > 3'h7;
-  assign \$1634  = width > 4'h8;
-  assign \$1635  = width > 4'h9;
-  assign \$1636  = width > 4'ha;
-  assign \$1637  = width > 4'hb;
-  assign \$1638  = width > 4'hc;
-  assign \$1639  = width > 4'hd;
-  assign \$1640  = width > 4'he;
-  assign \$1641  = width > 4'hf;
-  assign \$1642  = width > 5'h10;
-  assign \$1643  = width > 5'h11;
-  assign \$1644  = width > 5'h12;
-  assign \$1645  = width > 5'h13;
-  assign \$1646  = width > 5'h14;
-  assign \$1647  = width > 5'h15;
-  assign \$1648  = width > 5'h16;
-  assign \$1649  = width > 5'h17;
-  assign \$1650  = ~ { 1'h0, \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627  };
-  assign \$1651  = \$1626  ? \$1650  : hold[71:48];
-  assign \$1652  = \$1578  ? { 1'h0, \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579  } : \$1651 ;
-  assign \$1653  = width > 1'h1;
-  assign \$1654  = width > 2'h2;
-  assign \$1655  = width > 2'h3;
-  assign \$1656  = width > 3'h4;
-  assign \$1657  = width > 3'h5;
-  assign \$1658  = width > 3'h6;
-  assign \$1659  = width > 3'h7;
-  assign \$1660  = width > 4'h8;
-  assign \$1661  = width > 4'h9;
-  assign \$1662  = width > 4'ha;
-  assign \$1663  = width > 4'hb;
-  assign \$1664  = width > 4'hc;
-  assign \$1665  = width > 4'hd;
-  assign \$1666  = width > 4'he;
-  assign \$1667  = width > 4'hf;
-  assign \$1668  = width > 5'h10;
-  assign \$1669  = width > 5'h11;
-  assign \$1670  = width > 5'h12;
-  assign \$1671  = width > 5'h13;
-  assign \$1672  = width > 5'h14;
-  assign \$1673  = width > 5'h15;
-  assign \$1674  = width > 5'h16;
-  assign \$1675  = width > 5'h17;
-  assign \$1676  = $signed(hold[95:72]) > $signed({ 1'h0, \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653  });
-  assign \$1677  = width > 1'h1;
-  assign \$1678  = width > 2'h2;
-  assign \$1679  = width > 2'h3;
-  assign \$1680  = width > 3'h4;
-  assign \$1681  = width > 3'h5;
-  assign \$1682  = width > 3'h6;
-  assign \$1683  = width > 3'h7;
-  assign \$1684  = width > 4'h8;
-  assign \$1685  = width > 4'h9;
-  assign \$1686  = width > 4'ha;
-  assign \$1687  = width > 4'hb;
-  assign \$1688  = width > 4'hc;
-  assign \$1689  = width > 4'hd;
-  assign \$1690  = width > 4'he;
-  assign \$1691  = width > 4'hf;
-  assign \$1692  = width > 5'h10;
-  assign \$1693  = width > 5'h11;
-  assign \$1694  = width > 5'h12;
-  assign \$1695  = width > 5'h13;
-  assign \$1696  = width > 5'h14;
-  assign \$1697  = width > 5'h15;
-  assign \$1698  = width > 5'h16;
-  assign \$1699  = width > 5'h17;
-  assign \$1700  = width > 1'h1;
-  assign \$1701  = width > 2'h2;
-  assign \$1702  = width > 2'h3;
-  assign \$1703  = width > 3'h4;
-  assign \$1704  = width > 3'h5;
-  assign \$1705  = width > 3'h6;
-  assign \$1706  = width > 3'h7;
-  assign \$1707  = width > 4'h8;
-  assign \$1708  = width > 4'h9;
-  assign \$1709  = width > 4'ha;
-  assign \$1710  = width > 4'hb;
-  assign \$1711  = width > 4'hc;
-  assign \$1712  = width > 4'hd;
-  assign \$1713  = width > 4'he;
-  assign \$1714  = width > 4'hf;
-  assign \$1715  = width > 5'h10;
-  assign \$1716  = width > 5'h11;
-  assign \$1717  = width > 5'h12;
-  assign \$1718  = width > 5'h13;
-  assign \$1719  = width > 5'h14;
-  assign \$1720  = width > 5'h15;
-  assign \$1721  = width > 5'h16;
-  assign \$1722  = width > 5'h17;
-  assign \$1723  = ~ { 1'h0, \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700  };
-  assign \$1724  = $signed(hold[95:72]) < $signed(\$1723 );
-  assign \$1725  = width > 1'h1;
-  assign \$1726  = width > 2'h2;
-  assign \$1727  = width > 2'h3;
-  assign \$1728  = width > 3'h4;
-  assign \$1729  = width > 3'h5;
-  assign \$1730  = width > 3'h6;
-  assign \$1731  = width > 3'h7;
-  assign \$1732  = width > 4'h8;
-  assign \$1733  = width > 4'h9;
-  assign \$1734  = width > 4'ha;
-  assign \$1735  = width > 4'hb;
-  assign \$1736  = width > 4'hc;
-  assign \$1737  = width > 4'hd;
-  assign \$1738  = width > 4'he;
-  assign \$1739  = width > 4'hf;
-  assign \$1740  = width > 5'h10;
-  assign \$1741  = width > 5'h11;
-  assign \$1742  = width > 5'h12;
-  assign \$1743  = width > 5'h13;
-  assign \$1744  = width > 5'h14;
-  assign \$1745  = width > 5'h15;
-  assign \$1746  = width > 5'h16;
-  assign \$1747  = width > 5'h17;
-  assign \$1748  = ~ { 1'h0, \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725  };
-  assign \$1749  = \$1724  ? \$1748  : hold[95:72];
-  assign \$1750  = \$1676  ? { 1'h0, \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677  } : \$1749 ;
-  assign \$1752  = \$signal$49  > 1'h1;
-  assign \$1753  = \$signal$49  > 2'h2;
-  assign \$1754  = \$signal$49  > 2'h3;
-  assign \$1756  = ins[47:35] + \$1755 ;
+  assign \$173  = ins[122:109] - el;
+  assign \$174  = $signed(\$173 ) <= $signed(4'h4);
+  assign \$175  = \$172  | \$174 ;
+  assign \$176  = ~ hold_valid;
+  assign \$177  = \$176  | \$signal$51 ;
+  assign \$178  = ins[60:48] + el;
+  assign \$179  = width > 1'h1;
+  assign \$180  = width > 2'h2;
+  assign \$181  = width > 2'h3;
+  assign \$182  = width > 3'h4;
+  assign \$183  = width > 3'h5;
+  assign \$184  = width > 3'h6;
+  assign \$185  = width > 3'h7;
+  assign \$186  = width > 4'h8;
+  assign \$187  = width > 4'h9;
+  assign \$188  = width > 4'ha;
+  assign \$189  = width > 4'hb;
+  assign \$190  = width > 4'hc;
+  assign \$191  = width > 4'hd;
+  assign \$192  = width > 4'he;
+  assign \$193  = width > 4'hf;
+  assign \$194  = width > 5'h10;
+  assign \$195  = width > 5'h11;
+  assign \$196  = width > 5'h12;
+  assign \$197  = width > 5'h13;
+  assign \$198  = width > 5'h14;
+  assign \$199  = width > 5'h15;
+  assign \$200  = width > 5'h16;
+  assign \$201  = width > 5'h17;
+  assign \$202  = $signed(hold[23:0]) > $signed({ 1'h0, \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179  });
+  assign \$203  = width > 1'h1;
+  assign \$204  = width > 2'h2;
+  assign \$205  = width > 2'h3;
+  assign \$206  = width > 3'h4;
+  assign \$207  = width > 3'h5;
+  assign \$208  = width > 3'h6;
+  assign \$209  = width > 3'h7;
+  assign \$210  = width > 4'h8;
+  assign \$211  = width > 4'h9;
+  assign \$212  = width > 4'ha;
+  assign \$213  = width > 4'hb;
+  assign \$214  = width > 4'hc;
+  assign \$215  = width > 4'hd;
+  assign \$216  = width > 4'he;
+  assign \$217  = width > 4'hf;
+  assign \$218  = width > 5'h10;
+  assign \$219  = width > 5'h11;
+  assign \$220  = width > 5'h12;
+  assign \$221  = width > 5'h13;
+  assign \$222  = width > 5'h14;
+  assign \$223  = width > 5'h15;
+  assign \$224  = width > 5'h16;
+  assign \$225  = width > 5'h17;
+  assign \$226  = width > 1'h1;
+  assign \$227  = width > 2'h2;
+  assign \$228  = width > 2'h3;
+  assign \$229  = width > 3'h4;
+  assign \$230  = width > 3'h5;
+  assign \$231  = width > 3'h6;
+  assign \$232  = width > 3'h7;
+  assign \$233  = width > 4'h8;
+  assign \$234  = width > 4'h9;
+  assign \$235  = width > 4'ha;
+  assign \$236  = width > 4'hb;
+  assign \$237  = width > 4'hc;
+  assign \$238  = width > 4'hd;
+  assign \$239  = width > 4'he;
+  assign \$240  = width > 4'hf;
+  assign \$241  = width > 5'h10;
+  assign \$242  = width > 5'h11;
+  assign \$243  = width > 5'h12;
+  assign \$244  = width > 5'h13;
+  assign \$245  = width > 5'h14;
+  assign \$246  = width > 5'h15;
+  assign \$247  = width > 5'h16;
+  assign \$248  = width > 5'h17;
+  assign \$249  = ~ { 1'h0, \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226  };
+  assign \$250  = $signed(hold[23:0]) < $signed(\$249 );
+  assign \$251  = width > 1'h1;
+  assign \$252  = width > 2'h2;
+  assign \$253  = width > 2'h3;
+  assign \$254  = width > 3'h4;
+  assign \$255  = width > 3'h5;
+  assign \$256  = width > 3'h6;
+  assign \$257  = width > 3'h7;
+  assign \$258  = width > 4'h8;
+  assign \$259  = width > 4'h9;
+  assign \$260  = width > 4'ha;
+  assign \$261  = width > 4'hb;
+  assign \$262  = width > 4'hc;
+  assign \$263  = width > 4'hd;
+  assign \$264  = width > 4'he;
+  assign \$265  = width > 4'hf;
+  assign \$266  = width > 5'h10;
+  assign \$267  = width > 5'h11;
+  assign \$268  = width > 5'h12;
+  assign \$269  = width > 5'h13;
+  assign \$270  = width > 5'h14;
+  assign \$271  = width > 5'h15;
+  assign \$272  = width > 5'h16;
+  assign \$273  = width > 5'h17;
+  assign \$274  = ~ { 1'h0, \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251  };
+  assign \$275  = \$250  ? \$274  : hold[23:0];
+  assign \$276  = \$202  ? { 1'h0, \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203  } : \$275 ;
+  assign \$277  = width > 1'h1;
+  assign \$278  = width > 2'h2;
+  assign \$279  = width > 2'h3;
+  assign \$280  = width > 3'h4;
+  assign \$281  = width > 3'h5;
+  assign \$282  = width > 3'h6;
+  assign \$283  = width > 3'h7;
+  assign \$284  = width > 4'h8;
+  assign \$285  = width > 4'h9;
+  assign \$286  = width > 4'ha;
+  assign \$287  = width > 4'hb;
+  assign \$288  = width > 4'hc;
+  assign \$289  = width > 4'hd;
+  assign \$290  = width > 4'he;
+  assign \$291  = width > 4'hf;
+  assign \$292  = width > 5'h10;
+  assign \$293  = width > 5'h11;
+  assign \$294  = width > 5'h12;
+  assign \$295  = width > 5'h13;
+  assign \$296  = width > 5'h14;
+  assign \$297  = width > 5'h15;
+  assign \$298  = width > 5'h16;
+  assign \$299  = width > 5'h17;
+  assign \$300  = $signed(hold[47:24]) > $signed({ 1'h0, \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277  });
+  assign \$301  = width > 1'h1;
+  assign \$302  = width > 2'h2;
+  assign \$303  = width > 2'h3;
+  assign \$304  = width > 3'h4;
+  assign \$305  = width > 3'h5;
+  assign \$306  = width > 3'h6;
+  assign \$307  = width > 3'h7;
+  assign \$308  = width > 4'h8;
+  assign \$309  = width > 4'h9;
+  assign \$310  = width > 4'ha;
+  assign \$311  = width > 4'hb;
+  assign \$312  = width > 4'hc;
+  assign \$313  = width > 4'hd;
+  assign \$314  = width > 4'he;
+  assign \$315  = width > 4'hf;
+  assign \$316  = width > 5'h10;
+  assign \$317  = width > 5'h11;
+  assign \$318  = width > 5'h12;
+  assign \$319  = width > 5'h13;
+  assign \$320  = width > 5'h14;
+  assign \$321  = width > 5'h15;
+  assign \$322  = width > 5'h16;
+  assign \$323  = width > 5'h17;
+  assign \$324  = width > 1'h1;
+  assign \$325  = width > 2'h2;
+  assign \$326  = width > 2'h3;
+  assign \$327  = width > 3'h4;
+  assign \$328  = width > 3'h5;
+  assign \$329  = width > 3'h6;
+  assign \$330  = width > 3'h7;
+  assign \$331  = width > 4'h8;
+  assign \$332  = width > 4'h9;
+  assign \$333  = width > 4'ha;
+  assign \$334  = width > 4'hb;
+  assign \$335  = width > 4'hc;
+  assign \$336  = width > 4'hd;
+  assign \$337  = width > 4'he;
+  assign \$338  = width > 4'hf;
+  assign \$339  = width > 5'h10;
+  assign \$340  = width > 5'h11;
+  assign \$341  = width > 5'h12;
+  assign \$342  = width > 5'h13;
+  assign \$343  = width > 5'h14;
+  assign \$344  = width > 5'h15;
+  assign \$345  = width > 5'h16;
+  assign \$346  = width > 5'h17;
+  assign \$347  = ~ { 1'h0, \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324  };
+  assign \$348  = $signed(hold[47:24]) < $signed(\$347 );
+  assign \$349  = width > 1'h1;
+  assign \$350  = width > 2'h2;
+  assign \$351  = width > 2'h3;
+  assign \$352  = width > 3'h4;
+  assign \$353  = width > 3'h5;
+  assign \$354  = width > 3'h6;
+  assign \$355  = width > 3'h7;
+  assign \$356  = width > 4'h8;
+  assign \$357  = width > 4'h9;
+  assign \$358  = width > 4'ha;
+  assign \$359  = width > 4'hb;
+  assign \$360  = width > 4'hc;
+  assign \$361  = width > 4'hd;
+  assign \$362  = width > 4'he;
+  assign \$363  = width > 4'hf;
+  assign \$364  = width > 5'h10;
+  assign \$365  = width > 5'h11;
+  assign \$366  = width > 5'h12;
+  assign \$367  = width > 5'h13;
+  assign \$368  = width > 5'h14;
+  assign \$369  = width > 5'h15;
+  assign \$370  = width > 5'h16;
+  assign \$371  = width > 5'h17;
+  assign \$372  = ~ { 1'h0, \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349  };
+  assign \$373  = \$348  ? \$372  : hold[47:24];
+  assign \$374  = \$300  ? { 1'h0, \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301  } : \$373 ;
+  assign \$375  = width > 1'h1;
+  assign \$376  = width > 2'h2;
+  assign \$377  = width > 2'h3;
+  assign \$378  = width > 3'h4;
+  assign \$379  = width > 3'h5;
+  assign \$380  = width > 3'h6;
+  assign \$381  = width > 3'h7;
+  assign \$382  = width > 4'h8;
+  assign \$383  = width > 4'h9;
+  assign \$384  = width > 4'ha;
+  assign \$385  = width > 4'hb;
+  assign \$386  = width > 4'hc;
+  assign \$387  = width > 4'hd;
+  assign \$388  = width > 4'he;
+  assign \$389  = width > 4'hf;
+  assign \$390  = width > 5'h10;
+  assign \$391  = width > 5'h11;
+  assign \$392  = width > 5'h12;
+  assign \$393  = width > 5'h13;
+  assign \$394  = width > 5'h14;
+  assign \$395  = width > 5'h15;
+  assign \$396  = width > 5'h16;
+  assign \$397  = width > 5'h17;
+  assign \$398  = $signed(hold[71:48]) > $signed({ 1'h0, \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375  });
+  assign \$399  = width > 1'h1;
+  assign \$400  = width > 2'h2;
+  assign \$401  = width > 2'h3;
+  assign \$402  = width > 3'h4;
+  assign \$403  = width > 3'h5;
+  assign \$404  = width > 3'h6;
+  assign \$405  = width > 3'h7;
+  assign \$406  = width > 4'h8;
+  assign \$407  = width > 4'h9;
+  assign \$408  = width > 4'ha;
+  assign \$409  = width > 4'hb;
+  assign \$410  = width > 4'hc;
+  assign \$411  = width > 4'hd;
+  assign \$412  = width > 4'he;
+  assign \$413  = width > 4'hf;
+  assign \$414  = width > 5'h10;
+  assign \$415  = width > 5'h11;
+  assign \$416  = width > 5'h12;
+  assign \$417  = width > 5'h13;
+  assign \$418  = width > 5'h14;
+  assign \$419  = width > 5'h15;
+  assign \$420  = width > 5'h16;
+  assign \$421  = width > 5'h17;
+  assign \$422  = width > 1'h1;
+  assign \$423  = width > 2'h2;
+  assign \$424  = width > 2'h3;
+  assign \$425  = width > 3'h4;
+  assign \$426  = width > 3'h5;
+  assign \$427  = width > 3'h6;
+  assign \$428  = width > 3'h7;
+  assign \$429  = width > 4'h8;
+  assign \$430  = width > 4'h9;
+  assign \$431  = width > 4'ha;
+  assign \$432  = width > 4'hb;
+  assign \$433  = width > 4'hc;
+  assign \$434  = width > 4'hd;
+  assign \$435  = width > 4'he;
+  assign \$436  = width > 4'hf;
+  assign \$437  = width > 5'h10;
+  assign \$438  = width > 5'h11;
+  assign \$439  = width > 5'h12;
+  assign \$440  = width > 5'h13;
+  assign \$441  = width > 5'h14;
+  assign \$442  = width > 5'h15;
+  assign \$443  = width > 5'h16;
+  assign \$444  = width > 5'h17;
+  assign \$445  = ~ { 1'h0, \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422  };
+  assign \$446  = $signed(hold[71:48]) < $signed(\$445 );
+  assign \$447  = width > 1'h1;
+  assign \$448  = width > 2'h2;
+  assign \$449  = width > 2'h3;
+  assign \$450  = width > 3'h4;
+  assign \$451  = width > 3'h5;
+  assign \$452  = width > 3'h6;
+  assign \$453  = width > 3'h7;
+  assign \$454  = width > 4'h8;
+  assign \$455  = width > 4'h9;
+  assign \$456  = width > 4'ha;
+  assign \$457  = width > 4'hb;
+  assign \$458  = width > 4'hc;
+  assign \$459  = width > 4'hd;
+  assign \$460  = width > 4'he;
+  assign \$461  = width > 4'hf;
+  assign \$462  = width > 5'h10;
+  assign \$463  = width > 5'h11;
+  assign \$464  = width > 5'h12;
+  assign \$465  = width > 5'h13;
+  assign \$466  = width > 5'h14;
+  assign \$467  = width > 5'h15;
+  assign \$468  = width > 5'h16;
+  assign \$469  = width > 5'h17;
+  assign \$470  = ~ { 1'h0, \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447  };
+  assign \$471  = \$446  ? \$470  : hold[71:48];
+  assign \$472  = \$398  ? { 1'h0, \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399  } : \$471 ;
+  assign \$473  = width > 1'h1;
+  assign \$474  = width > 2'h2;
+  assign \$475  = width > 2'h3;
+  assign \$476  = width > 3'h4;
+  assign \$477  = width > 3'h5;
+  assign \$478  = width > 3'h6;
+  assign \$479  = width > 3'h7;
+  assign \$480  = width > 4'h8;
+  assign \$481  = width > 4'h9;
+  assign \$482  = width > 4'ha;
+  assign \$483  = width > 4'hb;
+  assign \$484  = width > 4'hc;
+  assign \$485  = width > 4'hd;
+  assign \$486  = width > 4'he;
+  assign \$487  = width > 4'hf;
+  assign \$488  = width > 5'h10;
+  assign \$489  = width > 5'h11;
+  assign \$490  = width > 5'h12;
+  assign \$491  = width > 5'h13;
+  assign \$492  = width > 5'h14;
+  assign \$493  = width > 5'h15;
+  assign \$494  = width > 5'h16;
+  assign \$495  = width > 5'h17;
+  assign \$496  = $signed(hold[95:72]) > $signed({ 1'h0, \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473  });
+  assign \$497  = width > 1'h1;
+  assign \$498  = width > 2'h2;
+  assign \$499  = width > 2'h3;
+  assign \$500  = width > 3'h4;
+  assign \$501  = width > 3'h5;
+  assign \$502  = width > 3'h6;
+  assign \$503  = width > 3'h7;
+  assign \$504  = width > 4'h8;
+  assign \$505  = width > 4'h9;
+  assign \$506  = width > 4'ha;
+  assign \$507  = width > 4'hb;
+  assign \$508  = width > 4'hc;
+  assign \$509  = width > 4'hd;
+  assign \$510  = width > 4'he;
+  assign \$511  = width > 4'hf;
+  assign \$512  = width > 5'h10;
+  assign \$513  = width > 5'h11;
+  assign \$514  = width > 5'h12;
+  assign \$515  = width > 5'h13;
+  assign \$516  = width > 5'h14;
+  assign \$517  = width > 5'h15;
+  assign \$518  = width > 5'h16;
+  assign \$519  = width > 5'h17;
+  assign \$520  = width > 1'h1;
+  assign \$521  = width > 2'h2;
+  assign \$522  = width > 2'h3;
+  assign \$523  = width > 3'h4;
+  assign \$524  = width > 3'h5;
+  assign \$525  = width > 3'h6;
+  assign \$526  = width > 3'h7;
+  assign \$527  = width > 4'h8;
+  assign \$528  = width > 4'h9;
+  assign \$529  = width > 4'ha;
+  assign \$530  = width > 4'hb;
+  assign \$531  = width > 4'hc;
+  assign \$532  = width > 4'hd;
+  assign \$533  = width > 4'he;
+  assign \$534  = width > 4'hf;
+  assign \$535  = width > 5'h10;
+  assign \$536  = width > 5'h11;
+  assign \$537  = width > 5'h12;
+  assign \$538  = width > 5'h13;
+  assign \$539  = width > 5'h14;
+  assign \$540  = width > 5'h15;
+  assign \$541  = width > 5'h16;
+  assign \$542  = width > 5'h17;
+  assign \$543  = ~ { 1'h0, \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520  };
+  assign \$544  = $signed(hold[95:72]) < $signed(\$543 );
+  assign \$545  = width > 1'h1;
+  assign \$546  = width > 2'h2;
+  assign \$547  = width > 2'h3;
+  assign \$548  = width > 3'h4;
+  assign \$549  = width > 3'h5;
+  assign \$550  = width > 3'h6;
+  assign \$551  = width > 3'h7;
+  assign \$552  = width > 4'h8;
+  assign \$553  = width > 4'h9;
+  assign \$554  = width > 4'ha;
+  assign \$555  = width > 4'hb;
+  assign \$556  = width > 4'hc;
+  assign \$557  = width > 4'hd;
+  assign \$558  = width > 4'he;
+  assign \$559  = width > 4'hf;
+  assign \$560  = width > 5'h10;
+  assign \$561  = width > 5'h11;
+  assign \$562  = width > 5'h12;
+  assign \$563  = width > 5'h13;
+  assign \$564  = width > 5'h14;
+  assign \$565  = width > 5'h15;
+  assign \$566  = width > 5'h16;
+  assign \$567  = width > 5'h17;
+  assign \$568  = ~ { 1'h0, \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545  };
+  assign \$569  = \$544  ? \$568  : hold[95:72];
+  assign \$570  = \$496  ? { 1'h0, \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497  } : \$569 ;
+  assign \$572  = \$signal$50  + 1'h1;
+  assign \$573  = width > 1'h1;
+  assign \$574  = width > 2'h2;
+  assign \$575  = width > 2'h3;
+  assign \$576  = width > 3'h4;
+  assign \$577  = width > 3'h5;
+  assign \$578  = width > 3'h6;
+  assign \$579  = width > 3'h7;
+  assign \$580  = width > 4'h8;
+  assign \$581  = width > 4'h9;
+  assign \$582  = width > 4'ha;
+  assign \$583  = width > 4'hb;
+  assign \$584  = width > 4'hc;
+  assign \$585  = width > 4'hd;
+  assign \$586  = width > 4'he;
+  assign \$587  = width > 4'hf;
+  assign \$588  = width > 5'h10;
+  assign \$589  = width > 5'h11;
+  assign \$590  = width > 5'h12;
+  assign \$591  = width > 5'h13;
+  assign \$592  = width > 5'h14;
+  assign \$593  = width > 5'h15;
+  assign \$594  = width > 5'h16;
+  assign \$595  = width > 5'h17;
+  assign \$596  = $signed(hold[23:0]) > $signed({ 1'h0, \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573  });
+  assign \$597  = width > 1'h1;
+  assign \$598  = width > 2'h2;
+  assign \$599  = width > 2'h3;
+  assign \$600  = width > 3'h4;
+  assign \$601  = width > 3'h5;
+  assign \$602  = width > 3'h6;
+  assign \$603  = width > 3'h7;
+  assign \$604  = width > 4'h8;
+  assign \$605  = width > 4'h9;
+  assign \$606  = width > 4'ha;
+  assign \$607  = width > 4'hb;
+  assign \$608  = width > 4'hc;
+  assign \$609  = width > 4'hd;
+  assign \$610  = width > 4'he;
+  assign \$611  = width > 4'hf;
+  assign \$612  = width > 5'h10;
+  assign \$613  = width > 5'h11;
+  assign \$614  = width > 5'h12;
+  assign \$615  = width > 5'h13;
+  assign \$616  = width > 5'h14;
+  assign \$617  = width > 5'h15;
+  assign \$618  = width > 5'h16;
+  assign \$619  = width > 5'h17;
+  assign \$620  = width > 1'h1;
+  assign \$621  = width > 2'h2;
+  assign \$622  = width > 2'h3;
+  assign \$623  = width > 3'h4;
+  assign \$624  = width > 3'h5;
+  assign \$625  = width > 3'h6;
+  assign \$626  = width > 3'h7;
+  assign \$627  = width > 4'h8;
+  assign \$628  = width > 4'h9;
+  assign \$629  = width > 4'ha;
+  assign \$630  = width > 4'hb;
+  assign \$631  = width > 4'hc;
+  assign \$632  = width > 4'hd;
+  assign \$633  = width > 4'he;
+  assign \$634  = width > 4'hf;
+  assign \$635  = width > 5'h10;
+  assign \$636  = width > 5'h11;
+  assign \$637  = width > 5'h12;
+  assign \$638  = width > 5'h13;
+  assign \$639  = width > 5'h14;
+  assign \$640  = width > 5'h15;
+  assign \$641  = width > 5'h16;
+  assign \$642  = width > 5'h17;
+  assign \$643  = ~ { 1'h0, \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620  };
+  assign \$644  = $signed(hold[23:0]) < $signed(\$643 );
+  assign \$645  = width > 1'h1;
+  assign \$646  = width > 2'h2;
+  assign \$647  = width > 2'h3;
+  assign \$648  = width > 3'h4;
+  assign \$649  = width > 3'h5;
+  assign \$650  = width > 3'h6;
+  assign \$651  = width > 3'h7;
+  assign \$652  = width > 4'h8;
+  assign \$653  = width > 4'h9;
+  assign \$654  = width > 4'ha;
+  assign \$655  = width > 4'hb;
+  assign \$656  = width > 4'hc;
+  assign \$657  = width > 4'hd;
+  assign \$658  = width > 4'he;
+  assign \$659  = width > 4'hf;
+  assign \$660  = width > 5'h10;
+  assign \$661  = width > 5'h11;
+  assign \$662  = width > 5'h12;
+  assign \$663  = width > 5'h13;
+  assign \$664  = width > 5'h14;
+  assign \$665  = width > 5'h15;
+  assign \$666  = width > 5'h16;
+  assign \$667  = width > 5'h17;
+  assign \$668  = ~ { 1'h0, \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645  };
+  assign \$669  = \$644  ? \$668  : hold[23:0];
+  assign \$670  = \$596  ? { 1'h0, \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597  } : \$669 ;
+  assign \$671  = width > 1'h1;
+  assign \$672  = width > 2'h2;
+  assign \$673  = width > 2'h3;
+  assign \$674  = width > 3'h4;
+  assign \$675  = width > 3'h5;
+  assign \$676  = width > 3'h6;
+  assign \$677  = width > 3'h7;
+  assign \$678  = width > 4'h8;
+  assign \$679  = width > 4'h9;
+  assign \$680  = width > 4'ha;
+  assign \$681  = width > 4'hb;
+  assign \$682  = width > 4'hc;
+  assign \$683  = width > 4'hd;
+  assign \$684  = width > 4'he;
+  assign \$685  = width > 4'hf;
+  assign \$686  = width > 5'h10;
+  assign \$687  = width > 5'h11;
+  assign \$688  = width > 5'h12;
+  assign \$689  = width > 5'h13;
+  assign \$690  = width > 5'h14;
+  assign \$691  = width > 5'h15;
+  assign \$692  = width > 5'h16;
+  assign \$693  = width > 5'h17;
+  assign \$694  = $signed(hold[47:24]) > $signed({ 1'h0, \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671  });
+  assign \$695  = width > 1'h1;
+  assign \$696  = width > 2'h2;
+  assign \$697  = width > 2'h3;
+  assign \$698  = width > 3'h4;
+  assign \$699  = width > 3'h5;
+  assign \$700  = width > 3'h6;
+  assign \$701  = width > 3'h7;
+  assign \$702  = width > 4'h8;
+  assign \$703  = width > 4'h9;
+  assign \$704  = width > 4'ha;
+  assign \$705  = width > 4'hb;
+  assign \$706  = width > 4'hc;
+  assign \$707  = width > 4'hd;
+  assign \$708  = width > 4'he;
+  assign \$709  = width > 4'hf;
+  assign \$710  = width > 5'h10;
+  assign \$711  = width > 5'h11;
+  assign \$712  = width > 5'h12;
+  assign \$713  = width > 5'h13;
+  assign \$714  = width > 5'h14;
+  assign \$715  = width > 5'h15;
+  assign \$716  = width > 5'h16;
+  assign \$717  = width > 5'h17;
+  assign \$718  = width > 1'h1;
+  assign \$719  = width > 2'h2;
+  assign \$720  = width > 2'h3;
+  assign \$721  = width > 3'h4;
+  assign \$722  = width > 3'h5;
+  assign \$723  = width > 3'h6;
+  assign \$724  = width > 3'h7;
+  assign \$725  = width > 4'h8;
+  assign \$726  = width > 4'h9;
+  assign \$727  = width > 4'ha;
+  assign \$728  = width > 4'hb;
+  assign \$729  = width > 4'hc;
+  assign \$730  = width > 4'hd;
+  assign \$731  = width > 4'he;
+  assign \$732  = width > 4'hf;
+  assign \$733  = width > 5'h10;
+  assign \$734  = width > 5'h11;
+  assign \$735  = width > 5'h12;
+  assign \$736  = width > 5'h13;
+  assign \$737  = width > 5'h14;
+  assign \$738  = width > 5'h15;
+  assign \$739  = width > 5'h16;
+  assign \$740  = width > 5'h17;
+  assign \$741  = ~ { 1'h0, \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718  };
+  assign \$742  = $signed(hold[47:24]) < $signed(\$741 );
+  assign \$743  = width > 1'h1;
+  assign \$744  = width > 2'h2;
+  assign \$745  = width > 2'h3;
+  assign \$746  = width > 3'h4;
+  assign \$747  = width > 3'h5;
+  assign \$748  = width > 3'h6;
+  assign \$749  = width > 3'h7;
+  assign \$750  = width > 4'h8;
+  assign \$751  = width > 4'h9;
+  assign \$752  = width > 4'ha;
+  assign \$753  = width > 4'hb;
+  assign \$754  = width > 4'hc;
+  assign \$755  = width > 4'hd;
+  assign \$756  = width > 4'he;
+  assign \$757  = width > 4'hf;
+  assign \$758  = width > 5'h10;
+  assign \$759  = width > 5'h11;
+  assign \$760  = width > 5'h12;
+  assign \$761  = width > 5'h13;
+  assign \$762  = width > 5'h14;
+  assign \$763  = width > 5'h15;
+  assign \$764  = width > 5'h16;
+  assign \$765  = width > 5'h17;
+  assign \$766  = ~ { 1'h0, \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743  };
+  assign \$767  = \$742  ? \$766  : hold[47:24];
+  assign \$768  = \$694  ? { 1'h0, \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695  } : \$767 ;
+  assign \$769  = width > 1'h1;
+  assign \$770  = width > 2'h2;
+  assign \$771  = width > 2'h3;
+  assign \$772  = width > 3'h4;
+  assign \$773  = width > 3'h5;
+  assign \$774  = width > 3'h6;
+  assign \$775  = width > 3'h7;
+  assign \$776  = width > 4'h8;
+  assign \$777  = width > 4'h9;
+  assign \$778  = width > 4'ha;
+  assign \$779  = width > 4'hb;
+  assign \$780  = width > 4'hc;
+  assign \$781  = width > 4'hd;
+  assign \$782  = width > 4'he;
+  assign \$783  = width > 4'hf;
+  assign \$784  = width > 5'h10;
+  assign \$785  = width > 5'h11;
+  assign \$786  = width > 5'h12;
+  assign \$787  = width > 5'h13;
+  assign \$788  = width > 5'h14;
+  assign \$789  = width > 5'h15;
+  assign \$790  = width > 5'h16;
+  assign \$791  = width > 5'h17;
+  assign \$792  = $signed(hold[71:48]) > $signed({ 1'h0, \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769  });
+  assign \$793  = width > 1'h1;
+  assign \$794  = width > 2'h2;
+  assign \$795  = width > 2'h3;
+  assign \$796  = width > 3'h4;
+  assign \$797  = width > 3'h5;
+  assign \$798  = width > 3'h6;
+  assign \$799  = width > 3'h7;
+  assign \$800  = width > 4'h8;
+  assign \$801  = width > 4'h9;
+  assign \$802  = width > 4'ha;
+  assign \$803  = width > 4'hb;
+  assign \$804  = width > 4'hc;
+  assign \$805  = width > 4'hd;
+  assign \$806  = width > 4'he;
+  assign \$807  = width > 4'hf;
+  assign \$808  = width > 5'h10;
+  assign \$809  = width > 5'h11;
+  assign \$810  = width > 5'h12;
+  assign \$811  = width > 5'h13;
+  assign \$812  = width > 5'h14;
+  assign \$813  = width > 5'h15;
+  assign \$814  = width > 5'h16;
+  assign \$815  = width > 5'h17;
+  assign \$816  = width > 1'h1;
+  assign \$817  = width > 2'h2;
+  assign \$818  = width > 2'h3;
+  assign \$819  = width > 3'h4;
+  assign \$820  = width > 3'h5;
+  assign \$821  = width > 3'h6;
+  assign \$822  = width > 3'h7;
+  assign \$823  = width > 4'h8;
+  assign \$824  = width > 4'h9;
+  assign \$825  = width > 4'ha;
+  assign \$826  = width > 4'hb;
+  assign \$827  = width > 4'hc;
+  assign \$828  = width > 4'hd;
+  assign \$829  = width > 4'he;
+  assign \$830  = width > 4'hf;
+  assign \$831  = width > 5'h10;
+  assign \$832  = width > 5'h11;
+  assign \$833  = width > 5'h12;
+  assign \$834  = width > 5'h13;
+  assign \$835  = width > 5'h14;
+  assign \$836  = width > 5'h15;
+  assign \$837  = width > 5'h16;
+  assign \$838  = width > 5'h17;
+  assign \$839  = ~ { 1'h0, \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816  };
+  assign \$840  = $signed(hold[71:48]) < $signed(\$839 );
+  assign \$841  = width > 1'h1;
+  assign \$842  = width > 2'h2;
+  assign \$843  = width > 2'h3;
+  assign \$844  = width > 3'h4;
+  assign \$845  = width > 3'h5;
+  assign \$846  = width > 3'h6;
+  assign \$847  = width > 3'h7;
+  assign \$848  = width > 4'h8;
+  assign \$849  = width > 4'h9;
+  assign \$850  = width > 4'ha;
+  assign \$851  = width > 4'hb;
+  assign \$852  = width > 4'hc;
+  assign \$853  = width > 4'hd;
+  assign \$854  = width > 4'he;
+  assign \$855  = width > 4'hf;
+  assign \$856  = width > 5'h10;
+  assign \$857  = width > 5'h11;
+  assign \$858  = width > 5'h12;
+  assign \$859  = width > 5'h13;
+  assign \$860  = width > 5'h14;
+  assign \$861  = width > 5'h15;
+  assign \$862  = width > 5'h16;
+  assign \$863  = width > 5'h17;
+  assign \$864  = ~ { 1'h0, \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841  };
+  assign \$865  = \$840  ? \$864  : hold[71:48];
+  assign \$866  = \$792  ? { 1'h0, \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793  } : \$865 ;
+  assign \$867  = width > 1'h1;
+  assign \$868  = width > 2'h2;
+  assign \$869  = width > 2'h3;
+  assign \$870  = width > 3'h4;
+  assign \$871  = width > 3'h5;
+  assign \$872  = width > 3'h6;
+  assign \$873  = width > 3'h7;
+  assign \$874  = width > 4'h8;
+  assign \$875  = width > 4'h9;
+  assign \$876  = width > 4'ha;
+  assign \$877  = width > 4'hb;
+  assign \$878  = width > 4'hc;
+  assign \$879  = width > 4'hd;
+  assign \$880  = width > 4'he;
+  assign \$881  = width > 4'hf;
+  assign \$882  = width > 5'h10;
+  assign \$883  = width > 5'h11;
+  assign \$884  = width > 5'h12;
+  assign \$885  = width > 5'h13;
+  assign \$886  = width > 5'h14;
+  assign \$887  = width > 5'h15;
+  assign \$888  = width > 5'h16;
+  assign \$889  = width > 5'h17;
+  assign \$890  = $signed(hold[95:72]) > $signed({ 1'h0, \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867  });
+  assign \$891  = width > 1'h1;
+  assign \$892  = width > 2'h2;
+  assign \$893  = width > 2'h3;
+  assign \$894  = width > 3'h4;
+  assign \$895  = width > 3'h5;
+  assign \$896  = width > 3'h6;
+  assign \$897  = width > 3'h7;
+  assign \$898  = width > 4'h8;
+  assign \$899  = width > 4'h9;
+  assign \$900  = width > 4'ha;
+  assign \$901  = width > 4'hb;
+  assign \$902  = width > 4'hc;
+  assign \$903  = width > 4'hd;
+  assign \$904  = width > 4'he;
+  assign \$905  = width > 4'hf;
+  assign \$906  = width > 5'h10;
+  assign \$907  = width > 5'h11;
+  assign \$908  = width > 5'h12;
+  assign \$909  = width > 5'h13;
+  assign \$910  = width > 5'h14;
+  assign \$911  = width > 5'h15;
+  assign \$912  = width > 5'h16;
+  assign \$913  = width > 5'h17;
+  assign \$914  = width > 1'h1;
+  assign \$915  = width > 2'h2;
+  assign \$916  = width > 2'h3;
+  assign \$917  = width > 3'h4;
+  assign \$918  = width > 3'h5;
+  assign \$919  = width > 3'h6;
+  assign \$920  = width > 3'h7;
+  assign \$921  = width > 4'h8;
+  assign \$922  = width > 4'h9;
+  assign \$923  = width > 4'ha;
+  assign \$924  = width > 4'hb;
+  assign \$925  = width > 4'hc;
+  assign \$926  = width > 4'hd;
+  assign \$927  = width > 4'he;
+  assign \$928  = width > 4'hf;
+  assign \$929  = width > 5'h10;
+  assign \$930  = width > 5'h11;
+  assign \$931  = width > 5'h12;
+  assign \$932  = width > 5'h13;
+  assign \$933  = width > 5'h14;
+  assign \$934  = width > 5'h15;
+  assign \$935  = width > 5'h16;
+  assign \$936  = width > 5'h17;
+  assign \$937  = ~ { 1'h0, \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914  };
+  assign \$938  = $signed(hold[95:72]) < $signed(\$937 );
+  assign \$939  = width > 1'h1;
+  assign \$940  = width > 2'h2;
+  assign \$941  = width > 2'h3;
+  assign \$942  = width > 3'h4;
+  assign \$943  = width > 3'h5;
+  assign \$944  = width > 3'h6;
+  assign \$945  = width > 3'h7;
+  assign \$946  = width > 4'h8;
+  assign \$947  = width > 4'h9;
+  assign \$948  = width > 4'ha;
+  assign \$949  = width > 4'hb;
+  assign \$950  = width > 4'hc;
+  assign \$951  = width > 4'hd;
+  assign \$952  = width > 4'he;
+  assign \$953  = width > 4'hf;
+  assign \$954  = width > 5'h10;
+  assign \$955  = width > 5'h11;
+  assign \$956  = width > 5'h12;
+  assign \$957  = width > 5'h13;
+  assign \$958  = width > 5'h14;
+  assign \$959  = width > 5'h15;
+  assign \$960  = width > 5'h16;
+  assign \$961  = width > 5'h17;
+  assign \$962  = ~ { 1'h0, \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939  };
+  assign \$963  = \$938  ? \$962  : hold[95:72];
+  assign \$964  = \$890  ? { 1'h0, \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891  } : \$963 ;
+  assign \$966  = \$signal$50  + 2'h2;
+  assign \$967  = width > 1'h1;
+  assign \$968  = width > 2'h2;
+  assign \$969  = width > 2'h3;
+  assign \$970  = width > 3'h4;
+  assign \$971  = width > 3'h5;
+  assign \$972  = width > 3'h6;
+  assign \$973  = width > 3'h7;
+  assign \$974  = width > 4'h8;
+  assign \$975  = width > 4'h9;
+  assign \$976  = width > 4'ha;
+  assign \$977  = width > 4'hb;
+  assign \$978  = width > 4'hc;
+  assign \$979  = width > 4'hd;
+  assign \$980  = width > 4'he;
+  assign \$981  = width > 4'hf;
+  assign \$982  = width > 5'h10;
+  assign \$983  = width > 5'h11;
+  assign \$984  = width > 5'h12;
+  assign \$985  = width > 5'h13;
+  assign \$986  = width > 5'h14;
+  assign \$987  = width > 5'h15;
+  assign \$988  = width > 5'h16;
+  assign \$989  = width > 5'h17;
+  assign \$990  = $signed(hold[23:0]) > $signed({ 1'h0, \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967  });
+  assign \$991  = width > 1'h1;
+  assign \$992  = width > 2'h2;
+  assign \$993  = width > 2'h3;
+  assign \$994  = width > 3'h4;
+  assign \$995  = width > 3'h5;
+  assign \$996  = width > 3'h6;
+  assign \$997  = width > 3'h7;
+  assign \$998  = width > 4'h8;
+  assign \$999  = width > 4'h9;
+  assign \$1000  = width > 4'ha;
+  assign \$1001  = width > 4'hb;
+  assign \$1002  = width > 4'hc;
+  assign \$1003  = width > 4'hd;
+  assign \$1004  = width > 4'he;
+  assign \$1005  = width > 4'hf;
+  assign \$1006  = width > 5'h10;
+  assign \$1007  = width > 5'h11;
+  assign \$1008  = width > 5'h12;
+  assign \$1009  = width > 5'h13;
+  assign \$1010  = width > 5'h14;
+  assign \$1011  = width > 5'h15;
+  assign \$1012  = width > 5'h16;
+  assign \$1013  = width > 5'h17;
+  assign \$1014  = width > 1'h1;
+  assign \$1015  = width > 2'h2;
+  assign \$1016  = width > 2'h3;
+  assign \$1017  = width > 3'h4;
+  assign \$1018  = width > 3'h5;
+  assign \$1019  = width > 3'h6;
+  assign \$1020  = width > 3'h7;
+  assign \$1021  = width > 4'h8;
+  assign \$1022  = width > 4'h9;
+  assign \$1023  = width > 4'ha;
+  assign \$1024  = width > 4'hb;
+  assign \$1025  = width > 4'hc;
+  assign \$1026  = width > 4'hd;
+  assign \$1027  = width > 4'he;
+  assign \$1028  = width > 4'hf;
+  assign \$1029  = width > 5'h10;
+  assign \$1030  = width > 5'h11;
+  assign \$1031  = width > 5'h12;
+  assign \$1032  = width > 5'h13;
+  assign \$1033  = width > 5'h14;
+  assign \$1034  = width > 5'h15;
+  assign \$1035  = width > 5'h16;
+  assign \$1036  = width > 5'h17;
+  assign \$1037  = ~ { 1'h0, \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014  };
+  assign \$1038  = $signed(hold[23:0]) < $signed(\$1037 );
+  assign \$1039  = width > 1'h1;
+  assign \$1040  = width > 2'h2;
+  assign \$1041  = width > 2'h3;
+  assign \$1042  = width > 3'h4;
+  assign \$1043  = width > 3'h5;
+  assign \$1044  = width > 3'h6;
+  assign \$1045  = width > 3'h7;
+  assign \$1046  = width > 4'h8;
+  assign \$1047  = width > 4'h9;
+  assign \$1048  = width > 4'ha;
+  assign \$1049  = width > 4'hb;
+  assign \$1050  = width > 4'hc;
+  assign \$1051  = width > 4'hd;
+  assign \$1052  = width > 4'he;
+  assign \$1053  = width > 4'hf;
+  assign \$1054  = width > 5'h10;
+  assign \$1055  = width > 5'h11;
+  assign \$1056  = width > 5'h12;
+  assign \$1057  = width > 5'h13;
+  assign \$1058  = width > 5'h14;
+  assign \$1059  = width > 5'h15;
+  assign \$1060  = width > 5'h16;
+  assign \$1061  = width > 5'h17;
+  assign \$1062  = ~ { 1'h0, \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039  };
+  assign \$1063  = \$1038  ? \$1062  : hold[23:0];
+  assign \$1064  = \$990  ? { 1'h0, \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991  } : \$1063 ;
+  assign \$1065  = width > 1'h1;
+  assign \$1066  = width > 2'h2;
+  assign \$1067  = width > 2'h3;
+  assign \$1068  = width > 3'h4;
+  assign \$1069  = width > 3'h5;
+  assign \$1070  = width > 3'h6;
+  assign \$1071  = width > 3'h7;
+  assign \$1072  = width > 4'h8;
+  assign \$1073  = width > 4'h9;
+  assign \$1074  = width > 4'ha;
+  assign \$1075  = width > 4'hb;
+  assign \$1076  = width > 4'hc;
+  assign \$1077  = width > 4'hd;
+  assign \$1078  = width > 4'he;
+  assign \$1079  = width > 4'hf;
+  assign \$1080  = width > 5'h10;
+  assign \$1081  = width > 5'h11;
+  assign \$1082  = width > 5'h12;
+  assign \$1083  = width > 5'h13;
+  assign \$1084  = width > 5'h14;
+  assign \$1085  = width > 5'h15;
+  assign \$1086  = width > 5'h16;
+  assign \$1087  = width > 5'h17;
+  assign \$1088  = $signed(hold[47:24]) > $signed({ 1'h0, \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065  });
+  assign \$1089  = width > 1'h1;
+  assign \$1090  = width > 2'h2;
+  assign \$1091  = width > 2'h3;
+  assign \$1092  = width > 3'h4;
+  assign \$1093  = width > 3'h5;
+  assign \$1094  = width > 3'h6;
+  assign \$1095  = width > 3'h7;
+  assign \$1096  = width > 4'h8;
+  assign \$1097  = width > 4'h9;
+  assign \$1098  = width > 4'ha;
+  assign \$1099  = width > 4'hb;
+  assign \$1100  = width > 4'hc;
+  assign \$1101  = width > 4'hd;
+  assign \$1102  = width > 4'he;
+  assign \$1103  = width > 4'hf;
+  assign \$1104  = width > 5'h10;
+  assign \$1105  = width > 5'h11;
+  assign \$1106  = width > 5'h12;
+  assign \$1107  = width > 5'h13;
+  assign \$1108  = width > 5'h14;
+  assign \$1109  = width > 5'h15;
+  assign \$1110  = width > 5'h16;
+  assign \$1111  = width > 5'h17;
+  assign \$1112  = width > 1'h1;
+  assign \$1113  = width > 2'h2;
+  assign \$1114  = width > 2'h3;
+  assign \$1115  = width > 3'h4;
+  assign \$1116  = width > 3'h5;
+  assign \$1117  = width > 3'h6;
+  assign \$1118  = width > 3'h7;
+  assign \$1119  = width > 4'h8;
+  assign \$1120  = width > 4'h9;
+  assign \$1121  = width > 4'ha;
+  assign \$1122  = width > 4'hb;
+  assign \$1123  = width > 4'hc;
+  assign \$1124  = width > 4'hd;
+  assign \$1125  = width > 4'he;
+  assign \$1126  = width > 4'hf;
+  assign \$1127  = width > 5'h10;
+  assign \$1128  = width > 5'h11;
+  assign \$1129  = width > 5'h12;
+  assign \$1130  = width > 5'h13;
+  assign \$1131  = width > 5'h14;
+  assign \$1132  = width > 5'h15;
+  assign \$1133  = width > 5'h16;
+  assign \$1134  = width > 5'h17;
+  assign \$1135  = ~ { 1'h0, \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112  };
+  assign \$1136  = $signed(hold[47:24]) < $signed(\$1135 );
+  assign \$1137  = width > 1'h1;
+  assign \$1138  = width > 2'h2;
+  assign \$1139  = width > 2'h3;
+  assign \$1140  = width > 3'h4;
+  assign \$1141  = width > 3'h5;
+  assign \$1142  = width > 3'h6;
+  assign \$1143  = width > 3'h7;
+  assign \$1144  = width > 4'h8;
+  assign \$1145  = width > 4'h9;
+  assign \$1146  = width > 4'ha;
+  assign \$1147  = width > 4'hb;
+  assign \$1148  = width > 4'hc;
+  assign \$1149  = width > 4'hd;
+  assign \$1150  = width > 4'he;
+  assign \$1151  = width > 4'hf;
+  assign \$1152  = width > 5'h10;
+  assign \$1153  = width > 5'h11;
+  assign \$1154  = width > 5'h12;
+  assign \$1155  = width > 5'h13;
+  assign \$1156  = width > 5'h14;
+  assign \$1157  = width > 5'h15;
+  assign \$1158  = width > 5'h16;
+  assign \$1159  = width > 5'h17;
+  assign \$1160  = ~ { 1'h0, \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137  };
+  assign \$1161  = \$1136  ? \$1160  : hold[47:24];
+  assign \$1162  = \$1088  ? { 1'h0, \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089  } : \$1161 ;
+  assign \$1163  = width > 1'h1;
+  assign \$1164  = width > 2'h2;
+  assign \$1165  = width > 2'h3;
+  assign \$1166  = width > 3'h4;
+  assign \$1167  = width > 3'h5;
+  assign \$1168  = width > 3'h6;
+  assign \$1169  = width > 3'h7;
+  assign \$1170  = width > 4'h8;
+  assign \$1171  = width > 4'h9;
+  assign \$1172  = width > 4'ha;
+  assign \$1173  = width > 4'hb;
+  assign \$1174  = width > 4'hc;
+  assign \$1175  = width > 4'hd;
+  assign \$1176  = width > 4'he;
+  assign \$1177  = width > 4'hf;
+  assign \$1178  = width > 5'h10;
+  assign \$1179  = width > 5'h11;
+  assign \$1180  = width > 5'h12;
+  assign \$1181  = width > 5'h13;
+  assign \$1182  = width > 5'h14;
+  assign \$1183  = width > 5'h15;
+  assign \$1184  = width > 5'h16;
+  assign \$1185  = width > 5'h17;
+  assign \$1186  = $signed(hold[71:48]) > $signed({ 1'h0, \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163  });
+  assign \$1187  = width > 1'h1;
+  assign \$1188  = width > 2'h2;
+  assign \$1189  = width > 2'h3;
+  assign \$1190  = width > 3'h4;
+  assign \$1191  = width > 3'h5;
+  assign \$1192  = width > 3'h6;
+  assign \$1193  = width > 3'h7;
+  assign \$1194  = width > 4'h8;
+  assign \$1195  = width > 4'h9;
+  assign \$1196  = width > 4'ha;
+  assign \$1197  = width > 4'hb;
+  assign \$1198  = width > 4'hc;
+  assign \$1199  = width > 4'hd;
+  assign \$1200  = width > 4'he;
+  assign \$1201  = width > 4'hf;
+  assign \$1202  = width > 5'h10;
+  assign \$1203  = width > 5'h11;
+  assign \$1204  = width > 5'h12;
+  assign \$1205  = width > 5'h13;
+  assign \$1206  = width > 5'h14;
+  assign \$1207  = width > 5'h15;
+  assign \$1208  = width > 5'h16;
+  assign \$1209  = width > 5'h17;
+  assign \$1210  = width > 1'h1;
+  assign \$1211  = width > 2'h2;
+  assign \$1212  = width > 2'h3;
+  assign \$1213  = width > 3'h4;
+  assign \$1214  = width > 3'h5;
+  assign \$1215  = width > 3'h6;
+  assign \$1216  = width > 3'h7;
+  assign \$1217  = width > 4'h8;
+  assign \$1218  = width > 4'h9;
+  assign \$1219  = width > 4'ha;
+  assign \$1220  = width > 4'hb;
+  assign \$1221  = width > 4'hc;
+  assign \$1222  = width > 4'hd;
+  assign \$1223  = width > 4'he;
+  assign \$1224  = width > 4'hf;
+  assign \$1225  = width > 5'h10;
+  assign \$1226  = width > 5'h11;
+  assign \$1227  = width > 5'h12;
+  assign \$1228  = width > 5'h13;
+  assign \$1229  = width > 5'h14;
+  assign \$1230  = width > 5'h15;
+  assign \$1231  = width > 5'h16;
+  assign \$1232  = width > 5'h17;
+  assign \$1233  = ~ { 1'h0, \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210  };
+  assign \$1234  = $signed(hold[71:48]) < $signed(\$1233 );
+  assign \$1235  = width > 1'h1;
+  assign \$1236  = width > 2'h2;
+  assign \$1237  = width > 2'h3;
+  assign \$1238  = width > 3'h4;
+  assign \$1239  = width > 3'h5;
+  assign \$1240  = width > 3'h6;
+  assign \$1241  = width > 3'h7;
+  assign \$1242  = width > 4'h8;
+  assign \$1243  = width > 4'h9;
+  assign \$1244  = width > 4'ha;
+  assign \$1245  = width > 4'hb;
+  assign \$1246  = width > 4'hc;
+  assign \$1247  = width > 4'hd;
+  assign \$1248  = width > 4'he;
+  assign \$1249  = width > 4'hf;
+  assign \$1250  = width > 5'h10;
+  assign \$1251  = width > 5'h11;
+  assign \$1252  = width > 5'h12;
+  assign \$1253  = width > 5'h13;
+  assign \$1254  = width > 5'h14;
+  assign \$1255  = width > 5'h15;
+  assign \$1256  = width > 5'h16;
+  assign \$1257  = width > 5'h17;
+  assign \$1258  = ~ { 1'h0, \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235  };
+  assign \$1259  = \$1234  ? \$1258  : hold[71:48];
+  assign \$1260  = \$1186  ? { 1'h0, \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187  } : \$1259 ;
+  assign \$1261  = width > 1'h1;
+  assign \$1262  = width > 2'h2;
+  assign \$1263  = width > 2'h3;
+  assign \$1264  = width > 3'h4;
+  assign \$1265  = width > 3'h5;
+  assign \$1266  = width > 3'h6;
+  assign \$1267  = width > 3'h7;
+  assign \$1268  = width > 4'h8;
+  assign \$1269  = width > 4'h9;
+  assign \$1270  = width > 4'ha;
+  assign \$1271  = width > 4'hb;
+  assign \$1272  = width > 4'hc;
+  assign \$1273  = width > 4'hd;
+  assign \$1274  = width > 4'he;
+  assign \$1275  = width > 4'hf;
+  assign \$1276  = width > 5'h10;
+  assign \$1277  = width > 5'h11;
+  assign \$1278  = width > 5'h12;
+  assign \$1279  = width > 5'h13;
+  assign \$1280  = width > 5'h14;
+  assign \$1281  = width > 5'h15;
+  assign \$1282  = width > 5'h16;
+  assign \$1283  = width > 5'h17;
+  assign \$1284  = $signed(hold[95:72]) > $signed({ 1'h0, \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261  });
+  assign \$1285  = width > 1'h1;
+  assign \$1286  = width > 2'h2;
+  assign \$1287  = width > 2'h3;
+  assign \$1288  = width > 3'h4;
+  assign \$1289  = width > 3'h5;
+  assign \$1290  = width > 3'h6;
+  assign \$1291  = width > 3'h7;
+  assign \$1292  = width > 4'h8;
+  assign \$1293  = width > 4'h9;
+  assign \$1294  = width > 4'ha;
+  assign \$1295  = width > 4'hb;
+  assign \$1296  = width > 4'hc;
+  assign \$1297  = width > 4'hd;
+  assign \$1298  = width > 4'he;
+  assign \$1299  = width > 4'hf;
+  assign \$1300  = width > 5'h10;
+  assign \$1301  = width > 5'h11;
+  assign \$1302  = width > 5'h12;
+  assign \$1303  = width > 5'h13;
+  assign \$1304  = width > 5'h14;
+  assign \$1305  = width > 5'h15;
+  assign \$1306  = width > 5'h16;
+  assign \$1307  = width > 5'h17;
+  assign \$1308  = width > 1'h1;
+  assign \$1309  = width > 2'h2;
+  assign \$1310  = width > 2'h3;
+  assign \$1311  = width > 3'h4;
+  assign \$1312  = width > 3'h5;
+  assign \$1313  = width > 3'h6;
+  assign \$1314  = width > 3'h7;
+  assign \$1315  = width > 4'h8;
+  assign \$1316  = width > 4'h9;
+  assign \$1317  = width > 4'ha;
+  assign \$1318  = width > 4'hb;
+  assign \$1319  = width > 4'hc;
+  assign \$1320  = width > 4'hd;
+  assign \$1321  = width > 4'he;
+  assign \$1322  = width > 4'hf;
+  assign \$1323  = width > 5'h10;
+  assign \$1324  = width > 5'h11;
+  assign \$1325  = width > 5'h12;
+  assign \$1326  = width > 5'h13;
+  assign \$1327  = width > 5'h14;
+  assign \$1328  = width > 5'h15;
+  assign \$1329  = width > 5'h16;
+  assign \$1330  = width > 5'h17;
+  assign \$1331  = ~ { 1'h0, \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308  };
+  assign \$1332  = $signed(hold[95:72]) < $signed(\$1331 );
+  assign \$1333  = width > 1'h1;
+  assign \$1334  = width > 2'h2;
+  assign \$1335  = width > 2'h3;
+  assign \$1336  = width > 3'h4;
+  assign \$1337  = width > 3'h5;
+  assign \$1338  = width > 3'h6;
+  assign \$1339  = width > 3'h7;
+  assign \$1340  = width > 4'h8;
+  assign \$1341  = width > 4'h9;
+  assign \$1342  = width > 4'ha;
+  assign \$1343  = width > 4'hb;
+  assign \$1344  = width > 4'hc;
+  assign \$1345  = width > 4'hd;
+  assign \$1346  = width > 4'he;
+  assign \$1347  = width > 4'hf;
+  assign \$1348  = width > 5'h10;
+  assign \$1349  = width > 5'h11;
+  assign \$1350  = width > 5'h12;
+  assign \$1351  = width > 5'h13;
+  assign \$1352  = width > 5'h14;
+  assign \$1353  = width > 5'h15;
+  assign \$1354  = width > 5'h16;
+  assign \$1355  = width > 5'h17;
+  assign \$1356  = ~ { 1'h0, \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333  };
+  assign \$1357  = \$1332  ? \$1356  : hold[95:72];
+  assign \$1358  = \$1284  ? { 1'h0, \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285  } : \$1357 ;
+  assign \$1360  = \$signal$50  + 2'h3;
+  assign \$1361  = width > 1'h1;
+  assign \$1362  = width > 2'h2;
+  assign \$1363  = width > 2'h3;
+  assign \$1364  = width > 3'h4;
+  assign \$1365  = width > 3'h5;
+  assign \$1366  = width > 3'h6;
+  assign \$1367  = width > 3'h7;
+  assign \$1368  = width > 4'h8;
+  assign \$1369  = width > 4'h9;
+  assign \$1370  = width > 4'ha;
+  assign \$1371  = width > 4'hb;
+  assign \$1372  = width > 4'hc;
+  assign \$1373  = width > 4'hd;
+  assign \$1374  = width > 4'he;
+  assign \$1375  = width > 4'hf;
+  assign \$1376  = width > 5'h10;
+  assign \$1377  = width > 5'h11;
+  assign \$1378  = width > 5'h12;
+  assign \$1379  = width > 5'h13;
+  assign \$1380  = width > 5'h14;
+  assign \$1381  = width > 5'h15;
+  assign \$1382  = width > 5'h16;
+  assign \$1383  = width > 5'h17;
+  assign \$1384  = $signed(hold[23:0]) > $signed({ 1'h0, \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361  });
+  assign \$1385  = width > 1'h1;
+  assign \$1386  = width > 2'h2;
+  assign \$1387  = width > 2'h3;
+  assign \$1388  = width > 3'h4;
+  assign \$1389  = width > 3'h5;
+  assign \$1390  = width > 3'h6;
+  assign \$1391  = width > 3'h7;
+  assign \$1392  = width > 4'h8;
+  assign \$1393  = width > 4'h9;
+  assign \$1394  = width > 4'ha;
+  assign \$1395  = width > 4'hb;
+  assign \$1396  = width > 4'hc;
+  assign \$1397  = width > 4'hd;
+  assign \$1398  = width > 4'he;
+  assign \$1399  = width > 4'hf;
+  assign \$1400  = width > 5'h10;
+  assign \$1401  = width > 5'h11;
+  assign \$1402  = width > 5'h12;
+  assign \$1403  = width > 5'h13;
+  assign \$1404  = width > 5'h14;
+  assign \$1405  = width > 5'h15;
+  assign \$1406  = width > 5'h16;
+  assign \$1407  = width > 5'h17;
+  assign \$1408  = width > 1'h1;
+  assign \$1409  = width > 2'h2;
+  assign \$1410  = width > 2'h3;
+  assign \$1411  = width > 3'h4;
+  assign \$1412  = width > 3'h5;
+  assign \$1413  = width > 3'h6;
+  assign \$1414  = width > 3'h7;
+  assign \$1415  = width > 4'h8;
+  assign \$1416  = width > 4'h9;
+  assign \$1417  = width > 4'ha;
+  assign \$1418  = width > 4'hb;
+  assign \$1419  = width > 4'hc;
+  assign \$1420  = width > 4'hd;
+  assign \$1421  = width > 4'he;
+  assign \$1422  = width > 4'hf;
+  assign \$1423  = width > 5'h10;
+  assign \$1424  = width > 5'h11;
+  assign \$1425  = width > 5'h12;
+  assign \$1426  = width > 5'h13;
+  assign \$1427  = width > 5'h14;
+  assign \$1428  = width > 5'h15;
+  assign \$1429  = width > 5'h16;
+  assign \$1430  = width > 5'h17;
+  assign \$1431  = ~ { 1'h0, \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408  };
+  assign \$1432  = $signed(hold[23:0]) < $signed(\$1431 );
+  assign \$1433  = width > 1'h1;
+  assign \$1434  = width > 2'h2;
+  assign \$1435  = width > 2'h3;
+  assign \$1436  = width > 3'h4;
+  assign \$1437  = width > 3'h5;
+  assign \$1438  = width > 3'h6;
+  assign \$1439  = width > 3'h7;
+  assign \$1440  = width > 4'h8;
+  assign \$1441  = width > 4'h9;
+  assign \$1442  = width > 4'ha;
+  assign \$1443  = width > 4'hb;
+  assign \$1444  = width > 4'hc;
+  assign \$1445  = width > 4'hd;
+  assign \$1446  = width > 4'he;
+  assign \$1447  = width > 4'hf;
+  assign \$1448  = width > 5'h10;
+  assign \$1449  = width > 5'h11;
+  assign \$1450  = width > 5'h12;
+  assign \$1451  = width > 5'h13;
+  assign \$1452  = width > 5'h14;
+  assign \$1453  = width > 5'h15;
+  assign \$1454  = width > 5'h16;
+  assign \$1455  = width > 5'h17;
+  assign \$1456  = ~ { 1'h0, \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433  };
+  assign \$1457  = \$1432  ? \$1456  : hold[23:0];
+  assign \$1458  = \$1384  ? { 1'h0, \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385  } : \$1457 ;
+  assign \$1459  = width > 1'h1;
+  assign \$1460  = width > 2'h2;
+  assign \$1461  = width > 2'h3;
+  assign \$1462  = width > 3'h4;
+  assign \$1463  = width > 3'h5;
+  assign \$1464  = width > 3'h6;
+  assign \$1465  = width > 3'h7;
+  assign \$1466  = width > 4'h8;
+  assign \$1467  = width > 4'h9;
+  assign \$1468  = width > 4'ha;
+  assign \$1469  = width > 4'hb;
+  assign \$1470  = width > 4'hc;
+  assign \$1471  = width > 4'hd;
+  assign \$1472  = width > 4'he;
+  assign \$1473  = width > 4'hf;
+  assign \$1474  = width > 5'h10;
+  assign \$1475  = width > 5'h11;
+  assign \$1476  = width > 5'h12;
+  assign \$1477  = width > 5'h13;
+  assign \$1478  = width > 5'h14;
+  assign \$1479  = width > 5'h15;
+  assign \$1480  = width > 5'h16;
+  assign \$1481  = width > 5'h17;
+  assign \$1482  = $signed(hold[47:24]) > $signed({ 1'h0, \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459  });
+  assign \$1483  = width > 1'h1;
+  assign \$1484  = width > 2'h2;
+  assign \$1485  = width > 2'h3;
+  assign \$1486  = width > 3'h4;
+  assign \$1487  = width > 3'h5;
+  assign \$1488  = width > 3'h6;
+  assign \$1489  = width > 3'h7;
+  assign \$1490  = width > 4'h8;
+  assign \$1491  = width > 4'h9;
+  assign \$1492  = width > 4'ha;
+  assign \$1493  = width > 4'hb;
+  assign \$1494  = width > 4'hc;
+  assign \$1495  = width > 4'hd;
+  assign \$1496  = width > 4'he;
+  assign \$1497  = width > 4'hf;
+  assign \$1498  = width > 5'h10;
+  assign \$1499  = width > 5'h11;
+  assign \$1500  = width > 5'h12;
+  assign \$1501  = width > 5'h13;
+  assign \$1502  = width > 5'h14;
+  assign \$1503  = width > 5'h15;
+  assign \$1504  = width > 5'h16;
+  assign \$1505  = width > 5'h17;
+  assign \$1506  = width > 1'h1;
+  assign \$1507  = width > 2'h2;
+  assign \$1508  = width > 2'h3;
+  assign \$1509  = width > 3'h4;
+  assign \$1510  = width > 3'h5;
+  assign \$1511  = width > 3'h6;
+  assign \$1512  = width > 3'h7;
+  assign \$1513  = width > 4'h8;
+  assign \$1514  = width > 4'h9;
+  assign \$1515  = width > 4'ha;
+  assign \$1516  = width > 4'hb;
+  assign \$1517  = width > 4'hc;
+  assign \$1518  = width > 4'hd;
+  assign \$1519  = width > 4'he;
+  assign \$1520  = width > 4'hf;
+  assign \$1521  = width > 5'h10;
+  assign \$1522  = width > 5'h11;
+  assign \$1523  = width > 5'h12;
+  assign \$1524  = width > 5'h13;
+  assign \$1525  = width > 5'h14;
+  assign \$1526  = width > 5'h15;
+  assign \$1527  = width > 5'h16;
+  assign \$1528  = width > 5'h17;
+  assign \$1529  = ~ { 1'h0, \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506  };
+  assign \$1530  = $signed(hold[47:24]) < $signed(\$1529 );
+  assign \$1531  = width > 1'h1;
+  assign \$1532  = width > 2'h2;
+  assign \$1533  = width > 2'h3;
+  assign \$1534  = width > 3'h4;
+  assign \$1535  = width > 3'h5;
+  assign \$1536  = width > 3'h6;
+  assign \$1537  = width > 3'h7;
+  assign \$1538  = width > 4'h8;
+  assign \$1539  = width > 4'h9;
+  assign \$1540  = width > 4'ha;
+  assign \$1541  = width > 4'hb;
+  assign \$1542  = width > 4'hc;
+  assign \$1543  = width > 4'hd;
+  assign \$1544  = width > 4'he;
+  assign \$1545  = width > 4'hf;
+  assign \$1546  = width > 5'h10;
+  assign \$1547  = width > 5'h11;
+  assign \$1548  = width > 5'h12;
+  assign \$1549  = width > 5'h13;
+  assign \$1550  = width > 5'h14;
+  assign \$1551  = width > 5'h15;
+  assign \$1552  = width > 5'h16;
+  assign \$1553  = width > 5'h17;
+  assign \$1554  = ~ { 1'h0, \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531  };
+  assign \$1555  = \$1530  ? \$1554  : hold[47:24];
+  assign \$1556  = \$1482  ? { 1'h0, \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483  } : \$1555 ;
+  assign \$1557  = width > 1'h1;
+  assign \$1558  = width > 2'h2;
+  assign \$1559  = width > 2'h3;
+  assign \$1560  = width > 3'h4;
+  assign \$1561  = width > 3'h5;
+  assign \$1562  = width > 3'h6;
+  assign \$1563  = width > 3'h7;
+  assign \$1564  = width > 4'h8;
+  assign \$1565  = width > 4'h9;
+  assign \$1566  = width > 4'ha;
+  assign \$1567  = width > 4'hb;
+  assign \$1568  = width > 4'hc;
+  assign \$1569  = width > 4'hd;
+  assign \$1570  = width > 4'he;
+  assign \$1571  = width > 4'hf;
+  assign \$1572  = width > 5'h10;
+  assign \$1573  = width > 5'h11;
+  assign \$1574  = width > 5'h12;
+  assign \$1575  = width > 5'h13;
+  assign \$1576  = width > 5'h14;
+  assign \$1577  = width > 5'h15;
+  assign \$1578  = width > 5'h16;
+  assign \$1579  = width > 5'h17;
+  assign \$1580  = $signed(hold[71:48]) > $signed({ 1'h0, \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557  });
+  assign \$1581  = width > 1'h1;
+  assign \$1582  = width > 2'h2;
+  assign \$1583  = width > 2'h3;
+  assign \$1584  = width > 3'h4;
+  assign \$1585  = width > 3'h5;
+  assign \$1586  = width > 3'h6;
+  assign \$1587  = width > 3'h7;
+  assign \$1588  = width > 4'h8;
+  assign \$1589  = width > 4'h9;
+  assign \$1590  = width > 4'ha;
+  assign \$1591  = width > 4'hb;
+  assign \$1592  = width > 4'hc;
+  assign \$1593  = width > 4'hd;
+  assign \$1594  = width > 4'he;
+  assign \$1595  = width > 4'hf;
+  assign \$1596  = width > 5'h10;
+  assign \$1597  = width > 5'h11;
+  assign \$1598  = width > 5'h12;
+  assign \$1599  = width > 5'h13;
+  assign \$1600  = width > 5'h14;
+  assign \$1601  = width > 5'h15;
+  assign \$1602  = width > 5'h16;
+  assign \$1603  = width > 5'h17;
+  assign \$1604  = width > 1'h1;
+  assign \$1605  = width > 2'h2;
+  assign \$1606  = width > 2'h3;
+  assign \$1607  = width > 3'h4;
+  assign \$1608  = width > 3'h5;
+  assign \$1609  = width > 3'h6;
+  assign \$1610  = width > 3'h7;
+  assign \$1611  = width > 4'h8;
+  assign \$1612  = width > 4'h9;
+  assign \$1613  = width > 4'ha;
+  assign \$1614  = width > 4'hb;
+  assign \$1615  = width > 4'hc;
+  assign \$1616  = width > 4'hd;
+  assign \$1617  = width > 4'he;
+  assign \$1618  = width > 4'hf;
+  assign \$1619  = width > 5'h10;
+  assign \$1620  = width > 5'h11;
+  assign \$1621  = width > 5'h12;
+  assign \$1622  = width > 5'h13;
+  assign \$1623  = width > 5'h14;
+  assign \$1624  = width > 5'h15;
+  assign \$1625  = width > 5'h16;
+  assign \$1626  = width > 5'h17;
+  assign \$1627  = ~ { 1'h0, \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604  };
+  assign \$1628  = $signed(hold[71:48]) < $signed(\$1627 );
+  assign \$1629  = width > 1'h1;
+  assign \$1630  = width > 2'h2;
+  assign \$1631  = width > 2'h3;
+  assign \$1632  = width > 3'h4;
+  assign \$1633  = width > 3'h5;
+  assign \$1634  = width > 3'h6;
+  assign \$1635  = width > 3'h7;
+  assign \$1636  = width > 4'h8;
+  assign \$1637  = width > 4'h9;
+  assign \$1638  = width > 4'ha;
+  assign \$1639  = width > 4'hb;
+  assign \$1640  = width > 4'hc;
+  assign \$1641  = width > 4'hd;
+  assign \$1642  = width > 4'he;
+  assign \$1643  = width > 4'hf;
+  assign \$1644  = width > 5'h10;
+  assign \$1645  = width > 5'h11;
+  assign \$1646  = width > 5'h12;
+  assign \$1647  = width > 5'h13;
+  assign \$1648  = width > 5'h14;
+  assign \$1649  = width > 5'h15;
+  assign \$1650  = width > 5'h16;
+  assign \$1651  = width > 5'h17;
+  assign \$1652  = ~ { 1'h0, \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629  };
+  assign \$1653  = \$1628  ? \$1652  : hold[71:48];
+  assign \$1654  = \$1580  ? { 1'h0, \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581  } : \$1653 ;
+  assign \$1655  = width > 1'h1;
+  assign \$1656  = width > 2'h2;
+  assign \$1657  = width > 2'h3;
+  assign \$1658  = width > 3'h4;
+  assign \$1659  = width > 3'h5;
+  assign \$1660  = width > 3'h6;
+  assign \$1661  = width > 3'h7;
+  assign \$1662  = width > 4'h8;
+  assign \$1663  = width > 4'h9;
+  assign \$1664  = width > 4'ha;
+  assign \$1665  = width > 4'hb;
+  assign \$1666  = width > 4'hc;
+  assign \$1667  = width > 4'hd;
+  assign \$1668  = width > 4'he;
+  assign \$1669  = width > 4'hf;
+  assign \$1670  = width > 5'h10;
+  assign \$1671  = width > 5'h11;
+  assign \$1672  = width > 5'h12;
+  assign \$1673  = width > 5'h13;
+  assign \$1674  = width > 5'h14;
+  assign \$1675  = width > 5'h15;
+  assign \$1676  = width > 5'h16;
+  assign \$1677  = width > 5'h17;
+  assign \$1678  = $signed(hold[95:72]) > $signed({ 1'h0, \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655  });
+  assign \$1679  = width > 1'h1;
+  assign \$1680  = width > 2'h2;
+  assign \$1681  = width > 2'h3;
+  assign \$1682  = width > 3'h4;
+  assign \$1683  = width > 3'h5;
+  assign \$1684  = width > 3'h6;
+  assign \$1685  = width > 3'h7;
+  assign \$1686  = width > 4'h8;
+  assign \$1687  = width > 4'h9;
+  assign \$1688  = width > 4'ha;
+  assign \$1689  = width > 4'hb;
+  assign \$1690  = width > 4'hc;
+  assign \$1691  = width > 4'hd;
+  assign \$1692  = width > 4'he;
+  assign \$1693  = width > 4'hf;
+  assign \$1694  = width > 5'h10;
+  assign \$1695  = width > 5'h11;
+  assign \$1696  = width > 5'h12;
+  assign \$1697  = width > 5'h13;
+  assign \$1698  = width > 5'h14;
+  assign \$1699  = width > 5'h15;
+  assign \$1700  = width > 5'h16;
+  assign \$1701  = width > 5'h17;
+  assign \$1702  = width > 1'h1;
+  assign \$1703  = width > 2'h2;
+  assign \$1704  = width > 2'h3;
+  assign \$1705  = width > 3'h4;
+  assign \$1706  = width > 3'h5;
+  assign \$1707  = width > 3'h6;
+  assign \$1708  = width > 3'h7;
+  assign \$1709  = width > 4'h8;
+  assign \$1710  = width > 4'h9;
+  assign \$1711  = width > 4'ha;
+  assign \$1712  = width > 4'hb;
+  assign \$1713  = width > 4'hc;
+  assign \$1714  = width > 4'hd;
+  assign \$1715  = width > 4'he;
+  assign \$1716  = width > 4'hf;
+  assign \$1717  = width > 5'h10;
+  assign \$1718  = width > 5'h11;
+  assign \$1719  = width > 5'h12;
+  assign \$1720  = width > 5'h13;
+  assign \$1721  = width > 5'h14;
+  assign \$1722  = width > 5'h15;
+  assign \$1723  = width > 5'h16;
+  assign \$1724  = width > 5'h17;
+  assign \$1725  = ~ { 1'h0, \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702  };
+  assign \$1726  = $signed(hold[95:72]) < $signed(\$1725 );
+  assign \$1727  = width > 1'h1;
+  assign \$1728  = width > 2'h2;
+  assign \$1729  = width > 2'h3;
+  assign \$1730  = width > 3'h4;
+  assign \$1731  = width > 3'h5;
+  assign \$1732  = width > 3'h6;
+  assign \$1733  = width > 3'h7;
+  assign \$1734  = width > 4'h8;
+  assign \$1735  = width > 4'h9;
+  assign \$1736  = width > 4'ha;
+  assign \$1737  = width > 4'hb;
+  assign \$1738  = width > 4'hc;
+  assign \$1739  = width > 4'hd;
+  assign \$1740  = width > 4'he;
+  assign \$1741  = width > 4'hf;
+  assign \$1742  = width > 5'h10;
+  assign \$1743  = width > 5'h11;
+  assign \$1744  = width > 5'h12;
+  assign \$1745  = width > 5'h13;
+  assign \$1746  = width > 5'h14;
+  assign \$1747  = width > 5'h15;
+  assign \$1748  = width > 5'h16;
+  assign \$1749  = width > 5'h17;
+  assign \$1750  = ~ { 1'h0, \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727  };
+  assign \$1751  = \$1726  ? \$1750  : hold[95:72];
+  assign \$1752  = \$1678  ? { 1'h0, \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679  } : \$1751 ;
+  assign \$1754  = \$signal$49  > 1'h1;
+  assign \$1755  = \$signal$49  > 2'h2;
+  assign \$1756  = \$signal$49  > 2'h3;
   assign \$1758  = ins[47:35] + \$1757 ;
-  assign \$1759  = \$1758  + 1'h1;
-  assign \$1760  = ins[60:48] + el;
-  assign \$1761  = el >= results;
-  assign \$1762  = ! fsm_state;
-  assign \$1763  = fsm_state == 1'h1;
-  assign \$1764  = fsm_state == 2'h2;
-  assign \$1765  = fsm_state == 2'h3;
+  assign \$1760  = ins[47:35] + \$1759 ;
+  assign \$1761  = \$1760  + 1'h1;
+  assign \$1762  = ins[60:48] + el;
+  assign \$1763  = el >= results;
+  assign \$1764  = ! fsm_state;
+  assign \$1765  = fsm_state == 1'h1;
+  assign \$1766  = fsm_state == 2'h2;
+  assign \$1767  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$1766 ;
+    beat <= \$1768 ;
   always @(posedge clk)
-    h_valid <= \$1767 ;
+    h_valid <= \$1769 ;
   always @(posedge clk)
-    \$signal$10  <= \$1768 ;
+    \$signal$10  <= \$1770 ;
   always @(posedge clk)
-    \$signal  <= \$1769 ;
+    \$signal  <= \$1771 ;
   always @(posedge clk)
-    rem0 <= \$1770 ;
+    rem0 <= \$1772 ;
   always @(posedge clk)
-    \$signal$17  <= \$1771 ;
+    \$signal$17  <= \$1773 ;
   always @(posedge clk)
-    \$signal$19  <= \$1772 ;
+    \$signal$19  <= \$1774 ;
   always @(posedge clk)
-    rem1 <= \$1773 ;
+    rem1 <= \$1775 ;
   always @(posedge clk)
-    \$signal$22  <= \$1774 ;
+    \$signal$22  <= \$1776 ;
   always @(posedge clk)
-    \$signal$24  <= \$1775 ;
+    \$signal$24  <= \$1777 ;
   always @(posedge clk)
-    rem2 <= \$1776 ;
+    rem2 <= \$1778 ;
   always @(posedge clk)
-    \$signal$28  <= \$1777 ;
+    \$signal$28  <= \$1779 ;
   always @(posedge clk)
-    \$signal$30  <= \$1778 ;
+    \$signal$30  <= \$1780 ;
   always @(posedge clk)
-    issuing <= \$1779 ;
+    issuing <= \$1781 ;
   always @(posedge clk)
-    q_read <= \$1780 ;
+    q_read <= \$1782 ;
   always @(posedge clk)
-    q_pend <= \$1781 ;
+    q_pend <= \$1783 ;
   always @(posedge clk)
-    \$signal$42  <= \$1782 ;
+    \$signal$42  <= \$1784 ;
   always @(posedge clk)
-    q_k <= \$1783 ;
+    q_k <= \$1785 ;
   always @(posedge clk)
-    \$signal$43  <= \$1784 ;
+    \$signal$43  <= \$1786 ;
   always @(posedge clk)
-    wvalid <= \$1785 ;
+    wvalid <= \$1787 ;
   always @(posedge clk)
-    pack <= \$1786 ;
+    pack <= \$1788 ;
   always @(posedge clk)
-    el <= \$1787 ;
+    el <= \$1789 ;
   always @(posedge clk)
-    \$signal$50  <= \$1788 ;
+    \$signal$50  <= \$1790 ;
   always @(posedge clk)
-    hold_valid <= \$1789 ;
+    hold_valid <= \$1791 ;
   always @(posedge clk)
-    hold <= \$1790 ;
+    hold <= \$1792 ;
   always @(posedge clk)
-    \$signal$32  <= \$1791 ;
+    \$signal$32  <= \$1793 ;
   always @(posedge clk)
-    is_sigmoid <= \$1792 ;
+    is_sigmoid <= \$1794 ;
   always @(posedge clk)
-    \$signal$34  <= \$1793 ;
+    \$signal$34  <= \$1795 ;
   always @(posedge clk)
-    is_split <= \$1794 ;
+    \$signal$58  <= \$1796 ;
   always @(posedge clk)
-    low <= \$1795 ;
+    \$signal$35  <= \$1797 ;
   always @(posedge clk)
-    results <= \$1796 ;
+    low <= \$1798 ;
   always @(posedge clk)
-    vec_op <= \$1797 ;
+    results <= \$1799 ;
   always @(posedge clk)
-    width <= \$1798 ;
+    vec_op <= \$1800 ;
   always @(posedge clk)
-    mult <= \$1799 ;
+    width <= \$1801 ;
   always @(posedge clk)
-    shift <= \$1800 ;
+    mult <= \$1802 ;
   always @(posedge clk)
-    cnt0 <= \$1801 ;
+    shift <= \$1803 ;
   always @(posedge clk)
-    cnt1 <= \$1802 ;
+    cnt0 <= \$1804 ;
   always @(posedge clk)
-    sa0 <= \$1803 ;
+    cnt1 <= \$1805 ;
   always @(posedge clk)
-    sa1 <= \$1804 ;
+    sa0 <= \$1806 ;
   always @(posedge clk)
-    sa2 <= \$1805 ;
+    sa1 <= \$1807 ;
   always @(posedge clk)
-    sb0 <= \$1806 ;
+    sa2 <= \$1808 ;
   always @(posedge clk)
-    sb1 <= \$1807 ;
+    sb0 <= \$1809 ;
   always @(posedge clk)
-    sb2 <= \$1808 ;
+    sb1 <= \$1810 ;
   always @(posedge clk)
-    fsm_state <= \$1809 ;
+    sb2 <= \$1811 ;
+  always @(posedge clk)
+    fsm_state <= \$1812 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -9459,21 +9489,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$96 ),
+    .advance(\i__ready$97 ),
     .clk(clk),
-    .i__payload(\i__payload$77 ),
-    .i__valid(\i__valid$95 ),
-    .o__payload(\o__payload$98 ),
-    .o__valid(\o__valid$97 ),
+    .i__payload(\i__payload$78 ),
+    .i__valid(\i__valid$96 ),
+    .o__payload(\o__payload$99 ),
+    .o__valid(\o__valid$98 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5956$0 (spad__rd1__data),
-    .\port$7544$0 (\$signal ),
-    .\port$7933$0 (spad__rd0__lanes[31:0]),
+    .\port$5964$0 (spad__rd1__data),
+    .\port$7559$0 (\$signal ),
+    .\port$7950$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9483,12 +9513,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$78 ),
-    .i__ready(\i__ready$100 ),
-    .i__valid(\i__valid$99 ),
+    .i__payload(\i__payload$79 ),
+    .i__ready(\i__ready$101 ),
+    .i__valid(\i__valid$100 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$102 ),
-    .o__valid(\o__valid$101 ),
+    .o__payload(\o__payload$103 ),
+    .o__valid(\o__valid$102 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -9554,136 +9584,95 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     (* full_case = 32'd1 *)
     casez (\$signal$50 )
       2'h0:
-          \$569  = \$274 ;
+          \$571  = \$276 ;
       2'h1:
-          \$569  = \$372 ;
+          \$571  = \$374 ;
       2'h2:
-          \$569  = \$470 ;
+          \$571  = \$472 ;
       2'h3:
-          \$569  = \$568 ;
+          \$571  = \$570 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$963  = 24'h000000;
-    casez (\$570 )
+    \$965  = 24'h000000;
+    casez (\$572 )
       3'h0:
-          \$963  = \$668 ;
+          \$965  = \$670 ;
       3'h1:
-          \$963  = \$766 ;
+          \$965  = \$768 ;
       3'h2:
-          \$963  = \$864 ;
+          \$965  = \$866 ;
       3'h3:
-          \$963  = \$962 ;
+          \$965  = \$964 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1357  = 24'h000000;
-    casez (\$964 )
+    \$1359  = 24'h000000;
+    casez (\$966 )
       3'h0:
-          \$1357  = \$1062 ;
+          \$1359  = \$1064 ;
       3'h1:
-          \$1357  = \$1160 ;
+          \$1359  = \$1162 ;
       3'h2:
-          \$1357  = \$1258 ;
+          \$1359  = \$1260 ;
       3'h3:
-          \$1357  = \$1356 ;
+          \$1359  = \$1358 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1751  = 24'h000000;
-    casez (\$1358 )
+    \$1753  = 24'h000000;
+    casez (\$1360 )
       3'h0:
-          \$1751  = \$1456 ;
+          \$1753  = \$1458 ;
       3'h1:
-          \$1751  = \$1554 ;
+          \$1753  = \$1556 ;
       3'h2:
-          \$1751  = \$1652 ;
+          \$1753  = \$1654 ;
       3'h3:
-          \$1751  = \$1750 ;
+          \$1753  = \$1752 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1766  = beat;
+    \$1768  = beat;
     if (\$2 ) begin
-      \$1766  = \$3 ;
+      \$1768  = \$3 ;
     end
     if (unit_rst) begin
-      \$1766  = 65'h00000000000000000;
+      \$1768  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$1766  = 65'h00000000000000000;
+      \$1768  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1767  = h_valid;
+    \$1769  = h_valid;
     if (\$2 ) begin
-      \$1767  = \$4 ;
+      \$1769  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1767  = 1'h0;
+                  \$1769  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1767  = 1'h0;
+                  \$1769  = 1'h0;
               6'h0c:
-                  \$1767  = 1'h0;
+                  \$1769  = 1'h0;
               6'h0d:
-                  \$1767  = 1'h0;
+                  \$1769  = 1'h0;
+              6'h13:
+                  \$1769  = 1'h0;
               6'h0f:
-                  \$1767  = 1'h0;
+                  \$1769  = 1'h0;
             endcase
           end
     endcase
-    if (unit_rst) begin
-      \$1767  = 1'h0;
-    end
-    if (rst) begin
-      \$1767  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1768  = \$signal$10 ;
-    if (run) begin
-      \$1768  = \$10 ;
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1768  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1768  = 1'h0;
-              6'h0c:
-                  \$1768  = 1'h0;
-              6'h0d:
-                  \$1768  = 1'h0;
-              6'h0f:
-                  \$1768  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1768  = 1'h0;
-    end
-    if (rst) begin
-      \$1768  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1769  = \$signal ;
-    if (run) begin
-      \$1769  = \$11 ;
-    end
     if (unit_rst) begin
       \$1769  = 1'h0;
     end
@@ -9693,16 +9682,61 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1770  = rem0;
+    \$1770  = \$signal$10 ;
+    if (run) begin
+      \$1770  = \$10 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1770  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1770  = 1'h0;
+              6'h0c:
+                  \$1770  = 1'h0;
+              6'h0d:
+                  \$1770  = 1'h0;
+              6'h13:
+                  \$1770  = 1'h0;
+              6'h0f:
+                  \$1770  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1770  = 1'h0;
+    end
+    if (rst) begin
+      \$1770  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1771  = \$signal ;
+    if (run) begin
+      \$1771  = \$11 ;
+    end
+    if (unit_rst) begin
+      \$1771  = 1'h0;
+    end
+    if (rst) begin
+      \$1771  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1772  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1770  = \$20 [13:0];
+          \$1772  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$1770  = cnt0;
+          \$1772  = cnt0;
         end else begin
-          \$1770  = cnt0;
+          \$1772  = cnt0;
         end
       end
     end
@@ -9711,44 +9745,46 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1770  = ins[122:109];
+                  \$1772  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1770  = ins[122:109];
+                  \$1772  = ins[122:109];
               6'h0c:
-                  \$1770  = ins[106:93];
+                  \$1772  = ins[106:93];
               6'h0d:
-                  \$1770  = ins[90:77];
+                  \$1772  = ins[90:77];
+              6'h13:
+                  \$1772  = ins[90:77];
               6'h0f:
-                  \$1770  = ins[122:109];
+                  \$1772  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1770  = 14'h0000;
+      \$1772  = 14'h0000;
     end
     if (rst) begin
-      \$1770  = 14'h0000;
+      \$1772  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1771  = \$signal$17 ;
+    \$1773  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1771  = \$21 [12:0];
+          \$1773  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$1771  = \$25 [12:0];
+          \$1773  = \$25 [12:0];
         end else begin
-          \$1771  = \$31 [12:0];
+          \$1773  = \$31 [12:0];
         end
       end
     end
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1771  = \$51 [12:0];
+          \$1773  = \$51 [12:0];
         end
       end
     end
@@ -9757,37 +9793,39 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1771  = ins[34:22];
+                  \$1773  = ins[34:22];
               6'h06, 6'h07, 6'h05:
-                  \$1771  = ins[34:22];
+                  \$1773  = ins[34:22];
               6'h0c:
-                  \$1771  = ins[34:22];
+                  \$1773  = ins[34:22];
               6'h0d:
-                  \$1771  = ins[34:22];
+                  \$1773  = ins[34:22];
+              6'h13:
+                  \$1773  = ins[34:22];
               6'h0f:
-                  \$1771  = ins[34:22];
+                  \$1773  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1771  = 13'h0000;
+      \$1773  = 13'h0000;
     end
     if (rst) begin
-      \$1771  = 13'h0000;
+      \$1773  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1772  = \$signal$19 ;
+    \$1774  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1772  = \$22 [12:0];
+          \$1774  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$1772  = \$27 [12:0];
+          \$1774  = \$27 [12:0];
         end else begin
-          \$1772  = \$34 [12:0];
+          \$1774  = \$34 [12:0];
         end
       end
     end
@@ -9796,91 +9834,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1772  = ins[47:35];
+                  \$1774  = ins[47:35];
               6'h06, 6'h07, 6'h05:
-                  \$1772  = ins[47:35];
+                  \$1774  = ins[47:35];
               6'h0c:
-                  \$1772  = ins[47:35];
+                  \$1774  = ins[47:35];
               6'h0d:
-                  \$1772  = ins[47:35];
+                  \$1774  = ins[47:35];
+              6'h13:
+                  \$1774  = ins[47:35];
               6'h0f:
-                  \$1772  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1772  = 13'h0000;
-    end
-    if (rst) begin
-      \$1772  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1773  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1773  = \$23 [13:0];
-        end else begin
-          \$1773  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1773  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1773  = 14'h0001;
-              6'h0c:
-                  \$1773  = ins[90:77];
-              6'h0d:
-                  \$1773  = 14'h0002;
-              6'h0f:
-                  \$1773  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1773  = 14'h0000;
-    end
-    if (rst) begin
-      \$1773  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1774  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1774  = \$24 [12:0];
-        end else begin
-          \$1774  = \$30 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1774  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1774  = ins[34:22];
-              6'h0c:
-                  \$1774  = ins[34:22];
-              6'h0d:
-                  \$1774  = ins[34:22];
-              6'h0f:
-                  \$1774  = ins[34:22];
+                  \$1774  = ins[47:35];
             endcase
           end
     endcase
@@ -9893,15 +9857,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1775  = \$signal$24 ;
+    \$1775  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$1775  = \$26 [12:0];
+          \$1775  = \$23 [13:0];
         end else begin
-          \$1775  = \$33 [12:0];
+          \$1775  = cnt1;
         end
       end
     end
@@ -9910,35 +9874,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1775  = ins[47:35];
+                  \$1775  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1775  = ins[47:35];
+                  \$1775  = 14'h0001;
               6'h0c:
-                  \$1775  = ins[47:35];
+                  \$1775  = ins[90:77];
               6'h0d:
-                  \$1775  = ins[47:35];
+                  \$1775  = 14'h0002;
+              6'h13:
+                  \$1775  = 14'h0001;
               6'h0f:
-                  \$1775  = ins[47:35];
+                  \$1775  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1775  = 13'h0000;
+      \$1775  = 14'h0000;
     end
     if (rst) begin
-      \$1775  = 13'h0000;
+      \$1775  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1776  = rem2;
+    \$1776  = \$signal$22 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1776  = \$24 [12:0];
         end else begin
-          \$1776  = \$28 [13:0];
+          \$1776  = \$30 [12:0];
         end
       end
     end
@@ -9947,35 +9914,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1776  = 14'h0001;
+                  \$1776  = ins[34:22];
               6'h06, 6'h07, 6'h05:
-                  \$1776  = 14'h0001;
+                  \$1776  = ins[34:22];
               6'h0c:
-                  \$1776  = ins[74:61];
+                  \$1776  = ins[34:22];
               6'h0d:
-                  \$1776  = ins[74:61];
+                  \$1776  = ins[34:22];
+              6'h13:
+                  \$1776  = ins[34:22];
               6'h0f:
-                  \$1776  = 14'h0001;
+                  \$1776  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1776  = 14'h0000;
+      \$1776  = 13'h0000;
     end
     if (rst) begin
-      \$1776  = 14'h0000;
+      \$1776  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1777  = \$signal$28 ;
+    \$1777  = \$signal$24 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1777  = \$26 [12:0];
         end else begin
-          \$1777  = \$29 [12:0];
+          \$1777  = \$33 [12:0];
         end
       end
     end
@@ -9984,15 +9954,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1777  = ins[34:22];
+                  \$1777  = ins[47:35];
               6'h06, 6'h07, 6'h05:
-                  \$1777  = ins[34:22];
+                  \$1777  = ins[47:35];
               6'h0c:
-                  \$1777  = ins[34:22];
+                  \$1777  = ins[47:35];
               6'h0d:
-                  \$1777  = ins[34:22];
+                  \$1777  = ins[47:35];
+              6'h13:
+                  \$1777  = ins[47:35];
               6'h0f:
-                  \$1777  = ins[34:22];
+                  \$1777  = ins[47:35];
             endcase
           end
     endcase
@@ -10005,14 +9977,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1778  = \$signal$30 ;
+    \$1778  = rem2;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$1778  = \$32 [12:0];
+          \$1778  = \$28 [13:0];
         end
       end
     end
@@ -10021,28 +9993,108 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1778  = ins[47:35];
+                  \$1778  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1778  = ins[47:35];
+                  \$1778  = 14'h0001;
               6'h0c:
-                  \$1778  = ins[47:35];
+                  \$1778  = ins[74:61];
               6'h0d:
-                  \$1778  = ins[47:35];
+                  \$1778  = ins[74:61];
+              6'h13:
+                  \$1778  = ins[74:61];
               6'h0f:
-                  \$1778  = ins[47:35];
+                  \$1778  = 14'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1778  = 13'h0000;
+      \$1778  = 14'h0000;
     end
     if (rst) begin
-      \$1778  = 13'h0000;
+      \$1778  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1779  = issuing;
+    \$1779  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1779  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1779  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1779  = ins[34:22];
+              6'h0c:
+                  \$1779  = ins[34:22];
+              6'h0d:
+                  \$1779  = ins[34:22];
+              6'h13:
+                  \$1779  = ins[34:22];
+              6'h0f:
+                  \$1779  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1779  = 13'h0000;
+    end
+    if (rst) begin
+      \$1779  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1780  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1780  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1780  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1780  = ins[47:35];
+              6'h0c:
+                  \$1780  = ins[47:35];
+              6'h0d:
+                  \$1780  = ins[47:35];
+              6'h13:
+                  \$1780  = ins[47:35];
+              6'h0f:
+                  \$1780  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1780  = 13'h0000;
+    end
+    if (rst) begin
+      \$1780  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1781  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -10050,7 +10102,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$1779  = 1'h0;
+            \$1781  = 1'h0;
           end
         end
       end
@@ -10060,123 +10112,85 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1779  = 1'h0;
+                  \$1781  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1779  = 1'h1;
+                  \$1781  = 1'h1;
               6'h0c:
-                  \$1779  = 1'h1;
+                  \$1781  = 1'h1;
               6'h0d:
-                  \$1779  = 1'h1;
+                  \$1781  = 1'h1;
+              6'h13:
+                  \$1781  = 1'h1;
               6'h0f:
-                  \$1779  = 1'h1;
+                  \$1781  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1779  = 1'h0;
+      \$1781  = 1'h0;
     end
     if (rst) begin
-      \$1779  = 1'h0;
+      \$1781  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1780  = q_read;
+    \$1782  = q_read;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1780  = \$52 [13:0];
+          \$1782  = \$52 [13:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1780  = 14'h0000;
+            \$1782  = 14'h0000;
           end
     endcase
     if (unit_rst) begin
-      \$1780  = 14'h0000;
+      \$1782  = 14'h0000;
     end
     if (rst) begin
-      \$1780  = 14'h0000;
+      \$1782  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1781  = q_pend;
+    \$1783  = q_pend;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1781  = 1'h1;
+          \$1783  = 1'h1;
         end else if (\$50 ) begin
-          \$1781  = 1'h0;
+          \$1783  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1781  = 1'h0;
+            \$1783  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1781  = 1'h0;
+      \$1783  = 1'h0;
     end
     if (rst) begin
-      \$1781  = 1'h0;
+      \$1783  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1782  = \$signal$42 ;
+    \$1784  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1782  = \$signal$43 ;
+          \$1784  = \$signal$43 ;
         end
       end
     end
-    if (unit_rst) begin
-      \$1782  = 2'h0;
-    end
-    if (rst) begin
-      \$1782  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1783  = q_k;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1783  = \$144 [2:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$1783  = 3'h0;
-    end
-    if (rst) begin
-      \$1783  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1784  = \$signal$43 ;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1784  = \$56 [1:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1784  = 2'h0;
-          end
-    endcase
     if (unit_rst) begin
       \$1784  = 2'h0;
     end
@@ -10186,65 +10200,105 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1785  = wvalid;
+    \$1785  = q_k;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1785  = \$146 [2:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$1785  = 3'h0;
+    end
+    if (rst) begin
+      \$1785  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1786  = \$signal$43 ;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1786  = \$56 [1:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1786  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1786  = 2'h0;
+    end
+    if (rst) begin
+      \$1786  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1787  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$57 ) begin
-          \$1785  = 1'h0;
+          \$1787  = 1'h0;
         end
         if (\$61 ) begin
-          \$1785  = \$89 ;
+          \$1787  = \$89 ;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1785  = 1'h0;
+            \$1787  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1785  = 1'h0;
+      \$1787  = 1'h0;
     end
     if (rst) begin
-      \$1785  = 1'h0;
+      \$1787  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1786  = pack;
+    \$1788  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$61 ) begin
           if (\$65 ) begin
-            \$1786 [23:0] = \$67 ;
+            \$1788 [23:0] = \$67 ;
           end
           if (\$71 ) begin
-            \$1786 [47:24] = \$73 ;
+            \$1788 [47:24] = \$73 ;
           end
           if (\$77 ) begin
-            \$1786 [71:48] = \$79 ;
+            \$1788 [71:48] = \$79 ;
           end
           if (\$83 ) begin
-            \$1786 [95:72] = \$85 ;
+            \$1788 [95:72] = \$85 ;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$1786  = 96'h000000000000000000000000;
+      \$1788  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1786  = 96'h000000000000000000000000;
+      \$1788  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1787  = el;
+    \$1789  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1787  = \$90 [13:0];
+          \$1789  = \$90 [13:0];
         end
       end
     end
@@ -10254,15 +10308,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1787  = 14'h0000;
+                  \$1789  = 14'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1787  = 14'h0000;
+                  \$1789  = 14'h0000;
               6'h0c:
-                  \$1787  = 14'h0000;
+                  \$1789  = 14'h0000;
               6'h0d:
-                  \$1787  = 14'h0000;
+                  \$1789  = 14'h0000;
+              6'h13:
+                  \$1789  = 14'h0000;
               6'h0f:
-                  \$1787  = 14'h0000;
+                  \$1789  = 14'h0000;
             endcase
           end
       2'h1:
@@ -10271,123 +10327,91 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$1787  = \$113 [13:0];
+            \$1789  = \$115 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$1787  = 14'h0000;
+      \$1789  = 14'h0000;
     end
     if (rst) begin
-      \$1787  = 14'h0000;
+      \$1789  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1788  = \$signal$50 ;
+    \$1790  = \$signal$50 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1788  = \$92 [1:0];
+          \$1790  = \$92 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1788  = 2'h0;
+            \$1790  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1788  = 2'h0;
+      \$1790  = 2'h0;
     end
     if (rst) begin
-      \$1788  = 2'h0;
+      \$1790  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1789  = hold_valid;
+    \$1791  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$signal$51 ) begin
-            \$1789  = 1'h0;
+            \$1791  = 1'h0;
           end
         end
         if (\$93 ) begin
-          \$1789  = 1'h1;
+          \$1791  = 1'h1;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1789  = 1'h0;
+            \$1791  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1789  = 1'h0;
+      \$1791  = 1'h0;
     end
     if (rst) begin
-      \$1789  = 1'h0;
+      \$1791  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1790  = hold;
+    \$1792  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$93 ) begin
-          \$1790  = rq__o__payload;
+          \$1792  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$1790  = 96'h000000000000000000000000;
+      \$1792  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1790  = 96'h000000000000000000000000;
+      \$1792  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1791  = \$signal$32 ;
+    \$1793  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1791  = \$94 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1791  = 1'h0;
-    end
-    if (rst) begin
-      \$1791  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = is_sigmoid;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1792  = \$95 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1792  = 1'h0;
-    end
-    if (rst) begin
-      \$1792  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1793  = \$signal$34 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1793  = \$96 ;
+            \$1793  = \$94 ;
           end
     endcase
     if (unit_rst) begin
@@ -10399,11 +10423,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = is_split;
+    \$1794  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1794  = \$98 ;
+            \$1794  = \$95 ;
           end
     endcase
     if (unit_rst) begin
@@ -10415,11 +10439,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1795  = low;
+    \$1795  = \$signal$34 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1795  = 1'h0;
+            \$1795  = \$96 ;
           end
     endcase
     if (unit_rst) begin
@@ -10431,257 +10455,230 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1796  = results;
+    \$1796  = \$signal$58 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1796  = \$102 ;
+            \$1796  = \$98 ;
           end
     endcase
     if (unit_rst) begin
-      \$1796  = 15'h0000;
+      \$1796  = 1'h0;
     end
     if (rst) begin
-      \$1796  = 15'h0000;
+      \$1796  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1797  = vec_op;
+    \$1797  = \$signal$35 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1797  = \$106 ;
+            \$1797  = \$100 ;
           end
     endcase
     if (unit_rst) begin
-      \$1797  = 2'h0;
+      \$1797  = 1'h0;
     end
     if (rst) begin
-      \$1797  = 2'h0;
+      \$1797  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1798  = width;
+    \$1798  = low;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1798  = ins[21:16];
+            \$1798  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1798  = 6'h00;
+      \$1798  = 1'h0;
     end
     if (rst) begin
-      \$1798  = 6'h00;
+      \$1798  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1799  = mult;
+    \$1799  = results;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1799  = ins[152:137];
+            \$1799  = \$104 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1799  = 15'h0000;
+    end
+    if (rst) begin
+      \$1799  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1800  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1800  = \$108 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1800  = 2'h0;
+    end
+    if (rst) begin
+      \$1800  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1801  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1801  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1801  = 6'h00;
+    end
+    if (rst) begin
+      \$1801  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1802  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1802  = ins[152:137];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1799  = spad__rd0__lanes[15:0];
+          \$1802  = spad__rd0__lanes[15:0];
     endcase
     if (unit_rst) begin
-      \$1799  = 16'h0000;
+      \$1802  = 16'h0000;
     end
     if (rst) begin
-      \$1799  = 16'h0000;
+      \$1802  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1800  = shift;
+    \$1803  = shift;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1800  = ins[174:169];
+            \$1803  = ins[174:169];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1800  = spad__rd1__data[5:0];
+          \$1803  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$1800  = 6'h00;
+      \$1803  = 6'h00;
     end
     if (rst) begin
-      \$1800  = 6'h00;
+      \$1803  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1801  = cnt0;
+    \$1804  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1801  = ins[122:109];
+                  \$1804  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1801  = ins[122:109];
+                  \$1804  = ins[122:109];
               6'h0c:
-                  \$1801  = ins[106:93];
+                  \$1804  = ins[106:93];
               6'h0d:
-                  \$1801  = ins[90:77];
+                  \$1804  = ins[90:77];
+              6'h13:
+                  \$1804  = ins[90:77];
               6'h0f:
-                  \$1801  = ins[122:109];
+                  \$1804  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1801  = 14'h0000;
+      \$1804  = 14'h0000;
     end
     if (rst) begin
-      \$1801  = 14'h0000;
+      \$1804  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1802  = cnt1;
+    \$1805  = cnt1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1802  = 14'h0001;
+                  \$1805  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1802  = 14'h0001;
+                  \$1805  = 14'h0001;
               6'h0c:
-                  \$1802  = ins[90:77];
+                  \$1805  = ins[90:77];
               6'h0d:
-                  \$1802  = 14'h0002;
+                  \$1805  = 14'h0002;
+              6'h13:
+                  \$1805  = 14'h0001;
               6'h0f:
-                  \$1802  = 14'h0002;
+                  \$1805  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1802  = 14'h0000;
+      \$1805  = 14'h0000;
     end
     if (rst) begin
-      \$1802  = 14'h0000;
+      \$1805  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1803  = sa0;
+    \$1806  = sa0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1803  = 13'h0001;
+                  \$1806  = 13'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1803  = 13'h0001;
+                  \$1806  = 13'h0001;
               6'h0c:
-                  \$1803  = ins[89:77];
+                  \$1806  = ins[89:77];
               6'h0d:
-                  \$1803  = 13'h0001;
+                  \$1806  = 13'h0001;
+              6'h13:
+                  \$1806  = 13'h0001;
               6'h0f:
-                  \$1803  = 13'h0001;
+                  \$1806  = 13'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1803  = 13'h0000;
+      \$1806  = 13'h0000;
     end
     if (rst) begin
-      \$1803  = 13'h0000;
+      \$1806  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1804  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1804  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1804  = 1'h0;
-              6'h0c:
-                  \$1804  = 1'h1;
-              6'h0d:
-                  \$1804  = 1'h0;
-              6'h0f:
-                  \$1804  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1804  = 1'h0;
-    end
-    if (rst) begin
-      \$1804  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1805  = sa2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1805  = 13'h0000;
-              6'h06, 6'h07, 6'h05:
-                  \$1805  = 13'h0000;
-              6'h0c:
-                  \$1805  = ins[135:123];
-              6'h0d:
-                  \$1805  = ins[89:77];
-              6'h0f:
-                  \$1805  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1805  = 13'h0000;
-    end
-    if (rst) begin
-      \$1805  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1806  = sb0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1806  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1806  = 1'h1;
-              6'h0c:
-                  \$1806  = 1'h1;
-              6'h0d:
-                  \$1806  = 1'h0;
-              6'h0f:
-                  \$1806  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1806  = 1'h0;
-    end
-    if (rst) begin
-      \$1806  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1807  = sb1;
+    \$1807  = sa1;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10691,8 +10688,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h06, 6'h07, 6'h05:
                   \$1807  = 1'h0;
               6'h0c:
-                  \$1807  = 1'h0;
+                  \$1807  = 1'h1;
               6'h0d:
+                  \$1807  = 1'h0;
+              6'h13:
                   \$1807  = 1'h0;
               6'h0f:
                   \$1807  = 1'h0;
@@ -10708,7 +10707,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1808  = sb2;
+    \$1808  = sa2;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10718,9 +10717,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h06, 6'h07, 6'h05:
                   \$1808  = 13'h0000;
               6'h0c:
-                  \$1808  = ins[105:93];
+                  \$1808  = ins[135:123];
               6'h0d:
-                  \$1808  = 13'h0000;
+                  \$1808  = ins[89:77];
+              6'h13:
+                  \$1808  = ins[89:77];
               6'h0f:
                   \$1808  = 13'h0000;
             endcase
@@ -10735,33 +10736,120 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1809  = fsm_state;
+    \$1809  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1809  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1809  = 1'h1;
+              6'h0c:
+                  \$1809  = 1'h1;
+              6'h0d:
+                  \$1809  = 1'h0;
+              6'h13:
+                  \$1809  = 1'h0;
+              6'h0f:
+                  \$1809  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1809  = 1'h0;
+    end
+    if (rst) begin
+      \$1809  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1810  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1810  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1810  = 1'h0;
+              6'h0c:
+                  \$1810  = 1'h0;
+              6'h0d:
+                  \$1810  = 1'h0;
+              6'h13:
+                  \$1810  = 1'h0;
+              6'h0f:
+                  \$1810  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1810  = 1'h0;
+    end
+    if (rst) begin
+      \$1810  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1811  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1811  = 13'h0000;
+              6'h06, 6'h07, 6'h05:
+                  \$1811  = 13'h0000;
+              6'h0c:
+                  \$1811  = ins[105:93];
+              6'h0d:
+                  \$1811  = 13'h0000;
+              6'h13:
+                  \$1811  = 13'h0000;
+              6'h0f:
+                  \$1811  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1811  = 13'h0000;
+    end
+    if (rst) begin
+      \$1811  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1812  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$108 ) begin
-            end else if (\$112 ) begin
-              \$1809  = 2'h1;
+            if (\$110 ) begin
+            end else if (\$114 ) begin
+              \$1812  = 2'h1;
             end else begin
-              \$1809  = 2'h2;
+              \$1812  = 2'h2;
             end
           end
       2'h1:
-          \$1809  = 2'h3;
+          \$1812  = 2'h3;
       2'h3:
-          \$1809  = 2'h2;
+          \$1812  = 2'h2;
       2'h2:
-          if (\$114 ) begin
-            \$1809  = 2'h0;
+          if (\$116 ) begin
+            \$1812  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1809  = 2'h0;
+      \$1812  = 2'h0;
     end
     if (rst) begin
-      \$1809  = 2'h0;
+      \$1812  = 2'h0;
     end
   end
   always @* begin
@@ -10779,7 +10867,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$1756 [12:0];
+          spad__rd0__addr = \$1758 [12:0];
     endcase
   end
   always @* begin
@@ -10792,18 +10880,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$1759 [12:0];
+          spad__rd1__addr = \$1761 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$126 ;
+      spad__rd0__en = \$128 ;
     end
     if (run) begin
       if (\$signal$32 ) begin
-        spad__rd0__en = \$156 ;
+        spad__rd0__en = \$158 ;
       end
     end
     casez (fsm_state)
@@ -10817,7 +10905,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$132 ;
+      spad__rd1__en = \$134 ;
     end
     casez (fsm_state)
       2'h0:
@@ -10840,7 +10928,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$49  = 3'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$49  = \$168 [2:0];
+        \$signal$49  = \$170 [2:0];
       end
     end
   end
@@ -10849,7 +10937,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$51  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$51  = \$173 ;
+        \$signal$51  = \$175 ;
       end
     end
   end
@@ -10858,7 +10946,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$175 ;
+        rq__o__ready = \$177 ;
       end
     end
   end
@@ -10868,7 +10956,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__addr = \$176 [12:0];
+          spad__wr__addr = \$178 [12:0];
         end
       end
     end
@@ -10882,7 +10970,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$1760 [12:0];
+            spad__wr__addr = \$1762 [12:0];
           end
     endcase
   end
@@ -10892,7 +10980,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__data = { \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569 [23], \$569  };
+          spad__wr__data = { \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571  };
         end
       end
     end
@@ -10940,9 +11028,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper[31:0] = { \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963 [23], \$963  };
-          spad__wr__upper[63:32] = { \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357 [23], \$1357  };
-          spad__wr__upper[95:64] = { \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751 [23], \$1751  };
+          spad__wr__upper[31:0] = { \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965  };
+          spad__wr__upper[63:32] = { \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359  };
+          spad__wr__upper[95:64] = { \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753  };
         end
       end
     end
@@ -10953,9 +11041,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper_en[0] = \$1752 ;
-          spad__wr__upper_en[1] = \$1753 ;
-          spad__wr__upper_en[2] = \$1754 ;
+          spad__wr__upper_en[0] = \$1754 ;
+          spad__wr__upper_en[1] = \$1755 ;
+          spad__wr__upper_en[2] = \$1756 ;
         end
       end
     end
@@ -10979,10 +11067,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         unit_ready = i__ready;
       end else if (\$signal$34 ) begin
-        unit_ready = \i__ready$96 ;
-      end else if (is_split) begin
+        unit_ready = \i__ready$97 ;
+      end else if (\$signal$35 ) begin
       end else begin
-        unit_ready = \i__ready$100 ;
+        unit_ready = \i__ready$101 ;
       end
     end
   end
@@ -10995,10 +11083,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_valid = o__valid;
       end else if (\$signal$34 ) begin
-        out_valid = \o__valid$97 ;
-      end else if (is_split) begin
+        out_valid = \o__valid$98 ;
+      end else if (\$signal$35 ) begin
       end else begin
-        out_valid = \o__valid$101 ;
+        out_valid = \o__valid$102 ;
       end
     end
   end
@@ -11011,35 +11099,35 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (\$signal$34 ) begin
-        out_data = { \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98 [15], \o__payload$98  };
-      end else if (is_split) begin
+        out_data = { \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99  };
+      end else if (\$signal$35 ) begin
       end else begin
-        out_data = { \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102 [15], \o__payload$102  };
+        out_data = { \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103  };
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$95  = 1'h0;
+    \i__valid$96  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
       end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
-        \i__valid$95  = h_valid;
+        \i__valid$96  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$99  = 1'h0;
+    \i__valid$100  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
       end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
-      end else if (is_split) begin
+      end else if (\$signal$35 ) begin
       end else begin
-        \i__valid$99  = h_valid;
+        \i__valid$100  = h_valid;
       end
     end
   end
@@ -11070,7 +11158,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1761 ) begin
+          if (\$1763 ) begin
             done = 1'h1;
           end
     endcase
@@ -11087,14 +11175,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1761 ) begin
+          if (\$1763 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign \$signal$41  = \$144 [2:0];
+  assign \$signal$41  = \$146 [2:0];
   assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
@@ -11103,8 +11191,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$82  = 1'h1;
   assign \o__ready$83  = 1'h1;
+  assign \o__ready$84  = 1'h1;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
@@ -11145,22 +11233,22 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$77[0]  = \i__payload$77 ;
-  assign \i__payload$77[0].g  = \i__payload$77 [15:0];
-  assign \i__payload$77[0].u  = \i__payload$77 [31:16];
-  assign \i__payload$78.a  = \i__payload$78 [15:0];
-  assign \i__payload$78.b  = \i__payload$78 [32:16];
-  assign \i__payload$78.last  = \i__payload$78 [33];
+  assign \i__payload$78[0]  = \i__payload$78 ;
+  assign \i__payload$78[0].g  = \i__payload$78 [15:0];
+  assign \i__payload$78[0].u  = \i__payload$78 [31:16];
+  assign \i__payload$79.a  = \i__payload$79 [15:0];
+  assign \i__payload$79.b  = \i__payload$79 [32:16];
+  assign \i__payload$79.last  = \i__payload$79 [33];
   assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
   assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
   assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$98[0]  = \o__payload$98 ;
-  assign \i__payload$78 [33] = beat[64];
-  assign \i__payload$78 [32:16] = \$146 ;
+  assign \o__payload$99[0]  = \o__payload$99 ;
+  assign \i__payload$79 [33] = beat[64];
+  assign \i__payload$79 [32:16] = \$148 ;
+  assign \i__payload$79 [15:0] = beat[15:0];
+  assign \i__payload$78 [31:16] = beat[47:32];
   assign \i__payload$78 [15:0] = beat[15:0];
-  assign \i__payload$77 [31:16] = beat[47:32];
-  assign \i__payload$77 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
@@ -11169,20 +11257,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$39  = \$37 ;
   assign \$98  = 1'h0;
   assign \$100  = 1'h0;
-  assign \$101  = { ins[122:109], 1'h0 };
-  assign \$102  = { 1'h0, ins[122:109] };
-  assign \$108  = 1'h0;
-  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
-  assign \$110 [2] = ins[8];
-  assign \$121  = 1'h1;
-  assign \$122  = issuing;
-  assign \$127  = 1'h1;
-  assign \$128  = issuing;
-  assign \$148  = 1'h1;
-  assign \$149  = \$147 ;
-  assign \$1755  = { ins[190:175], 1'h0 };
+  assign \$102  = 1'h0;
+  assign \$103  = { ins[122:109], 1'h0 };
+  assign \$104  = { 1'h0, ins[122:109] };
+  assign \$110  = 1'h0;
+  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
+  assign \$112 [2] = ins[8];
+  assign \$123  = 1'h1;
+  assign \$124  = issuing;
+  assign \$129  = 1'h1;
+  assign \$130  = issuing;
+  assign \$150  = 1'h1;
+  assign \$151  = \$149 ;
   assign \$1757  = { ins[190:175], 1'h0 };
-  assign \$111  = ins[8];
+  assign \$1759  = { ins[190:175], 1'h0 };
+  assign \$113  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -13607,7 +13696,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5956$0 , unit_rst, \port$7544$0 , level, \port$7933$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5964$0 , unit_rst, \port$7559$0 , level, \port$7950$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13632,12 +13721,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5956
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$5956$0 ;
-  wire [31:0] \port$5956$0 ;
-  input \port$7544$0 ;
-  wire \port$7544$0 ;
-  input [31:0] \port$7933$0 ;
-  wire [31:0] \port$7933$0 ;
+  input [31:0] \port$5964$0 ;
+  wire [31:0] \port$5964$0 ;
+  input \port$7559$0 ;
+  wire \port$7559$0 ;
+  input [31:0] \port$7950$0 ;
+  wire [31:0] \port$7950$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13670,7 +13759,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5956
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7544$0 , \port$5956$0 , \port$7933$0  };
+      storage[w_port__addr] <= { \port$7559$0 , \port$5964$0 , \port$7950$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13741,8 +13830,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5956
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7544$0 , \port$5956$0 , \port$7933$0  };
-  assign w_data = { \port$7544$0 , \port$5956$0 , \port$7933$0  };
+  assign w_port__data = { \port$7559$0 , \port$5964$0 , \port$7950$0  };
+  assign w_data = { \port$7559$0 , \port$5964$0 , \port$7950$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -17813,10 +17902,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$93 ),
-    .\port$1332$0 (\$412 ),
-    .\port$1333$0 (\$413 ),
-    .\port$1334$0 (\$414 ),
-    .\port$1335$0 (\$415 ),
+    .\port$1337$0 (\$412 ),
+    .\port$1338$0 (\$413 ),
+    .\port$1339$0 (\$414 ),
+    .\port$1340$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -19568,7 +19657,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0 , \port$1334$0 , \port$1335$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0 , \port$1339$0 , \port$1340$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
 , col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
@@ -20070,14 +20159,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$1332$0 ;
-  wire [7:0] \port$1332$0 ;
-  input [7:0] \port$1333$0 ;
-  wire [7:0] \port$1333$0 ;
-  input [7:0] \port$1334$0 ;
-  wire [7:0] \port$1334$0 ;
-  input [7:0] \port$1335$0 ;
-  wire [7:0] \port$1335$0 ;
+  input [7:0] \port$1337$0 ;
+  wire [7:0] \port$1337$0 ;
+  input [7:0] \port$1338$0 ;
+  wire [7:0] \port$1338$0 ;
+  input [7:0] \port$1339$0 ;
+  wire [7:0] \port$1339$0 ;
+  input [7:0] \port$1340$0 ;
+  wire [7:0] \port$1340$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -20700,7 +20789,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
+      spad_a[a_wptr[7:0]] <= { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -22753,8 +22842,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
-  assign a_in__payload = { \port$1335$0 , \port$1334$0 , \port$1333$0 , \port$1332$0  };
+  assign \$signature__data  = { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
+  assign a_in__payload = { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -22850,14 +22939,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1332$0 , \port$1333$0
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$1332$0 ;
-  assign \$signature__data[1]  = \port$1333$0 ;
-  assign \$signature__data[2]  = \port$1334$0 ;
-  assign \$signature__data[3]  = \port$1335$0 ;
-  assign \a_in__payload[0]  = \port$1332$0 ;
-  assign \a_in__payload[1]  = \port$1333$0 ;
-  assign \a_in__payload[2]  = \port$1334$0 ;
-  assign \a_in__payload[3]  = \port$1335$0 ;
+  assign \$signature__data[0]  = \port$1337$0 ;
+  assign \$signature__data[1]  = \port$1338$0 ;
+  assign \$signature__data[2]  = \port$1339$0 ;
+  assign \$signature__data[3]  = \port$1340$0 ;
+  assign \a_in__payload[0]  = \port$1337$0 ;
+  assign \a_in__payload[1]  = \port$1338$0 ;
+  assign \a_in__payload[2]  = \port$1339$0 ;
+  assign \a_in__payload[3]  = \port$1340$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29078,8 +29167,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1897$0 (mult),
-    .\port$1902$0 (i__payload),
+    .\port$1902$0 (mult),
+    .\port$1907$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -29935,7 +30024,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30021,10 +30110,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1897$0 ;
-  wire [15:0] \port$1897$0 ;
-  input [95:0] \port$1902$0 ;
-  wire [95:0] \port$1902$0 ;
+  input [15:0] \port$1902$0 ;
+  wire [15:0] \port$1902$0 ;
+  input [95:0] \port$1907$0 ;
+  wire [95:0] \port$1907$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30089,7 +30178,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1902$0 [16:0] };
+      \$9  = { 1'h0, \port$1907$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30102,7 +30191,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1897$0  };
+      \$10  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30128,7 +30217,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23:17] };
+      \$12  = { \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30141,7 +30230,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1897$0  };
+      \$13  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30167,7 +30256,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1902$0 [40:24] };
+      \$15  = { 1'h0, \port$1907$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30180,7 +30269,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1897$0  };
+      \$16  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30206,7 +30295,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47:41] };
+      \$18  = { \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30219,7 +30308,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1897$0  };
+      \$19  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30245,7 +30334,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1902$0 [64:48] };
+      \$21  = { 1'h0, \port$1907$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30258,7 +30347,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1897$0  };
+      \$22  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30284,7 +30373,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71:65] };
+      \$24  = { \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30297,7 +30386,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1897$0  };
+      \$25  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30323,7 +30412,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1902$0 [88:72] };
+      \$27  = { 1'h0, \port$1907$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30336,7 +30425,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1897$0  };
+      \$28  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30362,7 +30451,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95:89] };
+      \$30  = { \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30375,7 +30464,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1897$0  };
+      \$31  = { 2'h0, \port$1902$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30397,22 +30486,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1897$0 , \port$1902$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1902$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1897$0  };
-  assign a__1 = { \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23], \port$1902$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1897$0  };
-  assign a__2 = { 1'h0, \port$1902$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1897$0  };
-  assign a__3 = { \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47], \port$1902$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1897$0  };
-  assign a__4 = { 1'h0, \port$1902$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1897$0  };
-  assign a__5 = { \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71], \port$1902$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1897$0  };
-  assign a__6 = { 1'h0, \port$1902$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1897$0  };
-  assign a__7 = { \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95], \port$1902$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1897$0  };
+  assign a__0 = { 1'h0, \port$1907$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1902$0  };
+  assign a__1 = { \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1902$0  };
+  assign a__2 = { 1'h0, \port$1907$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1902$0  };
+  assign a__3 = { \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1902$0  };
+  assign a__4 = { 1'h0, \port$1907$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1902$0  };
+  assign a__5 = { \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1902$0  };
+  assign a__6 = { 1'h0, \port$1907$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1902$0  };
+  assign a__7 = { \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1902$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35074,7 +35163,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6451$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6466$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35345,8 +35434,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6451$0 ;
-  wire [4:0] \port$6451$0 ;
+  input [4:0] \port$6466$0 ;
+  wire [4:0] \port$6466$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35370,81 +35459,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6451$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6466$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6451$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6466$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6451$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6466$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6451$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6466$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6451$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6466$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6451$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6466$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6451$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6466$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6451$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6466$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6451$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6451$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6466$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6466$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6451$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6466$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6451$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6466$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6451$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6466$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3], \port$6451$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6451$0 [0], \port$6451$0 [0], \port$6451$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6451$0 [1], \port$6451$0 [1], \port$6451$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6451$0 [2], \port$6451$0 [2], \port$6451$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6451$0 [4], \port$6451$0 [4], \port$6451$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35461,7 +35550,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6451$0 , \port$2$0  };
+  assign select = { \port$6466$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -294,6 +294,9 @@ def test_each_shape_rule_is_checked(op):
         assert _code(_valid(op, cfg, n=cfg.n_experts + 1), cfg) == Err.BAD_SHAPE
     if r.top_k:
         assert _code(_valid(op, cfg, k=cfg.top_k + 1), cfg) == Err.BAD_SHAPE
+    if r.softmax_row:
+        top = cfg.attnres_candidates
+        assert [_code(_valid(op, cfg, n=n), cfg) for n in (top, top + 1)] == [Err.NONE, Err.BAD_SHAPE]
     for width in range(64):
         if not r.width_ok(width, cfg):
             assert _code(_valid(op, cfg, width=width), cfg) == Err.BAD_SHAPE, f"width {width}"
@@ -340,3 +343,20 @@ def test_layer_table_ops_are_their_golden_functions(op, table):
     res = sim.run([Instr(op, m=256, n=256, a=0, c=1 << 16), Instr(Op.HALT)])
     assert res.error == Err.NONE
     assert np.array_equal(sim.spad[1 << 16:2 << 16], getattr(I, table)(x, cfg))
+
+
+def test_softmax_is_softmax_int_per_row():
+    """SOFTMAX over rows of every length up to attnres_candidates: ties, both ends of the act
+    format (s - m saturating), the upper bits of each word ignored; in place too."""
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(4)
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    for n in range(1, cfg.attnres_candidates + 1):
+        s = rng.integers(lo, hi + 1, (40, n))
+        s[0], s[1], s[2, :1] = lo, 7, hi
+        s[3] = np.where(np.arange(n) % 2, lo, hi)
+        for c in (0, 1000):
+            sim = FuncSim(cfg)
+            sim.spad[:s.size] = s.ravel() + (rng.integers(-4, 4, s.size) << cfg.act_width)
+            assert sim.run([Instr(Op.SOFTMAX, m=40, n=n, a=0, c=c), Instr(Op.HALT)]).error == Err.NONE
+            assert np.array_equal(sim.spad[c:c + s.size].reshape(40, n), I.softmax_int(s, cfg)), (n, c)

@@ -156,11 +156,12 @@ def test_wide_router_ops_decode_with_a_wide_router():
 
 
 def test_layer_ops_decode_only_with_layer_ops():
-    """SILU and DECAY: BAD_OPCODE without layer_ops, checked like any element-wise op with it
-    (FuncSim agrees each way)."""
+    """SILU, DECAY and SOFTMAX: BAD_OPCODE without layer_ops, checked like any element-wise op
+    with it, SOFTMAX's rows at most attnres_candidates (3) long (FuncSim agrees each way)."""
     ops = [Instr(Op.SILU, m=2, n=4, a=0, c=100), Instr(Op.DECAY, m=2, n=4, a=0, c=0),
-           Instr(Op.DECAY, m=2, n=4, a=0, c=4)]
-    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 3), (profile("tiny", layer_ops=True),
-                                                    [Err.NONE, Err.NONE, Err.OVERLAP])):
+           Instr(Op.DECAY, m=2, n=4, a=0, c=4), Instr(Op.SOFTMAX, m=5, n=3, a=0, c=20),
+           Instr(Op.SOFTMAX, m=5, n=4, a=0, c=20)]
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 5), (profile("tiny", layer_ops=True),
+                                                    [Err.NONE, Err.NONE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops]

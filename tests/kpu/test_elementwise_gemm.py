@@ -168,6 +168,24 @@ def test_layer_table_ops_match_funcsim(op, one_write_port):
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])
+def test_softmax_matches_funcsim(one_write_port):
+    """SOFTMAX (layer_ops) over rows of every length up to attnres_candidates: ties (equal rows),
+    a maximum beside minima (s - m saturating), random rows with random upper bits; under read
+    blocking, in place too."""
+    rng = np.random.default_rng(9)
+    lo, hi = -(1 << (CFG.act_width - 1)), (1 << (CFG.act_width - 1)) - 1
+    for n in range(1, LAYER.attnres_candidates + 1):
+        s = _act(rng, 7 * n).reshape(7, n)
+        s[2], s[3], s[4, :1] = lo, 5, hi
+        words = s.ravel() + (rng.integers(-8, 8, s.size) << CFG.act_width)
+        for c in (320, 16):
+            ins = Instr(Op.SOFTMAX, m=7, n=n, a=16, c=c)
+            got, want, err, _ = _run(ins, {16 + i: int(v) for i, v in enumerate(words)}, cfg=LAYER,
+                                     one_write_port=one_write_port, spad_stall=0.2, seed=n)
+            assert got == want and err == Err.NONE, (n, c)
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
 def test_elementwise_ops_match_funcsim(one_write_port):
     rng = np.random.default_rng(5)
     for name, ins, data in _cases(rng):

@@ -61,6 +61,13 @@ def test_tiny_blocks_after_scheme():
            overrides=AFTER_LAYER)
 
 
+def test_attn_res_on_the_whole_kpu():
+    """Attention Residuals lowered to NORM, GEMM, SOFTMAX and COMBINE on the whole nano-KPU, every
+    candidate count, bus stalls: h == golden attn_res_int, host memory == FuncSim's
+    (sim/bench_top.py test_attn_res)."""
+    _bench("tiny", "test_attn_res", tag="_after_layer", seed=5, pause=0.2, overrides=AFTER_LAYER)
+
+
 def test_layer_ops_on_the_whole_kpu():
     """SILU and DECAY on the whole nano-KPU (layer_ops), through the AXI buses under stalls,
     extremes and random inputs, in place too: host memory == FuncSim's (sim/bench_top.py

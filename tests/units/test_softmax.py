@@ -8,7 +8,7 @@ from amaranth import Shape, signed, unsigned
 from amaranth.sim import Simulator
 
 from nanokpu.config import profile
-from nanokpu.units.softmax import Softmax, attn_res_candidates, cycles_per_row
+from nanokpu.units.softmax import Softmax, cycles_per_row
 from sim import bench_softmax
 from sim.bench_softmax import check_rows, softmax_rows
 
@@ -112,8 +112,8 @@ def test_the_max_n_th_logit_ends_a_row():
 def test_ports_and_default_length():
     cfg = profile("small")
     dut = Softmax(cfg)
-    assert dut.max_n == attn_res_candidates(cfg) == 4
-    assert attn_res_candidates(profile("k3")) == 9 and attn_res_candidates(profile("tiny")) == 3
+    assert dut.max_n == cfg.attnres_candidates == 4
+    assert profile("k3").attnres_candidates == 9 and profile("tiny").attnres_candidates == 3
     i, o = dut.i.payload.shape(), dut.o.payload.shape()
     assert Shape.cast(i["logit"].shape) == signed(cfg.act_width) and Shape.cast(i["last"].shape) == unsigned(1)
     assert Shape.cast(o["weight"].shape) == unsigned(cfg.weight_frac + 1) and Shape.cast(o["last"].shape) == unsigned(1)

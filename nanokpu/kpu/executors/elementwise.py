@@ -1,5 +1,5 @@
 """The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
-``SPLIT``, ``SILU`` and ``DECAY`` on one streaming engine that walks the operands through the
+``SPLIT``, ``SILU``, ``DECAY`` and ``SOFTMAX`` on one streaming engine that walks the operands through the
 scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
 :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
 
@@ -19,6 +19,7 @@ from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.pwl_functions import Decay, Silu
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
+from nanokpu.units.softmax import Softmax
 from nanokpu.units.vector import VecOp, VectorUnit
 
 __all__ = ["Elementwise"]
@@ -34,15 +35,17 @@ class Elementwise(wiring.Component):
     the GEMM engine's requantiser (``rq``, borrowed: :func:`~nanokpu.kpu.executors.requantiser_signature`);
     ``REQUANT_WIDE`` on its :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`, which has the
     scratchpad port while it runs (it and ``SPLIT`` built only with
-    :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU`` and ``DECAY`` on
-    :class:`~nanokpu.units.pwl_functions.Silu` and :class:`~nanokpu.units.pwl_functions.Decay`
-    (built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`).
+    :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU``, ``DECAY`` and ``SOFTMAX`` on
+    :class:`~nanokpu.units.pwl_functions.Silu`, :class:`~nanokpu.units.pwl_functions.Decay` and
+    :class:`~nanokpu.units.softmax.Softmax` (rows of up to ``attnres_candidates``; built only with
+    :attr:`~nanokpu.config.KpuConfig.layer_ops`).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
 
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
-    ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``COMBINE``: ``k`` expert outputs of each of ``n``
+    ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``SOFTMAX``: each row of ``n``, the
+    beat that ends a row marked ``last``; ``COMBINE``: ``k`` expert outputs of each of ``n``
     columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice; ``SPLIT``: ``a`` twice, the
     high digits written in the first pass, the low ones in the second: ``2 * len`` results), reading both operands
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
@@ -75,6 +78,7 @@ class Elementwise(wiring.Component):
         if cfg.layer_ops:
             m.submodules.silu = tables[Op.SILU] = Silu(cfg)
             m.submodules.decay = tables[Op.DECAY] = Decay(cfg)
+            m.submodules.softmax = smx = Softmax(cfg)
         # SPLIT and REQUANT_WIDE only with a wide router (nanokpu.isa.built_ops: decode refuses them otherwise)
         built_wide = cfg.wide_router
         if built_wide:
@@ -139,7 +143,7 @@ class Elementwise(wiring.Component):
 
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
-        is_rq, is_situ, is_split = Signal(), Signal(), Signal()
+        is_rq, is_situ, is_split, is_softmax = Signal(), Signal(), Signal(), Signal()
         is_table = {op: Signal(name=f"is_{op.name.lower()}") for op in tables}   # SIGMOID and the layer's
         low = Signal()          # SPLIT: the second pass (the low digits)
         results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
@@ -222,6 +226,11 @@ class Elementwise(wiring.Component):
                 with m.Elif(is_table[op]):
                     m.d.comb += [t.i.valid.eq(h_valid), unit_ready.eq(t.i.ready),
                                  out_valid.eq(t.o.valid), out_data.eq(t.o.payload[0])]
+            if cfg.layer_ops:
+                with m.Elif(is_softmax):
+                    m.d.comb += [smx.i.valid.eq(h_valid), smx.i.payload.logit.eq(a_word[:act].as_signed()),
+                                 smx.i.payload.last.eq(h_last), unit_ready.eq(smx.i.ready), smx.o.ready.eq(1),
+                                 out_valid.eq(smx.o.valid), out_data.eq(smx.o.payload.weight)]
             with m.Elif(is_situ):
                 m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
                              out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
@@ -241,7 +250,8 @@ class Elementwise(wiring.Component):
                 with m.If(self.start):
                     op = ins.op
                     m.d.sync += [is_rq.eq(op == Op.REQUANT), *(f.eq(op == o) for o, f in is_table.items()),
-                                 is_situ.eq(op == Op.SITU), is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
+                                 is_situ.eq(op == Op.SITU), is_softmax.eq(cfg.layer_ops & (op == Op.SOFTMAX)),
+                                 is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
                                  results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1, ln)),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
                                                Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
@@ -257,6 +267,8 @@ class Elementwise(wiring.Component):
                             m.d.sync += walk(ins.k, ins.n, ins.m, ins.n, 1, ins.p2, 1, 0, ins.k)
                         with m.Case(Op.NORM):
                             m.d.sync += walk(ins.n, 2, ins.m, 1, 0, ins.n, 0, 0, 0)
+                        with m.Case(Op.SOFTMAX):
+                            m.d.sync += walk(ins.n, 1, ins.m, 1, 0, ins.n, 0, 0, 0)
                         with m.Case(Op.SPLIT):
                             m.d.sync += walk(ln, 2, 1, 1, 0, 0, 0, 0, 0)
                     with m.If(built_wide & (op == Op.REQUANT_WIDE)):

@@ -1,0 +1,89 @@
+"""Lower Attention Residuals (:func:`golden.attn_res.attn_res_int`) to a nano-KPU program.
+
+The ``N = len(Bl) + 1`` candidates are laid out token-major, ``V [T, N, d]`` (candidate ``n`` of
+token ``t`` at row ``t*N + n``), so that each step is one instruction over contiguous rows::
+
+    LOAD V (2 bytes an element)
+    NORM   V [T*N, d]                 -> K   Q<out_width>.<norm_frac>  (the GEMM's int8 A)
+    GEMM   K @ q (n = 1, rq_score)    -> s   act format [T, N]
+    SOFTMAX s, rows of N              -> a   weight_frac bits [T, N]
+    COMBINE V [T, N, d] with a        -> h   act format [T, d]
+    STORE h
+
+It needs ``layer_ops`` (``SOFTMAX``) and ``N <= attnres_candidates``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from golden.attn_res import QuantAttnRes
+from nanokpu.config import KpuConfig
+from nanokpu.host.compiler import HostImage
+from nanokpu.isa import Instr, Op, bus_bytes, weight_panels
+
+__all__ = ["AttnResProgram", "compile_attn_res"]
+
+
+@dataclass
+class AttnResProgram:
+    """A compiled Attention Residuals: ``instrs``, the host ``image`` (the candidates and the
+    query's panel filled in, room for ``h``), ``symbols`` (byte offsets: ``V``, ``q``, ``h``),
+    ``spad`` (word address of each scratchpad buffer, ``end``), ``T`` tokens and ``cfg``."""
+
+    instrs: list
+    image: bytearray
+    symbols: dict
+    spad: dict
+    T: int
+    cfg: KpuConfig
+
+    def outputs(self, host) -> np.ndarray:
+        """``h [T, d]`` (act format) from a host memory after the run."""
+        d = self.cfg.d_model
+        buf = np.frombuffer(bytes(host), dtype="<i4")
+        return buf[self.symbols["h"] // 4:][:self.T * d].astype(np.int64).reshape(self.T, d)
+
+
+def compile_attn_res(P, Bl, Q: QuantAttnRes, cfg: KpuConfig) -> AttnResProgram:
+    """The program of :func:`golden.attn_res.attn_res_int` for ``P [T, d]`` and each ``Bl[i] [T,
+    d]`` (act format). ``ValueError`` naming the argument when a shape or value does not fit, or
+    the config lacks ``layer_ops`` or room."""
+    if not cfg.layer_ops:
+        raise ValueError("cfg.layer_ops = False: Attention Residuals need SOFTMAX (layer_ops = True)")
+    V = np.stack([np.asarray(v, dtype=np.int64) for v in [*Bl, P]])
+    N, T, d = V.shape
+    if d != cfg.d_model or T < 1:
+        raise ValueError(f"P: shape {V.shape[1:]} must be [T, d_model={cfg.d_model}] with T >= 1, as each Bl[i]")
+    if N > cfg.attnres_candidates:
+        raise ValueError(f"Bl: {N} candidates with P, attnres_candidates = {cfg.attnres_candidates}")
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    if V.min() < lo or V.max() > hi or cfg.act_width > 16:
+        raise ValueError(f"P, Bl: values must fit the act format (act_width = {cfg.act_width} <= 16 bits)")
+    rows = T * N
+    if rows >= 1 << 16 or -(-rows // cfg.rows) * d > cfg.spad_a_depth or d > cfg.spad_b_depth // 2:
+        raise ValueError(f"P: {T} tokens x {N} candidates x d_model {d}: the score GEMM exceeds the GEMM engine")
+    host = HostImage(bus_bytes(cfg))
+    h_v = host.put("V", V.transpose(1, 0, 2).astype("<i2").tobytes())
+    h_q = host.int8("q", weight_panels(np.asarray(Q.q)[None, :], cfg))
+    h_h = host.int32("h", np.zeros(T * d))
+    spad, top = {}, 0
+    for name, words in (("V", rows * d), ("K", rows * d), ("s", rows), ("a", rows), ("h", T * d)):
+        spad[name], top = top, top + words
+    spad["end"] = top
+    if top > cfg.dmem_depth:
+        raise ValueError(f"P: {T} tokens need {top:,} scratchpad words, dmem_depth = {cfg.dmem_depth:,}")
+    rq = Q.rq_score
+    instrs = [
+        Instr(Op.LOAD, m=rows, n=d, c=spad["V"], host=h_v, width=2),
+        Instr(Op.NORM, m=rows, n=d, a=spad["V"], c=spad["K"]),
+        Instr(Op.GEMM, m=rows, k=d, n=1, a=spad["K"], c=spad["s"], host=h_q, mult=rq.mult, shift=rq.shift,
+              width=rq.width),
+        Instr(Op.SOFTMAX, m=T, n=N, a=spad["s"], c=spad["a"]),
+        Instr(Op.COMBINE, m=T, k=N, n=d, a=spad["V"], b=spad["a"], c=spad["h"]),
+        Instr(Op.STORE, m=T, n=d, a=spad["h"], host=h_h, width=4),
+        Instr(Op.HALT),
+    ]
+    return AttnResProgram(instrs, host.image, host.symbols, spad, T, cfg)
