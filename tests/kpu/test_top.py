@@ -112,9 +112,9 @@ def test_small_block_end_to_end():
 
 
 def test_small_block_after_scheme():
-    """Issue 26's after scheme on small (16 tokens, 8x8 array, 48-bit router accumulator, bus
-    stalls): RTL == latent_moe_int == FuncSim bit for bit."""
-    _bench("small", "test_block", tag="_after", tokens=16, seed=6, seeds=1, pause=0.1, overrides=fidelity.AFTER)
+    """Issue 26's after scheme on small (8 tokens, 8x8 array, 48-bit router accumulator, bus
+    stalls): RTL == latent_moe_int == FuncSim bit for bit (16 tokens: nanokpu bench-block)."""
+    _bench("small", "test_block", tag="_after", tokens=8, seed=6, seeds=1, pause=0.1, overrides=fidelity.AFTER)
 
 
 def test_block_cycles_are_exact(tmp_path):
