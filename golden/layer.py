@@ -35,7 +35,7 @@ the FFN's ``h`` and latent scales); the norm weights are signed ``mult_width`` b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -43,7 +43,8 @@ from golden import attn_res, block, k3, kda, mla
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
-__all__ = ["QuantLayer", "quantize_act", "quantize_dense_ffn", "quantize_layer", "layer_int"]
+__all__ = ["QuantLayer", "quantize_act", "quantize_dense_ffn", "quantize_layer", "layer_int", "ffn_sublayer_int",
+           "random_dense_ffn_case"]
 
 
 @dataclass(frozen=True)
@@ -129,9 +130,31 @@ def layer_int(L: int, P, Bl, Q: QuantLayer, cfg: KpuConfig, state=None):
     mixer_int = mla.mla_int if is_mla else kda.kda_int
     a, state = mixer_int(I.rmsnorm_weight_int(h, Q.attn_norm, Q.attn_norm_shift, cfg), Q.mixer, cfg, state)
     P = a if P is None else I.add_sat(P, a, cfg.act_width)
+    return ffn_sublayer_int(P, Bl, Q, cfg), Bl, state
+
+
+def ffn_sublayer_int(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> np.ndarray:
+    """The FFN half of a layer (the last three lines of the dataflow): ``P [T, d]`` (after the
+    mixer) and ``Bl`` (non-empty) act format -> ``P + ffn(rmsnorm_weight(attn_res(P, Bl, q_mlp),
+    mlp_norm))`` ``[T, d]`` act format, the FFN dense or LatentMoE by the type of ``Q.ffn``."""
     h = I.rmsnorm_weight_int(attn_res.attn_res_int(P, Bl, Q.q_mlp, cfg), Q.mlp_norm, Q.mlp_norm_shift, cfg)
-    if dense:
+    if isinstance(Q.ffn, block.QuantExpert):
         m = block.expert_int(h, Q.ffn, cfg)
     else:
         m = block.latent_moe_int(h << (cfg.router_operand_width - cfg.in_width), Q.ffn, cfg)["y"]
-    return I.add_sat(P, m, cfg.act_width), Bl, state
+    return I.add_sat(P, m, cfg.act_width)
+
+
+def random_dense_ffn_case(cfg: KpuConfig, tokens: int, n_blocks: int, rng: np.random.Generator):
+    """``(Q, P, Bl)`` for :func:`ffn_sublayer_int` with a dense FFN: layer 0 of ``cfg``
+    (:func:`golden.k3.init_layer`) quantised on N(0, 1) inputs, its ``mlp_norm`` replaced by N(0, 1)
+    weights (both signs); act-format ``P [tokens, d]`` and ``n_blocks`` arrays ``Bl`` of N(0, 1)
+    values, ``P``'s first token at the act format's ends (alternately)."""
+    V = rng.standard_normal((n_blocks + 1, tokens, cfg.d_model))
+    Q, _, _ = quantize_layer(0, k3.init_layer(0, cfg, rng), V[-1], [], cfg)
+    w, shift = I.quantize_norm_weight(rng.standard_normal(cfg.d_model), cfg)
+    Q = replace(Q, mlp_norm=w, mlp_norm_shift=shift)
+    Vq = quantize_act(V, cfg)
+    Vq[-1, 0, ::2] = -(1 << (cfg.act_width - 1))
+    Vq[-1, 0, 1::2] = (1 << (cfg.act_width - 1)) - 1
+    return Q, Vq[-1], list(Vq[:-1])

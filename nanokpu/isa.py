@@ -88,14 +88,19 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``SOFTMAX``       ``c[t*n:(t+1)*n] = softmax_int(a[t*n:(t+1)*n])``, ``t < m``: act-format logits to
                   unsigned weights of ``weight_frac`` bits (the format ``COMBINE`` takes), a row of
                   ``n <= attnres_candidates`` (built with ``layer_ops``).
+``MUL``           ``c[t*n + j] = saturate(round_shift(a[t*n + j] * b[j], shift), out_width)``, ``t < m``,
+                  ``j < n``: act-format ``a`` times a row ``b [n]`` of signed ``mult_width``-bit factors
+                  (repeated for every row; ``m = 1`` multiplies element by element), rounded by
+                  ``cfg.rounding``: an RMSNorm's weight (:func:`golden.intops.rmsnorm_weight_int`) or a
+                  sigmoid gate (built with ``layer_ops``).
 ================  ==============================================================================
 
 Every range is checked before an instruction starts; a failed check stops the controller with
 an :class:`Err` code and nothing of that instruction is written. The result region (``c``) must
 not overlap an operand region (``a``, ``b``, a requantiser table) - the units stream, so
 an overlap would make results depend on timing - except exactly (same base and size) for the
-element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU``, ``DECAY`` and
-``SOFTMAX``, which may run in place; otherwise ``OVERLAP``. Gather/scatter indices are
+element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU``, ``DECAY``,
+``SOFTMAX`` and ``MUL``, which may run in place; otherwise ``OVERLAP``. Gather/scatter indices are
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
 (``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
@@ -166,12 +171,13 @@ class Op(enum.IntEnum):
     SILU = 17
     DECAY = 18
     SOFTMAX = 19
+    MUL = 20
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
 #: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
-LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX)
+LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
@@ -348,6 +354,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.SILU: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.DECAY: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.SOFTMAX: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn", softmax_row=True),
+    Op.MUL: OpRule("vector", a="m*n", b="n", c="m*n", in_place=True, positive="mn"),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())

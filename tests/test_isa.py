@@ -57,7 +57,8 @@ def test_op_rules_cover_every_op_and_derive_the_views():
     assert set(OP_RULES) == set(Op)
     assert set(OP_EXECUTOR.values()) == set(EXECUTORS)
     assert OP_EXECUTOR == {op: r.executor for op, r in OP_RULES.items() if r.executor}
-    assert set(IN_PLACE_OPS) == {Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM, Op.SILU, Op.DECAY, Op.SOFTMAX}
+    assert set(IN_PLACE_OPS) == {Op.REQUANT, Op.SIGMOID, Op.SITU, Op.ADD, Op.NORM, Op.SILU, Op.DECAY, Op.SOFTMAX,
+                                Op.MUL}
     named = {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host")} - {None}
     assert named == set(SIZES), "a size nobody names, or a name without a size"
     for r in OP_RULES.values():

@@ -66,7 +66,8 @@ from nanokpu.isa import (
     weight_panels,
 )
 
-__all__ = ["HostImage", "Program", "compile_block"]
+__all__ = ["HostImage", "Program", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
+           "rq_words"]
 
 
 @dataclass
@@ -129,7 +130,10 @@ class HostImage:
         return self.put(name, np.asarray(arr, dtype=np.int64).astype("<i4").tobytes())
 
 
-class _Spad:
+class SpadMap:
+    """Scratchpad buffers placed one after another: ``map`` from name to first word, ``top`` the
+    next free word."""
+
     def __init__(self, depth: int):
         self.depth = depth
         self.map = {}
@@ -141,7 +145,8 @@ class _Spad:
         return self.map[name]
 
 
-def _check_requant(rq: Requant, cfg: KpuConfig, what: str):
+def check_requant(rq: Requant, cfg: KpuConfig, what: str):
+    """ValueError naming ``what`` when ``rq``'s multiplier or shift does not fit the instruction fields."""
     mult, shift = np.asarray(rq.mult), np.asarray(rq.shift)
     if np.any(mult < 0) or np.any(mult >= 1 << 31) or np.any(shift < 0) or np.any(shift >= 64):
         raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
@@ -174,7 +179,7 @@ def expert_rq_tables(cfg: KpuConfig) -> dict[str, int]:
     return {"gate": 2 * cfg.d_expert, "up": 2 * cfg.d_expert, "out": 2 * cfg.d_latent}
 
 
-def _rq_words(rqs) -> np.ndarray:
+def rq_words(rqs) -> np.ndarray:
     """The table of the :class:`Requant` ``rqs`` (one, or one per expert) in the :mod:`nanokpu.isa`
     layout: ``[n, len(rqs), 2]`` per column, ``[len(rqs), 2]`` per tensor, flattened."""
     mult = np.array([r.mult for r in rqs], dtype=np.int64)       # [E] or [E, n]
@@ -193,7 +198,7 @@ SPAD_BUFFERS = ("x", "z", "logit", "scores", "bias", "rq", "route", "zg", "g", "
 WIDE_BUFFERS = ("x_r", "digits", "partials")
 
 
-def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
+def spad_layout(cfg: KpuConfig, tokens: int) -> SpadMap:
     """Where :func:`compile_block` puts the buffers of a ``tokens``-token block in the scratchpad:
     ``map`` from each :data:`SPAD_BUFFERS` and :data:`WIDE_BUFFERS` name (and ``end``) to its first word."""
     T, d, lat, E, k = tokens, cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
@@ -202,7 +207,7 @@ def spad_layout(cfg: KpuConfig, tokens: int) -> _Spad:
              "route": route_table(0, T, cfg)["end"], "zg": T * lat, "g": T * hid, "u": T * hid, "h": T * hid,
              "h8": T * hid, "eo": T * lat, "e": T * k * lat, "combined": T * lat, "norm": T * lat,
              "y_r": T * d, "y_s": T * d, "y": T * d}
-    sp = _Spad(cfg.dmem_depth)
+    sp = SpadMap(cfg.dmem_depth)
     for name in SPAD_BUFFERS:
         sp.alloc(name, words[name])
     top, sp.top = sp.top, sp.map["zg"]
@@ -237,12 +242,20 @@ def _over_limit(cfg: KpuConfig, tokens: int) -> str | None:
     need = spad_layout(cfg, tokens).top
     if need > cfg.dmem_depth:
         return f"the block needs {need:,} scratchpad words, dmem_depth = {cfg.dmem_depth:,}"
-    mb = -(-tokens // cfg.rows)
     for name, _, kk, n in block_gemms(cfg, tokens):
-        for depth, words in (("spad_a_depth", mb * kk), ("spad_b_depth", 2 * kk), ("spad_c_depth", mb * n)):
-            if words > getattr(cfg, depth):
-                return (f"the {name} GEMM ({tokens} x {kk} x {n}) needs {words:,} words in the GEMM engine, "
-                        f"{depth} = {getattr(cfg, depth):,}")
+        why = gemm_over_limit(cfg, name, tokens, kk, n)
+        if why:
+            return why
+    return None
+
+
+def gemm_over_limit(cfg: KpuConfig, name: str, m: int, k: int, n: int) -> str | None:
+    """Why the GEMM ``name`` of ``m x k x n`` exceeds the GEMM engine's scratchpads, or None."""
+    mb = -(-m // cfg.rows)
+    for depth, words in (("spad_a_depth", mb * k), ("spad_b_depth", 2 * k), ("spad_c_depth", mb * n)):
+        if words > getattr(cfg, depth):
+            return (f"the {name} GEMM ({m} x {k} x {n}) needs {words:,} words in the GEMM engine, "
+                    f"{depth} = {getattr(cfg, depth):,}")
     return None
 
 
@@ -313,7 +326,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
             off = panels(f"e{j}_{part}", getattr(ex, part))
             offs[part] = off - start
         if per_col:     # the expert's per-column tables, loaded with it
-            off = host.int32(f"e{j}_rq", np.concatenate([_rq_words([getattr(ex, f"rq_{name}")])
+            off = host.int32(f"e{j}_rq", np.concatenate([rq_words([getattr(ex, f"rq_{name}")])
                                                           for name in expert_rq_tables(cfg)]))
             offs["rq"] = off - start
         if j == 0:
@@ -328,14 +341,14 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     h_b = host.int32("bias", Q.bias)
     for j, ex in enumerate(Q.experts):
         for part in ("rq_gate", "rq_up", "rq_h", "rq_out"):
-            _check_requant(getattr(ex, part), cfg, f"expert {j} {part}")
+            check_requant(getattr(ex, part), cfg, f"expert {j} {part}")
     table_of = {name: [getattr(ex, f"rq_{name}") for ex in Q.experts] for name in ("gate", "up", "h", "out")}
     table_of |= {"down_lat": [Q.rq_down_lat], "router": [Q.rq_router], "up_lat": [Q.rq_up_lat],
                  "s_gate": [Q.shared.rq_gate], "s_up": [Q.shared.rq_up], "s_down": [Q.shared.rq_out]}
     resident = {name: words for name, words in rq_tables(cfg).items() if name not in expert_rq_tables(cfg)}
-    rq_words = [_rq_words(table_of[name]) for name in resident]
-    assert [w.size for w in rq_words] == list(resident.values()), "the block's requantisers per column?"
-    h_rq = host.int32("rq", np.concatenate(rq_words))
+    tables = [rq_words(table_of[name]) for name in resident]
+    assert [w.size for w in tables] == list(resident.values()), "the block's requantisers per column?"
+    h_rq = host.int32("rq", np.concatenate(tables))
     rt = route_table(0, T, cfg)
     h_y = host.int32("y", np.zeros(T * d))
     h_route = host.int32("route", np.zeros(rt["end"]))
@@ -352,7 +365,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
 
     def rq(a, c, m, n, r: Requant, flags=0, b=0, op=Op.REQUANT):
         if not flags:
-            _check_requant(r, cfg, "requantiser")
+            check_requant(r, cfg, "requantiser")
         return Instr(op, flags=flags, m=m, n=n, a=a, b=b, c=c,
                      mult=0 if flags else r.mult, shift=0 if flags else r.shift, width=r.width)
 
@@ -365,7 +378,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
         if per_col:
             flags |= F_RQ_CHANNEL
         elif not flags & F_RQ_EXPERT:
-            _check_requant(r, cfg, "requantiser")
+            check_requant(r, cfg, "requantiser")
         fixed = not flags & (F_RQ_EXPERT | F_RQ_CHANNEL)
         b = 0 if fixed else s_tab[table]
         return Instr(Op.GEMM, flags=flags, m=m, k=kk, n=n, a=a, b=b, c=c, host=host_addr,

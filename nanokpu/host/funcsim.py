@@ -264,6 +264,9 @@ class FuncSim:
             self._write(c, I.decay_q(self._read(a, ln, act), cfg))
         elif op == Op.SOFTMAX:
             self._write(c, I.softmax_int(self._read(a, ln, act).reshape(m, n), cfg))
+        elif op == Op.MUL:
+            prod = self._read(a, ln, act).reshape(m, n) * self._read(b, n, cfg.mult_width)
+            self._write(c, I.saturate(I.round_shift(prod, ins.shift, cfg.rounding), cfg.out_width))
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
         elif op == Op.ADD:

@@ -152,9 +152,12 @@ class Decode(wiring.Component):
         st_acc = Signal(PW)
         mb = ceil_div(m_eff, R)
 
+        # the rules of the built ops only: any other opcode is BAD_OPCODE before its rules matter
+        rules = {o: r for o, r in OP_RULES.items() if o in built_ops(cfg)}
+
         def ops_with(key):
             """The opcodes whose OP_RULES name the size ``key`` (or have the GEMM ``"engine"`` rule)."""
-            return [o for o, r in OP_RULES.items()
+            return [o for o, r in rules.items()
                     if (r.engine if key == "engine" else key in (r.a, r.b, r.c, r.host))]
 
         # the lane's operands (y, x, acc) at each step for the ops naming a size (or with the engine
@@ -187,7 +190,7 @@ class Decode(wiring.Component):
 
         def any_op(pred):
             """``op`` is one of the opcodes whose OP_RULES entry satisfies ``pred``."""
-            return Cat(Const(0), *(op == o for o, r in OP_RULES.items() if pred(r))).any()
+            return Cat(Const(0), *(op == o for o, r in rules.items() if pred(r))).any()
 
         needs_expert = ((ins.flags & (F_M_COUNT | F_HOST_EXPERT | F_RQ_EXPERT)) != 0) | any_op(lambda r: r.expert)
         needs_route = needs_expert | any_op(lambda r: r.route)
@@ -210,7 +213,7 @@ class Decode(wiring.Component):
 
         shape_ok = Signal()
         with m.Switch(op):
-            for o, r in OP_RULES.items():
+            for o, r in rules.items():
                 with m.Case(o):
                     m.d.comb += shape_ok.eq(shape_rule(r))
         # scratchpad regions: (base, words) for the a, b and c operands, words = 0 when unused; the
@@ -232,7 +235,7 @@ class Decode(wiring.Component):
         missing |= {r.host for r in OP_RULES.values() if r.host} - host_sizes
         assert not missing, f"OP_RULES names sizes without a signal in the decode: {sorted(missing)}"
         regions = {}
-        for o, r in OP_RULES.items():
+        for o, r in rules.items():
             if r.a or r.b or r.c:
                 regions.setdefault((r.a, r.b, r.c), []).append(o)
         with m.Switch(op):

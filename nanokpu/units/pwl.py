@@ -20,7 +20,7 @@ a power-of-two ``n_seg`` fills its block RAMs (``n_seg + 1`` words would double 
 from __future__ import annotations
 
 import numpy as np
-from amaranth import Const, Module, Mux, Shape, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Shape, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -77,6 +77,23 @@ def round_shift(x, shift: int, mode: str):
         return q + half_bit
     below_half = x[:shift - 1] != 0 if shift > 1 else Const(0, 1)
     return q + (half_bit & (below_half | q[0]))
+
+
+def round_shift_by(x, shift, mode: str):
+    """RTL of :func:`golden.intops.round_shift` by a run-time ``shift`` (an unsigned value, at most
+    63): ``x / 2**shift`` rounded by ``mode``, one bit wider than ``x`` (signed ``x``). A barrel
+    shifter and the sticky bits below the half bit, ``b < shift - 1`` for each bit ``b`` of ``x``
+    (a shift past ``x``'s width sees its sign bits, as the golden int64 does)."""
+    if mode not in ROUNDING_MODES:
+        raise ValueError(f"rounding mode {mode!r}: must be one of {ROUNDING_MODES}")
+    q = x >> shift
+    if mode == "floor":
+        return q
+    half_bit = Mux(shift == 0, 0, (x >> (shift - 1)[:len(shift)])[0])
+    if mode == "half_up":
+        return q + half_bit
+    below = Cat(*(shift > b + 1 for b in range(len(x))))
+    return q + (half_bit & ((x.as_unsigned() & below).any() | q[0]))
 
 
 def saturate(value, width: int):

@@ -1,6 +1,6 @@
 """The vector unit: what remains of a LatentMoE block after the GEMMs and activations.
 
-Three operations on one input stream, bit-exact to :mod:`golden.intops`:
+Three operations on one input stream (four with ``layer_ops``), bit-exact to :mod:`golden.intops`:
 
 * ``ADD`` (:func:`~golden.intops.add_sat`): ``o = saturate(a + b, act_width)``, one result per beat.
 * ``COMBINE`` (:func:`~golden.intops.combine_int`): ``acc += a * b`` over a group of beats
@@ -14,6 +14,9 @@ Three operations on one input stream, bit-exact to :mod:`golden.intops`:
   divider), which equals the golden ``floor(2**(p+M) / r)``; pass
   1 emits ``saturate(round_shift((a * recip) << z, r_width-1+M-norm_frac), out_width)`` per beat
   (the golden ``round_shift(a * recip, p+M-norm_frac)`` with a constant shift), 0 when ``r == 0``.
+* ``MUL`` (``layer_ops``): ``o = saturate(round_shift(a * b, shift, rounding), out_width)``, ``b`` a
+  signed ``mult_width``-bit factor (an RMSNorm weight, :func:`~golden.intops.rmsnorm_weight_int`, or a
+  gate), one result per beat.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from amaranth.lib.wiring import In, Out
 from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.units.divider import SeqDivider
-from nanokpu.units.pwl import round_shift
+from nanokpu.units.pwl import round_shift, round_shift_by
 from nanokpu.units.pwl import saturate as _sat
 
 __all__ = ["VecOp", "VectorUnit", "vector_in_layout", "N_WIDTH"]
@@ -40,15 +43,19 @@ class VecOp(enum.IntEnum):
     ADD = 0
     COMBINE = 1
     NORM = 2
+    MUL = 3
 
 
 def vector_in_layout(cfg: KpuConfig) -> data.StructLayout:
-    """One input beat: ``a`` (act format), ``b`` (act format, or an unsigned weight of
-    ``weight_width`` bits for ``COMBINE``; held in ``max(act_width, weight_width + 1)`` signed
-    bits), ``last`` (end of a ``COMBINE`` group or of a ``NORM`` pass)."""
-    return data.StructLayout({"a": signed(cfg.act_width),
-                              "b": signed(max(cfg.act_width, cfg.weight_width + 1)),
-                              "last": 1})
+    """One input beat: ``a`` (act format), ``b`` (act format, an unsigned weight of
+    ``weight_width`` bits for ``COMBINE``, a signed ``mult_width``-bit factor for ``MUL``; held in
+    ``max(act_width, weight_width + 1)`` signed bits, and ``mult_width`` with ``layer_ops``),
+    ``last`` (end of a ``COMBINE`` group or of a ``NORM`` pass)."""
+    return data.StructLayout({"a": signed(cfg.act_width), "b": signed(_b_width(cfg)), "last": 1})
+
+
+def _b_width(cfg: KpuConfig) -> int:
+    return max(cfg.act_width, cfg.weight_width + 1, cfg.mult_width if cfg.layer_ops else 0)
 
 
 def _leading_zeros(value):
@@ -83,12 +90,14 @@ class VectorUnit(wiring.Component):
         in the middle of a ``NORM`` row).
     n : In(unsigned(16))
         Row length of ``NORM`` (the divisor of the mean of squares), ``>= 1``.
+    shift : In(unsigned(6))
+        The right shift of ``MUL`` (``layer_ops`` only), held like ``op``.
     i : In(stream.Signature(vector_in_layout(cfg)))
     o : Out(stream.Signature(signed(max(act_width, out_width))))
 
-    Timing: ``ADD`` and ``COMBINE`` take one beat per cycle (backpressure stalls the input);
-    an ``ADD`` result comes 1 cycle after its beat, a ``COMBINE`` result 3 cycles after the
-    group's ``last`` beat (the multiplier's operands registered, the product registered, then
+    Timing: ``ADD``, ``COMBINE`` and ``MUL`` take one beat per cycle (backpressure stalls the input);
+    an ``ADD`` result comes 1 cycle after its beat, a ``MUL`` result 3 cycles after it, a ``COMBINE``
+    result 3 cycles after the group's ``last`` beat (the multiplier's operands registered, the product registered, then
     the registered output). ``NORM`` takes pass 0 at one beat per cycle, then at most
     :meth:`norm_row_cycles` - ``n`` cycles for the mean, the square root and the reciprocal, then
     pass 1 at one beat per cycle, each result 3 cycles after its beat, like ``COMBINE``.
@@ -115,6 +124,7 @@ class VectorUnit(wiring.Component):
         super().__init__({
             "op": In(VecOp),
             "n": In(unsigned(N_WIDTH)),
+            **({"shift": In(unsigned(6))} if cfg.layer_ops else {}),
             "i": In(stream.Signature(vector_in_layout(cfg))),
             "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width)))),
         })
@@ -159,9 +169,10 @@ class VectorUnit(wiring.Component):
         scale_pass = Signal()               # NORM pass 1: multiply by the row's reciprocal
         recip = Signal(self.recip_bits + 1)
         q_a = Signal.like(beat.a)
-        q_b = Signal(signed(max(act, self.recip_bits + 2, hi + 1)))
+        q_b = Signal(signed(max(act, self.recip_bits + 2, hi + 1, cfg.mult_width if cfg.layer_ops else 0)))
         q_top = Signal.like(beat.a)         # COMBINE: a when b's top bit is set; else 0
-        q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a), beat.b[:hi])
+        q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a),
+                       Mux(self.op == VecOp.MUL, beat.b, beat.b[:hi]) if cfg.layer_ops else beat.b[:hi])
         q_top_next = Mux((self.op == VecOp.COMBINE) & beat.b[hi], beat.a, 0)
         mul = q_a * q_b
         combined = Cat(mul[:hi], mul[hi:].as_signed() + q_top).as_signed()   # mul, but COMBINE
@@ -209,6 +220,20 @@ class VectorUnit(wiring.Component):
                                                     act))]
                     with m.Else():
                         m.d.sync += acc.eq(total)
+            if cfg.layer_ops:
+                with m.Case(VecOp.MUL):
+                    # three stages as COMBINE: a and b registered, a * b registered, then shifted,
+                    # rounded and saturated
+                    p_free = ~p_valid | free
+                    q_free = ~q_valid | p_free
+                    m.d.comb += i.ready.eq(q_free)
+                    with m.If(q_free):
+                        m.d.sync += [q_valid.eq(i.valid)] + take
+                    with m.If(p_free):
+                        m.d.sync += [p_valid.eq(q_valid), prod.eq(mul)]
+                    with m.If(p_valid & free):
+                        m.d.sync += [o_valid.eq(1),
+                                     o_data.eq(_sat(round_shift_by(prod, self.shift, cfg.rounding), cfg.out_width))]
             with m.Case(VecOp.NORM):
                 with m.FSM():
                     with m.State("SUM"):

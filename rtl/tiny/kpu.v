@@ -38,48 +38,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$125 ;
   wire \$126 ;
   wire \$127 ;
-  wire [13:0] \$128 ;
-  wire [13:0] \$129 ;
+  wire \$128 ;
+  wire \$129 ;
   wire \$13 ;
-  wire [13:0] \$130 ;
-  wire \$131 ;
-  wire [4:0] \$132 ;
-  wire \$133 ;
+  wire \$130 ;
+  wire [13:0] \$131 ;
+  wire [13:0] \$132 ;
+  wire [13:0] \$133 ;
   wire \$134 ;
-  wire [13:0] \$135 ;
-  wire [13:0] \$136 ;
+  wire [4:0] \$135 ;
+  wire \$136 ;
   wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
+  wire [13:0] \$138 ;
+  wire [13:0] \$139 ;
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
-  reg [1:0] \$142 ;
-  reg [31:0] \$143 ;
-  reg [31:0] \$144 ;
-  reg \$145 ;
-  reg \$146 ;
-  reg [7:0] \$147 ;
-  reg [12:0] \$148 ;
+  wire \$142 ;
+  wire \$143 ;
+  wire \$144 ;
+  reg [1:0] \$145 ;
+  reg [31:0] \$146 ;
+  reg [31:0] \$147 ;
+  reg \$148 ;
   reg \$149 ;
   wire \$15 ;
-  reg \$150 ;
-  reg \$151 ;
-  reg [3:0] \$152 ;
-  reg [7:0] \$153 ;
-  reg [5:0] \$154 ;
-  reg \$155 ;
-  reg [281:0] \$156 ;
-  reg [4:0] \$157 ;
-  reg [3:0] \$158 ;
-  reg [12:0] \$159 ;
+  reg [7:0] \$150 ;
+  reg [12:0] \$151 ;
+  reg \$152 ;
+  reg \$153 ;
+  reg \$154 ;
+  reg [3:0] \$155 ;
+  reg [7:0] \$156 ;
+  reg [5:0] \$157 ;
+  reg \$158 ;
+  reg [281:0] \$159 ;
   wire [13:0] \$16 ;
-  reg [13:0] \$160 ;
+  reg [4:0] \$160 ;
   reg [3:0] \$161 ;
-  reg [15:0] \$162 ;
+  reg [12:0] \$162 ;
   reg [13:0] \$163 ;
-  wire [5:0] \$164 ;
-  wire [5:0] \$165 ;
+  reg [3:0] \$164 ;
+  reg [15:0] \$165 ;
+  reg [13:0] \$166 ;
+  wire [5:0] \$167 ;
+  wire [5:0] \$168 ;
   wire \$17 ;
   wire \$18 ;
   wire \$19 ;
@@ -115,11 +118,11 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$46 ;
   wire \$47 ;
   wire \$48 ;
-  wire [13:0] \$49 ;
+  wire \$49 ;
   wire \$5 ;
   wire [13:0] \$50 ;
-  wire [14:0] \$51 ;
-  wire \$52 ;
+  wire [13:0] \$51 ;
+  wire [14:0] \$52 ;
   wire \$53 ;
   wire \$54 ;
   wire \$55 ;
@@ -134,8 +137,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$63 ;
   wire \$64 ;
   wire \$65 ;
-  wire [2:0] \$66 ;
-  wire \$67 ;
+  wire \$66 ;
+  wire [2:0] \$67 ;
   wire \$68 ;
   wire \$69 ;
   wire \$7 ;
@@ -910,149 +913,152 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$40  = ins[5:0] == 5'h11;
   assign \$41  = ins[5:0] == 5'h12;
   assign \$42  = ins[5:0] == 5'h13;
-  assign \$43  = ins[5:0] == 4'h8;
-  assign \$44  = ins[5:0] == 4'ha;
-  assign \$45  = ins[5:0] == 4'hb;
-  assign \$46  = | { \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$47  = \$28  & \$46 ;
-  assign \$48  = scan >= 4'h8;
-  assign \$49  = cur[34:22] + scan;
-  assign \$50  = cur[34:22] + 4'h8;
-  assign \$51  = \$50  + scan;
-  assign \$52  = | \$like ;
-  assign \$53  = ~ running;
-  assign \$54  = soft_reset & \$53 ;
-  assign \$55  = ! ctrl_state;
-  assign \$56  = ctrl_state == 1'h1;
-  assign \$57  = ctrl_state == 2'h2;
-  assign \$58  = ctrl_state == 2'h3;
-  assign \$59  = ctrl_state == 3'h4;
-  assign \$60  = ctrl_state == 3'h5;
-  assign \$61  = ctrl_state == 3'h6;
-  assign \$62  = ctrl_state == 3'h7;
-  assign \$63  = ctrl_state == 4'h8;
-  assign \$64  = ctrl_state == 4'h9;
-  assign \$65  = | settle;
-  assign \$66  = settle - 1'h1;
-  assign \$67  = pc >= 7'h40;
-  assign \$68  = \done$364  | pf_ready;
-  assign \$69  = ~ \$68 ;
-  assign \$70  = | settle;
-  assign \$71  = \$69  | \$70 ;
-  assign \$72  = ! ins[5:0];
-  assign \$73  = | \error$367 ;
-  assign \$74  = ins[5:0] == 4'he;
-  assign \$75  = ins[5:0] == 4'h9;
-  assign \$76  = \done$364  | pf_ready;
-  assign \$77  = cur[5:0] == 1'h1;
-  assign \$78  = cur[5:0] == 2'h2;
-  assign \$79  = cur[5:0] == 2'h3;
-  assign \$80  = cur[5:0] == 3'h4;
-  assign \$81  = cur[5:0] == 3'h5;
-  assign \$82  = cur[5:0] == 3'h6;
-  assign \$83  = cur[5:0] == 3'h7;
-  assign \$84  = cur[5:0] == 4'h8;
-  assign \$85  = cur[5:0] == 4'ha;
-  assign \$86  = cur[5:0] == 4'hb;
-  assign \$87  = cur[5:0] == 4'hc;
-  assign \$88  = cur[5:0] == 4'hd;
-  assign \$89  = cur[5:0] == 4'hf;
-  assign \$90  = cur[5:0] == 5'h10;
-  assign \$91  = cur[5:0] == 5'h11;
-  assign \$92  = cur[5:0] == 5'h12;
-  assign \$93  = cur[5:0] == 5'h13;
-  assign \$94  = cur[5:0] == 3'h5;
-  assign \$95  = cur[5:0] == 3'h5;
-  assign \$96  = running_exec[3] | \$95 ;
-  assign \$97  = | exec_error;
-  assign \$98  = pc >= 6'h3f;
-  assign \$99  = \done$364  | pf_ready;
-  assign \$100  = ! settle;
-  assign \$101  = \$99  & \$100 ;
-  assign \$102  = ~ running_exec[3];
+  assign \$43  = ins[5:0] == 5'h14;
+  assign \$44  = ins[5:0] == 4'h8;
+  assign \$45  = ins[5:0] == 4'ha;
+  assign \$46  = ins[5:0] == 4'hb;
+  assign \$47  = | { \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$48  = \$28  & \$47 ;
+  assign \$49  = scan >= 4'h8;
+  assign \$50  = cur[34:22] + scan;
+  assign \$51  = cur[34:22] + 4'h8;
+  assign \$52  = \$51  + scan;
+  assign \$53  = | \$like ;
+  assign \$54  = ~ running;
+  assign \$55  = soft_reset & \$54 ;
+  assign \$56  = ! ctrl_state;
+  assign \$57  = ctrl_state == 1'h1;
+  assign \$58  = ctrl_state == 2'h2;
+  assign \$59  = ctrl_state == 2'h3;
+  assign \$60  = ctrl_state == 3'h4;
+  assign \$61  = ctrl_state == 3'h5;
+  assign \$62  = ctrl_state == 3'h6;
+  assign \$63  = ctrl_state == 3'h7;
+  assign \$64  = ctrl_state == 4'h8;
+  assign \$65  = ctrl_state == 4'h9;
+  assign \$66  = | settle;
+  assign \$67  = settle - 1'h1;
+  assign \$68  = pc >= 7'h40;
+  assign \$69  = \done$364  | pf_ready;
+  assign \$70  = ~ \$69 ;
+  assign \$71  = | settle;
+  assign \$72  = \$70  | \$71 ;
+  assign \$73  = ! ins[5:0];
+  assign \$74  = | \error$367 ;
+  assign \$75  = ins[5:0] == 4'he;
+  assign \$76  = ins[5:0] == 4'h9;
+  assign \$77  = \done$364  | pf_ready;
+  assign \$78  = cur[5:0] == 1'h1;
+  assign \$79  = cur[5:0] == 2'h2;
+  assign \$80  = cur[5:0] == 2'h3;
+  assign \$81  = cur[5:0] == 3'h4;
+  assign \$82  = cur[5:0] == 3'h5;
+  assign \$83  = cur[5:0] == 3'h6;
+  assign \$84  = cur[5:0] == 3'h7;
+  assign \$85  = cur[5:0] == 4'h8;
+  assign \$86  = cur[5:0] == 4'ha;
+  assign \$87  = cur[5:0] == 4'hb;
+  assign \$88  = cur[5:0] == 4'hc;
+  assign \$89  = cur[5:0] == 4'hd;
+  assign \$90  = cur[5:0] == 4'hf;
+  assign \$91  = cur[5:0] == 5'h10;
+  assign \$92  = cur[5:0] == 5'h11;
+  assign \$93  = cur[5:0] == 5'h12;
+  assign \$94  = cur[5:0] == 5'h13;
+  assign \$95  = cur[5:0] == 5'h14;
+  assign \$96  = cur[5:0] == 3'h5;
+  assign \$97  = cur[5:0] == 3'h5;
+  assign \$98  = running_exec[3] | \$97 ;
+  assign \$99  = | exec_error;
+  assign \$100  = pc >= 6'h3f;
+  assign \$101  = \done$364  | pf_ready;
+  assign \$102  = ! settle;
   assign \$103  = \$101  & \$102 ;
-  assign \$104  = cur[5:0] == 3'h5;
-  assign \$105  = ~ \$104 ;
-  assign \$106  = \$103  & \$105 ;
-  assign \$107  = ! \error$367 ;
-  assign \$108  = \$106  & \$107 ;
-  assign \$109  = ins[5:0] == 1'h1;
-  assign \$110  = ins[5:0] == 2'h2;
-  assign \$111  = ins[5:0] == 2'h3;
-  assign \$112  = ins[5:0] == 3'h4;
-  assign \$113  = ins[5:0] == 3'h5;
-  assign \$114  = ins[5:0] == 3'h6;
-  assign \$115  = ins[5:0] == 3'h7;
-  assign \$116  = ins[5:0] == 4'hc;
-  assign \$117  = ins[5:0] == 4'hd;
-  assign \$118  = ins[5:0] == 4'hf;
-  assign \$119  = ins[5:0] == 5'h10;
-  assign \$120  = ins[5:0] == 5'h11;
-  assign \$121  = ins[5:0] == 5'h12;
-  assign \$122  = ins[5:0] == 5'h13;
-  assign \$123  = ins[5:0] == 4'h8;
-  assign \$124  = ins[5:0] == 4'ha;
-  assign \$125  = ins[5:0] == 4'hb;
-  assign \$126  = | { \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111 , \$110 , \$109  };
-  assign \$127  = \$108  & \$126 ;
-  assign \$128  = pc + 1'h1;
-  assign \$129  = pc + 1'h1;
-  assign \$130  = pc + 1'h1;
-  assign \$131  = scan >= 4'h8;
-  assign \$132  = scan + 1'h1;
-  assign \$133  = | \$like ;
-  assign \$134  = | rd1_q[23:14];
-  assign \$135  = \$134  ? 14'h3fff : rd1_q[13:0];
-  assign \$136  = pc + 1'h1;
-  assign \$137  = ~ dma__rd_busy;
-  assign \$138  = ~ dma__wr_busy;
-  assign \$139  = \$137  & \$138 ;
-  assign \$140  = ~ running;
-  assign \$141  = soft_reset & \$140 ;
+  assign \$104  = ~ running_exec[3];
+  assign \$105  = \$103  & \$104 ;
+  assign \$106  = cur[5:0] == 3'h5;
+  assign \$107  = ~ \$106 ;
+  assign \$108  = \$105  & \$107 ;
+  assign \$109  = ! \error$367 ;
+  assign \$110  = \$108  & \$109 ;
+  assign \$111  = ins[5:0] == 1'h1;
+  assign \$112  = ins[5:0] == 2'h2;
+  assign \$113  = ins[5:0] == 2'h3;
+  assign \$114  = ins[5:0] == 3'h4;
+  assign \$115  = ins[5:0] == 3'h5;
+  assign \$116  = ins[5:0] == 3'h6;
+  assign \$117  = ins[5:0] == 3'h7;
+  assign \$118  = ins[5:0] == 4'hc;
+  assign \$119  = ins[5:0] == 4'hd;
+  assign \$120  = ins[5:0] == 4'hf;
+  assign \$121  = ins[5:0] == 5'h10;
+  assign \$122  = ins[5:0] == 5'h11;
+  assign \$123  = ins[5:0] == 5'h12;
+  assign \$124  = ins[5:0] == 5'h13;
+  assign \$125  = ins[5:0] == 5'h14;
+  assign \$126  = ins[5:0] == 4'h8;
+  assign \$127  = ins[5:0] == 4'ha;
+  assign \$128  = ins[5:0] == 4'hb;
+  assign \$129  = | { \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111  };
+  assign \$130  = \$110  & \$129 ;
+  assign \$131  = pc + 1'h1;
+  assign \$132  = pc + 1'h1;
+  assign \$133  = pc + 1'h1;
+  assign \$134  = scan >= 4'h8;
+  assign \$135  = scan + 1'h1;
+  assign \$136  = | \$like ;
+  assign \$137  = | rd1_q[23:14];
+  assign \$138  = \$137  ? 14'h3fff : rd1_q[13:0];
+  assign \$139  = pc + 1'h1;
+  assign \$140  = ~ dma__rd_busy;
+  assign \$141  = ~ dma__wr_busy;
+  assign \$142  = \$140  & \$141 ;
+  assign \$143  = ~ running;
+  assign \$144  = soft_reset & \$143 ;
   always @(posedge clk)
-    settle <= \$142 ;
+    settle <= \$145 ;
   always @(posedge clk)
-    \$like  <= \$143 ;
+    \$like  <= \$146 ;
   always @(posedge clk)
-    rd1_q <= \$144 ;
+    rd1_q <= \$147 ;
   always @(posedge clk)
-    running <= \$145 ;
+    running <= \$148 ;
   always @(posedge clk)
-    done <= \$146 ;
+    done <= \$149 ;
   always @(posedge clk)
-    error <= \$147 ;
+    error <= \$150 ;
   always @(posedge clk)
-    pc <= \$148 ;
+    pc <= \$151 ;
   always @(posedge clk)
-    route_done <= \$149 ;
+    route_done <= \$152 ;
   always @(posedge clk)
-    exp_active <= \$150 ;
+    exp_active <= \$153 ;
   always @(posedge clk)
-    scores_ok <= \$151 ;
+    scores_ok <= \$154 ;
   always @(posedge clk)
-    ctrl_state <= \$152 ;
+    ctrl_state <= \$155 ;
   always @(posedge clk)
-    stop_code <= \$153 ;
+    stop_code <= \$156 ;
   always @(posedge clk)
-    executor <= \$154 ;
+    executor <= \$157 ;
   always @(posedge clk)
-    pf_ready <= \$155 ;
+    pf_ready <= \$158 ;
   always @(posedge clk)
-    cur <= \$156 ;
+    cur <= \$159 ;
   always @(posedge clk)
-    running_exec <= \$157 ;
+    running_exec <= \$160 ;
   always @(posedge clk)
-    scan <= \$158 ;
+    scan <= \$161 ;
   always @(posedge clk)
-    scores_a <= \$159 ;
+    scores_a <= \$162 ;
   always @(posedge clk)
-    scores_len <= \$160 ;
+    scores_len <= \$163 ;
   always @(posedge clk)
-    expert <= \$161 ;
+    expert <= \$164 ;
   always @(posedge clk)
-    count <= \$162 ;
+    count <= \$165 ;
   always @(posedge clk)
-    offset <= \$163 ;
+    offset <= \$166 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1081,7 +1087,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$666$0 (\load_data$288 ),
+    .\port$671$0 (\load_data$288 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -1122,9 +1128,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$406$0 (\$164 ),
-    .\port$424$0 (\$165 ),
-    .\port$6464$254 (cur[269:254]),
+    .\port$411$0 (\$167 ),
+    .\port$429$0 (\$168 ),
+    .\port$6408$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1348,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6466$0 (running_exec),
+    .\port$6410$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1458,20 +1464,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$47 ) begin
+            end else if (\$48 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$48 ) begin
+          if (\$49 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$52 ) begin
+          if (\$53 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1510,9 +1516,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
+          if (\$49 ) begin
           end else begin
-            clients__0__rd0__addr = \$49 [12:0];
+            clients__0__rd0__addr = \$50 [12:0];
           end
     endcase
   end
@@ -1534,9 +1540,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
+          if (\$49 ) begin
           end else begin
-            clients__0__rd1__addr = \$51 [12:0];
+            clients__0__rd1__addr = \$52 [12:0];
           end
     endcase
   end
@@ -1558,7 +1564,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
+          if (\$49 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1582,7 +1588,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$48 ) begin
+          if (\$49 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1639,18 +1645,796 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$54 ) begin
+    if (\$55 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$142  = settle;
+    \$145  = settle;
     if (window_wr) begin
-      \$142  = 2'h2;
-    end else if (\$65 ) begin
-      \$142  = \$66 [1:0];
+      \$145  = 2'h2;
+    end else if (\$66 ) begin
+      \$145  = \$67 [1:0];
     end
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$98 ) begin
+              \$145  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$145  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$146  = spad__rd0__lanes[31:0];
+    if (rst) begin
+      \$146  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$147  = spad__rd1__data;
+    if (rst) begin
+      \$147  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$148  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$148  = 1'h1;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$148  = 1'h0;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$142 ) begin
+            \$148  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$148  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$149  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$149  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$149  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$142 ) begin
+            \$149  = 1'h0;
+          end
+    endcase
+    if (\$144 ) begin
+      \$149  = 1'h0;
+    end
+    if (rst) begin
+      \$149  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$150  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$150  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$142 ) begin
+            \$150  = stop_code;
+          end
+    endcase
+    if (\$144 ) begin
+      \$150  = 8'h00;
+    end
+    if (rst) begin
+      \$150  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$151  = pc;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$151  = 13'h0000;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+            \$151  = { 1'h0, ins[255:244] };
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$99 ) begin
+            end else if (\$100 ) begin
+              \$151  = \$131 [12:0];
+            end else if (\$130 ) begin
+              \$151  = \$132 [12:0];
+            end else begin
+              \$151  = \$133 [12:0];
+            end
+          end
+      4'h5:
+          if (\$134 ) begin
+            \$151  = { 1'h0, cur[281:270] };
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$136 ) begin
+            \$151  = \$139 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$151  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$152  = route_done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$152  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$152  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$152  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$153  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$153  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$153  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$134 ) begin
+            \$153  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$136 ) begin
+            \$153  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$153  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$154  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$154  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$96 ) begin
+              \$154  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$154  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$155  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$155  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$68 ) begin
+            \$155  = 4'h2;
+          end else begin
+            \$155  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$155  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+            \$155  = 4'h0;
+          end else if (\$74 ) begin
+            \$155  = 4'h2;
+          end else if (\$75 ) begin
+            \$155  = 4'h1;
+          end else if (\$76 ) begin
+            \$155  = 4'h5;
+          end else begin
+            \$155  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$155  = 4'h7;
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$99 ) begin
+              \$155  = 4'h2;
+            end else if (\$100 ) begin
+              \$155  = 4'h1;
+            end else if (\$130 ) begin
+              \$155  = 4'h6;
+            end else begin
+              \$155  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$134 ) begin
+            \$155  = 4'h1;
+          end else begin
+            \$155  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$155  = 4'h9;
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$136 ) begin
+            \$155  = 4'h1;
+          end else begin
+            \$155  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$155  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$142 ) begin
+            \$155  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$155  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$156  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$68 ) begin
+            \$156  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$156  = \error$367 ;
+          end
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$99 ) begin
+              \$156  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$156  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$156  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$157  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$68 ) begin
+            \$157  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$157  = 6'h00;
+          end else if (\$75 ) begin
+            \$157  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$78 ) begin
+            \$157  = 6'h01;
+          end
+          if (\$79 ) begin
+            \$157  = 6'h01;
+          end
+          if (\$80 ) begin
+            \$157  = 6'h02;
+          end
+          if (\$81 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$82 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$83 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$84 ) begin
+            \$157  = 6'h10;
+          end
+          if (\$85 ) begin
+            \$157  = 6'h08;
+          end
+          if (\$86 ) begin
+            \$157  = 6'h20;
+          end
+          if (\$87 ) begin
+            \$157  = 6'h20;
+          end
+          if (\$88 ) begin
+            \$157  = 6'h10;
+          end
+          if (\$89 ) begin
+            \$157  = 6'h10;
+          end
+          if (\$90 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$91 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$92 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$93 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$94 ) begin
+            \$157  = 6'h04;
+          end
+          if (\$95 ) begin
+            \$157  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$99 ) begin
+              \$157  = 6'h00;
+            end else if (\$100 ) begin
+              \$157  = 6'h00;
+            end else if (\$130 ) begin
+              \$157  = 6'h00;
+            end else begin
+              \$157  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$134 ) begin
+            \$157  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$136 ) begin
+            \$157  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$157  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$157  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$158  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$68 ) begin
+          end else begin
+            \$158  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$158  = 1'h0;
+          if (\$72 ) begin
+            \$158  = \$77 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$364 ) begin
+            \$158  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$99 ) begin
+            end else if (\$100 ) begin
+            end else if (\$130 ) begin
+              \$158  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$158  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$159  = cur;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else if (\$76 ) begin
+            \$159 [220:0] = decoded;
+            \$159 [253:221] = host;
+            \$159 [269:254] = beats;
+            \$159 [281:270] = ins[255:244];
+          end else begin
+            \$159 [220:0] = decoded;
+            \$159 [253:221] = host;
+            \$159 [269:254] = beats;
+            \$159 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$99 ) begin
+            end else if (\$100 ) begin
+            end else if (\$130 ) begin
+              \$159 [220:0] = decoded;
+              \$159 [253:221] = host;
+              \$159 [269:254] = beats;
+              \$159 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$159  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$160  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$72 ) begin
+          end else if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h01, 6'h02:
+                  \$160  = 5'h01;
+              6'h03:
+                  \$160  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14:
+                  \$160  = 5'h04;
+              6'h08:
+                  \$160  = 5'h08;
+              6'h0a, 6'h0b:
+                  \$160  = 5'h10;
+            endcase
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            \$160  = 5'h00;
+            if (\$99 ) begin
+            end else if (\$100 ) begin
+            end else if (\$130 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$160  = 5'h01;
+                6'h03:
+                    \$160  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14:
+                    \$160  = 5'h04;
+                6'h08:
+                    \$160  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$160  = 5'h10;
+              endcase
+            end
+          end
+    endcase
+    if (rst) begin
+      \$160  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$161  = scan;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$161  = 4'h0;
+            end
+          end
+      4'h5:
+          if (\$134 ) begin
+            \$161  = 4'h8;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$161  = \$135 [3:0];
+    endcase
+    if (rst) begin
+      \$161  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$162  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1665,734 +2449,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (\$96 ) begin
-              \$142  = 2'h2;
+              \$162  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$142  = 2'h0;
+      \$162  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$143  = spad__rd0__lanes[31:0];
-    if (rst) begin
-      \$143  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$144  = spad__rd1__data;
-    if (rst) begin
-      \$144  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = running;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$145  = 1'h1;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-            \$145  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$139 ) begin
-            \$145  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$145  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$146  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-            \$146  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$139 ) begin
-            \$146  = 1'h0;
-          end
-    endcase
-    if (\$141 ) begin
-      \$146  = 1'h0;
-    end
-    if (rst) begin
-      \$146  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$147  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$139 ) begin
-            \$147  = stop_code;
-          end
-    endcase
-    if (\$141 ) begin
-      \$147  = 8'h00;
-    end
-    if (rst) begin
-      \$147  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$148  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-            \$148  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$97 ) begin
-            end else if (\$98 ) begin
-              \$148  = \$128 [12:0];
-            end else if (\$127 ) begin
-              \$148  = \$129 [12:0];
-            end else begin
-              \$148  = \$130 [12:0];
-            end
-          end
-      4'h5:
-          if (\$131 ) begin
-            \$148  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$133 ) begin
-            \$148  = \$136 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$148  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$149  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$149  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$149  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$149  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$150  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$150  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$150  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$131 ) begin
-            \$150  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$133 ) begin
-            \$150  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$150  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$151  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$94 ) begin
-              \$151  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$151  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = ctrl_state;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$152  = 4'h1;
-          end
-      4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$67 ) begin
-            \$152  = 4'h2;
-          end else begin
-            \$152  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h3:
-        begin
-          if (start) begin
-            \$152  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-            \$152  = 4'h0;
-          end else if (\$73 ) begin
-            \$152  = 4'h2;
-          end else if (\$74 ) begin
-            \$152  = 4'h1;
-          end else if (\$75 ) begin
-            \$152  = 4'h5;
-          end else begin
-            \$152  = 4'h6;
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h6:
-        begin
-          \$152  = 4'h7;
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$97 ) begin
-              \$152  = 4'h2;
-            end else if (\$98 ) begin
-              \$152  = 4'h1;
-            end else if (\$127 ) begin
-              \$152  = 4'h6;
-            end else begin
-              \$152  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$131 ) begin
-            \$152  = 4'h1;
-          end else begin
-            \$152  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h8:
-        begin
-          \$152  = 4'h9;
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$133 ) begin
-            \$152  = 4'h1;
-          end else begin
-            \$152  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$152  = 4'h2;
-          end
-        end
-      4'h2:
-          if (\$139 ) begin
-            \$152  = 4'h0;
-          end
-    endcase
-    if (rst) begin
-      \$152  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = stop_code;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$67 ) begin
-            \$153  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-      4'h4:
-        begin
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$153  = \error$367 ;
-          end
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-        end
-      4'h6:
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-      4'h7:
-        begin
-          if (exec_done) begin
-            if (\$97 ) begin
-              \$153  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-        end
-      4'h5:
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-      4'h8:
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-      4'h9:
-          if (soft_reset) begin
-            \$153  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$153  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = executor;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$67 ) begin
-            \$154  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-      4'h4:
-        begin
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$154  = 6'h00;
-          end else if (\$74 ) begin
-            \$154  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-      4'h6:
-        begin
-          if (\$77 ) begin
-            \$154  = 6'h01;
-          end
-          if (\$78 ) begin
-            \$154  = 6'h01;
-          end
-          if (\$79 ) begin
-            \$154  = 6'h02;
-          end
-          if (\$80 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$81 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$82 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$83 ) begin
-            \$154  = 6'h10;
-          end
-          if (\$84 ) begin
-            \$154  = 6'h08;
-          end
-          if (\$85 ) begin
-            \$154  = 6'h20;
-          end
-          if (\$86 ) begin
-            \$154  = 6'h20;
-          end
-          if (\$87 ) begin
-            \$154  = 6'h10;
-          end
-          if (\$88 ) begin
-            \$154  = 6'h10;
-          end
-          if (\$89 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$90 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$91 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$92 ) begin
-            \$154  = 6'h04;
-          end
-          if (\$93 ) begin
-            \$154  = 6'h04;
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$97 ) begin
-              \$154  = 6'h00;
-            end else if (\$98 ) begin
-              \$154  = 6'h00;
-            end else if (\$127 ) begin
-              \$154  = 6'h00;
-            end else begin
-              \$154  = 6'h00;
-            end
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (\$131 ) begin
-            \$154  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-      4'h8:
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-      4'h9:
-        begin
-          if (\$133 ) begin
-            \$154  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$154  = 6'h00;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$154  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$155  = pf_ready;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$67 ) begin
-          end else begin
-            \$155  = 1'h0;
-          end
-      4'h3:
-          /* empty */;
-      4'h4:
-        begin
-          \$155  = 1'h0;
-          if (\$71 ) begin
-            \$155  = \$76 ;
-          end
-        end
-      4'h6:
-          /* empty */;
-      4'h7:
-        begin
-          if (\done$364 ) begin
-            \$155  = 1'h1;
-          end
-          if (exec_done) begin
-            if (\$97 ) begin
-            end else if (\$98 ) begin
-            end else if (\$127 ) begin
-              \$155  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$155  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$156  = cur;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else if (\$75 ) begin
-            \$156 [220:0] = decoded;
-            \$156 [253:221] = host;
-            \$156 [269:254] = beats;
-            \$156 [281:270] = ins[255:244];
-          end else begin
-            \$156 [220:0] = decoded;
-            \$156 [253:221] = host;
-            \$156 [269:254] = beats;
-            \$156 [281:270] = ins[255:244];
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$97 ) begin
-            end else if (\$98 ) begin
-            end else if (\$127 ) begin
-              \$156 [220:0] = decoded;
-              \$156 [253:221] = host;
-              \$156 [269:254] = beats;
-              \$156 [281:270] = ins[255:244];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$156  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$157  = running_exec;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$71 ) begin
-          end else if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h01, 6'h02:
-                  \$157  = 5'h01;
-              6'h03:
-                  \$157  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
-                  \$157  = 5'h04;
-              6'h08:
-                  \$157  = 5'h08;
-              6'h0a, 6'h0b:
-                  \$157  = 5'h10;
-            endcase
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            \$157  = 5'h00;
-            if (\$97 ) begin
-            end else if (\$98 ) begin
-            end else if (\$127 ) begin
-              casez (ins[5:0])
-                6'h01, 6'h02:
-                    \$157  = 5'h01;
-                6'h03:
-                    \$157  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
-                    \$157  = 5'h04;
-                6'h08:
-                    \$157  = 5'h08;
-                6'h0a, 6'h0b:
-                    \$157  = 5'h10;
-              endcase
-            end
-          end
-    endcase
-    if (rst) begin
-      \$157  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$158  = scan;
+    \$163  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2406,158 +2473,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (running_exec[3]) begin
-              \$158  = 4'h0;
+            if (\$96 ) begin
+              \$163  = cur[122:109];
             end
-          end
-      4'h5:
-          if (\$131 ) begin
-            \$158  = 4'h8;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          \$158  = \$132 [3:0];
-    endcase
-    if (rst) begin
-      \$158  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$159  = scores_a;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$94 ) begin
-              \$159  = cur[60:48];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$159  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$160  = scores_len;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$94 ) begin
-              \$160  = cur[122:109];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$160  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$161  = expert;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$133 ) begin
-            \$161  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$161  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$162  = count;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$133 ) begin
-            \$162  = \$like [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$162  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$163  = offset;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$133 ) begin
-            \$163  = \$135 ;
           end
     endcase
     if (rst) begin
       \$163  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$164  = expert;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$136 ) begin
+            \$164  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$164  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$165  = count;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$136 ) begin
+            \$165  = \$like [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$165  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$166  = offset;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$136 ) begin
+            \$166  = \$138 ;
+          end
+    endcase
+    if (rst) begin
+      \$166  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2585,14 +2594,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$164 [5], \$164 [5], \$164  };
+  assign bus__arlen = { \$167 [5], \$167 [5], \$167  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$165 [5], \$165 [5], \$165  };
+  assign bus__awlen = { \$168 [5], \$168 [5], \$168  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2765,12 +2774,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$165 [5], \$165 [5], \$165  };
+  assign m_axi__awlen = { \$168 [5], \$168 [5], \$168  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$164 [5], \$164 [5], \$164  };
+  assign m_axi__arlen = { \$167 [5], \$167 [5], \$167  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -3038,7 +3047,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$666$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$671$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -3168,8 +3177,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$666$0 ;
-  wire [15:0] \port$666$0 ;
+  input [15:0] \port$671$0 ;
+  wire [15:0] \port$671$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3278,7 +3287,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$666$0  };
+      rd_data = { 16'h0000, \port$671$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3419,7 +3428,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$666$0  };
+  assign load_data = { 16'h0000, \port$671$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -3661,83 +3670,83 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
   wire \$100 ;
-  wire \$101 ;
+  wire [13:0] \$101 ;
   wire [9:0] \$102 ;
-  wire [9:0] \$103 ;
-  wire [22:0] \$104 ;
-  wire [23:0] \$105 ;
-  wire [16:0] \$106 ;
-  wire \$107 ;
-  wire [23:0] \$108 ;
-  wire \$109 ;
+  wire \$103 ;
+  wire [4:0] \$104 ;
+  wire \$105 ;
+  wire [13:0] \$106 ;
+  wire [14:0] \$107 ;
+  wire \$108 ;
+  wire [14:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [9:0] \$110 ;
-  wire [22:0] \$111 ;
-  wire [23:0] \$112 ;
+  wire [13:0] \$110 ;
+  wire [16:0] \$111 ;
+  wire \$112 ;
   wire [16:0] \$113 ;
-  wire \$114 ;
-  wire [23:0] \$115 ;
-  wire [13:0] \$116 ;
-  wire [9:0] \$117 ;
-  wire \$118 ;
-  wire [4:0] \$119 ;
+  wire [13:0] \$114 ;
+  wire [16:0] \$115 ;
+  wire \$116 ;
+  wire [16:0] \$117 ;
+  wire [13:0] \$118 ;
+  wire [16:0] \$119 ;
   wire [17:0] \$12 ;
   wire \$120 ;
-  wire [13:0] \$121 ;
-  wire [9:0] \$122 ;
+  wire [16:0] \$121 ;
+  wire [13:0] \$122 ;
   wire \$123 ;
-  wire [4:0] \$124 ;
+  wire \$124 ;
   wire \$125 ;
-  wire [13:0] \$126 ;
-  wire [14:0] \$127 ;
+  wire \$126 ;
+  wire \$127 ;
   wire \$128 ;
-  wire [14:0] \$129 ;
+  wire \$129 ;
   wire [17:0] \$13 ;
-  wire [13:0] \$130 ;
-  wire [16:0] \$131 ;
+  wire \$130 ;
+  wire \$131 ;
   wire \$132 ;
-  wire [16:0] \$133 ;
-  wire [13:0] \$134 ;
-  wire [16:0] \$135 ;
+  wire \$133 ;
+  wire \$134 ;
+  wire \$135 ;
   wire \$136 ;
-  wire [16:0] \$137 ;
-  wire [13:0] \$138 ;
-  wire [16:0] \$139 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
   wire [18:0] \$14 ;
-  wire \$140 ;
-  wire [16:0] \$141 ;
-  wire [13:0] \$142 ;
-  wire [14:0] \$143 ;
+  wire [9:0] \$140 ;
+  wire \$141 ;
+  wire \$142 ;
+  wire \$143 ;
   wire \$144 ;
-  wire [14:0] \$145 ;
-  wire [13:0] \$146 ;
-  wire [16:0] \$147 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
   wire \$148 ;
-  wire [16:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [13:0] \$150 ;
+  wire \$150 ;
   wire [9:0] \$151 ;
-  wire [9:0] \$152 ;
-  wire [22:0] \$153 ;
-  wire [23:0] \$154 ;
-  wire [16:0] \$155 ;
+  wire \$152 ;
+  wire \$153 ;
+  wire \$154 ;
+  wire \$155 ;
   wire \$156 ;
-  wire [23:0] \$157 ;
+  wire \$157 ;
   wire \$158 ;
-  wire [9:0] \$159 ;
+  wire \$159 ;
   wire \$16 ;
-  wire [22:0] \$160 ;
-  wire [23:0] \$161 ;
-  wire [16:0] \$162 ;
+  wire \$160 ;
+  wire \$161 ;
+  wire \$162 ;
   wire \$163 ;
-  wire [23:0] \$164 ;
-  wire [13:0] \$165 ;
-  wire [9:0] \$166 ;
+  wire \$164 ;
+  wire \$165 ;
+  wire \$166 ;
   wire \$167 ;
-  wire [4:0] \$168 ;
+  wire \$168 ;
   wire \$169 ;
   wire \$17 ;
-  wire [13:0] \$170 ;
+  wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
@@ -3756,19 +3765,19 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
-  wire [9:0] \$188 ;
+  wire \$188 ;
   wire \$189 ;
   wire [18:0] \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire \$193 ;
+  wire [14:0] \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire \$196 ;
+  wire [14:0] \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire [9:0] \$199 ;
+  wire \$199 ;
   wire \$2 ;
   wire [9:0] \$20 ;
   wire \$200 ;
@@ -3786,10 +3795,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$211 ;
   wire \$212 ;
   wire \$213 ;
-  wire \$214 ;
+  wire [14:0] \$214 ;
   wire \$215 ;
   wire \$216 ;
-  wire \$217 ;
+  wire [14:0] \$217 ;
   wire \$218 ;
   wire \$219 ;
   wire [15:0] \$22 ;
@@ -3809,7 +3818,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$232 ;
   wire \$233 ;
   wire \$234 ;
-  wire \$235 ;
+  wire [14:0] \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
@@ -3819,11 +3828,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [14:0] \$241 ;
   wire \$242 ;
   wire \$243 ;
-  wire [14:0] \$244 ;
+  wire \$244 ;
   wire \$245 ;
   wire \$246 ;
   wire \$247 ;
-  wire \$248 ;
+  wire [14:0] \$248 ;
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
@@ -3832,8 +3841,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$253 ;
   wire \$254 ;
   wire \$255 ;
-  wire \$256 ;
-  wire \$257 ;
+  wire [33:0] \$256 ;
+  wire [32:0] \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
@@ -3842,96 +3851,42 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$262 ;
   wire \$263 ;
   wire \$264 ;
-  wire [14:0] \$265 ;
+  wire \$265 ;
   wire \$266 ;
-  wire \$267 ;
-  wire [14:0] \$268 ;
-  wire \$269 ;
+  wire [13:0] \$267 ;
+  wire \$268 ;
+  wire [13:0] \$269 ;
   wire \$27 ;
   wire \$270 ;
-  wire \$271 ;
+  wire [13:0] \$271 ;
   wire \$272 ;
-  wire \$273 ;
+  wire [13:0] \$273 ;
   wire \$274 ;
-  wire \$275 ;
-  wire \$276 ;
-  wire \$277 ;
-  wire \$278 ;
-  wire \$279 ;
+  wire [17:0] \$275 ;
+  wire [3:0] \$276 ;
+  wire [2:0] \$277 ;
+  reg \$278 ;
+  reg \$279 ;
   wire \$28 ;
-  wire \$280 ;
-  wire \$281 ;
-  wire \$282 ;
-  wire \$283 ;
-  wire \$284 ;
-  wire \$285 ;
-  wire \$286 ;
-  wire \$287 ;
-  wire \$288 ;
-  wire [14:0] \$289 ;
+  reg \$280 ;
+  reg \$281 ;
+  reg [7:0] \$282 ;
+  reg \$283 ;
+  reg [2:0] \$284 ;
+  reg [1:0] \$285 ;
+  reg [13:0] \$286 ;
+  reg [13:0] \$287 ;
+  reg [13:0] \$288 ;
+  reg [13:0] \$289 ;
   wire \$29 ;
-  wire \$290 ;
-  wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire \$294 ;
-  wire [14:0] \$295 ;
-  wire \$296 ;
-  wire \$297 ;
-  wire \$298 ;
-  wire \$299 ;
+  reg [17:0] \$290 ;
+  reg [32:0] \$291 ;
   wire [16:0] \$3 ;
   wire \$30 ;
-  wire \$300 ;
-  wire \$301 ;
-  wire [14:0] \$302 ;
-  wire \$303 ;
-  wire \$304 ;
-  wire \$305 ;
-  wire \$306 ;
-  wire \$307 ;
-  wire \$308 ;
-  wire \$309 ;
   wire \$31 ;
-  wire [33:0] \$310 ;
-  wire [32:0] \$311 ;
-  wire \$312 ;
-  wire \$313 ;
-  wire \$314 ;
-  wire \$315 ;
-  wire \$316 ;
-  wire \$317 ;
-  wire \$318 ;
-  wire \$319 ;
   wire \$32 ;
-  wire \$320 ;
-  wire [13:0] \$321 ;
-  wire \$322 ;
-  wire [13:0] \$323 ;
-  wire \$324 ;
-  wire [13:0] \$325 ;
-  wire \$326 ;
-  wire [13:0] \$327 ;
-  wire \$328 ;
-  wire [17:0] \$329 ;
   wire \$33 ;
-  wire [3:0] \$330 ;
-  wire [2:0] \$331 ;
-  reg \$332 ;
-  reg \$333 ;
-  reg \$334 ;
-  reg \$335 ;
-  reg [7:0] \$336 ;
-  reg \$337 ;
-  reg [2:0] \$338 ;
-  reg [1:0] \$339 ;
   wire \$34 ;
-  reg [13:0] \$340 ;
-  reg [13:0] \$341 ;
-  reg [13:0] \$342 ;
-  reg [13:0] \$343 ;
-  reg [17:0] \$344 ;
-  reg [32:0] \$345 ;
   wire \$35 ;
   wire \$36 ;
   wire \$37 ;
@@ -3984,25 +3939,25 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [16:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
-  wire \$82 ;
-  wire \$83 ;
-  wire \$84 ;
-  wire \$85 ;
-  wire \$86 ;
+  wire [9:0] \$82 ;
+  wire [9:0] \$83 ;
+  wire [22:0] \$84 ;
+  wire [23:0] \$85 ;
+  wire [16:0] \$86 ;
   wire \$87 ;
-  wire \$88 ;
+  wire [23:0] \$88 ;
   wire \$89 ;
   wire [17:0] \$9 ;
-  wire \$90 ;
-  wire \$91 ;
-  wire \$92 ;
-  wire \$93 ;
+  wire [9:0] \$90 ;
+  wire [22:0] \$91 ;
+  wire [23:0] \$92 ;
+  wire [16:0] \$93 ;
   wire \$94 ;
-  wire \$95 ;
-  wire \$96 ;
-  wire \$97 ;
+  wire [23:0] \$95 ;
+  wire [13:0] \$96 ;
+  wire [9:0] \$97 ;
   wire \$98 ;
-  wire \$99 ;
+  wire [4:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4167,245 +4122,209 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$79  = m_eff >= 1'h1;
   assign \$80  = ins[63:48] >= 1'h1;
   assign \$81  = & { \$80 , \$79  };
-  assign \$82  = m_eff >= 1'h1;
-  assign \$83  = ins[63:48] >= 1'h1;
-  assign \$84  = & { \$83 , \$82  };
-  assign \$85  = m_eff >= 1'h1;
-  assign \$86  = ins[63:48] >= 1'h1;
-  assign \$87  = ins[243:238] >= 2'h2;
-  assign \$88  = ins[243:238] <= 5'h18;
-  assign \$89  = \$87  & \$88 ;
-  assign \$91  = & { \$90 , \$86 , \$85  };
-  assign \$92  = m_eff >= 1'h1;
-  assign \$93  = ins[63:48] >= 1'h1;
-  assign \$94  = & { \$93 , \$92  };
-  assign \$95  = m_eff >= 1'h1;
-  assign \$96  = ins[63:48] >= 1'h1;
-  assign \$97  = & { \$96 , \$95  };
-  assign \$98  = m_eff >= 1'h1;
-  assign \$99  = ins[63:48] >= 1'h1;
-  assign \$100  = ins[63:48] <= 2'h3;
-  assign \$101  = & { \$100 , \$99 , \$98  };
-  assign \$105  = 1'h0 + \$104 ;
-  assign \$108  = \$107  ? \$105  : { 7'h00, \$106  };
-  assign \$109  = | \$108 [23:14];
-  assign \$112  = 1'h0 + \$111 ;
-  assign \$115  = \$114  ? \$112  : { 7'h00, \$113  };
-  assign \$116  = \$109  ? 14'h3fff : \$115 [13:0];
-  assign \$119  = \$118  ? 5'h10 : 5'h00;
-  assign \$121  = \$120  ? \$116  : { 9'h000, \$119  };
-  assign \$124  = \$123  ? 5'h10 : 5'h00;
-  assign \$125  = | ins[63:62];
-  assign \$126  = \$125  ? 14'h3fff : ins[61:48];
-  assign \$127  = mk + 5'h10;
-  assign \$129  = mk + 5'h10;
-  assign \$130  = \$128  ? 14'h3fff : \$129 [13:0];
-  assign \$132  = | \$131 [16:14];
-  assign \$134  = \$132  ? 14'h3fff : \$133 [13:0];
-  assign \$135  = \context [47:34] + \context [33:18];
-  assign \$136  = | \$135 [16:14];
-  assign \$137  = \context [47:34] + \context [33:18];
-  assign \$138  = \$136  ? 14'h3fff : \$137 [13:0];
-  assign \$139  = \context [47:34] + \context [33:18];
-  assign \$140  = | \$139 [16:14];
-  assign \$141  = \context [47:34] + \context [33:18];
-  assign \$142  = \$140  ? 14'h3fff : \$141 [13:0];
-  assign \$146  = \$144  ? 14'h3fff : \$145 [13:0];
-  assign \$148  = | \$147 [16:14];
-  assign \$150  = \$148  ? 14'h3fff : \$149 [13:0];
-  assign \$154  = 1'h0 + \$153 ;
-  assign \$157  = \$156  ? \$154  : { 7'h00, \$155  };
-  assign \$158  = | \$157 [23:14];
-  assign \$161  = 1'h0 + \$160 ;
-  assign \$164  = \$163  ? \$161  : { 7'h00, \$162  };
-  assign \$165  = \$158  ? 14'h3fff : \$164 [13:0];
-  assign \$168  = \$167  ? 5'h10 : 5'h00;
-  assign \$170  = \$169  ? \$165  : { 9'h000, \$168  };
-  assign \$171  = ! ins[5:0];
-  assign \$172  = ins[5:0] == 1'h1;
-  assign \$173  = ins[5:0] == 2'h2;
-  assign \$174  = ins[5:0] == 2'h3;
-  assign \$175  = ins[5:0] == 3'h4;
-  assign \$176  = ins[5:0] == 3'h5;
-  assign \$177  = ins[5:0] == 3'h6;
-  assign \$178  = ins[5:0] == 3'h7;
-  assign \$179  = ins[5:0] == 4'h8;
-  assign \$180  = ins[5:0] == 4'h9;
-  assign \$181  = ins[5:0] == 4'ha;
-  assign \$182  = ins[5:0] == 4'hb;
-  assign \$183  = ins[5:0] == 4'hc;
-  assign \$184  = ins[5:0] == 4'hd;
-  assign \$185  = ins[5:0] == 4'he;
-  assign \$186  = | { \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179 , \$178 , \$177 , \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , 1'h0 };
-  assign \$187  = ~ \$186 ;
-  assign \$189  = | \$188 ;
-  assign \$190  = ins[5:0] == 4'ha;
-  assign \$191  = ins[5:0] == 4'hb;
-  assign \$192  = | { \$191 , \$190 , 1'h0 };
-  assign \$193  = \$189  | \$192 ;
-  assign \$194  = ins[5:0] == 4'h9;
-  assign \$196  = \$193  | \$195 ;
-  assign \$197  = ~ \context [0];
-  assign \$198  = \$196  & \$197 ;
-  assign \$200  = | \$199 ;
-  assign \$201  = ins[5:0] == 4'ha;
-  assign \$202  = ins[5:0] == 4'hb;
-  assign \$203  = | { \$202 , \$201 , 1'h0 };
-  assign \$204  = \$200  | \$203 ;
-  assign \$205  = ~ \context [1];
+  assign \$85  = 1'h0 + \$84 ;
+  assign \$88  = \$87  ? \$85  : { 7'h00, \$86  };
+  assign \$89  = | \$88 [23:14];
+  assign \$92  = 1'h0 + \$91 ;
+  assign \$95  = \$94  ? \$92  : { 7'h00, \$93  };
+  assign \$96  = \$89  ? 14'h3fff : \$95 [13:0];
+  assign \$99  = \$98  ? 5'h10 : 5'h00;
+  assign \$101  = \$100  ? \$96  : { 9'h000, \$99  };
+  assign \$104  = \$103  ? 5'h10 : 5'h00;
+  assign \$105  = | ins[63:62];
+  assign \$106  = \$105  ? 14'h3fff : ins[61:48];
+  assign \$107  = mk + 5'h10;
+  assign \$109  = mk + 5'h10;
+  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
+  assign \$112  = | \$111 [16:14];
+  assign \$114  = \$112  ? 14'h3fff : \$113 [13:0];
+  assign \$115  = \context [47:34] + \context [33:18];
+  assign \$116  = | \$115 [16:14];
+  assign \$117  = \context [47:34] + \context [33:18];
+  assign \$118  = \$116  ? 14'h3fff : \$117 [13:0];
+  assign \$119  = \context [47:34] + \context [33:18];
+  assign \$120  = | \$119 [16:14];
+  assign \$121  = \context [47:34] + \context [33:18];
+  assign \$122  = \$120  ? 14'h3fff : \$121 [13:0];
+  assign \$123  = ! ins[5:0];
+  assign \$124  = ins[5:0] == 1'h1;
+  assign \$125  = ins[5:0] == 2'h2;
+  assign \$126  = ins[5:0] == 2'h3;
+  assign \$127  = ins[5:0] == 3'h4;
+  assign \$128  = ins[5:0] == 3'h5;
+  assign \$129  = ins[5:0] == 3'h6;
+  assign \$130  = ins[5:0] == 3'h7;
+  assign \$131  = ins[5:0] == 4'h8;
+  assign \$132  = ins[5:0] == 4'h9;
+  assign \$133  = ins[5:0] == 4'ha;
+  assign \$134  = ins[5:0] == 4'hb;
+  assign \$135  = ins[5:0] == 4'hc;
+  assign \$136  = ins[5:0] == 4'hd;
+  assign \$137  = ins[5:0] == 4'he;
+  assign \$138  = | { \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , 1'h0 };
+  assign \$139  = ~ \$138 ;
+  assign \$141  = | \$140 ;
+  assign \$142  = ins[5:0] == 4'ha;
+  assign \$143  = ins[5:0] == 4'hb;
+  assign \$144  = | { \$143 , \$142 , 1'h0 };
+  assign \$145  = \$141  | \$144 ;
+  assign \$146  = ins[5:0] == 4'h9;
+  assign \$148  = \$145  | \$147 ;
+  assign \$149  = ~ \context [0];
+  assign \$150  = \$148  & \$149 ;
+  assign \$152  = | \$151 ;
+  assign \$153  = ins[5:0] == 4'ha;
+  assign \$154  = ins[5:0] == 4'hb;
+  assign \$155  = | { \$154 , \$153 , 1'h0 };
+  assign \$156  = \$152  | \$155 ;
+  assign \$157  = ~ \context [1];
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$150  | \$158 ;
+  assign \$160  = ins[5:0] == 4'h9;
+  assign \$161  = ins[5:0] == 4'he;
+  assign \$162  = | { \$161 , \$160 , 1'h0 };
+  assign \$163  = ins[255:244] < 7'h40;
+  assign \$164  = ~ \$163 ;
+  assign \$165  = \$162  & \$164 ;
+  assign \$166  = ~ shape_q;
+  assign \$167  = ins[5:0] == 4'h8;
+  assign \$169  = ! ins[87:77];
+  assign \$170  = \context [48] & \$169 ;
+  assign \$171  = \context [61:49] == ins[76:64];
+  assign \$172  = \$170  & \$171 ;
+  assign \$173  = \context [75:62] == ln;
+  assign \$174  = \$172  & \$173 ;
+  assign \$175  = ~ \$174 ;
+  assign \$176  = \$168  & \$175 ;
+  assign \$177  = ~ spad_ok;
+  assign \$178  = ins[5:0] == 1'h1;
+  assign \$179  = ins[5:0] == 2'h2;
+  assign \$180  = ins[5:0] == 2'h3;
+  assign \$181  = | { \$180 , \$179 , \$178 , 1'h0 };
+  assign \$182  = ~ host_ok;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = ~ busy;
+  assign \$185  = active & \$184 ;
+  assign \$186  = step != 3'h7;
+  assign \$187  = ! ins[5:0];
+  assign \$188  = settle == 2'h2;
+  assign \$189  = \$187  | \$188 ;
+  assign \$190  = | wa;
+  assign \$191  = | wc;
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = ins[125:112] + wc;
+  assign \$194  = ins[77:64] < \$193 ;
+  assign \$195  = \$192  & \$194 ;
+  assign \$196  = ins[77:64] + wa;
+  assign \$197  = ins[125:112] < \$196 ;
+  assign \$198  = \$195  & \$197 ;
+  assign \$199  = ins[5:0] == 3'h4;
+  assign \$200  = ins[5:0] == 3'h5;
+  assign \$201  = ins[5:0] == 3'h6;
+  assign \$202  = ins[5:0] == 3'h7;
+  assign \$203  = ins[5:0] == 4'hd;
+  assign \$204  = | { \$203 , \$202 , \$201 , \$200 , \$199 , 1'h0 };
+  assign \$205  = ins[77:64] == ins[125:112];
   assign \$206  = \$204  & \$205 ;
-  assign \$207  = \$198  | \$206 ;
-  assign \$208  = ins[5:0] == 4'h9;
-  assign \$209  = ins[5:0] == 4'he;
-  assign \$210  = | { \$209 , \$208 , 1'h0 };
-  assign \$211  = ins[255:244] < 7'h40;
-  assign \$212  = ~ \$211 ;
-  assign \$213  = \$210  & \$212 ;
-  assign \$214  = ~ shape_q;
-  assign \$215  = ins[5:0] == 4'h8;
-  assign \$217  = ! ins[87:77];
-  assign \$218  = \context [48] & \$217 ;
-  assign \$219  = \context [61:49] == ins[76:64];
-  assign \$220  = \$218  & \$219 ;
-  assign \$221  = \context [75:62] == ln;
-  assign \$222  = \$220  & \$221 ;
-  assign \$223  = ~ \$222 ;
-  assign \$224  = \$216  & \$223 ;
-  assign \$225  = ~ spad_ok;
-  assign \$226  = ins[5:0] == 1'h1;
-  assign \$227  = ins[5:0] == 2'h2;
-  assign \$228  = ins[5:0] == 2'h3;
-  assign \$229  = | { \$228 , \$227 , \$226 , 1'h0 };
-  assign \$230  = ~ host_ok;
-  assign \$231  = \$229  & \$230 ;
-  assign \$232  = ~ busy;
-  assign \$233  = active & \$232 ;
-  assign \$234  = step != 3'h7;
-  assign \$235  = ! ins[5:0];
-  assign \$236  = settle == 2'h2;
-  assign \$237  = \$235  | \$236 ;
-  assign \$238  = | wa;
-  assign \$239  = | wc;
-  assign \$240  = \$238  & \$239 ;
-  assign \$241  = ins[125:112] + wc;
-  assign \$242  = ins[77:64] < \$241 ;
+  assign \$207  = wa == wc;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = ~ \$208 ;
+  assign \$210  = \$198  & \$209 ;
+  assign \$211  = | wb;
+  assign \$212  = | wc;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = ins[125:112] + wc;
+  assign \$215  = ins[101:88] < \$214 ;
+  assign \$216  = \$213  & \$215 ;
+  assign \$217  = ins[101:88] + wb;
+  assign \$218  = ins[125:112] < \$217 ;
+  assign \$219  = \$216  & \$218 ;
+  assign \$220  = ins[5:0] == 3'h4;
+  assign \$221  = ins[5:0] == 3'h5;
+  assign \$222  = ins[5:0] == 3'h6;
+  assign \$223  = ins[5:0] == 3'h7;
+  assign \$224  = ins[5:0] == 4'hd;
+  assign \$225  = | { \$224 , \$223 , \$222 , \$221 , \$220 , 1'h0 };
+  assign \$226  = ins[101:88] == ins[125:112];
+  assign \$227  = \$225  & \$226 ;
+  assign \$228  = wb == wc;
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = ~ \$229 ;
+  assign \$231  = \$219  & \$230 ;
+  assign \$232  = \$210  | \$231 ;
+  assign \$233  = ! wa;
+  assign \$234  = ! ins[87:78];
+  assign \$235  = ins[77:64] + wa;
+  assign \$236  = \$235  <= 14'h2000;
+  assign \$237  = \$234  & \$236 ;
+  assign \$238  = \$233  | \$237 ;
+  assign \$239  = ! wb;
+  assign \$240  = ! ins[111:102];
+  assign \$241  = ins[101:88] + wb;
+  assign \$242  = \$241  <= 14'h2000;
   assign \$243  = \$240  & \$242 ;
-  assign \$244  = ins[77:64] + wa;
-  assign \$245  = ins[125:112] < \$244 ;
-  assign \$246  = \$243  & \$245 ;
-  assign \$247  = ins[5:0] == 3'h4;
-  assign \$248  = ins[5:0] == 3'h5;
-  assign \$249  = ins[5:0] == 3'h6;
-  assign \$250  = ins[5:0] == 3'h7;
-  assign \$251  = ins[5:0] == 4'hd;
-  assign \$252  = ins[5:0] == 5'h11;
-  assign \$253  = ins[5:0] == 5'h12;
-  assign \$254  = ins[5:0] == 5'h13;
-  assign \$255  = | { \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , 1'h0 };
-  assign \$256  = ins[77:64] == ins[125:112];
-  assign \$257  = \$255  & \$256 ;
-  assign \$258  = wa == wc;
-  assign \$259  = \$257  & \$258 ;
-  assign \$260  = ~ \$259 ;
-  assign \$261  = \$246  & \$260 ;
-  assign \$262  = | wb;
-  assign \$263  = | wc;
-  assign \$264  = \$262  & \$263 ;
-  assign \$265  = ins[125:112] + wc;
-  assign \$266  = ins[101:88] < \$265 ;
-  assign \$267  = \$264  & \$266 ;
-  assign \$268  = ins[101:88] + wb;
-  assign \$269  = ins[125:112] < \$268 ;
-  assign \$270  = \$267  & \$269 ;
-  assign \$271  = ins[5:0] == 3'h4;
-  assign \$272  = ins[5:0] == 3'h5;
-  assign \$273  = ins[5:0] == 3'h6;
-  assign \$274  = ins[5:0] == 3'h7;
-  assign \$275  = ins[5:0] == 4'hd;
-  assign \$276  = ins[5:0] == 5'h11;
-  assign \$277  = ins[5:0] == 5'h12;
-  assign \$278  = ins[5:0] == 5'h13;
-  assign \$279  = | { \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , 1'h0 };
-  assign \$280  = ins[101:88] == ins[125:112];
-  assign \$281  = \$279  & \$280 ;
-  assign \$282  = wb == wc;
-  assign \$283  = \$281  & \$282 ;
-  assign \$284  = ~ \$283 ;
-  assign \$285  = \$270  & \$284 ;
-  assign \$286  = \$261  | \$285 ;
-  assign \$287  = ! wa;
-  assign \$288  = ! ins[87:78];
-  assign \$289  = ins[77:64] + wa;
-  assign \$290  = \$289  <= 14'h2000;
-  assign \$291  = \$288  & \$290 ;
-  assign \$292  = \$287  | \$291 ;
-  assign \$293  = ! wb;
-  assign \$294  = ! ins[111:102];
-  assign \$295  = ins[101:88] + wb;
-  assign \$296  = \$295  <= 14'h2000;
-  assign \$297  = \$294  & \$296 ;
-  assign \$298  = \$293  | \$297 ;
-  assign \$299  = \$292  & \$298 ;
-  assign \$300  = ! wc;
-  assign \$301  = ! ins[135:126];
-  assign \$302  = ins[125:112] + wc;
-  assign \$303  = \$302  <= 14'h2000;
-  assign \$304  = \$301  & \$303 ;
-  assign \$305  = \$300  | \$304 ;
-  assign \$306  = \$299  & \$305 ;
-  assign \$307  = ! host[1:0];
-  assign \$308  = host >= \context [107:76];
-  assign \$309  = \$307  & \$308 ;
-  assign \$310  = host + { l4[17:2], 2'h0 };
-  assign \$311  = \context [107:76] + \context [139:108];
-  assign \$312  = \$310  <= \$311 ;
-  assign \$313  = \$309  & \$312 ;
-  assign \$314  = ~ busy;
-  assign \$315  = active & \$314 ;
-  assign \$316  = step != 3'h7;
-  assign \$317  = ! ins[5:0];
-  assign \$318  = settle == 2'h2;
-  assign \$319  = \$317  | \$318 ;
-  assign \$320  = | acc[32:14];
-  assign \$321  = \$320  ? 14'h3fff : acc[13:0];
-  assign \$322  = | acc[32:14];
-  assign \$323  = \$322  ? 14'h3fff : acc[13:0];
-  assign \$324  = | acc[32:14];
-  assign \$325  = \$324  ? 14'h3fff : acc[13:0];
-  assign \$326  = | acc[32:14];
-  assign \$327  = \$326  ? 14'h3fff : acc[13:0];
-  assign \$328  = | acc[32:18];
-  assign \$329  = \$328  ? 18'h3ffff : acc[17:0];
-  assign \$330  = step + 1'h1;
-  assign \$331  = settle + 1'h1;
+  assign \$244  = \$239  | \$243 ;
+  assign \$245  = \$238  & \$244 ;
+  assign \$246  = ! wc;
+  assign \$247  = ! ins[135:126];
+  assign \$248  = ins[125:112] + wc;
+  assign \$249  = \$248  <= 14'h2000;
+  assign \$250  = \$247  & \$249 ;
+  assign \$251  = \$246  | \$250 ;
+  assign \$252  = \$245  & \$251 ;
+  assign \$253  = ! host[1:0];
+  assign \$254  = host >= \context [107:76];
+  assign \$255  = \$253  & \$254 ;
+  assign \$256  = host + { l4[17:2], 2'h0 };
+  assign \$257  = \context [107:76] + \context [139:108];
+  assign \$258  = \$256  <= \$257 ;
+  assign \$259  = \$255  & \$258 ;
+  assign \$260  = ~ busy;
+  assign \$261  = active & \$260 ;
+  assign \$262  = step != 3'h7;
+  assign \$263  = ! ins[5:0];
+  assign \$264  = settle == 2'h2;
+  assign \$265  = \$263  | \$264 ;
+  assign \$266  = | acc[32:14];
+  assign \$267  = \$266  ? 14'h3fff : acc[13:0];
+  assign \$268  = | acc[32:14];
+  assign \$269  = \$268  ? 14'h3fff : acc[13:0];
+  assign \$270  = | acc[32:14];
+  assign \$271  = \$270  ? 14'h3fff : acc[13:0];
+  assign \$272  = | acc[32:14];
+  assign \$273  = \$272  ? 14'h3fff : acc[13:0];
+  assign \$274  = | acc[32:18];
+  assign \$275  = \$274  ? 18'h3ffff : acc[17:0];
+  assign \$276  = step + 1'h1;
+  assign \$277  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$332 ;
+    shape_q <= \$278 ;
   always @(posedge clk)
-    overlap_q <= \$333 ;
+    overlap_q <= \$279 ;
   always @(posedge clk)
-    spad_ok <= \$334 ;
+    spad_ok <= \$280 ;
   always @(posedge clk)
-    host_ok <= \$335 ;
+    host_ok <= \$281 ;
   always @(posedge clk)
-    error <= \$336 ;
+    error <= \$282 ;
   always @(posedge clk)
-    active <= \$337 ;
+    active <= \$283 ;
   always @(posedge clk)
-    step <= \$338 ;
+    step <= \$284 ;
   always @(posedge clk)
-    settle <= \$339 ;
+    settle <= \$285 ;
   always @(posedge clk)
-    ln <= \$340 ;
+    ln <= \$286 ;
   always @(posedge clk)
-    mk <= \$341 ;
+    mk <= \$287 ;
   always @(posedge clk)
-    p2 <= \$342 ;
+    p2 <= \$288 ;
   always @(posedge clk)
-    p3 <= \$343 ;
+    p3 <= \$289 ;
   always @(posedge clk)
-    l4 <= \$344 ;
+    l4 <= \$290 ;
   always @(posedge clk)
-    host <= \$345 ;
+    host <= \$291 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4423,7 +4342,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
                 st_y = m_eff;
           endcase
       3'h1:
@@ -4466,7 +4385,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
                 st_x = { 17'h00000, ins[63:48] };
           endcase
       3'h1:
@@ -4509,7 +4428,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     casez (step)
       3'h0:
           casez (ins[5:0])
-            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13:
+            6'h01, 6'h02, 6'h03, 6'h04, 6'h05, 6'h06, 6'h07, 6'h08, 6'h0a, 6'h0b, 6'h0c, 6'h0d:
                 st_acc = 33'h000000000;
           endcase
       3'h1:
@@ -4580,16 +4499,6 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           shape_ok = \$81 ;
       6'h0e:
           shape_ok = 1'h1;
-      6'h0f:
-          shape_ok = \$84 ;
-      6'h10:
-          shape_ok = \$91 ;
-      6'h11:
-          shape_ok = \$94 ;
-      6'h12:
-          shape_ok = \$97 ;
-      6'h13:
-          shape_ok = \$101 ;
     endcase
   end
   always @* begin
@@ -4604,12 +4513,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wc = ln;
       6'h04:
           wc = ln;
-      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
+      6'h05, 6'h0d:
           wc = ln;
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$130 ;
+          wc = \$110 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4617,10 +4526,6 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0b:
           wc = ln;
       6'h0c:
-          wc = ln;
-      6'h0f:
-          wc = \$146 ;
-      6'h10:
           wc = ln;
     endcase
   end
@@ -4636,24 +4541,20 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wa = mk;
       6'h04:
           wa = ln;
-      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
+      6'h05, 6'h0d:
           wa = ln;
       6'h06, 6'h07:
           wa = ln;
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$134 ;
+          wa = \$114 ;
       6'h0a:
           wa = ln;
       6'h0b:
           wa = mk;
       6'h0c:
           wa = p3;
-      6'h0f:
-          wa = ln;
-      6'h10:
-          wa = \$150 ;
     endcase
   end
   always @* begin
@@ -4665,47 +4566,43 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$121 ;
+          wb = \$101 ;
       6'h04:
-          wb = { 9'h000, \$124  };
-      6'h05, 6'h0d, 6'h11, 6'h12, 6'h13:
+          wb = { 9'h000, \$104  };
+      6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$126 ;
+          wb = \$106 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$138 ;
+          wb = \$118 ;
       6'h0b:
-          wb = \$142 ;
+          wb = \$122 ;
       6'h0c:
           wb = mk;
-      6'h0f:
-          /* empty */;
-      6'h10:
-          wb = \$170 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$187 ) begin
+    if (\$139 ) begin
       decode_err = 8'h01;
-    end else if (\$207 ) begin
+    end else if (\$159 ) begin
       decode_err = 8'h08;
-    end else if (\$213 ) begin
+    end else if (\$165 ) begin
       decode_err = 8'h06;
-    end else if (\$214 ) begin
+    end else if (\$166 ) begin
       decode_err = 8'h03;
-    end else if (\$224 ) begin
+    end else if (\$176 ) begin
       decode_err = 8'h04;
-    end else if (\$225 ) begin
+    end else if (\$177 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$231 ) begin
+    end else if (\$183 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4713,8 +4610,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$233 ) begin
-      if (\$234 ) begin
+    end else if (\$185 ) begin
+      if (\$186 ) begin
         load = 1'h1;
       end
     end
@@ -4723,8 +4620,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$233 ) begin
-      if (\$234 ) begin
+    end else if (\$185 ) begin
+      if (\$186 ) begin
         y = st_y;
       end
     end
@@ -4733,8 +4630,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$233 ) begin
-      if (\$234 ) begin
+    end else if (\$185 ) begin
+      if (\$186 ) begin
         x = st_x;
       end
     end
@@ -4743,8 +4640,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$233 ) begin
-      if (\$234 ) begin
+    end else if (\$185 ) begin
+      if (\$186 ) begin
         acc_in = st_acc;
       end
     end
@@ -4753,187 +4650,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$233 ) begin
-      if (\$234 ) begin
-      end else if (\$237 ) begin
+    end else if (\$185 ) begin
+      if (\$186 ) begin
+      end else if (\$189 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$332  = shape_ok;
+    \$278  = shape_ok;
     if (unit_rst) begin
-      \$332  = 1'h0;
+      \$278  = 1'h0;
     end
     if (rst) begin
-      \$332  = 1'h0;
+      \$278  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$333  = \$286 ;
+    \$279  = \$232 ;
     if (unit_rst) begin
-      \$333  = 1'h0;
+      \$279  = 1'h0;
     end
     if (rst) begin
-      \$333  = 1'h0;
+      \$279  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$334  = \$306 ;
+    \$280  = \$252 ;
     if (unit_rst) begin
-      \$334  = 1'h0;
+      \$280  = 1'h0;
     end
     if (rst) begin
-      \$334  = 1'h0;
+      \$280  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$335  = \$313 ;
+    \$281  = \$259 ;
     if (unit_rst) begin
-      \$335  = 1'h0;
+      \$281  = 1'h0;
     end
     if (rst) begin
-      \$335  = 1'h0;
+      \$281  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$336  = decode_err;
+    \$282  = decode_err;
     if (unit_rst) begin
-      \$336  = 8'h00;
+      \$282  = 8'h00;
     end
     if (rst) begin
-      \$336  = 8'h00;
+      \$282  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$337  = active;
+    \$283  = active;
     if (start) begin
-      \$337  = 1'h1;
-    end else if (\$315 ) begin
-      if (\$316 ) begin
-      end else if (\$319 ) begin
-        \$337  = 1'h0;
+      \$283  = 1'h1;
+    end else if (\$261 ) begin
+      if (\$262 ) begin
+      end else if (\$265 ) begin
+        \$283  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$337  = 1'h0;
+      \$283  = 1'h0;
     end
     if (rst) begin
-      \$337  = 1'h0;
+      \$283  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$338  = step;
+    \$284  = step;
     if (start) begin
-      \$338  = 3'h0;
-    end else if (\$315 ) begin
-      if (\$316 ) begin
-        \$338  = \$330 [2:0];
+      \$284  = 3'h0;
+    end else if (\$261 ) begin
+      if (\$262 ) begin
+        \$284  = \$276 [2:0];
       end
     end
     if (unit_rst) begin
-      \$338  = 3'h0;
+      \$284  = 3'h0;
     end
     if (rst) begin
-      \$338  = 3'h0;
+      \$284  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$339  = settle;
+    \$285  = settle;
     if (start) begin
-      \$339  = 2'h0;
-    end else if (\$315 ) begin
+      \$285  = 2'h0;
+    end else if (\$261 ) begin
       (* full_case = 32'd1 *)
-      if (\$316 ) begin
-      end else if (\$319 ) begin
+      if (\$262 ) begin
+      end else if (\$265 ) begin
       end else begin
-        \$339  = \$331 [1:0];
+        \$285  = \$277 [1:0];
       end
     end
     if (unit_rst) begin
-      \$339  = 2'h0;
+      \$285  = 2'h0;
     end
     if (rst) begin
-      \$339  = 2'h0;
+      \$285  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$340  = ln;
+    \$286  = ln;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
-              \$340  = \$321 ;
+              \$286  = \$267 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$340  = 14'h0000;
+      \$286  = 14'h0000;
     end
     if (rst) begin
-      \$340  = 14'h0000;
+      \$286  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$341  = mk;
+    \$287  = mk;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$341  = \$323 ;
+              \$287  = \$269 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$341  = 14'h0000;
+      \$287  = 14'h0000;
     end
     if (rst) begin
-      \$341  = 14'h0000;
+      \$287  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$342  = p2;
+    \$288  = p2;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$342  = \$325 ;
+              \$288  = \$271 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$342  = 14'h0000;
+      \$288  = 14'h0000;
     end
     if (rst) begin
-      \$342  = 14'h0000;
+      \$288  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$343  = p3;
+    \$289  = p3;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4942,23 +4839,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$343  = \$327 ;
+              \$289  = \$273 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$343  = 14'h0000;
+      \$289  = 14'h0000;
     end
     if (rst) begin
-      \$343  = 14'h0000;
+      \$289  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$344  = l4;
+    \$290  = l4;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4969,23 +4866,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$344  = \$329 ;
+              \$290  = \$275 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$344  = 18'h00000;
+      \$290  = 18'h00000;
     end
     if (rst) begin
-      \$344  = 18'h00000;
+      \$290  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$345  = host;
+    \$291  = host;
     if (start) begin
-    end else if (\$315 ) begin
-      if (\$316 ) begin
+    end else if (\$261 ) begin
+      if (\$262 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4998,15 +4895,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$345  = acc;
+              \$291  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$345  = 33'h000000000;
+      \$291  = 33'h000000000;
     end
     if (rst) begin
-      \$345  = 33'h000000000;
+      \$291  = 33'h000000000;
     end
   end
   assign decode_q = error;
@@ -5080,56 +4977,34 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$33  = \$32 ;
   assign \$52  = \$51 ;
   assign \$68  = \$67 ;
-  assign \$90  = \$89 ;
-  assign { \$102 [9:4], \$102 [2:0] } = 9'h000;
-  assign \$102 [3] = ins[9];
-  assign { \$103 [9:3], \$103 [1:0] } = 9'h000;
-  assign \$103 [2] = ins[8];
-  assign \$104  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$106  = { ins[63:48], 1'h0 };
-  assign \$107  = ins[8];
-  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
-  assign \$110 [2] = ins[8];
-  assign \$111  = { 3'h0, ins[63:48], 4'h0 };
+  assign { \$82 [9:4], \$82 [2:0] } = 9'h000;
+  assign \$82 [3] = ins[9];
+  assign { \$83 [9:3], \$83 [1:0] } = 9'h000;
+  assign \$83 [2] = ins[8];
+  assign \$84  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$86  = { ins[63:48], 1'h0 };
+  assign \$87  = ins[8];
+  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
+  assign \$90 [2] = ins[8];
+  assign \$91  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$93  = { ins[63:48], 1'h0 };
+  assign \$94  = ins[8];
+  assign { \$97 [9:3], \$97 [1:0] } = 9'h000;
+  assign \$97 [2] = ins[8];
+  assign \$98  = ins[8];
+  assign \$100  = ins[9];
+  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
+  assign \$102 [2] = ins[8];
+  assign \$103  = ins[8];
+  assign \$108  = \$107 [14];
+  assign \$111  = { ins[63:48], 1'h0 };
   assign \$113  = { ins[63:48], 1'h0 };
-  assign \$114  = ins[8];
-  assign { \$117 [9:3], \$117 [1:0] } = 9'h000;
-  assign \$117 [2] = ins[8];
-  assign \$118  = ins[8];
-  assign \$120  = ins[9];
-  assign { \$122 [9:3], \$122 [1:0] } = 9'h000;
-  assign \$122 [2] = ins[8];
-  assign \$123  = ins[8];
-  assign \$128  = \$127 [14];
-  assign \$131  = { ins[63:48], 1'h0 };
-  assign \$133  = { ins[63:48], 1'h0 };
-  assign \$143  = { ln, 1'h0 };
-  assign \$144  = \$143 [14];
-  assign \$145  = { ln, 1'h0 };
-  assign \$147  = { 1'h0, ln, 2'h0 };
-  assign \$149  = { 1'h0, ln, 2'h0 };
-  assign { \$151 [9:4], \$151 [2:0] } = 9'h000;
-  assign \$151 [3] = ins[9];
-  assign { \$152 [9:3], \$152 [1:0] } = 9'h000;
-  assign \$152 [2] = ins[8];
-  assign \$153  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$155  = { ins[63:48], 1'h0 };
-  assign \$156  = ins[8];
-  assign { \$159 [9:3], \$159 [1:0] } = 9'h000;
-  assign \$159 [2] = ins[8];
-  assign \$160  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$162  = { ins[63:48], 1'h0 };
-  assign \$163  = ins[8];
-  assign { \$166 [9:3], \$166 [1:0] } = 9'h000;
-  assign \$166 [2] = ins[8];
-  assign \$167  = ins[8];
-  assign \$169  = ins[9];
-  assign \$188 [9:3] = 7'h00;
-  assign \$188 [2:0] = ins[8:6];
-  assign \$195  = \$194 ;
-  assign \$199 [9:3] = 7'h00;
-  assign \$199 [2:0] = ins[8:6];
-  assign \$216  = \$215 ;
+  assign \$140 [9:3] = 7'h00;
+  assign \$140 [2:0] = ins[8:6];
+  assign \$147  = \$146 ;
+  assign \$151 [9:3] = 7'h00;
+  assign \$151 [2:0] = ins[8:6];
+  assign \$168  = \$167 ;
   assign \$21  = ins[7];
 endmodule
 
@@ -5230,8 +5105,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$406$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$424$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6464$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6408$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5370,12 +5245,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$406$0 ;
-  wire [5:0] \port$406$0 ;
-  output [5:0] \port$424$0 ;
-  wire [5:0] \port$424$0 ;
-  input [15:0] \port$6464$254 ;
-  wire [15:0] \port$6464$254 ;
+  output [5:0] \port$411$0 ;
+  wire [5:0] \port$411$0 ;
+  output [5:0] \port$429$0 ;
+  wire [5:0] \port$429$0 ;
+  input [15:0] \port$6408$254 ;
+  wire [15:0] \port$6408$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5540,7 +5415,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6464$254  };
+      \$74  = { 8'h00, \port$6408$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5576,7 +5451,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6464$254  };
+      \$77  = { 8'h00, \port$6408$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5621,11 +5496,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6464$254  };
+  assign rd_beats = { 8'h00, \port$6408$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6464$254  };
-  assign \port$406$0  = \$9 ;
-  assign \port$424$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$6408$254  };
+  assign \port$411$0  = \$9 ;
+  assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -7549,6 +7424,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
+  (* enum_value_11 = "MUL" *)
   (* init = 2'h0 *)
   wire [1:0] op;
   reg [31:0] out_data;
@@ -7644,6 +7520,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
+  (* enum_value_11 = "MUL" *)
   reg [1:0] vec_op = 2'h0;
   wire [64:0] w_data;
   wire w_en;
@@ -9501,9 +9378,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5964$0 (spad__rd1__data),
-    .\port$7559$0 (\$signal ),
-    .\port$7950$0 (spad__rd0__lanes[31:0]),
+    .\port$5969$0 (spad__rd1__data),
+    .\port$7503$0 (\$signal ),
+    .\port$7894$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13696,7 +13573,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5964$0 , unit_rst, \port$7559$0 , level, \port$7950$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5969$0 , unit_rst, \port$7503$0 , level, \port$7894$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13721,12 +13598,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5964
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$5964$0 ;
-  wire [31:0] \port$5964$0 ;
-  input \port$7559$0 ;
-  wire \port$7559$0 ;
-  input [31:0] \port$7950$0 ;
-  wire [31:0] \port$7950$0 ;
+  input [31:0] \port$5969$0 ;
+  wire [31:0] \port$5969$0 ;
+  input \port$7503$0 ;
+  wire \port$7503$0 ;
+  input [31:0] \port$7894$0 ;
+  wire [31:0] \port$7894$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13759,7 +13636,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5964
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7559$0 , \port$5964$0 , \port$7950$0  };
+      storage[w_port__addr] <= { \port$7503$0 , \port$5969$0 , \port$7894$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13830,8 +13707,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5964
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7559$0 , \port$5964$0 , \port$7950$0  };
-  assign w_data = { \port$7559$0 , \port$5964$0 , \port$7950$0  };
+  assign w_port__data = { \port$7503$0 , \port$5969$0 , \port$7894$0  };
+  assign w_data = { \port$7503$0 , \port$5969$0 , \port$7894$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -14153,6 +14030,7 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
   (* enum_value_10 = "NORM" *)
+  (* enum_value_11 = "MUL" *)
   input [1:0] op;
   wire [1:0] op;
   reg p_last = 1'h0;
@@ -17902,10 +17780,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$93 ),
-    .\port$1337$0 (\$412 ),
-    .\port$1338$0 (\$413 ),
-    .\port$1339$0 (\$414 ),
-    .\port$1340$0 (\$415 ),
+    .\port$1342$0 (\$412 ),
+    .\port$1343$0 (\$413 ),
+    .\port$1344$0 (\$414 ),
+    .\port$1345$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -19657,7 +19535,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0 , \port$1339$0 , \port$1340$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0 , \port$1344$0 , \port$1345$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
 , col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
@@ -20159,14 +20037,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$1337$0 ;
-  wire [7:0] \port$1337$0 ;
-  input [7:0] \port$1338$0 ;
-  wire [7:0] \port$1338$0 ;
-  input [7:0] \port$1339$0 ;
-  wire [7:0] \port$1339$0 ;
-  input [7:0] \port$1340$0 ;
-  wire [7:0] \port$1340$0 ;
+  input [7:0] \port$1342$0 ;
+  wire [7:0] \port$1342$0 ;
+  input [7:0] \port$1343$0 ;
+  wire [7:0] \port$1343$0 ;
+  input [7:0] \port$1344$0 ;
+  wire [7:0] \port$1344$0 ;
+  input [7:0] \port$1345$0 ;
+  wire [7:0] \port$1345$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -20789,7 +20667,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
+      spad_a[a_wptr[7:0]] <= { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -22842,8 +22720,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
-  assign a_in__payload = { \port$1340$0 , \port$1339$0 , \port$1338$0 , \port$1337$0  };
+  assign \$signature__data  = { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
+  assign a_in__payload = { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -22939,14 +22817,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1337$0 , \port$1338$0
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$1337$0 ;
-  assign \$signature__data[1]  = \port$1338$0 ;
-  assign \$signature__data[2]  = \port$1339$0 ;
-  assign \$signature__data[3]  = \port$1340$0 ;
-  assign \a_in__payload[0]  = \port$1337$0 ;
-  assign \a_in__payload[1]  = \port$1338$0 ;
-  assign \a_in__payload[2]  = \port$1339$0 ;
-  assign \a_in__payload[3]  = \port$1340$0 ;
+  assign \$signature__data[0]  = \port$1342$0 ;
+  assign \$signature__data[1]  = \port$1343$0 ;
+  assign \$signature__data[2]  = \port$1344$0 ;
+  assign \$signature__data[3]  = \port$1345$0 ;
+  assign \a_in__payload[0]  = \port$1342$0 ;
+  assign \a_in__payload[1]  = \port$1343$0 ;
+  assign \a_in__payload[2]  = \port$1344$0 ;
+  assign \a_in__payload[3]  = \port$1345$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29167,8 +29045,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1902$0 (mult),
-    .\port$1907$0 (i__payload),
+    .\port$1907$0 (mult),
+    .\port$1912$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30024,7 +29902,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30110,10 +29988,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1902$0 ;
-  wire [15:0] \port$1902$0 ;
-  input [95:0] \port$1907$0 ;
-  wire [95:0] \port$1907$0 ;
+  input [15:0] \port$1907$0 ;
+  wire [15:0] \port$1907$0 ;
+  input [95:0] \port$1912$0 ;
+  wire [95:0] \port$1912$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30178,7 +30056,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1907$0 [16:0] };
+      \$9  = { 1'h0, \port$1912$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30191,7 +30069,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1902$0  };
+      \$10  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30217,7 +30095,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23:17] };
+      \$12  = { \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30230,7 +30108,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1902$0  };
+      \$13  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30256,7 +30134,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1907$0 [40:24] };
+      \$15  = { 1'h0, \port$1912$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30269,7 +30147,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1902$0  };
+      \$16  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30295,7 +30173,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47:41] };
+      \$18  = { \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30308,7 +30186,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1902$0  };
+      \$19  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30334,7 +30212,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1907$0 [64:48] };
+      \$21  = { 1'h0, \port$1912$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30347,7 +30225,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1902$0  };
+      \$22  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30373,7 +30251,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71:65] };
+      \$24  = { \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30386,7 +30264,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1902$0  };
+      \$25  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30412,7 +30290,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1907$0 [88:72] };
+      \$27  = { 1'h0, \port$1912$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30425,7 +30303,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1902$0  };
+      \$28  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30451,7 +30329,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95:89] };
+      \$30  = { \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30464,7 +30342,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1902$0  };
+      \$31  = { 2'h0, \port$1907$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30486,22 +30364,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1902$0 , \port$1907$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1907$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1902$0  };
-  assign a__1 = { \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23], \port$1907$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1902$0  };
-  assign a__2 = { 1'h0, \port$1907$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1902$0  };
-  assign a__3 = { \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47], \port$1907$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1902$0  };
-  assign a__4 = { 1'h0, \port$1907$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1902$0  };
-  assign a__5 = { \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71], \port$1907$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1902$0  };
-  assign a__6 = { 1'h0, \port$1907$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1902$0  };
-  assign a__7 = { \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95], \port$1907$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1902$0  };
+  assign a__0 = { 1'h0, \port$1912$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1907$0  };
+  assign a__1 = { \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1907$0  };
+  assign a__2 = { 1'h0, \port$1912$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1907$0  };
+  assign a__3 = { \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1907$0  };
+  assign a__4 = { 1'h0, \port$1912$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1907$0  };
+  assign a__5 = { \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1907$0  };
+  assign a__6 = { 1'h0, \port$1912$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1907$0  };
+  assign a__7 = { \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1907$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35163,7 +35041,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6466$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6410$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35434,8 +35312,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6466$0 ;
-  wire [4:0] \port$6466$0 ;
+  input [4:0] \port$6410$0 ;
+  wire [4:0] \port$6410$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35459,81 +35337,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6466$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6410$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6466$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6410$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6466$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6410$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6466$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6410$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6466$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6410$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6466$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6410$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6466$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6410$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6466$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6410$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6466$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6466$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6410$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6410$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6466$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6410$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6466$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6410$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6466$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6410$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3], \port$6466$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6466$0 [0], \port$6466$0 [0], \port$6466$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6466$0 [1], \port$6466$0 [1], \port$6466$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6466$0 [2], \port$6466$0 [2], \port$6466$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6466$0 [4], \port$6466$0 [4], \port$6466$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35550,7 +35428,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6466$0 , \port$2$0  };
+  assign select = { \port$6410$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

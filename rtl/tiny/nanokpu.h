@@ -81,6 +81,7 @@
 #define NANOKPU_OP_SILU                          17
 #define NANOKPU_OP_DECAY                         18
 #define NANOKPU_OP_SOFTMAX                       19
+#define NANOKPU_OP_MUL                           20
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0

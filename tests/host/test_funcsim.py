@@ -360,3 +360,42 @@ def test_softmax_is_softmax_int_per_row():
             sim.spad[:s.size] = s.ravel() + (rng.integers(-4, 4, s.size) << cfg.act_width)
             assert sim.run([Instr(Op.SOFTMAX, m=40, n=n, a=0, c=c), Instr(Op.HALT)]).error == Err.NONE
             assert np.array_equal(sim.spad[c:c + s.size].reshape(40, n), I.softmax_int(s, cfg)), (n, c)
+
+
+def test_norm_then_mul_is_rmsnorm_weight_int():
+    """NORM then MUL by the weight row is golden.intops.rmsnorm_weight_int: weights of both signs,
+    both ends of mult_width, their quantised shift (quantize_norm_weight) and the extremes of shift
+    (0, 63); rows that saturate in the norm; in place."""
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(11)
+    lo, hi = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    T, n = 6, 16
+    u = rng.integers(lo, hi + 1, (T, n)) >> rng.integers(0, 12, (T, 1))
+    u[0], u[1, :] = 0, 3
+    u[1, 0] = hi                                   # one large value among small ones: saturates
+    w_real = rng.normal(1.0, 0.5, n)
+    w_real[:2] = (-2.0, 0.0)
+    cases = [I.quantize_norm_weight(w_real, cfg), (np.array([-(1 << 15), (1 << 15) - 1] * (n // 2)), 0),
+             (rng.integers(-(1 << 15), 1 << 15, n), 63)]
+    for w, shift in cases:
+        sim = FuncSim(cfg)
+        sim.spad[:T * n] = u.ravel()
+        sim.spad[500:500 + n] = w
+        prog = [Instr(Op.NORM, m=T, n=n, a=0, c=100), Instr(Op.MUL, m=T, n=n, a=100, b=500, c=100, shift=shift),
+                Instr(Op.HALT)]
+        assert sim.run(prog).error == Err.NONE
+        assert np.array_equal(sim.spad[100:100 + T * n].reshape(T, n), I.rmsnorm_weight_int(u, w, shift, cfg)), shift
+
+
+def test_mul_of_one_row_gates_element_by_element():
+    """MUL with m = 1 is the element-wise gate of the KDA and MLA outputs: round_shift(n * sigmoid,
+    score_frac), ties of both signs included."""
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(12)
+    n = rng.integers(-128, 128, 200)
+    s = I.sigmoid_q(rng.integers(-(1 << 15), 1 << 15, 200), cfg)
+    n[:4], s[:4] = [3, -3, 127, -128], [1 << (cfg.score_frac - 1)] * 2 + [1 << cfg.score_frac] * 2
+    sim = FuncSim(cfg)
+    sim.spad[:200], sim.spad[300:500] = n, s
+    assert sim.run([Instr(Op.MUL, m=1, n=200, a=0, b=300, c=600, shift=cfg.score_frac), Instr(Op.HALT)]).error == 0
+    assert np.array_equal(sim.spad[600:800], I.round_shift(n * s, cfg.score_frac, cfg.rounding))

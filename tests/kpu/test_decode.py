@@ -156,12 +156,15 @@ def test_wide_router_ops_decode_with_a_wide_router():
 
 
 def test_layer_ops_decode_only_with_layer_ops():
-    """SILU, DECAY and SOFTMAX: BAD_OPCODE without layer_ops, checked like any element-wise op
-    with it, SOFTMAX's rows at most attnres_candidates (3) long (FuncSim agrees each way)."""
+    """SILU, DECAY, SOFTMAX and MUL: BAD_OPCODE without layer_ops, checked like any element-wise op
+    with it, SOFTMAX's rows at most attnres_candidates (3) long, MUL's factor row n words (FuncSim
+    agrees each way)."""
     ops = [Instr(Op.SILU, m=2, n=4, a=0, c=100), Instr(Op.DECAY, m=2, n=4, a=0, c=0),
            Instr(Op.DECAY, m=2, n=4, a=0, c=4), Instr(Op.SOFTMAX, m=5, n=3, a=0, c=20),
-           Instr(Op.SOFTMAX, m=5, n=4, a=0, c=20)]
-    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 5), (profile("tiny", layer_ops=True),
-                                                    [Err.NONE, Err.NONE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE])):
+           Instr(Op.SOFTMAX, m=5, n=4, a=0, c=20), Instr(Op.MUL, m=5, n=4, a=0, b=40, c=0),
+           Instr(Op.MUL, m=5, n=4, a=0, b=17, c=20), Instr(Op.MUL, m=5, n=4, a=40, b=16, c=20)]
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 8), (profile("tiny", layer_ops=True),
+                                                    [Err.NONE, Err.NONE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE,
+                                                     Err.NONE, Err.OVERLAP, Err.NONE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops]

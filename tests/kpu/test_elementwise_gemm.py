@@ -22,7 +22,7 @@ from sim.lib.executor_model import run_instruction, serve_scratchpad
 CFG = profile("tiny")
 #: The wide router's config (REQUANT_WIDE joins partials into router_acc_width = 40 bits).
 WIDE = profile("tiny", router_width=16)
-#: With the K3 layer's ops (SILU, DECAY).
+#: With the K3 layer's ops (SILU, DECAY, SOFTMAX, MUL).
 LAYER = profile("tiny", layer_ops=True)
 
 
@@ -183,6 +183,35 @@ def test_softmax_matches_funcsim(one_write_port):
             got, want, err, _ = _run(ins, {16 + i: int(v) for i, v in enumerate(words)}, cfg=LAYER,
                                      one_write_port=one_write_port, spad_stall=0.2, seed=n)
             assert got == want and err == Err.NONE, (n, c)
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+def test_mul_matches_funcsim(one_write_port):
+    """MUL (layer_ops): rows of act-format values times one row of signed mult_width-bit factors,
+    both ends of each (the largest product), ties at the rounding (x.5 of either sign), shifts 0
+    (no rounding), 1, past the product's width (31, 40: only the sign and the sticky bits left) and
+    63, random upper bits in every word; under read blocking, in place too; a result 3 cycles after
+    its beat (one cycle more per element more)."""
+    rng = np.random.default_rng(20)
+    lo, hi = -(1 << (LAYER.mult_width - 1)), (1 << (LAYER.mult_width - 1)) - 1
+    n = 12
+    cycles = {}
+    for shift in (0, 1, 6, 31, 40, 63):
+        for m_rows, c in ((3, 320), (1, 16), (5, 320)):
+            a = _act(rng, m_rows * n)
+            b = rng.integers(lo, hi + 1, n) >> rng.integers(0, LAYER.mult_width, n)
+            b[:4] = [lo, hi, 1, -1]
+            a[n:n + 4] = [lo, hi, 3, -3] if m_rows > 1 else a[n:n + 4]     # x lo, x hi, ties at shift 1
+            words = a + (rng.integers(-8, 8, a.size) << CFG.act_width)
+            bw = b + (rng.integers(-8, 8, n) << LAYER.mult_width)
+            ins = Instr(Op.MUL, m=m_rows, n=n, a=16, b=200, c=c, shift=shift)
+            spad = {16 + i: int(v) for i, v in enumerate(words)} | {200 + j: int(v) for j, v in enumerate(bw)}
+            got, want, err, cyc = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port,
+                                       spad_stall=0.2 * (c == 16), seed=shift + m_rows)
+            assert got == want and err == Err.NONE, (shift, m_rows, c)
+            cycles[shift, m_rows, c] = cyc
+    if not one_write_port:   # (with one, a cycle that writes reads nothing)
+        assert cycles[6, 5, 320] - cycles[6, 3, 320] == 2 * n, cycles
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])

@@ -68,6 +68,13 @@ def test_attn_res_on_the_whole_kpu():
     _bench("tiny", "test_attn_res", tag="_after_layer", seed=5, pause=0.2, overrides=AFTER_LAYER)
 
 
+def test_ffn_sublayer_on_the_whole_kpu():
+    """The FFN half of a dense K3 layer (Attention Residuals, NORM and MUL by the RMSNorm weight, the
+    SiTU-GLU FFN with per-channel scales, the residual ADD) on the whole nano-KPU under bus stalls:
+    y == golden ffn_sublayer_int, host memory == FuncSim's (sim/bench_top.py test_ffn_sublayer)."""
+    _bench("tiny", "test_ffn_sublayer", tag="_after_layer", seed=7, pause=0.2, overrides=AFTER_LAYER)
+
+
 def test_layer_ops_on_the_whole_kpu():
     """SILU and DECAY on the whole nano-KPU (layer_ops), through the AXI buses under stalls,
     extremes and random inputs, in place too: host memory == FuncSim's (sim/bench_top.py

@@ -1,5 +1,5 @@
 """The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
-``SPLIT``, ``SILU``, ``DECAY`` and ``SOFTMAX`` on one streaming engine that walks the operands through the
+``SPLIT``, ``SILU``, ``DECAY``, ``SOFTMAX`` and ``MUL`` on one streaming engine that walks the operands through the
 scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
 :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
 
@@ -38,14 +38,15 @@ class Elementwise(wiring.Component):
     :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU``, ``DECAY`` and ``SOFTMAX`` on
     :class:`~nanokpu.units.pwl_functions.Silu`, :class:`~nanokpu.units.pwl_functions.Decay` and
     :class:`~nanokpu.units.softmax.Softmax` (rows of up to ``attnres_candidates``; built only with
-    :attr:`~nanokpu.config.KpuConfig.layer_ops`).
+    :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` on the vector unit).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
 
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
     ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``SOFTMAX``: each row of ``n``, the
-    beat that ends a row marked ``last``; ``COMBINE``: ``k`` expert outputs of each of ``n``
+    beat that ends a row marked ``last``; ``MUL``: each row of ``n`` of ``a``, ``b``'s one row again
+    for each; ``COMBINE``: ``k`` expert outputs of each of ``n``
     columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice; ``SPLIT``: ``a`` twice, the
     high digits written in the first pass, the low ones in the second: ``2 * len`` results), reading both operands
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
@@ -170,15 +171,19 @@ class Elementwise(wiring.Component):
         m.d.comb += [rq.mult.eq(mult), rq.shift.eq(shift), rq.i.payload.eq(pack)]
         out_valid = Signal()
         out_data = Signal(signed(ww))
+        act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
+        if cfg.layer_ops:
+            act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width].as_signed(), act_b)
         m.d.comb += [
             sig.i.payload[0].eq(a_word[:cfg.router_logit_width].as_signed()),   # the logit format
             *(t.i.payload[0].eq(a_word[:act].as_signed()) for op, t in tables.items() if op != Op.SIGMOID),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
             vec.i.payload.a.eq(a_word[:act].as_signed()),
-            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], b_word[:act].as_signed())),
+            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], act_b)),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
+            *([vec.shift.eq(shift)] if cfg.layer_ops else []),
             vec.op.eq(vec_op),
             situ.o.ready.eq(1), vec.o.ready.eq(1), *(t.o.ready.eq(1) for t in tables.values()),
         ]
@@ -254,7 +259,9 @@ class Elementwise(wiring.Component):
                                  is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
                                  results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1, ln)),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
-                                               Mux(op == Op.COMBINE, VecOp.COMBINE, VecOp.ADD))),
+                                               Mux(op == Op.COMBINE, VecOp.COMBINE,
+                                                   Mux(op == Op.MUL, VecOp.MUL, VecOp.ADD) if cfg.layer_ops
+                                                   else VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  wvalid.eq(0), r_lane.eq(0), q_pend.eq(0), q_read.eq(0), w_lane.eq(0),
                                  hold_valid.eq(0)]
@@ -269,6 +276,9 @@ class Elementwise(wiring.Component):
                             m.d.sync += walk(ins.n, 2, ins.m, 1, 0, ins.n, 0, 0, 0)
                         with m.Case(Op.SOFTMAX):
                             m.d.sync += walk(ins.n, 1, ins.m, 1, 0, ins.n, 0, 0, 0)
+                        if cfg.layer_ops:
+                            with m.Case(Op.MUL):     # b: the same row of n for each of m rows
+                                m.d.sync += walk(ins.n, 1, ins.m, 1, 0, ins.n, 1, 0, 0)
                         with m.Case(Op.SPLIT):
                             m.d.sync += walk(ln, 2, 1, 1, 0, 0, 0, 0, 0)
                     with m.If(built_wide & (op == Op.REQUANT_WIDE)):
