@@ -44,7 +44,7 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["QuantLayer", "quantize_act", "quantize_dense_ffn", "quantize_layer", "layer_int", "ffn_sublayer_int",
-           "random_dense_ffn_case"]
+           "random_ffn_case"]
 
 
 @dataclass(frozen=True)
@@ -145,16 +145,16 @@ def ffn_sublayer_int(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> np.ndarray:
     return I.add_sat(P, m, cfg.act_width)
 
 
-def random_dense_ffn_case(cfg: KpuConfig, tokens: int, n_blocks: int, rng: np.random.Generator):
-    """``(Q, P, Bl)`` for :func:`ffn_sublayer_int` with a dense FFN: layer 0 of ``cfg``
-    (:func:`golden.k3.init_layer`) quantised on N(0, 1) inputs, its ``mlp_norm`` replaced by N(0, 1)
-    weights (both signs); act-format ``P [tokens, d]`` and ``n_blocks`` arrays ``Bl`` of N(0, 1)
+def random_ffn_case(cfg: KpuConfig, L: int, tokens: int, n_blocks: int, rng: np.random.Generator):
+    """``(Q, P, Bl)`` for :func:`ffn_sublayer_int`: layer ``L`` of ``cfg`` (:func:`golden.k3.init_layer`;
+    dense FFN for ``L < dense_layers``) quantised on N(0, 1) inputs, its ``mlp_norm`` replaced by
+    N(0, 1) weights (both signs); act-format ``P [tokens, d]`` and ``n_blocks`` arrays ``Bl`` of N(0, 1)
     values, ``P``'s first token at the act format's ends (alternately)."""
-    V = rng.standard_normal((n_blocks + 1, tokens, cfg.d_model))
-    Q, _, _ = quantize_layer(0, k3.init_layer(0, cfg, rng), V[-1], [], cfg)
+    calib = rng.standard_normal((-(-L // cfg.attnres_block) + 1, tokens, cfg.d_model))
+    Q, _, _ = quantize_layer(L, k3.init_layer(L, cfg, rng), calib[-1], list(calib[:-1]), cfg)
     w, shift = I.quantize_norm_weight(rng.standard_normal(cfg.d_model), cfg)
     Q = replace(Q, mlp_norm=w, mlp_norm_shift=shift)
-    Vq = quantize_act(V, cfg)
-    Vq[-1, 0, ::2] = -(1 << (cfg.act_width - 1))
-    Vq[-1, 0, 1::2] = (1 << (cfg.act_width - 1)) - 1
-    return Q, Vq[-1], list(Vq[:-1])
+    V = quantize_act(rng.standard_normal((n_blocks + 1, tokens, cfg.d_model)), cfg)
+    V[-1, 0, ::2] = -(1 << (cfg.act_width - 1))
+    V[-1, 0, 1::2] = (1 << (cfg.act_width - 1)) - 1
+    return Q, V[-1], list(V[:-1])

@@ -28,7 +28,7 @@ from cocotb.utils import get_sim_time
 
 from golden.attn_res import attn_res_int, quantize_attn_res
 from golden.block import block_error, latent_moe_int, random_block, same_routing
-from golden.layer import ffn_sublayer_int, random_dense_ffn_case
+from golden.layer import ffn_sublayer_int, random_ffn_case
 from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
@@ -394,15 +394,15 @@ async def test_attn_res(dut):
 
 @cocotb.test()
 async def test_ffn_sublayer(dut):
-    """The FFN half of a dense K3 layer (:mod:`nanokpu.host.layer`: Attention Residuals, NORM and MUL
-    by the RMSNorm weight, the SiTU-GLU FFN, ADD; ``layer_ops``) on 8 tokens after 1 and 2 finished
-    blocks: ``y`` equals :func:`golden.layer.ffn_sublayer_int` and the host memory FuncSim's (under
-    the bench's bus stalls)."""
+    """The FFN half of a K3 layer (:mod:`nanokpu.host.layer`: Attention Residuals, NORM and MUL by
+    the RMSNorm weight, the FFN, ADD; ``layer_ops``) on 8 tokens: the dense layer 0 after 1 and 2
+    finished blocks, the LatentMoE layer 1 after 1: ``y`` equals :func:`golden.layer.ffn_sublayer_int`
+    and the host memory FuncSim's (under the bench's bus stalls)."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
-    for n_blocks in (1, 2):
-        Q, P, Bl = random_dense_ffn_case(cfg, 8, n_blocks, rng)
+    for L, n_blocks in ((0, 1), (0, 2), (1, 1)):
+        Q, P, Bl = random_ffn_case(cfg, L, 8, n_blocks, rng)
         prog = compile_ffn_sublayer(P, Bl, Q, cfg)
         sim = FuncSim(cfg, prog.image)
         assert sim.run(prog.instrs).error == Err.NONE
@@ -411,7 +411,8 @@ async def test_ffn_sublayer(dut):
         assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
         final = tb.ram.read(0, len(prog.image))
         assert np.array_equal(prog.outputs(final), ffn_sublayer_int(P, Bl, Q, cfg)), \
-            f"seed {tb.seed}, {n_blocks} blocks: y differs from ffn_sublayer_int"
-        assert final == bytes(sim.host), f"seed {tb.seed}, {n_blocks} blocks: host memory differs from FuncSim's"
-        dut._log.info(f"FFN half of a dense layer, {n_blocks + 1} candidates: bit-exact, "
+            f"seed {tb.seed}, layer {L}, {n_blocks} blocks: y differs from ffn_sublayer_int"
+        assert final == bytes(sim.host), \
+            f"seed {tb.seed}, layer {L}, {n_blocks} blocks: host memory differs from FuncSim's"
+        dut._log.info(f"FFN half of layer {L}, {n_blocks + 1} candidates: bit-exact, "
                       f"{await tb.rd(Reg.CYCLES)} cycles")

@@ -32,7 +32,7 @@ Routing is data-dependent and done on chip: the compiler never looks at the scor
 token chose are skipped by ``EXPERT``; tokens are grouped per expert by ``ROUTE``'s lists.
 
 Host image layout (byte offsets in :attr:`Program.symbols`, every buffer aligned to
-:func:`~nanokpu.isa.bus_bytes`): ``x`` int8 (int16 with a wide router), then the weights as GEMM
+:func:`~nanokpu.isa.bus_bytes`): ``x`` int8 (int16 with a wide router; int32 with ``x_words``), then the weights as GEMM
 panels (:func:`~nanokpu.isa.weight_panels`): ``w_down_lat``, ``w_r`` (with a wide router its high
 digit, then ``w_r_lo``), ``experts`` (per expert: gate, up,
 down, with ``weight_scales = "channel"`` then their per-column tables as int32 words
@@ -279,9 +279,11 @@ def max_tokens(cfg: KpuConfig) -> int:
     return lo
 
 
-def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
+def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig, x_words: bool = False) -> Program:
     """Lower the block ``Q`` on the batch ``x_r [T, d]`` (:func:`golden.block.quantize_input`: int8,
     or ``router_operand_width`` bits within :func:`golden.block.router_qmax`) to a :class:`Program`.
+    ``x_words``: ``x`` in host memory as int32 words (a buffer another program stores,
+    :mod:`nanokpu.host.link`), else int8 (int16 with a wide router).
 
     Raises
     ------
@@ -314,7 +316,11 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     def panels(name, W):
         return host.int8(name, weight_panels(W, cfg))
 
-    h_x = host.put("x", x_r.astype("<i2").tobytes()) if wide else host.int8("x", x_r)
+    if x_words:
+        h_x = host.int32("x", x_r)
+    else:
+        h_x = host.put("x", x_r.astype("<i2").tobytes()) if wide else host.int8("x", x_r)
+    x_width = 4 if x_words else 2 if wide else 1
     h_dl = panels("w_down_lat", Q.W_down_lat)
     w_digits = I.split_digits(Q.W_r, cfg.in_width) if wide else (Q.W_r,)
     h_r = [panels(name, w) for name, w in zip(("w_r", "w_r_lo"), w_digits, strict=False)]
@@ -402,7 +408,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
     load_ex_rq = [Instr(Op.LOAD, flags=F_HOST_EXPERT, m=1, n=sum(expert_rq_tables(cfg).values()),
                         c=s_tab["gate"], host=h_e + offs["rq"], stride=stride, width=4)] if per_col else []
     if wide:    # x_r's digits through the array twice (raw sums), joined and requantised
-        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_xr, host=h_x, width=2),
+        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_xr, host=h_x, width=x_width),
                   rq(s_xr, s_x, T, d, Requant(1, cfg.router_operand_width - cfg.in_width, cfg.in_width)),
                   Instr(Op.SPLIT, m=T, n=d, a=s_xr, c=s_xd)]
         router = [*(Instr(Op.GEMM, m=2 * T, k=d, n=E, a=s_xd, c=s_part + 2 * T * E * i, host=h)
@@ -410,7 +416,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig) -> Program:
                   rq(s_part, s_logit, T, E, Q.rq_router, F_RQ_CHANNEL if per_col else 0,
                      s_tab["router"] if per_col else 0, Op.REQUANT_WIDE)]
     else:
-        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1)]
+        load_x = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=x_width)]
         router = [gemm(s_x, h_r[0], s_logit, T, d, E, Q.rq_router, table="router")]
     prog = [
         *load_x,

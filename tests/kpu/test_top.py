@@ -69,9 +69,10 @@ def test_attn_res_on_the_whole_kpu():
 
 
 def test_ffn_sublayer_on_the_whole_kpu():
-    """The FFN half of a dense K3 layer (Attention Residuals, NORM and MUL by the RMSNorm weight, the
-    SiTU-GLU FFN with per-channel scales, the residual ADD) on the whole nano-KPU under bus stalls:
-    y == golden ffn_sublayer_int, host memory == FuncSim's (sim/bench_top.py test_ffn_sublayer)."""
+    """The FFN half of a K3 layer (Attention Residuals, NORM and MUL by the RMSNorm weight, the dense
+    SiTU-GLU FFN or the LatentMoE block with the wide router, per-channel scales, the residual ADD)
+    on the whole nano-KPU under bus stalls: y == golden ffn_sublayer_int, host memory == FuncSim's
+    (sim/bench_top.py test_ffn_sublayer)."""
     _bench("tiny", "test_ffn_sublayer", tag="_after_layer", seed=7, pause=0.2, overrides=AFTER_LAYER)
 
 
