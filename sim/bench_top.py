@@ -365,6 +365,23 @@ async def test_layer_ops(dut):
         f"seed {tb.seed}: SILU/DECAY results differ from FuncSim's"
 
 
+async def run_rows_program(tb, prog, want, what: str) -> dict:
+    """Run the :class:`~nanokpu.host.compiler.RowsProgram` ``prog`` on FuncSim and on the nano-KPU:
+    its result must equal ``want`` (the golden function's) and the host memory FuncSim's; ``what``
+    names the case in a failure. Returns the counters (:meth:`~sim.lib.kpu_tb.TB.counters`), the
+    instructions retired and the multiply-accumulates of its GEMMs (``macs``)."""
+    sim = FuncSim(tb.cfg, prog.image)
+    res = sim.run(prog.instrs)
+    assert res.error == Err.NONE, f"{what}: FuncSim stopped with an error"
+    await tb.load(prog.instrs, prog.image)
+    err, pc, done = await tb.run(poll=2000)
+    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}, {what}: stopped with {Err(err).name} at pc {pc}"
+    final = tb.ram.read(0, len(prog.image))
+    assert np.array_equal(prog.outputs(final), want), f"seed {tb.seed}, {what}: the result differs from the golden one"
+    assert final == bytes(sim.host), f"seed {tb.seed}, {what}: host memory differs from FuncSim's"
+    return await tb.counters() | {"instructions": res.retired, "macs": res.macs}
+
+
 @cocotb.test()
 async def test_attn_res(dut):
     """Attention Residuals (:mod:`nanokpu.host.attn_res`: NORM, GEMM, SOFTMAX, COMBINE; ``layer_ops``)
@@ -380,16 +397,8 @@ async def test_attn_res(dut):
         V[-1, 0, ::2] = lo
         P, Bl = V[-1], list(V[:-1])
         Q = quantize_attn_res(2.0 * rng.standard_normal(cfg.d_model) / np.sqrt(cfg.d_model), cfg)
-        prog = compile_attn_res(P, Bl, Q, cfg)
-        sim = FuncSim(cfg, prog.image)
-        assert sim.run(prog.instrs).error == Err.NONE
-        await tb.load(prog.instrs, prog.image)
-        err, pc, done = await tb.run(poll=2000)
-        assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-        final = tb.ram.read(0, len(prog.image))
-        assert np.array_equal(prog.outputs(final), attn_res_int(P, Bl, Q, cfg)), \
-            f"seed {tb.seed}, {n_cand} candidates: h differs from attn_res_int"
-        assert final == bytes(sim.host), f"seed {tb.seed}, {n_cand} candidates: host memory differs from FuncSim's"
+        await run_rows_program(tb, compile_attn_res(P, Bl, Q, cfg), attn_res_int(P, Bl, Q, cfg),
+                               f"{n_cand} candidates")
 
 
 @cocotb.test()
@@ -397,22 +406,18 @@ async def test_ffn_sublayer(dut):
     """The FFN half of a K3 layer (:mod:`nanokpu.host.layer`: Attention Residuals, NORM and MUL by
     the RMSNorm weight, the FFN, ADD; ``layer_ops``) on 8 tokens: the dense layer 0 after 1 and 2
     finished blocks, the LatentMoE layer 1 after 1: ``y`` equals :func:`golden.layer.ffn_sublayer_int`
-    and the host memory FuncSim's (under the bench's bus stalls)."""
+    and the host memory FuncSim's (under the bench's bus stalls); with ``summary`` each run's
+    counters, instructions and MACs are written there (``nanokpu bench-block``'s layer rows)."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    results = []
     for L, n_blocks in ((0, 1), (0, 2), (1, 1)):
         Q, P, Bl = random_ffn_case(cfg, L, 8, n_blocks, rng)
-        prog = compile_ffn_sublayer(P, Bl, Q, cfg)
-        sim = FuncSim(cfg, prog.image)
-        assert sim.run(prog.instrs).error == Err.NONE
-        await tb.load(prog.instrs, prog.image)
-        err, pc, done = await tb.run(poll=2000)
-        assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-        final = tb.ram.read(0, len(prog.image))
-        assert np.array_equal(prog.outputs(final), ffn_sublayer_int(P, Bl, Q, cfg)), \
-            f"seed {tb.seed}, layer {L}, {n_blocks} blocks: y differs from ffn_sublayer_int"
-        assert final == bytes(sim.host), \
-            f"seed {tb.seed}, layer {L}, {n_blocks} blocks: host memory differs from FuncSim's"
-        dut._log.info(f"FFN half of layer {L}, {n_blocks + 1} candidates: bit-exact, "
-                      f"{await tb.rd(Reg.CYCLES)} cycles")
+        what = f"layer {L}, {n_blocks + 1} candidates"
+        r = await run_rows_program(tb, compile_ffn_sublayer(P, Bl, Q, cfg), ffn_sublayer_int(P, Bl, Q, cfg), what)
+        results.append(r | {"layer": L, "candidates": n_blocks + 1, "tokens": 8})
+        dut._log.info(f"FFN half of {what}: bit-exact, {r}")
+    if tb.p.get("summary"):
+        with open(tb.p["summary"], "w") as f:
+            json.dump(results, f)

@@ -9,7 +9,9 @@ nothing else), utilization = ideal / cycles, and each unit's busy share (cycles 
 ran / all cycles). The same run is then replayed on the same Verilog by a C++ harness with no
 Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count, register value or
 host memory byte is an error): reported are the simulated cycles per second of the run phase
-under cocotb and on the harness, and their ratio. Written to ``docs/bench/block.md``.
+under cocotb and on the harness, and their ratio. Then the parts of a K3 layer that run on the
+nano-KPU (:data:`LAYERS`: the FFN half of the dense layer 0 and the LatentMoE layer 1 on ``tiny``):
+cycles, MACs, utilization, busy shares. Written to ``docs/bench/block.md``.
 """
 
 from __future__ import annotations
@@ -160,6 +162,49 @@ def roofline_table(rows: list[tuple]) -> str:
     return "\n".join(lines)
 
 
+LAYERS = """
+## Parts of a K3 layer
+
+The FFN half of a layer (`nanokpu.host.layer`: Attention Residuals over the finished blocks and
+`P`, the weighted RMSNorm as NORM and MUL, the FFN, the residual ADD; three programs linked into
+one) on `tiny` with issue 26's after scheme and `layer_ops`, 8 tokens, no bus stalls, each
+bit-exact to `golden.layer.ffn_sublayer_int` (`sim/bench_top.py` `test_ffn_sublayer`, seed
+{seed}). Layer 0's FFN is dense (SiTU-GLU, `d_dense` wide), layer 1's the LatentMoE block. The
+mixers (KDA, MLA) do not run on the nano-KPU yet.
+
+{table}
+"""
+
+#: The parts of a layer measured (:data:`LAYERS`): the design (tiny, after scheme, layer_ops).
+LAYER_CFG = {**AFTER, "layer_ops": True}
+
+
+def layer_parts(seed: int) -> list[dict]:
+    """Run ``test_ffn_sublayer`` on the tiny KPU of :data:`LAYER_CFG` without bus stalls; its rows."""
+    import json
+
+    from sim.lib.kpu_launch import run_kpu_bench
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "layers.json"
+        run_kpu_bench(profile("tiny", **LAYER_CFG), "bench_top", testcase="test_ffn_sublayer", seed=seed,
+                      params={"summary": str(summary), "pause": 0.0}, fast=True, tag="_after_layer")
+        return json.loads(summary.read_text())
+
+
+def layer_table(rows: list[dict]) -> str:
+    cfg = profile("tiny", **LAYER_CFG)
+    head = ("| part | FFN | tokens | candidates | instructions | cycles | MACs | ideal cycles | utilization | "
+            + " | ".join(f"{u} busy" for u in EXECUTORS) + " |")
+    lines = [head, "|" + "---|" * (9 + len(EXECUTORS))]
+    for r in rows:
+        ideal = r["macs"] / (cfg.rows * cfg.cols)
+        kind = "dense" if r["layer"] < cfg.dense_layers else "LatentMoE"
+        lines.append(f"| FFN half of layer {r['layer']} | {kind} | {r['tokens']} | {r['candidates']} | "
+                     f"{r['instructions']} | {r['cycles']} | {r['macs']} | {ideal:.0f} | {ideal / r['cycles']:.1%} | "
+                     + " | ".join(f"{r[u] / r['cycles']:.1%}" for u in EXECUTORS) + " |")
+    return "\n".join(lines)
+
+
 ROOFLINE = """
 ## Roofline: what overlapping today's executors would give
 
@@ -295,6 +340,8 @@ def run(args) -> int:
             r["overlap"] = overlap(r.pop("trace"), r.pop("busy_trace"))
             rows.append((cfg, r))
             progress.advance(f"{tag}: {r['cycles']:,} cycles")
+        with progress.stage("[bench-block] the FFN half of layers 0 and 1 (tiny, after scheme, layer_ops)"):
+            layers = layer_table(layer_parts(args.seed))
     text = table(rows)
     speeds = speed_table(rows)
     roof = roofline_table(rows)
@@ -303,6 +350,7 @@ def run(args) -> int:
     print(decomposition(rows))
     print(roof)
     print(queues)
+    print(layers)
     print(speeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# A whole LatentMoE block on the nano-KPU RTL\n\n"
@@ -310,6 +358,7 @@ def run(args) -> int:
                         f"seed {args.seed}, no bus stalls).\n\n" + text + "\n"
                         + ROOFLINE.format(table=roof)
                         + OVERLAP.format(table=queues)
+                        + LAYERS.format(seed=args.seed, table=layers)
                         + SPEED.format(table=speeds)
                         + EXPLANATION.format(decomposition=decomposition(rows)))
     print(f"wrote {args.out}")

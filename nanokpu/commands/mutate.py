@@ -264,7 +264,7 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/kpu/test_decode.py::test_layer_ops_decode_only_with_layer_ops",),
            what="the decode takes SOFTMAX rows longer than the unit's buffer"),
     Mutant("mul-sticky", "nanokpu/units/pwl.py",
-           "(x.as_unsigned() & below).any() | q[0]", "q[0]",
+           "half_bit & ((x.as_unsigned() & below).any() | q[0])", "half_bit & q[0]",
            ("tests/kpu/test_elementwise_gemm.py::test_mul_matches_funcsim[False]",),
            what="MUL's half-even rounding ignores the bits below the half bit"),
     Mutant("mul-factor-row", "nanokpu/kpu/executors/elementwise.py",

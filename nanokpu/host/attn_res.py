@@ -15,36 +15,14 @@ It needs ``layer_ops`` (``SOFTMAX``) and ``N <= attnres_candidates``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from golden.attn_res import QuantAttnRes
 from nanokpu.config import KpuConfig
-from nanokpu.host.compiler import HostImage, SpadMap
+from nanokpu.host.compiler import HostImage, RowsProgram, SpadMap
 from nanokpu.isa import Instr, Op, bus_bytes, weight_panels
 
-__all__ = ["AttnResProgram", "attn_res_steps", "check_candidates", "check_room", "compile_attn_res"]
-
-
-@dataclass
-class AttnResProgram:
-    """A compiled Attention Residuals: ``instrs``, the host ``image`` (the candidates and the
-    query's panel filled in, room for ``h``), ``symbols`` (byte offsets: ``V``, ``q``, ``h``),
-    ``spad`` (word address of each scratchpad buffer, ``end``), ``T`` tokens and ``cfg``."""
-
-    instrs: list
-    image: bytearray
-    symbols: dict
-    spad: dict
-    T: int
-    cfg: KpuConfig
-
-    def outputs(self, host) -> np.ndarray:
-        """``h [T, d]`` (act format) from a host memory after the run."""
-        d = self.cfg.d_model
-        buf = np.frombuffer(bytes(host), dtype="<i4")
-        return buf[self.symbols["h"] // 4:][:self.T * d].astype(np.int64).reshape(self.T, d)
+__all__ = ["attn_res_steps", "check_candidates", "check_room", "compile_attn_res"]
 
 
 def check_candidates(P, Bl, cfg: KpuConfig) -> np.ndarray:
@@ -94,9 +72,10 @@ def check_room(spad: SpadMap, T: int, cfg: KpuConfig):
         raise ValueError(f"P: {T} tokens need {spad.top:,} scratchpad words, dmem_depth = {cfg.dmem_depth:,}")
 
 
-def compile_attn_res(P, Bl, Q: QuantAttnRes, cfg: KpuConfig) -> AttnResProgram:
+def compile_attn_res(P, Bl, Q: QuantAttnRes, cfg: KpuConfig) -> RowsProgram:
     """The program of :func:`golden.attn_res.attn_res_int` for ``P [T, d]`` and each ``Bl[i] [T,
-    d]`` (act format). ``ValueError`` naming the argument when a shape or value does not fit, or
+    d]`` (act format): a :class:`~nanokpu.host.compiler.RowsProgram` whose output ``h`` is at the
+    symbol ``h``. ``ValueError`` naming the argument when a shape or value does not fit, or
     the config lacks ``layer_ops`` or room."""
     V = check_candidates(P, Bl, cfg)
     T, d = V.shape[1:]
@@ -106,4 +85,4 @@ def compile_attn_res(P, Bl, Q: QuantAttnRes, cfg: KpuConfig) -> AttnResProgram:
     spad.map["end"] = spad.top
     check_room(spad, T, cfg)
     instrs = [*steps, Instr(Op.STORE, m=T, n=d, a=spad.map["h"], host=h_h, width=4), Instr(Op.HALT)]
-    return AttnResProgram(instrs, host.image, host.symbols, spad.map, T, cfg)
+    return RowsProgram(instrs, host.image, host.symbols, T, cfg, out="h", spad=spad.map)

@@ -66,7 +66,7 @@ from nanokpu.isa import (
     weight_panels,
 )
 
-__all__ = ["HostImage", "Program", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
+__all__ = ["HostImage", "Program", "RowsProgram", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
            "rq_words"]
 
 
@@ -107,6 +107,28 @@ class Program:
         tk = T * cfg.top_k
         return {"y": y, "idx": table[:tk].reshape(T, -1), "weights": table[tk:2 * tk].reshape(T, -1),
                 "loads": table[rt["counts"]:rt["offsets"]]}
+
+
+@dataclass
+class RowsProgram:
+    """A compiled program whose result is ``[T, d_model]`` act-format rows stored as int32 words at
+    the host symbol ``out``: ``instrs``, the host ``image``, ``symbols`` (byte offsets), ``T``
+    tokens, ``cfg``, ``out``, ``spad`` (word address of each scratchpad buffer, where one layout
+    serves the whole program)."""
+
+    instrs: list
+    image: bytearray
+    symbols: dict
+    T: int
+    cfg: KpuConfig
+    out: str
+    spad: dict = field(default_factory=dict)
+
+    def outputs(self, host) -> np.ndarray:
+        """The result ``[T, d_model]`` (act format) from a host memory after the run."""
+        d = self.cfg.d_model
+        buf = np.frombuffer(bytes(host), dtype="<i4")
+        return buf[self.symbols[self.out] // 4:][:self.T * d].astype(np.int64).reshape(self.T, d)
 
 
 class HostImage:

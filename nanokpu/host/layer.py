@@ -19,40 +19,28 @@ Host image: the parts' buffers, named ``"<part>.<buffer>"`` in ``symbols``: ``no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from golden.block import QuantExpert
 from golden.layer import QuantLayer
 from nanokpu.config import KpuConfig
 from nanokpu.host.attn_res import attn_res_steps, check_candidates, check_room
-from nanokpu.host.compiler import HostImage, SpadMap, check_requant, compile_block, gemm_over_limit, rq_words
+from nanokpu.host.compiler import (
+    HostImage,
+    RowsProgram,
+    SpadMap,
+    check_requant,
+    compile_block,
+    gemm_over_limit,
+    rq_words,
+)
 from nanokpu.host.link import Part, link
 from nanokpu.isa import F_RQ_CHANNEL, Instr, Op, bus_bytes, weight_panels
 
-__all__ = ["FfnProgram", "compile_ffn_sublayer"]
+__all__ = ["compile_ffn_sublayer"]
 
 #: The dense FFN's GEMMs: name -> (its Requant in QuantExpert, weight member).
 _GEMMS = {"gate": ("rq_gate", "W_gate"), "up": ("rq_up", "W_up"), "down": ("rq_out", "W_down")}
-
-
-@dataclass
-class FfnProgram:
-    """A compiled FFN half: ``instrs``, the host ``image``, ``symbols`` (byte offsets, ``"<part>.<buffer>"``),
-    ``T`` tokens and ``cfg``."""
-
-    instrs: list
-    image: bytearray
-    symbols: dict
-    T: int
-    cfg: KpuConfig
-
-    def outputs(self, host) -> np.ndarray:
-        """The layer's output ``P [T, d]`` (act format) from a host memory after the run."""
-        d = self.cfg.d_model
-        buf = np.frombuffer(bytes(host), dtype="<i4")
-        return buf[self.symbols["add.out"] // 4:][:self.T * d].astype(np.int64).reshape(self.T, d)
 
 
 def _part(name, instrs, host: HostImage, spad: SpadMap, T: int, cfg: KpuConfig) -> Part:
@@ -138,10 +126,11 @@ def _add(P, cfg: KpuConfig) -> Part:
     return _part("add", instrs, host, spad, T, cfg)
 
 
-def compile_ffn_sublayer(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> FfnProgram:
+def compile_ffn_sublayer(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> RowsProgram:
     """The program of :func:`golden.layer.ffn_sublayer_int` for ``P [T, d]`` and ``Bl`` (non-empty
     list of ``[T, d]``), act format, and a layer ``Q`` with a dense FFN
-    (:class:`golden.block.QuantExpert`) or a LatentMoE block.
+    (:class:`golden.block.QuantExpert`) or a LatentMoE block: a
+    :class:`~nanokpu.host.compiler.RowsProgram` whose output is at the symbol ``add.out``.
 
     ``ValueError`` naming the argument when a shape or value does not fit, or the config lacks
     ``layer_ops``, room or instruction memory.
@@ -161,4 +150,4 @@ def compile_ffn_sublayer(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> FfnProgram:
                   bus_bytes(cfg))
     if len(linked.instrs) > cfg.imem_depth:
         raise ValueError(f"imem_depth = {cfg.imem_depth}: the program needs {len(linked.instrs)} instructions")
-    return FfnProgram(linked.instrs, linked.image, linked.symbols, T, cfg)
+    return RowsProgram(linked.instrs, linked.image, linked.symbols, T, cfg, out="add.out")

@@ -90,10 +90,9 @@ def round_shift_by(x, shift, mode: str):
     if mode == "floor":
         return q
     half_bit = Mux(shift == 0, 0, (x >> (shift - 1)[:len(shift)])[0])
-    if mode == "half_up":
-        return q + half_bit
     below = Cat(*(shift > b + 1 for b in range(len(x))))
-    return q + (half_bit & ((x.as_unsigned() & below).any() | q[0]))
+    up = half_bit if mode == "half_up" else half_bit & ((x.as_unsigned() & below).any() | q[0])
+    return q + up
 
 
 def saturate(value, width: int):

@@ -9,6 +9,7 @@ from nanokpu.commands.bench_block import (
     decomposition,
     gemm_tiles,
     label,
+    layer_table,
     roofline,
     roofline_table,
 )
@@ -59,3 +60,12 @@ def test_roofline_is_the_busiest_executor():
     assert roofline(cfg, r) == ("element-wise", 350)
     row = roofline_table([(cfg, r)]).splitlines()[-1]
     assert row.startswith("| tiny | 1000 | 350 | element-wise | 57.1% | 35.0% |")
+
+
+def test_layer_rows_name_the_ffn_and_divide_by_the_array():
+    """Layer 0's FFN is dense, layer 1's LatentMoE; utilization = MACs / (rows * cols) / cycles."""
+    r = {"layer": 1, "candidates": 2, "tokens": 8, "instructions": 40, "cycles": 2000, "macs": 16000,
+         "dma": 100, "gemm": 1000, "act": 300, "route": 50, "vector": 200, "move": 50}
+    lines = layer_table([r | {"layer": 0}, r]).splitlines()
+    assert lines[2].startswith("| FFN half of layer 0 | dense | 8 | 2 | 40 | 2000 | 16000 | 1000 | 50.0% | ")
+    assert lines[3].startswith("| FFN half of layer 1 | LatentMoE |") and lines[3].endswith("| 2.5% |")
