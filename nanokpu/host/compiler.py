@@ -67,7 +67,7 @@ from nanokpu.isa import (
 )
 
 __all__ = ["HostImage", "Program", "RowsProgram", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
-           "rq_words"]
+           "glu_steps", "rq_words"]
 
 
 @dataclass
@@ -301,6 +301,32 @@ def max_tokens(cfg: KpuConfig) -> int:
     return lo
 
 
+def glu_steps(ex: QuantExpert, T: int, x: int, bufs, out: int, hosts, tables, cfg: KpuConfig) -> list:
+    """The instructions of :func:`golden.block.expert_int` (a SiTU-GLU expert, every token) on the
+    ``T`` int8 rows at scratchpad word ``x``: GEMM gate, GEMM up (into ``bufs`` ``g``, ``u``), SITU
+    (``h``), REQUANT (``h8``), GEMM down (into ``out``, act format). ``hosts``: the host offsets of
+    the gate, up and down weight panels; ``tables``: the scratchpad words of their per-column
+    requantiser tables (``F_RQ_CHANNEL``), or None for the constants of ``ex`` (checked)."""
+    f, d_in, d_out = ex.W_gate.shape[0], ex.W_gate.shape[1], ex.W_down.shape[0]
+    g, u, h, h8 = bufs
+
+    def gemm(a, host, c, k, n, r: Requant, table):
+        if table is not None:
+            return Instr(Op.GEMM, flags=F_RQ_CHANNEL, m=T, k=k, n=n, a=a, b=table, c=c, host=host, width=r.width)
+        check_requant(r, cfg, "requantiser")
+        return Instr(Op.GEMM, m=T, k=k, n=n, a=a, c=c, host=host, mult=r.mult, shift=r.shift, width=r.width)
+
+    tables = tables or (None, None, None)
+    check_requant(ex.rq_h, cfg, "requantiser")
+    return [
+        gemm(x, hosts[0], g, d_in, f, ex.rq_gate, tables[0]),
+        gemm(x, hosts[1], u, d_in, f, ex.rq_up, tables[1]),
+        Instr(Op.SITU, m=T, n=f, a=g, b=u, c=h),
+        Instr(Op.REQUANT, m=T, n=f, a=h, c=h8, mult=ex.rq_h.mult, shift=ex.rq_h.shift, width=ex.rq_h.width),
+        gemm(h8, hosts[2], out, f, d_out, ex.rq_out, tables[2]),
+    ]
+
+
 def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig, x_words: bool = False) -> Program:
     """Lower the block ``Q`` on the batch ``x_r [T, d]`` (:func:`golden.block.quantize_input`: int8,
     or ``router_operand_width`` bits within :func:`golden.block.router_qmax`) to a :class:`Program`.
@@ -315,7 +341,7 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig, x_words: bool = False)
     """
     x_r = np.asarray(x_r, dtype=np.int64)
     d, lat, E, k = cfg.d_model, cfg.d_latent, cfg.n_experts, cfg.top_k
-    dx, ds = cfg.d_expert, cfg.d_shared
+    dx = cfg.d_expert
     if x_r.ndim != 2 or x_r.shape[1] != d or x_r.shape[0] < 1:
         raise ValueError(f"x_r: shape {x_r.shape} must be [T, d_model={d}] with T >= 1")
     T = x_r.shape[0]
@@ -413,14 +439,6 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig, x_words: bool = False)
                      stride=stride if flags & F_HOST_EXPERT else 0, mult=r.mult if fixed else 0,
                      shift=r.shift if fixed else 0, width=r.width)
 
-    def shared_expert(ex: QuantExpert, out):
-        return [
-            gemm(s_x, h_sg, s_g, T, d, ds, ex.rq_gate, table="s_gate"),
-            gemm(s_x, h_su, s_u, T, d, ds, ex.rq_up, table="s_up"),
-            Instr(Op.SITU, m=T, n=ds, a=s_g, b=s_u, c=s_h), rq(s_h, s_h8, T, ds, ex.rq_h),
-            gemm(s_h8, h_sd, out, T, ds, d, ex.rq_out, table="s_down"),
-        ]
-
     ex0 = Q.experts[0]  # the widths of the per-expert requantisers (constants come from the table)
     cnt, rqx = F_M_COUNT, F_M_COUNT | F_RQ_EXPERT
     hx = F_M_COUNT | F_HOST_EXPERT
@@ -449,7 +467,8 @@ def compile_block(Q: QuantLatentMoE, x_r, cfg: KpuConfig, x_words: bool = False)
         *([] if per_col else load_rq),
         Instr(Op.ROUTE, m=T, n=E, k=k, a=s_score, b=s_bias, c=s_rt),
         gemm(s_x, h_dl, s_z, T, d, lat, Q.rq_down_lat, table="down_lat"),
-        *shared_expert(Q.shared, s_ys),
+        *glu_steps(Q.shared, T, s_x, (s_g, s_u, s_h, s_h8), s_ys, (h_sg, h_su, h_sd),
+                   tuple(s_tab[t] for t in ("s_gate", "s_up", "s_down")) if per_col else None, cfg),
     ]
     loop = len(prog)
     body = [

@@ -29,13 +29,13 @@ from nanokpu.host.compiler import (
     HostImage,
     RowsProgram,
     SpadMap,
-    check_requant,
     compile_block,
     gemm_over_limit,
+    glu_steps,
     rq_words,
 )
 from nanokpu.host.link import Part, link
-from nanokpu.isa import F_RQ_CHANNEL, Instr, Op, bus_bytes, weight_panels
+from nanokpu.isa import Instr, Op, bus_bytes, weight_panels
 
 __all__ = ["compile_ffn_sublayer"]
 
@@ -76,9 +76,6 @@ def _dense_ffn(ex: QuantExpert, T: int, cfg: KpuConfig) -> Part:
         if why:
             raise ValueError(f"P: {T} tokens: {why}")
     per_col = cfg.weight_scales == "channel"
-    for rq, _ in _GEMMS.values() if not per_col else ():
-        check_requant(getattr(ex, rq), cfg, f"Q.ffn.{rq}")
-    check_requant(ex.rq_h, cfg, "Q.ffn.rq_h")
     host, spad = HostImage(bus_bytes(cfg)), SpadMap(cfg.dmem_depth)
     h_x = host.int32("x", np.zeros(T * d))
     h_w = {name: host.int8(f"w_{name}", weight_panels(getattr(ex, W), cfg)) for name, (_, W) in _GEMMS.items()}
@@ -91,22 +88,11 @@ def _dense_ffn(ex: QuantExpert, T: int, cfg: KpuConfig) -> Part:
     for name, t in tables.items():
         s_tab[name], at = at, at + t.size
 
-    def gemm(name, a, c):
-        (k, n), rq = shapes[name], getattr(ex, _GEMMS[name][0])
-        if per_col:
-            return Instr(Op.GEMM, flags=F_RQ_CHANNEL, m=T, k=k, n=n, a=a, b=s_tab[name], c=c, host=h_w[name],
-                         width=rq.width)
-        return Instr(Op.GEMM, m=T, k=k, n=n, a=a, c=c, host=h_w[name], mult=rq.mult, shift=rq.shift, width=rq.width)
-
-    rq_h = ex.rq_h
     instrs = [
         Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=4),
         *([Instr(Op.LOAD, m=1, n=at - s_tab["gate"], c=s_tab["gate"], host=h_rq, width=4)] if per_col else []),
-        gemm("gate", s_x, s_g),
-        gemm("up", s_x, s_u),
-        Instr(Op.SITU, m=T, n=f, a=s_g, b=s_u, c=s_h),
-        Instr(Op.REQUANT, m=T, n=f, a=s_h, c=s_h8, mult=rq_h.mult, shift=rq_h.shift, width=rq_h.width),
-        gemm("down", s_h8, s_y),
+        *glu_steps(ex, T, s_x, (s_g, s_u, s_h, s_h8), s_y, tuple(h_w.values()),
+                   tuple(s_tab.values()) if per_col else None, cfg),
         Instr(Op.STORE, m=T, n=d, a=s_y, host=h_y, width=4),
     ]
     return _part("ffn", instrs, host, spad, T, cfg)
