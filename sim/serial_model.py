@@ -13,12 +13,13 @@ from collections import deque
 import cocotb
 from cocotb.clock import Clock
 from cocotb.task import resume
-from cocotb.triggers import ClockCycles, Event, FallingEdge, with_timeout
+from cocotb.triggers import ClockCycles, Event, FallingEdge, Timer, with_timeout
 
 __all__ = ["CLOCK_HZ", "SerialModel", "open_line"]
 
-#: The clock :func:`open_line` gives the design (a 10 ns period).
-CLOCK_HZ = 100_000_000
+#: The clock :func:`open_line` gives the design: its period in ns, its rate.
+CLOCK_NS = 10
+CLOCK_HZ = 1_000_000_000 // CLOCK_NS
 
 #: Bit times the line idles after a break: the time a client waits before it drops what it
 #: received (:data:`nanokpu.host.bridge_client.BREAK_SETTLE`), which its thread's sleep does not
@@ -29,7 +30,7 @@ BREAK_IDLE_BITS = 20
 async def open_line(dut, divisor: int) -> SerialModel:
     """Start ``dut``'s :data:`CLOCK_HZ` clock, reset it (``rx`` idle high) and return the serial port
     on its ``rx``/``tx`` (``divisor`` clock cycles a bit)."""
-    cocotb.start_soon(Clock(dut.clk, 10, unit="ns").start())
+    cocotb.start_soon(Clock(dut.clk, CLOCK_NS, unit="ns", impl="gpi").start())   # no Python per clock edge
     dut.rx.value = 1
     dut.rst.value = 1
     await ClockCycles(dut.clk, 4)
@@ -57,6 +58,11 @@ class SerialModel:
         cocotb.start_soon(self._send())
         cocotb.start_soon(self._receive())
 
+    def _bit_time(self) -> Timer:
+        """One bit time: one Python wake-up a bit, none a clock cycle (a Timer each await: the send
+        and receive tasks wait at different times)."""
+        return Timer(self.div * CLOCK_NS, "ns")
+
     async def _send(self):
         self.dut.rx.value = 1
         while True:
@@ -64,26 +70,27 @@ class SerialModel:
                 self.queued.clear()
                 await self.queued.wait()
             byte = self.out.popleft()
+            await FallingEdge(self.dut.clk)   # rx moves between rising edges: never a race with the clock
             if isinstance(byte, tuple):    # a break: rx low for `cycles`, then idle
                 cycles, done = byte
                 self.dut.rx.value = 0
-                await ClockCycles(self.dut.clk, cycles)
+                await Timer(cycles * CLOCK_NS, "ns")
                 self.dut.rx.value = 1
-                await ClockCycles(self.dut.clk, BREAK_IDLE_BITS * self.div)
+                await Timer(BREAK_IDLE_BITS * self.div * CLOCK_NS, "ns")
                 done.set()
                 continue
             for bit in [0, *((byte >> i) & 1 for i in range(8)), 1]:
                 self.dut.rx.value = bit
-                await ClockCycles(self.dut.clk, self.div)
+                await self._bit_time()
 
     async def _receive(self):
         while True:
             await FallingEdge(self.dut.tx)
-            await ClockCycles(self.dut.clk, self.div + self.div // 2)
+            await Timer((self.div + self.div // 2) * CLOCK_NS, "ns")   # the middle of bit 0
             byte = 0
             for i in range(8):
                 byte |= int(self.dut.tx.value) << i
-                await ClockCycles(self.dut.clk, self.div)
+                await self._bit_time()
             assert int(self.dut.tx.value) == 1, "stop bit"
             self.inp.append(byte)
             self.arrived.set()

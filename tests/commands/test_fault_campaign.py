@@ -15,6 +15,7 @@ from nanokpu import cli
 from nanokpu.commands import fault_campaign
 
 
+@pytest.mark.slow(80)
 def test_short_campaign(tmp_path):
     result = fault_campaign.campaign("tiny", runs=1, episodes=16, seed=5, tokens=2, pause=0.2, work=tmp_path)
     counts = result["counts"]

@@ -1,5 +1,6 @@
 """The main job (`nanokpu flow`): every step runs and the summary says what it did."""
 
+import pytest
 
 from nanokpu import cli
 
@@ -23,6 +24,7 @@ def test_flow_without_synthesis_says_so_and_a_mismatch_fails(capsys, monkeypatch
     assert "== [4/4]" not in out
 
 
+@pytest.mark.slow(470)
 def test_flow_with_synthesis(capsys):
     assert cli.main(["flow"]) == 0
     out = capsys.readouterr().out

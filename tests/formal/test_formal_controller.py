@@ -18,11 +18,13 @@ def _run(kpu, name):
     return run_sby(ControllerProof(kpu), name, mode="bmc", depth=controller_depth(), memory_map=False)
 
 
+@pytest.mark.slow(90)
 def test_bad_opcode_stops_with_error_and_bus_answers():
     result = _run(NanoKPU(profile("tiny")), "controller")
     assert result.passed, result.summary()
 
 
+@pytest.mark.slow(50)
 @pytest.mark.parametrize("twin", [mutants.silent_status, mutants.hanging_bus_after_error])
 def test_twins_caught(twin):
     result = _run(twin(NanoKPU(profile("tiny"))), f"controller_twin_{twin.__name__}")

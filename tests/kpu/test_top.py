@@ -20,6 +20,7 @@ def _bench(name, testcase, tag="", seed=1, overrides=None, **params):
                   fast=True, tag=tag)
 
 
+@pytest.mark.slow(120)
 def test_tiny_blocks_20_seeds():
     """20 random blocks (1..8 tokens), RTL == latent_moe_int == FuncSim bit for bit."""
     _bench("tiny", "test_block", tokens=8, seed=1, seeds=20, vary_tokens=True)
@@ -28,6 +29,7 @@ def test_tiny_blocks_20_seeds():
 @pytest.mark.parametrize("overrides", [{"weight_scales": "tensor"}, {"weight_scales": "channel"},
                                        {"weight_scales": "channel", "router_width": 16}],
                          ids=["tensor", "channel", "channel-router16"])
+@pytest.mark.slow(85)
 def test_tiny_blocks_one_write_port(monkeypatch, overrides):
     """The scratchpad as ECP5 builds it (one true-dual-port copy: a cycle that writes reads
     nothing, so reads wait for writes), with the generic multipliers (the ECP5 MULT18X18D has
@@ -43,6 +45,7 @@ def test_tiny_blocks_one_write_port(monkeypatch, overrides):
     _bench("tiny", "test_block", tag=tag, tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3, overrides=overrides)
 
 
+@pytest.mark.slow(75)
 def test_tiny_blocks_wide_router():
     """router_width = 16 alone (the router GEMM as byte-sliced passes: SPLIT, two raw digit GEMMs,
     REQUANT_WIDE with the instruction's constants): random blocks under bus stalls, bit for bit."""
@@ -54,6 +57,7 @@ def test_tiny_blocks_wide_router():
 AFTER_LAYER = {**fidelity.AFTER, "layer_ops": True}
 
 
+@pytest.mark.slow(75)
 def test_tiny_blocks_after_scheme():
     """Issue 26's AFTER scheme, all of it: per-channel scales (REQUANT_WIDE per column too), the
     16-bit router GEMM, router logits in Q20.16 (requantised to 20 bits, the sigmoid's 512-segment
@@ -85,6 +89,7 @@ def test_layer_ops_on_the_whole_kpu():
     _bench("tiny", "test_layer_ops", tag="_after_layer", seed=3, pause=0.2, overrides=AFTER_LAYER)
 
 
+@pytest.mark.slow(55)
 def test_reads_of_a_row_being_written_are_never_used(monkeypatch):
     """The data scratchpad's reads of the row it is writing are undefined (generic: no collision
     logic, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read inverted, random
@@ -117,12 +122,14 @@ def test_tiny_blocks_heavy_stalls():
     _bench("tiny", "test_block", tokens=16, seed=100, seeds=5, pause=0.5)
 
 
+@pytest.mark.slow(250)
 def test_small_block_end_to_end():
     """small (8x8 array, 64 experts, top-4) on 8 tokens under bus stalls: RTL == latent_moe_int ==
     FuncSim bit for bit (16 tokens: nanokpu bench-block)."""
     _bench("small", "test_block", tokens=8, seed=5, seeds=1, pause=0.1)
 
 
+@pytest.mark.slow(260)
 def test_small_block_after_scheme():
     """Issue 26's after scheme on small (8 tokens, 8x8 array, 48-bit router accumulator, bus
     stalls): RTL == latent_moe_int == FuncSim bit for bit (16 tokens: nanokpu bench-block)."""

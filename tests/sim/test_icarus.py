@@ -56,6 +56,7 @@ def _both(component, name, module, **kwargs):
     assert times["icarus"], f"{name}: no testcase ran"
 
 
+@pytest.mark.slow(65)
 def test_router_tiny():
     """Random tokens, ties and extremes through the top-k engine (tiny: 8 experts, top-2)."""
     from nanokpu.units.router import TopKRouter
@@ -85,6 +86,7 @@ def test_vector_tiny():
     _both(VectorUnit(profile("tiny")), "vector_tiny", "bench_vector", params={"seed": SEED}, seed=SEED)
 
 
+@pytest.mark.slow(55)
 def test_situ_and_sigmoid():
     """SiTU-GLU random pairs (no sweep) and the exhaustive sigmoid of the narrow bench format."""
     from sim import bench_activation

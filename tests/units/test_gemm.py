@@ -39,6 +39,7 @@ def bench(name, overrides, out_width, seed, **extra):
     run_bench(engine, "gemm", "bench_gemm", params=params, seed=seed)
 
 
+@pytest.mark.slow(65)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_gemm_bench(case):
     _, name, overrides, out_width, seed = case

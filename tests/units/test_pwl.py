@@ -151,6 +151,7 @@ def test_evaluator_rejects_bad_parameters():
         PwlEvaluator(table, 1, dsp="xilinx")
 
 
+@pytest.mark.slow(60)
 @pytest.mark.parametrize("key", sorted(bench_activation.BENCH_CONFIGS))
 def test_factors_exhaustive_on_verilator(key):
     """Every input of the gate and up factor tables through the RTL, bit for bit."""
