@@ -11,7 +11,9 @@ Machine model
   load); every host address must be a multiple of :func:`bus_bytes`.
 * **Weights are never resident**: ``GEMM`` streams its B operand (a weight matrix ``W [n, k]``,
   ``in_width = 8``) from host memory straight into the GEMM engine, pre-tiled by the compiler
-  into ``cols``-wide panels (:func:`weight_panels`): one bus beat is one panel word.
+  into ``cols``-wide panels (:func:`weight_panels`): one bus beat is one panel word. With
+  :data:`F_B_SPAD` (built with ``layer_ops``) the B operand is an activation matrix in the
+  scratchpad instead (attention's ``q K^T``).
 * **Expert iterator**: ``ROUTE`` resets it; ``EXPERT`` advances it to the next expert chosen by at
   least one token and sets the registers ``expert`` (index), ``count`` (its tokens) and
   ``offset`` (where its tokens start in the dispatch lists). Instructions flagged
@@ -55,7 +57,12 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
                   ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
                   engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
-                  spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
+                  spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``. With :data:`F_B_SPAD`
+                  ``W[j, kk] = b[j*k + kk]`` (``n*k`` words, ``in_width`` bits of each, row-major,
+                  e.g. attention's keys ``K [n, k]``), no host access; only where ``layer_ops`` built it
+                  and not with :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or :data:`F_HOST_EXPERT`
+                  (``b`` is the operand, not a table), else ``BAD_SHAPE``. The executor reads
+                  ``B`` a word a cycle: a panel of ``k`` beats in ``k*cols`` cycles.
 ``REQUANT``       ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
                   :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
 ``SIGMOID``       ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records
@@ -115,14 +122,15 @@ its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`
 ``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``,
 ``"m*k*n"``, ``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
 ``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
-:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"route"`` = ``4*m*top_k + 2*n_experts``;
-host ``"m*n*width"``, ``"panels"``), whether it may run in place, its shape rules (the letters
+:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else ``"rq_gemm"``,
+``"route"`` = ``4*m*top_k + 2*n_experts``; host ``"m*n*width"``, ``"panels"`` (0 with
+:data:`F_B_SPAD`: no host access)), whether it may run in place, its shape rules (the letters
 that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM
 engine's limits), and whether it reads the scores, needs a ``ROUTE`` or a current expert, or
 jumps. For example::
 
-    Op.GEMM: OpRule("gemm", a="m*k", b="rq_gemm", c="m*n", host="panels", positive="mnk",
-                    widths=(0, RQ_WIDTHS), engine=True),
+    Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk",
+                    widths=(0, RQ_WIDTHS), engine=True, b_spad=True),
     Op.ADD:  OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
 
 The RTL's decode (:class:`~nanokpu.kpu.top.NanoKPU`: each size name maps to a signal of its
@@ -141,7 +149,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
-           "F_RQ_CHANNEL", "FIELDS", "INSTR_BITS",
+           "F_RQ_CHANNEL", "F_B_SPAD", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -208,6 +216,7 @@ F_M_COUNT = 1 << 0
 F_HOST_EXPERT = 1 << 1
 F_RQ_EXPERT = 1 << 2
 F_RQ_CHANNEL = 1 << 3
+F_B_SPAD = 1 << 4
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -296,6 +305,10 @@ class OpRule:
     ``engine``
         The GEMM engine's scratchpad limits: ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
         spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``.
+    ``b_spad``
+        :data:`F_B_SPAD` may take the B operand from the scratchpad: ``BAD_SHAPE`` unless the
+        config has ``layer_ops`` and no :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or
+        :data:`F_HOST_EXPERT` is set (:meth:`b_spad_ok`).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -317,10 +330,16 @@ class OpRule:
     softmax_row: bool = False
     widths: tuple = ()
     engine: bool = False
+    b_spad: bool = False
     scores: bool = False
     route: bool = False
     expert: bool = False
     target: bool = False
+
+    def b_spad_ok(self, flags: int, cfg: KpuConfig) -> bool:
+        """:data:`F_B_SPAD` is not set, or is allowed (:attr:`b_spad`)."""
+        return not (self.b_spad and flags & F_B_SPAD) or (
+            cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
 
     def width_ok(self, width: int, cfg: KpuConfig) -> bool:
         """``width`` is one of :attr:`widths` (always true when they are empty)."""
@@ -336,8 +355,8 @@ OP_RULES: dict[Op, OpRule] = {
     Op.HALT: OpRule(),
     Op.LOAD: OpRule("dma", c="m*n", host="m*n*width", positive="mn", widths=(1, 2, 4)),
     Op.STORE: OpRule("dma", a="m*n", host="m*n*width", positive="mn", widths=(4,)),
-    Op.GEMM: OpRule("gemm", a="m*k", b="rq_gemm", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
-                    engine=True),
+    Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
+                    engine=True, b_spad=True),
     Op.REQUANT: OpRule("act", a="m*n", b="rq", c="m*n", in_place=True, positive="mn", widths=(RQ_WIDTHS,)),
     Op.SIGMOID: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.SITU: OpRule("act", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
@@ -402,9 +421,10 @@ SIZES = {
     "rq": lambda s: 2 * s.cfg.n_experts if s.flags & F_RQ_EXPERT else 0,    # (mult, shift) per expert
     "rq_gemm": lambda s: (2 * s.n * (s.cfg.n_experts if s.flags & F_RQ_EXPERT else 1) if s.flags & F_RQ_CHANNEL
                           else SIZES["rq"](s)),                     # ... or per column (and expert)
+    "gemm_b": lambda s: s.n * s.k if s.flags & F_B_SPAD else SIZES["rq_gemm"](s),   # GEMM's B, or its table
     "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
     "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
-    "panels": lambda s: -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # host bytes: GEMM weight panels
+    "panels": lambda s: 0 if s.flags & F_B_SPAD else -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # GEMM's W
 }
 assert {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host")} <= {None, *SIZES}
 

@@ -28,12 +28,13 @@ from cocotb.utils import get_sim_time
 
 from golden.attn_res import attn_res_int, quantize_attn_res
 from golden.block import block_error, latent_moe_int, random_block, same_routing
+from golden.intops import matmul_int, requantize
 from golden.layer import ffn_sublayer_int, random_ffn_case
 from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.host.layer import compile_ffn_sublayer
-from nanokpu.isa import EXECUTORS, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
+from nanokpu.isa import EXECUTORS, F_B_SPAD, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
 from sim.lib.kpu_tb import CLOCK_NS, TB, stop_status
 from sim.lib.raw_run import write_replay
 
@@ -363,6 +364,44 @@ async def test_layer_ops(dut):
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
         f"seed {tb.seed}: SILU/DECAY results differ from FuncSim's"
+
+
+@cocotb.test()
+async def test_attention_scores(dut):
+    """GEMM with its B operand from the scratchpad (``F_B_SPAD``, ``layer_ops``): the scores ``q K^T``
+    of 8 queries against 6 keys (a part-filled last panel) for each of 2 heads of 16 (int8 in int32
+    words with random upper bits, both ends of int8), requantised to 8 bits and raw: equal to
+    :func:`golden.intops.matmul_int` (then :func:`~golden.intops.requantize`) and the host memory
+    FuncSim's (under the bench's bus stalls)."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    T, S, H, dk, mult, shift = 8, 6, 2, 16, 12345, 20
+    q, K = rng.integers(-128, 128, (H, T, dk)), rng.integers(-128, 128, (H, S, dk))
+    q[0, 0, :2], K[0, 0, :2], K[1, -1, -2:] = [-128, 127], [-128, -128], [127, 127]
+    operands = np.concatenate([q.ravel(), K.ravel()])
+    words = (operands + (rng.integers(-(1 << 23), 1 << 23, operands.size) << 8)).astype("<i4")
+    qa, ka = 0, H * T * dk
+    scores, raw = ka + H * S * dk, ka + H * S * dk + H * T * S
+    prog = [Instr(Op.LOAD, m=H * (T + S), n=dk, c=qa, host=0, width=4)]
+    for h in range(H):
+        for c, width in ((scores, 8), (raw, 0)):
+            prog.append(Instr(Op.GEMM, flags=F_B_SPAD, m=T, k=dk, n=S, a=qa + h * T * dk, b=ka + h * S * dk,
+                              c=c + h * T * S, mult=mult, shift=shift, width=width))
+    prog += [Instr(Op.STORE, m=2 * H * T, n=S, a=scores, host=4 * operands.size, width=4), Instr(Op.HALT)]
+    image = words.tobytes() + bytes(4 * 2 * H * T * S)
+    sim = FuncSim(cfg, image)
+    assert sim.run(prog).error == Err.NONE
+    await tb.load(prog, image)
+    err, pc, done = await tb.run(poll=2000)
+    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
+    final = tb.ram.read(0, len(image))
+    got = np.frombuffer(final[4 * operands.size:], dtype="<i4").reshape(2, H, T, S)
+    acc = np.stack([matmul_int(q[h], K[h].T, cfg.acc_width) for h in range(H)])
+    assert np.array_equal(got[1], acc), f"seed {tb.seed}: raw scores differ from matmul_int"
+    assert np.array_equal(got[0], requantize(acc, mult, shift, 8, cfg.rounding)), \
+        f"seed {tb.seed}: requantised scores differ from the golden ones"
+    assert final == bytes(sim.host), f"seed {tb.seed}: host memory differs from FuncSim's"
 
 
 async def run_rows_program(tb, prog, want, what: str) -> dict:

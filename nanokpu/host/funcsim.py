@@ -17,6 +17,7 @@ import numpy as np
 from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
+    F_B_SPAD,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -192,6 +193,8 @@ class FuncSim:
         check(not rule.softmax_row or n <= cfg.attnres_candidates, Err.BAD_SHAPE,
               f"{op.name} needs n <= attnres_candidates = {cfg.attnres_candidates}")
         check(rule.width_ok(ins.width, cfg), Err.BAD_SHAPE, f"{op.name} width {ins.width} not in {rule.widths}")
+        check(rule.b_spad_ok(ins.flags, cfg), Err.BAD_SHAPE,
+              f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT")
         if rule.engine:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
@@ -213,18 +216,19 @@ class FuncSim:
                 in_place = rule.in_place and (addr, words) == result
                 check(not (words and wc and addr < rc + wc and rc < addr + words) or in_place,
                       Err.OVERLAP, f"result [{rc}, {rc + wc}) overlaps operand [{addr}, {addr + words})")
-        # -- host window
-        if rule.host:
+        # -- host window (a size of 0 is no host access)
+        host = rule.host and SIZES[rule.host](size)
+        if host:
             addr = ins.host + (self.expert * ins.stride if ins.flags & F_HOST_EXPERT else 0)
             bb = bus_bytes(cfg)
-            nbytes = -(-SIZES[rule.host](size) // bb) * bb  # whole bus beats
+            nbytes = -(-host // bb) * bb  # whole bus beats
             check(addr % bb == 0 and self.host_base <= addr
                   and addr + nbytes <= self.host_base + self.host_size
                   and addr + nbytes <= len(self.host), Err.HOST_RANGE,
                   f"host [{addr:#x}, {addr + nbytes:#x}) outside the window")
         spad = [("spad", addr, addr + words) for addr, words in operands]
         reads, writes = spad, [("spad", result[0], result[0] + result[1])] if result else []
-        if rule.host:
+        if host:
             (writes if op == Op.STORE else reads).append(("host", addr, addr + nbytes))
         self.access = Access(pc, op, rule.executor, tuple(reads), tuple(writes))
         # -- execute
@@ -236,8 +240,11 @@ class FuncSim:
             self.host[addr:addr + ln * 4] = I.wrap(self._read(a, ln), 32).astype("<i4").tobytes()
         elif op == Op.GEMM:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
-            panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
-            B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
+            if ins.flags & F_B_SPAD:
+                B = self._read(b, n * k, cfg.in_width).reshape(n, k).T
+            else:
+                panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
+                B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]
             if ins.width and ins.flags & F_RQ_CHANNEL:   # the raw accumulators, requantised per column
                 out = I.requantize(self.gemm(A, B, 1, 0), *self._rq_columns(ins), cfg.acc_width, cfg.rounding)
             else:

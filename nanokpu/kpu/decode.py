@@ -9,6 +9,7 @@ from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
+    F_B_SPAD,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -125,7 +126,7 @@ class Decode(wiring.Component):
         #   mk = m*k ("m*k"), count*n ("count*n"), 4*m*top_k ("route": the table is mk + 2*E);
         #   p2 = k*n ("m*k*n"), ceil(m/rows)*k (engine), then row*n for each GATHER/SCATTER row;
         #   p3 = m*(k*n) ("m*k*n": p2 as it is committed), ceil(m/rows)*n (engine);
-        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) ("panels"), BW-1 + m*(n*width)
+        #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) ("panels"; n*k with F_B_SPAD), BW-1 + m*(n*width)
         #   ("m*n*width": rounded down to a beat), LBW bits; host_eff = host + expert*stride.
         # An unused step loads y = 0: a cycle. A step takes 1 + bit_length(y) cycles.
         PW = max(SW, LBW, HW)
@@ -151,6 +152,12 @@ class Decode(wiring.Component):
         st_x = Signal(PW)
         st_acc = Signal(PW)
         mb = ceil_div(m_eff, R)
+        # F_B_SPAD on an op that may take it (GEMM): B from the scratchpad, n*k words, no host access
+        b_flag = (ins.flags & F_B_SPAD) != 0
+        b_on = Signal()
+        if cfg.layer_ops:
+            m.d.comb += b_on.eq(b_flag & Cat(Const(0), *(op == o for o, r in OP_RULES.items()
+                                                          if r.b_spad and o in built_ops(cfg))).any())
 
         # the rules of the built ops only: any other opcode is BAD_OPCODE before its rules matter
         rules = {o: r for o, r in OP_RULES.items() if o in built_ops(cfg)}
@@ -170,7 +177,7 @@ class Decode(wiring.Component):
             1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0)},
             2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0)},
             3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0)},   # m*k*n: p2, committed now
-            4: {"panels": (ceil_div(ins.n, C), ins.k << BW_LOG, 0),
+            4: {"panels": (Mux(b_on, ins.n, ceil_div(ins.n, C)), Mux(b_on, ins.k, ins.k << BW_LOG), 0),   # or n*k
                 "m*n*width": (m_eff, ins.n << width_log, BW - 1)},
         }
         with m.Switch(step):
@@ -209,6 +216,9 @@ class Decode(wiring.Component):
                                    for w in r.widths)).any())
             if r.engine:
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
+            if r.b_spad:   # (OpRule.b_spad_ok)
+                others = (ins.flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT)) == 0
+                terms.append(~b_flag | (others if cfg.layer_ops else Const(0)))
             return Cat(*terms).all() if terms else Const(1)
 
         shape_ok = Signal()
@@ -230,6 +240,7 @@ class Decode(wiring.Component):
         }
         sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,
                                sat(Mux(ins.flags & F_RQ_EXPERT, times(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
+        sizes["gemm_b"] = Mux(b_on, sat(l4), sizes["rq_gemm"])   # step 4: n*k with F_B_SPAD
         host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4
         missing = {name for r in OP_RULES.values() for name in (r.a, r.b, r.c) if name} - sizes.keys()
         missing |= {r.host for r in OP_RULES.values() if r.host} - host_sizes
@@ -264,7 +275,7 @@ class Decode(wiring.Component):
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
                      host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
                                 & (host_eff + nbytes <= host_base + host_size))]
-        uses_host = any_op(lambda r: r.host)
+        uses_host = any_op(lambda r: r.host) & ~b_on
         target_ok = ins.target < cfg.imem_depth
         decode_err = Signal(8)
         # (an op without rules, JUMP, passes the shape, region, overlap and host checks)

@@ -1130,7 +1130,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$411$0 (\$167 ),
     .\port$429$0 (\$168 ),
-    .\port$6408$254 (cur[269:254]),
+    .\port$6420$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6410$0 (running_exec),
+    .\port$6422$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -3669,41 +3669,41 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire \$100 ;
-  wire [13:0] \$101 ;
-  wire [9:0] \$102 ;
-  wire \$103 ;
-  wire [4:0] \$104 ;
-  wire \$105 ;
-  wire [13:0] \$106 ;
-  wire [14:0] \$107 ;
+  wire [23:0] \$100 ;
+  wire [16:0] \$101 ;
+  wire \$102 ;
+  wire [23:0] \$103 ;
+  wire [13:0] \$104 ;
+  wire [9:0] \$105 ;
+  wire \$106 ;
+  wire [4:0] \$107 ;
   wire \$108 ;
-  wire [14:0] \$109 ;
+  wire [13:0] \$109 ;
   wire [16:0] \$11 ;
   wire [13:0] \$110 ;
-  wire [16:0] \$111 ;
+  wire [9:0] \$111 ;
   wire \$112 ;
-  wire [16:0] \$113 ;
-  wire [13:0] \$114 ;
-  wire [16:0] \$115 ;
-  wire \$116 ;
-  wire [16:0] \$117 ;
-  wire [13:0] \$118 ;
-  wire [16:0] \$119 ;
+  wire [4:0] \$113 ;
+  wire \$114 ;
+  wire [13:0] \$115 ;
+  wire [14:0] \$116 ;
+  wire \$117 ;
+  wire [14:0] \$118 ;
+  wire [13:0] \$119 ;
   wire [17:0] \$12 ;
-  wire \$120 ;
-  wire [16:0] \$121 ;
-  wire [13:0] \$122 ;
-  wire \$123 ;
-  wire \$124 ;
+  wire [16:0] \$120 ;
+  wire \$121 ;
+  wire [16:0] \$122 ;
+  wire [13:0] \$123 ;
+  wire [16:0] \$124 ;
   wire \$125 ;
-  wire \$126 ;
-  wire \$127 ;
-  wire \$128 ;
+  wire [16:0] \$126 ;
+  wire [13:0] \$127 ;
+  wire [16:0] \$128 ;
   wire \$129 ;
   wire [17:0] \$13 ;
-  wire \$130 ;
-  wire \$131 ;
+  wire [16:0] \$130 ;
+  wire [13:0] \$131 ;
   wire \$132 ;
   wire \$133 ;
   wire \$134 ;
@@ -3712,8 +3712,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
-  wire [18:0] \$14 ;
-  wire [9:0] \$140 ;
+  wire [17:0] \$14 ;
+  wire \$140 ;
   wire \$141 ;
   wire \$142 ;
   wire \$143 ;
@@ -3722,10 +3722,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire \$149 ;
-  wire \$15 ;
+  wire [9:0] \$149 ;
+  wire [18:0] \$15 ;
   wire \$150 ;
-  wire [9:0] \$151 ;
+  wire \$151 ;
   wire \$152 ;
   wire \$153 ;
   wire \$154 ;
@@ -3734,8 +3734,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
-  wire \$16 ;
-  wire \$160 ;
+  wire [18:0] \$16 ;
+  wire [9:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -3756,7 +3756,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$177 ;
   wire \$178 ;
   wire \$179 ;
-  wire [1:0] \$18 ;
+  wire \$18 ;
   wire \$180 ;
   wire \$181 ;
   wire \$182 ;
@@ -3767,50 +3767,50 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
-  wire [18:0] \$19 ;
+  wire \$19 ;
   wire \$190 ;
   wire \$191 ;
   wire \$192 ;
-  wire [14:0] \$193 ;
+  wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire [14:0] \$196 ;
+  wire \$196 ;
   wire \$197 ;
   wire \$198 ;
   wire \$199 ;
   wire \$2 ;
-  wire [9:0] \$20 ;
+  wire [1:0] \$20 ;
   wire \$200 ;
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire \$204 ;
+  wire [14:0] \$204 ;
   wire \$205 ;
   wire \$206 ;
-  wire \$207 ;
+  wire [14:0] \$207 ;
   wire \$208 ;
   wire \$209 ;
-  wire \$21 ;
+  wire [18:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
   wire \$213 ;
-  wire [14:0] \$214 ;
+  wire \$214 ;
   wire \$215 ;
   wire \$216 ;
-  wire [14:0] \$217 ;
+  wire \$217 ;
   wire \$218 ;
   wire \$219 ;
-  wire [15:0] \$22 ;
+  wire [9:0] \$22 ;
   wire \$220 ;
   wire \$221 ;
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
-  wire \$225 ;
+  wire [14:0] \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire \$228 ;
+  wire [14:0] \$228 ;
   wire \$229 ;
   wire \$23 ;
   wire \$230 ;
@@ -3818,33 +3818,33 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$232 ;
   wire \$233 ;
   wire \$234 ;
-  wire [14:0] \$235 ;
+  wire \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
   wire \$239 ;
-  wire \$24 ;
+  wire [15:0] \$24 ;
   wire \$240 ;
-  wire [14:0] \$241 ;
+  wire \$241 ;
   wire \$242 ;
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire \$246 ;
+  wire [14:0] \$246 ;
   wire \$247 ;
-  wire [14:0] \$248 ;
+  wire \$248 ;
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
   wire \$251 ;
-  wire \$252 ;
+  wire [14:0] \$252 ;
   wire \$253 ;
   wire \$254 ;
   wire \$255 ;
-  wire [33:0] \$256 ;
-  wire [32:0] \$257 ;
+  wire \$256 ;
+  wire \$257 ;
   wire \$258 ;
-  wire \$259 ;
+  wire [14:0] \$259 ;
   wire \$26 ;
   wire \$260 ;
   wire \$261 ;
@@ -3853,36 +3853,47 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$264 ;
   wire \$265 ;
   wire \$266 ;
-  wire [13:0] \$267 ;
-  wire \$268 ;
-  wire [13:0] \$269 ;
+  wire [33:0] \$267 ;
+  wire [32:0] \$268 ;
+  wire \$269 ;
   wire \$27 ;
   wire \$270 ;
-  wire [13:0] \$271 ;
+  wire \$271 ;
   wire \$272 ;
-  wire [13:0] \$273 ;
+  wire \$273 ;
   wire \$274 ;
-  wire [17:0] \$275 ;
-  wire [3:0] \$276 ;
-  wire [2:0] \$277 ;
-  reg \$278 ;
-  reg \$279 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire [13:0] \$278 ;
+  wire \$279 ;
   wire \$28 ;
-  reg \$280 ;
-  reg \$281 ;
-  reg [7:0] \$282 ;
-  reg \$283 ;
-  reg [2:0] \$284 ;
-  reg [1:0] \$285 ;
-  reg [13:0] \$286 ;
-  reg [13:0] \$287 ;
-  reg [13:0] \$288 ;
-  reg [13:0] \$289 ;
+  wire [13:0] \$280 ;
+  wire \$281 ;
+  wire [13:0] \$282 ;
+  wire \$283 ;
+  wire [13:0] \$284 ;
+  wire \$285 ;
+  wire [17:0] \$286 ;
+  wire [3:0] \$287 ;
+  wire [2:0] \$288 ;
+  reg \$289 ;
   wire \$29 ;
-  reg [17:0] \$290 ;
-  reg [32:0] \$291 ;
+  reg \$290 ;
+  reg \$291 ;
+  reg \$292 ;
+  reg [7:0] \$293 ;
+  reg \$294 ;
+  reg [2:0] \$295 ;
+  reg [1:0] \$296 ;
+  reg [13:0] \$297 ;
+  reg [13:0] \$298 ;
+  reg [13:0] \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
+  reg [13:0] \$300 ;
+  reg [17:0] \$301 ;
+  reg [32:0] \$302 ;
   wire \$31 ;
   wire \$32 ;
   wire \$33 ;
@@ -3901,7 +3912,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$45 ;
   wire \$46 ;
   wire \$47 ;
-  wire \$48 ;
+  wire [9:0] \$48 ;
   wire \$49 ;
   wire [17:0] \$5 ;
   wire \$50 ;
@@ -3939,28 +3950,29 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [16:0] \$8 ;
   wire \$80 ;
   wire \$81 ;
-  wire [9:0] \$82 ;
-  wire [9:0] \$83 ;
-  wire [22:0] \$84 ;
-  wire [23:0] \$85 ;
-  wire [16:0] \$86 ;
+  wire \$82 ;
+  wire \$83 ;
+  wire \$84 ;
+  wire \$85 ;
+  wire \$86 ;
   wire \$87 ;
-  wire [23:0] \$88 ;
-  wire \$89 ;
+  wire \$88 ;
+  wire [13:0] \$89 ;
   wire [17:0] \$9 ;
   wire [9:0] \$90 ;
-  wire [22:0] \$91 ;
-  wire [23:0] \$92 ;
-  wire [16:0] \$93 ;
-  wire \$94 ;
-  wire [23:0] \$95 ;
-  wire [13:0] \$96 ;
-  wire [9:0] \$97 ;
-  wire \$98 ;
-  wire [4:0] \$99 ;
+  wire [9:0] \$91 ;
+  wire [22:0] \$92 ;
+  wire [23:0] \$93 ;
+  wire [16:0] \$94 ;
+  wire \$95 ;
+  wire [23:0] \$96 ;
+  wire \$97 ;
+  wire [9:0] \$98 ;
+  wire [22:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
+  wire b_on;
   output [15:0] beats;
   wire [15:0] beats;
   wire busy;
@@ -4060,271 +4072,274 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$9  = \$8  - 1'h1;
   assign \$11  = ins[63:48] + 3'h4;
   assign \$12  = \$11  - 1'h1;
-  assign \$15  = ins[243:238] == 3'h4;
-  assign \$16  = ins[243:238] == 2'h2;
-  assign \$17  = \$16  ? 1'h1 : 1'h0;
-  assign \$18  = \$15  ? 2'h2 : { 1'h0, \$17  };
-  assign \$19  = ins[63:48] << \$18 ;
-  assign \$22  = \$21  ? \context [17:2] : 16'h0000;
-  assign \$23  = m_eff >= 1'h1;
-  assign \$24  = ins[63:48] >= 1'h1;
-  assign \$25  = ins[243:238] == 1'h1;
-  assign \$26  = ins[243:238] == 2'h2;
-  assign \$27  = ins[243:238] == 3'h4;
-  assign \$28  = | { \$27 , \$26 , \$25  };
-  assign \$29  = & { \$28 , \$24 , \$23  };
-  assign \$30  = m_eff >= 1'h1;
-  assign \$31  = ins[63:48] >= 1'h1;
-  assign \$32  = ins[243:238] == 3'h4;
-  assign \$34  = & { \$33 , \$31 , \$30  };
-  assign \$35  = m_eff >= 1'h1;
-  assign \$36  = ins[63:48] >= 1'h1;
-  assign \$37  = ins[47:32] >= 1'h1;
-  assign \$38  = ! ins[243:238];
-  assign \$39  = ins[243:238] >= 2'h2;
-  assign \$40  = ins[243:238] <= 5'h18;
-  assign \$41  = \$39  & \$40 ;
-  assign \$42  = | { \$41 , \$38  };
-  assign \$43  = ins[47:32] <= 7'h40;
-  assign \$44  = p2 <= 9'h100;
-  assign \$45  = p3 <= 9'h100;
-  assign \$46  = & { \$45 , \$44 , \$43 , \$42 , \$37 , \$36 , \$35  };
-  assign \$47  = m_eff >= 1'h1;
-  assign \$48  = ins[63:48] >= 1'h1;
-  assign \$49  = ins[243:238] >= 2'h2;
-  assign \$50  = ins[243:238] <= 5'h18;
-  assign \$51  = \$49  & \$50 ;
-  assign \$53  = & { \$52 , \$48 , \$47  };
-  assign \$54  = m_eff >= 1'h1;
-  assign \$55  = ins[63:48] >= 1'h1;
-  assign \$56  = & { \$55 , \$54  };
-  assign \$57  = m_eff >= 1'h1;
-  assign \$58  = ins[63:48] >= 1'h1;
-  assign \$59  = & { \$58 , \$57  };
+  assign \$17  = ins[243:238] == 3'h4;
+  assign \$18  = ins[243:238] == 2'h2;
+  assign \$19  = \$18  ? 1'h1 : 1'h0;
+  assign \$20  = \$17  ? 2'h2 : { 1'h0, \$19  };
+  assign \$21  = ins[63:48] << \$20 ;
+  assign \$24  = \$23  ? \context [17:2] : 16'h0000;
+  assign \$25  = m_eff >= 1'h1;
+  assign \$26  = ins[63:48] >= 1'h1;
+  assign \$27  = ins[243:238] == 1'h1;
+  assign \$28  = ins[243:238] == 2'h2;
+  assign \$29  = ins[243:238] == 3'h4;
+  assign \$30  = | { \$29 , \$28 , \$27  };
+  assign \$31  = & { \$30 , \$26 , \$25  };
+  assign \$32  = m_eff >= 1'h1;
+  assign \$33  = ins[63:48] >= 1'h1;
+  assign \$34  = ins[243:238] == 3'h4;
+  assign \$36  = & { \$35 , \$33 , \$32  };
+  assign \$37  = m_eff >= 1'h1;
+  assign \$38  = ins[63:48] >= 1'h1;
+  assign \$39  = ins[47:32] >= 1'h1;
+  assign \$40  = ! ins[243:238];
+  assign \$41  = ins[243:238] >= 2'h2;
+  assign \$42  = ins[243:238] <= 5'h18;
+  assign \$43  = \$41  & \$42 ;
+  assign \$44  = | { \$43 , \$40  };
+  assign \$45  = ins[47:32] <= 7'h40;
+  assign \$46  = p2 <= 9'h100;
+  assign \$47  = p3 <= 9'h100;
+  assign \$50  = ~ \$49 ;
+  assign \$52  = & { \$51 , \$47 , \$46 , \$45 , \$44 , \$39 , \$38 , \$37  };
+  assign \$53  = m_eff >= 1'h1;
+  assign \$54  = ins[63:48] >= 1'h1;
+  assign \$55  = ins[243:238] >= 2'h2;
+  assign \$56  = ins[243:238] <= 5'h18;
+  assign \$57  = \$55  & \$56 ;
+  assign \$59  = & { \$58 , \$54 , \$53  };
   assign \$60  = m_eff >= 1'h1;
   assign \$61  = ins[63:48] >= 1'h1;
   assign \$62  = & { \$61 , \$60  };
   assign \$63  = m_eff >= 1'h1;
-  assign \$64  = ins[63:48] == 4'h8;
-  assign \$65  = ins[47:32] == 2'h2;
-  assign \$66  = & { \$65 , \$64 , \$63  };
-  assign \$67  = ins[63:48] == 4'h8;
+  assign \$64  = ins[63:48] >= 1'h1;
+  assign \$65  = & { \$64 , \$63  };
+  assign \$66  = m_eff >= 1'h1;
+  assign \$67  = ins[63:48] >= 1'h1;
+  assign \$68  = & { \$67 , \$66  };
   assign \$69  = m_eff >= 1'h1;
-  assign \$70  = ins[63:48] >= 1'h1;
-  assign \$71  = & { \$70 , \$69  };
-  assign \$72  = m_eff >= 1'h1;
-  assign \$73  = ins[63:48] >= 1'h1;
-  assign \$74  = & { \$73 , \$72  };
+  assign \$70  = ins[63:48] == 4'h8;
+  assign \$71  = ins[47:32] == 2'h2;
+  assign \$72  = & { \$71 , \$70 , \$69  };
+  assign \$73  = ins[63:48] == 4'h8;
   assign \$75  = m_eff >= 1'h1;
   assign \$76  = ins[63:48] >= 1'h1;
-  assign \$77  = ins[47:32] >= 1'h1;
-  assign \$78  = & { \$77 , \$76 , \$75  };
-  assign \$79  = m_eff >= 1'h1;
-  assign \$80  = ins[63:48] >= 1'h1;
-  assign \$81  = & { \$80 , \$79  };
-  assign \$85  = 1'h0 + \$84 ;
-  assign \$88  = \$87  ? \$85  : { 7'h00, \$86  };
-  assign \$89  = | \$88 [23:14];
-  assign \$92  = 1'h0 + \$91 ;
-  assign \$95  = \$94  ? \$92  : { 7'h00, \$93  };
-  assign \$96  = \$89  ? 14'h3fff : \$95 [13:0];
-  assign \$99  = \$98  ? 5'h10 : 5'h00;
-  assign \$101  = \$100  ? \$96  : { 9'h000, \$99  };
-  assign \$104  = \$103  ? 5'h10 : 5'h00;
-  assign \$105  = | ins[63:62];
-  assign \$106  = \$105  ? 14'h3fff : ins[61:48];
-  assign \$107  = mk + 5'h10;
-  assign \$109  = mk + 5'h10;
-  assign \$110  = \$108  ? 14'h3fff : \$109 [13:0];
-  assign \$112  = | \$111 [16:14];
-  assign \$114  = \$112  ? 14'h3fff : \$113 [13:0];
-  assign \$115  = \context [47:34] + \context [33:18];
-  assign \$116  = | \$115 [16:14];
-  assign \$117  = \context [47:34] + \context [33:18];
-  assign \$118  = \$116  ? 14'h3fff : \$117 [13:0];
-  assign \$119  = \context [47:34] + \context [33:18];
-  assign \$120  = | \$119 [16:14];
-  assign \$121  = \context [47:34] + \context [33:18];
-  assign \$122  = \$120  ? 14'h3fff : \$121 [13:0];
-  assign \$123  = ! ins[5:0];
-  assign \$124  = ins[5:0] == 1'h1;
-  assign \$125  = ins[5:0] == 2'h2;
-  assign \$126  = ins[5:0] == 2'h3;
-  assign \$127  = ins[5:0] == 3'h4;
-  assign \$128  = ins[5:0] == 3'h5;
-  assign \$129  = ins[5:0] == 3'h6;
-  assign \$130  = ins[5:0] == 3'h7;
-  assign \$131  = ins[5:0] == 4'h8;
-  assign \$132  = ins[5:0] == 4'h9;
-  assign \$133  = ins[5:0] == 4'ha;
-  assign \$134  = ins[5:0] == 4'hb;
-  assign \$135  = ins[5:0] == 4'hc;
-  assign \$136  = ins[5:0] == 4'hd;
-  assign \$137  = ins[5:0] == 4'he;
-  assign \$138  = | { \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , 1'h0 };
-  assign \$139  = ~ \$138 ;
-  assign \$141  = | \$140 ;
+  assign \$77  = & { \$76 , \$75  };
+  assign \$78  = m_eff >= 1'h1;
+  assign \$79  = ins[63:48] >= 1'h1;
+  assign \$80  = & { \$79 , \$78  };
+  assign \$81  = m_eff >= 1'h1;
+  assign \$82  = ins[63:48] >= 1'h1;
+  assign \$83  = ins[47:32] >= 1'h1;
+  assign \$84  = & { \$83 , \$82 , \$81  };
+  assign \$85  = m_eff >= 1'h1;
+  assign \$86  = ins[63:48] >= 1'h1;
+  assign \$87  = & { \$86 , \$85  };
+  assign \$88  = | l4[17:14];
+  assign \$89  = \$88  ? 14'h3fff : l4[13:0];
+  assign \$93  = 1'h0 + \$92 ;
+  assign \$96  = \$95  ? \$93  : { 7'h00, \$94  };
+  assign \$97  = | \$96 [23:14];
+  assign \$100  = 1'h0 + \$99 ;
+  assign \$103  = \$102  ? \$100  : { 7'h00, \$101  };
+  assign \$104  = \$97  ? 14'h3fff : \$103 [13:0];
+  assign \$107  = \$106  ? 5'h10 : 5'h00;
+  assign \$109  = \$108  ? \$104  : { 9'h000, \$107  };
+  assign \$113  = \$112  ? 5'h10 : 5'h00;
+  assign \$114  = | ins[63:62];
+  assign \$115  = \$114  ? 14'h3fff : ins[61:48];
+  assign \$116  = mk + 5'h10;
+  assign \$118  = mk + 5'h10;
+  assign \$119  = \$117  ? 14'h3fff : \$118 [13:0];
+  assign \$121  = | \$120 [16:14];
+  assign \$123  = \$121  ? 14'h3fff : \$122 [13:0];
+  assign \$124  = \context [47:34] + \context [33:18];
+  assign \$125  = | \$124 [16:14];
+  assign \$126  = \context [47:34] + \context [33:18];
+  assign \$127  = \$125  ? 14'h3fff : \$126 [13:0];
+  assign \$128  = \context [47:34] + \context [33:18];
+  assign \$129  = | \$128 [16:14];
+  assign \$130  = \context [47:34] + \context [33:18];
+  assign \$131  = \$129  ? 14'h3fff : \$130 [13:0];
+  assign \$132  = ! ins[5:0];
+  assign \$133  = ins[5:0] == 1'h1;
+  assign \$134  = ins[5:0] == 2'h2;
+  assign \$135  = ins[5:0] == 2'h3;
+  assign \$136  = ins[5:0] == 3'h4;
+  assign \$137  = ins[5:0] == 3'h5;
+  assign \$138  = ins[5:0] == 3'h6;
+  assign \$139  = ins[5:0] == 3'h7;
+  assign \$140  = ins[5:0] == 4'h8;
+  assign \$141  = ins[5:0] == 4'h9;
   assign \$142  = ins[5:0] == 4'ha;
   assign \$143  = ins[5:0] == 4'hb;
-  assign \$144  = | { \$143 , \$142 , 1'h0 };
-  assign \$145  = \$141  | \$144 ;
-  assign \$146  = ins[5:0] == 4'h9;
-  assign \$148  = \$145  | \$147 ;
-  assign \$149  = ~ \context [0];
-  assign \$150  = \$148  & \$149 ;
-  assign \$152  = | \$151 ;
-  assign \$153  = ins[5:0] == 4'ha;
-  assign \$154  = ins[5:0] == 4'hb;
-  assign \$155  = | { \$154 , \$153 , 1'h0 };
-  assign \$156  = \$152  | \$155 ;
-  assign \$157  = ~ \context [1];
-  assign \$158  = \$156  & \$157 ;
-  assign \$159  = \$150  | \$158 ;
-  assign \$160  = ins[5:0] == 4'h9;
-  assign \$161  = ins[5:0] == 4'he;
-  assign \$162  = | { \$161 , \$160 , 1'h0 };
-  assign \$163  = ins[255:244] < 7'h40;
-  assign \$164  = ~ \$163 ;
-  assign \$165  = \$162  & \$164 ;
-  assign \$166  = ~ shape_q;
-  assign \$167  = ins[5:0] == 4'h8;
-  assign \$169  = ! ins[87:77];
-  assign \$170  = \context [48] & \$169 ;
-  assign \$171  = \context [61:49] == ins[76:64];
-  assign \$172  = \$170  & \$171 ;
-  assign \$173  = \context [75:62] == ln;
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = ~ \$174 ;
-  assign \$176  = \$168  & \$175 ;
-  assign \$177  = ~ spad_ok;
-  assign \$178  = ins[5:0] == 1'h1;
-  assign \$179  = ins[5:0] == 2'h2;
-  assign \$180  = ins[5:0] == 2'h3;
-  assign \$181  = | { \$180 , \$179 , \$178 , 1'h0 };
-  assign \$182  = ~ host_ok;
+  assign \$144  = ins[5:0] == 4'hc;
+  assign \$145  = ins[5:0] == 4'hd;
+  assign \$146  = ins[5:0] == 4'he;
+  assign \$147  = | { \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , 1'h0 };
+  assign \$148  = ~ \$147 ;
+  assign \$150  = | \$149 ;
+  assign \$151  = ins[5:0] == 4'ha;
+  assign \$152  = ins[5:0] == 4'hb;
+  assign \$153  = | { \$152 , \$151 , 1'h0 };
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = ins[5:0] == 4'h9;
+  assign \$157  = \$154  | \$156 ;
+  assign \$158  = ~ \context [0];
+  assign \$159  = \$157  & \$158 ;
+  assign \$161  = | \$160 ;
+  assign \$162  = ins[5:0] == 4'ha;
+  assign \$163  = ins[5:0] == 4'hb;
+  assign \$164  = | { \$163 , \$162 , 1'h0 };
+  assign \$165  = \$161  | \$164 ;
+  assign \$166  = ~ \context [1];
+  assign \$167  = \$165  & \$166 ;
+  assign \$168  = \$159  | \$167 ;
+  assign \$169  = ins[5:0] == 4'h9;
+  assign \$170  = ins[5:0] == 4'he;
+  assign \$171  = | { \$170 , \$169 , 1'h0 };
+  assign \$172  = ins[255:244] < 7'h40;
+  assign \$173  = ~ \$172 ;
+  assign \$174  = \$171  & \$173 ;
+  assign \$175  = ~ shape_q;
+  assign \$176  = ins[5:0] == 4'h8;
+  assign \$178  = ! ins[87:77];
+  assign \$179  = \context [48] & \$178 ;
+  assign \$180  = \context [61:49] == ins[76:64];
+  assign \$181  = \$179  & \$180 ;
+  assign \$182  = \context [75:62] == ln;
   assign \$183  = \$181  & \$182 ;
-  assign \$184  = ~ busy;
-  assign \$185  = active & \$184 ;
-  assign \$186  = step != 3'h7;
-  assign \$187  = ! ins[5:0];
-  assign \$188  = settle == 2'h2;
-  assign \$189  = \$187  | \$188 ;
-  assign \$190  = | wa;
-  assign \$191  = | wc;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = ins[125:112] + wc;
-  assign \$194  = ins[77:64] < \$193 ;
-  assign \$195  = \$192  & \$194 ;
-  assign \$196  = ins[77:64] + wa;
-  assign \$197  = ins[125:112] < \$196 ;
-  assign \$198  = \$195  & \$197 ;
-  assign \$199  = ins[5:0] == 3'h4;
-  assign \$200  = ins[5:0] == 3'h5;
-  assign \$201  = ins[5:0] == 3'h6;
-  assign \$202  = ins[5:0] == 3'h7;
-  assign \$203  = ins[5:0] == 4'hd;
-  assign \$204  = | { \$203 , \$202 , \$201 , \$200 , \$199 , 1'h0 };
-  assign \$205  = ins[77:64] == ins[125:112];
-  assign \$206  = \$204  & \$205 ;
-  assign \$207  = wa == wc;
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = ~ \$208 ;
-  assign \$210  = \$198  & \$209 ;
-  assign \$211  = | wb;
-  assign \$212  = | wc;
-  assign \$213  = \$211  & \$212 ;
-  assign \$214  = ins[125:112] + wc;
-  assign \$215  = ins[101:88] < \$214 ;
-  assign \$216  = \$213  & \$215 ;
-  assign \$217  = ins[101:88] + wb;
-  assign \$218  = ins[125:112] < \$217 ;
-  assign \$219  = \$216  & \$218 ;
-  assign \$220  = ins[5:0] == 3'h4;
-  assign \$221  = ins[5:0] == 3'h5;
-  assign \$222  = ins[5:0] == 3'h6;
-  assign \$223  = ins[5:0] == 3'h7;
-  assign \$224  = ins[5:0] == 4'hd;
-  assign \$225  = | { \$224 , \$223 , \$222 , \$221 , \$220 , 1'h0 };
-  assign \$226  = ins[101:88] == ins[125:112];
-  assign \$227  = \$225  & \$226 ;
-  assign \$228  = wb == wc;
-  assign \$229  = \$227  & \$228 ;
-  assign \$230  = ~ \$229 ;
-  assign \$231  = \$219  & \$230 ;
-  assign \$232  = \$210  | \$231 ;
-  assign \$233  = ! wa;
-  assign \$234  = ! ins[87:78];
-  assign \$235  = ins[77:64] + wa;
-  assign \$236  = \$235  <= 14'h2000;
-  assign \$237  = \$234  & \$236 ;
-  assign \$238  = \$233  | \$237 ;
-  assign \$239  = ! wb;
-  assign \$240  = ! ins[111:102];
-  assign \$241  = ins[101:88] + wb;
-  assign \$242  = \$241  <= 14'h2000;
-  assign \$243  = \$240  & \$242 ;
-  assign \$244  = \$239  | \$243 ;
-  assign \$245  = \$238  & \$244 ;
-  assign \$246  = ! wc;
-  assign \$247  = ! ins[135:126];
-  assign \$248  = ins[125:112] + wc;
-  assign \$249  = \$248  <= 14'h2000;
-  assign \$250  = \$247  & \$249 ;
-  assign \$251  = \$246  | \$250 ;
-  assign \$252  = \$245  & \$251 ;
-  assign \$253  = ! host[1:0];
-  assign \$254  = host >= \context [107:76];
-  assign \$255  = \$253  & \$254 ;
-  assign \$256  = host + { l4[17:2], 2'h0 };
-  assign \$257  = \context [107:76] + \context [139:108];
-  assign \$258  = \$256  <= \$257 ;
-  assign \$259  = \$255  & \$258 ;
-  assign \$260  = ~ busy;
-  assign \$261  = active & \$260 ;
-  assign \$262  = step != 3'h7;
-  assign \$263  = ! ins[5:0];
-  assign \$264  = settle == 2'h2;
-  assign \$265  = \$263  | \$264 ;
-  assign \$266  = | acc[32:14];
-  assign \$267  = \$266  ? 14'h3fff : acc[13:0];
-  assign \$268  = | acc[32:14];
-  assign \$269  = \$268  ? 14'h3fff : acc[13:0];
-  assign \$270  = | acc[32:14];
-  assign \$271  = \$270  ? 14'h3fff : acc[13:0];
-  assign \$272  = | acc[32:14];
-  assign \$273  = \$272  ? 14'h3fff : acc[13:0];
-  assign \$274  = | acc[32:18];
-  assign \$275  = \$274  ? 18'h3ffff : acc[17:0];
-  assign \$276  = step + 1'h1;
-  assign \$277  = settle + 1'h1;
+  assign \$184  = ~ \$183 ;
+  assign \$185  = \$177  & \$184 ;
+  assign \$186  = ~ spad_ok;
+  assign \$187  = ins[5:0] == 1'h1;
+  assign \$188  = ins[5:0] == 2'h2;
+  assign \$189  = ins[5:0] == 2'h3;
+  assign \$190  = | { \$189 , \$188 , \$187 , 1'h0 };
+  assign \$193  = ~ host_ok;
+  assign \$194  = \$192  & \$193 ;
+  assign \$195  = ~ busy;
+  assign \$196  = active & \$195 ;
+  assign \$197  = step != 3'h7;
+  assign \$198  = ! ins[5:0];
+  assign \$199  = settle == 2'h2;
+  assign \$200  = \$198  | \$199 ;
+  assign \$201  = | wa;
+  assign \$202  = | wc;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = ins[125:112] + wc;
+  assign \$205  = ins[77:64] < \$204 ;
+  assign \$206  = \$203  & \$205 ;
+  assign \$207  = ins[77:64] + wa;
+  assign \$208  = ins[125:112] < \$207 ;
+  assign \$209  = \$206  & \$208 ;
+  assign \$210  = ins[5:0] == 3'h4;
+  assign \$211  = ins[5:0] == 3'h5;
+  assign \$212  = ins[5:0] == 3'h6;
+  assign \$213  = ins[5:0] == 3'h7;
+  assign \$214  = ins[5:0] == 4'hd;
+  assign \$215  = | { \$214 , \$213 , \$212 , \$211 , \$210 , 1'h0 };
+  assign \$216  = ins[77:64] == ins[125:112];
+  assign \$217  = \$215  & \$216 ;
+  assign \$218  = wa == wc;
+  assign \$219  = \$217  & \$218 ;
+  assign \$220  = ~ \$219 ;
+  assign \$221  = \$209  & \$220 ;
+  assign \$222  = | wb;
+  assign \$223  = | wc;
+  assign \$224  = \$222  & \$223 ;
+  assign \$225  = ins[125:112] + wc;
+  assign \$226  = ins[101:88] < \$225 ;
+  assign \$227  = \$224  & \$226 ;
+  assign \$228  = ins[101:88] + wb;
+  assign \$229  = ins[125:112] < \$228 ;
+  assign \$230  = \$227  & \$229 ;
+  assign \$231  = ins[5:0] == 3'h4;
+  assign \$232  = ins[5:0] == 3'h5;
+  assign \$233  = ins[5:0] == 3'h6;
+  assign \$234  = ins[5:0] == 3'h7;
+  assign \$235  = ins[5:0] == 4'hd;
+  assign \$236  = | { \$235 , \$234 , \$233 , \$232 , \$231 , 1'h0 };
+  assign \$237  = ins[101:88] == ins[125:112];
+  assign \$238  = \$236  & \$237 ;
+  assign \$239  = wb == wc;
+  assign \$240  = \$238  & \$239 ;
+  assign \$241  = ~ \$240 ;
+  assign \$242  = \$230  & \$241 ;
+  assign \$243  = \$221  | \$242 ;
+  assign \$244  = ! wa;
+  assign \$245  = ! ins[87:78];
+  assign \$246  = ins[77:64] + wa;
+  assign \$247  = \$246  <= 14'h2000;
+  assign \$248  = \$245  & \$247 ;
+  assign \$249  = \$244  | \$248 ;
+  assign \$250  = ! wb;
+  assign \$251  = ! ins[111:102];
+  assign \$252  = ins[101:88] + wb;
+  assign \$253  = \$252  <= 14'h2000;
+  assign \$254  = \$251  & \$253 ;
+  assign \$255  = \$250  | \$254 ;
+  assign \$256  = \$249  & \$255 ;
+  assign \$257  = ! wc;
+  assign \$258  = ! ins[135:126];
+  assign \$259  = ins[125:112] + wc;
+  assign \$260  = \$259  <= 14'h2000;
+  assign \$261  = \$258  & \$260 ;
+  assign \$262  = \$257  | \$261 ;
+  assign \$263  = \$256  & \$262 ;
+  assign \$264  = ! host[1:0];
+  assign \$265  = host >= \context [107:76];
+  assign \$266  = \$264  & \$265 ;
+  assign \$267  = host + { l4[17:2], 2'h0 };
+  assign \$268  = \context [107:76] + \context [139:108];
+  assign \$269  = \$267  <= \$268 ;
+  assign \$270  = \$266  & \$269 ;
+  assign \$271  = ~ busy;
+  assign \$272  = active & \$271 ;
+  assign \$273  = step != 3'h7;
+  assign \$274  = ! ins[5:0];
+  assign \$275  = settle == 2'h2;
+  assign \$276  = \$274  | \$275 ;
+  assign \$277  = | acc[32:14];
+  assign \$278  = \$277  ? 14'h3fff : acc[13:0];
+  assign \$279  = | acc[32:14];
+  assign \$280  = \$279  ? 14'h3fff : acc[13:0];
+  assign \$281  = | acc[32:14];
+  assign \$282  = \$281  ? 14'h3fff : acc[13:0];
+  assign \$283  = | acc[32:14];
+  assign \$284  = \$283  ? 14'h3fff : acc[13:0];
+  assign \$285  = | acc[32:18];
+  assign \$286  = \$285  ? 18'h3ffff : acc[17:0];
+  assign \$287  = step + 1'h1;
+  assign \$288  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$278 ;
+    shape_q <= \$289 ;
   always @(posedge clk)
-    overlap_q <= \$279 ;
+    overlap_q <= \$290 ;
   always @(posedge clk)
-    spad_ok <= \$280 ;
+    spad_ok <= \$291 ;
   always @(posedge clk)
-    host_ok <= \$281 ;
+    host_ok <= \$292 ;
   always @(posedge clk)
-    error <= \$282 ;
+    error <= \$293 ;
   always @(posedge clk)
-    active <= \$283 ;
+    active <= \$294 ;
   always @(posedge clk)
-    step <= \$284 ;
+    step <= \$295 ;
   always @(posedge clk)
-    settle <= \$285 ;
+    settle <= \$296 ;
   always @(posedge clk)
-    ln <= \$286 ;
+    ln <= \$297 ;
   always @(posedge clk)
-    mk <= \$287 ;
+    mk <= \$298 ;
   always @(posedge clk)
-    p2 <= \$288 ;
+    p2 <= \$299 ;
   always @(posedge clk)
-    p3 <= \$289 ;
+    p3 <= \$300 ;
   always @(posedge clk)
-    l4 <= \$290 ;
+    l4 <= \$301 ;
   always @(posedge clk)
-    host <= \$291 ;
+    host <= \$302 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4371,12 +4386,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_y = \$13 [15:0];
+                st_y = \$14 [15:0];
             6'h01, 6'h02:
                 st_y = m_eff;
           endcase
       3'h5:
-          st_y = \$22 ;
+          st_y = \$24 ;
     endcase
   end
   always @* begin
@@ -4414,9 +4429,9 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       3'h4:
           casez (ins[5:0])
             6'h03:
-                st_x = { 14'h0000, \$14  };
+                st_x = { 14'h0000, \$16  };
             6'h01, 6'h02:
-                st_x = { 14'h0000, \$19  };
+                st_x = { 14'h0000, \$21  };
           endcase
       3'h5:
           st_x = { 1'h0, ins[199:168] };
@@ -4472,31 +4487,31 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h00:
           shape_ok = 1'h1;
       6'h01:
-          shape_ok = \$29 ;
+          shape_ok = \$31 ;
       6'h02:
-          shape_ok = \$34 ;
+          shape_ok = \$36 ;
       6'h03:
-          shape_ok = \$46 ;
+          shape_ok = \$52 ;
       6'h04:
-          shape_ok = \$53 ;
-      6'h05:
-          shape_ok = \$56 ;
-      6'h06:
           shape_ok = \$59 ;
-      6'h07:
+      6'h05:
           shape_ok = \$62 ;
-      6'h08:
-          shape_ok = \$66 ;
-      6'h09:
+      6'h06:
+          shape_ok = \$65 ;
+      6'h07:
           shape_ok = \$68 ;
-      6'h0a:
-          shape_ok = \$71 ;
-      6'h0b:
+      6'h08:
+          shape_ok = \$72 ;
+      6'h09:
           shape_ok = \$74 ;
+      6'h0a:
+          shape_ok = \$77 ;
+      6'h0b:
+          shape_ok = \$80 ;
       6'h0c:
-          shape_ok = \$78 ;
+          shape_ok = \$84 ;
       6'h0d:
-          shape_ok = \$81 ;
+          shape_ok = \$87 ;
       6'h0e:
           shape_ok = 1'h1;
     endcase
@@ -4518,7 +4533,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$110 ;
+          wc = \$119 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4548,7 +4563,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$114 ;
+          wa = \$123 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4566,21 +4581,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$101 ;
+          wb = \$110 ;
       6'h04:
-          wb = { 9'h000, \$104  };
+          wb = { 9'h000, \$113  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$106 ;
+          wb = \$115 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$118 ;
+          wb = \$127 ;
       6'h0b:
-          wb = \$122 ;
+          wb = \$131 ;
       6'h0c:
           wb = mk;
     endcase
@@ -4588,21 +4603,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$139 ) begin
+    if (\$148 ) begin
       decode_err = 8'h01;
-    end else if (\$159 ) begin
+    end else if (\$168 ) begin
       decode_err = 8'h08;
-    end else if (\$165 ) begin
+    end else if (\$174 ) begin
       decode_err = 8'h06;
-    end else if (\$166 ) begin
+    end else if (\$175 ) begin
       decode_err = 8'h03;
-    end else if (\$176 ) begin
+    end else if (\$185 ) begin
       decode_err = 8'h04;
-    end else if (\$177 ) begin
+    end else if (\$186 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$183 ) begin
+    end else if (\$194 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4610,8 +4625,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$185 ) begin
-      if (\$186 ) begin
+    end else if (\$196 ) begin
+      if (\$197 ) begin
         load = 1'h1;
       end
     end
@@ -4620,8 +4635,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$185 ) begin
-      if (\$186 ) begin
+    end else if (\$196 ) begin
+      if (\$197 ) begin
         y = st_y;
       end
     end
@@ -4630,8 +4645,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$185 ) begin
-      if (\$186 ) begin
+    end else if (\$196 ) begin
+      if (\$197 ) begin
         x = st_x;
       end
     end
@@ -4640,8 +4655,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$185 ) begin
-      if (\$186 ) begin
+    end else if (\$196 ) begin
+      if (\$197 ) begin
         acc_in = st_acc;
       end
     end
@@ -4650,187 +4665,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$185 ) begin
-      if (\$186 ) begin
-      end else if (\$189 ) begin
+    end else if (\$196 ) begin
+      if (\$197 ) begin
+      end else if (\$200 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$278  = shape_ok;
+    \$289  = shape_ok;
     if (unit_rst) begin
-      \$278  = 1'h0;
+      \$289  = 1'h0;
     end
     if (rst) begin
-      \$278  = 1'h0;
+      \$289  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$279  = \$232 ;
+    \$290  = \$243 ;
     if (unit_rst) begin
-      \$279  = 1'h0;
+      \$290  = 1'h0;
     end
     if (rst) begin
-      \$279  = 1'h0;
+      \$290  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$280  = \$252 ;
+    \$291  = \$263 ;
     if (unit_rst) begin
-      \$280  = 1'h0;
+      \$291  = 1'h0;
     end
     if (rst) begin
-      \$280  = 1'h0;
+      \$291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$281  = \$259 ;
+    \$292  = \$270 ;
     if (unit_rst) begin
-      \$281  = 1'h0;
+      \$292  = 1'h0;
     end
     if (rst) begin
-      \$281  = 1'h0;
+      \$292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$282  = decode_err;
+    \$293  = decode_err;
     if (unit_rst) begin
-      \$282  = 8'h00;
+      \$293  = 8'h00;
     end
     if (rst) begin
-      \$282  = 8'h00;
+      \$293  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$283  = active;
+    \$294  = active;
     if (start) begin
-      \$283  = 1'h1;
-    end else if (\$261 ) begin
-      if (\$262 ) begin
-      end else if (\$265 ) begin
-        \$283  = 1'h0;
+      \$294  = 1'h1;
+    end else if (\$272 ) begin
+      if (\$273 ) begin
+      end else if (\$276 ) begin
+        \$294  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$283  = 1'h0;
+      \$294  = 1'h0;
     end
     if (rst) begin
-      \$283  = 1'h0;
+      \$294  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$284  = step;
+    \$295  = step;
     if (start) begin
-      \$284  = 3'h0;
-    end else if (\$261 ) begin
-      if (\$262 ) begin
-        \$284  = \$276 [2:0];
+      \$295  = 3'h0;
+    end else if (\$272 ) begin
+      if (\$273 ) begin
+        \$295  = \$287 [2:0];
       end
     end
     if (unit_rst) begin
-      \$284  = 3'h0;
+      \$295  = 3'h0;
     end
     if (rst) begin
-      \$284  = 3'h0;
+      \$295  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$285  = settle;
+    \$296  = settle;
     if (start) begin
-      \$285  = 2'h0;
-    end else if (\$261 ) begin
+      \$296  = 2'h0;
+    end else if (\$272 ) begin
       (* full_case = 32'd1 *)
-      if (\$262 ) begin
-      end else if (\$265 ) begin
+      if (\$273 ) begin
+      end else if (\$276 ) begin
       end else begin
-        \$285  = \$277 [1:0];
+        \$296  = \$288 [1:0];
       end
     end
     if (unit_rst) begin
-      \$285  = 2'h0;
+      \$296  = 2'h0;
     end
     if (rst) begin
-      \$285  = 2'h0;
+      \$296  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$286  = ln;
+    \$297  = ln;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
-              \$286  = \$267 ;
+              \$297  = \$278 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$286  = 14'h0000;
+      \$297  = 14'h0000;
     end
     if (rst) begin
-      \$286  = 14'h0000;
+      \$297  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$287  = mk;
+    \$298  = mk;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$287  = \$269 ;
+              \$298  = \$280 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$287  = 14'h0000;
+      \$298  = 14'h0000;
     end
     if (rst) begin
-      \$287  = 14'h0000;
+      \$298  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$288  = p2;
+    \$299  = p2;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$288  = \$271 ;
+              \$299  = \$282 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$288  = 14'h0000;
+      \$299  = 14'h0000;
     end
     if (rst) begin
-      \$288  = 14'h0000;
+      \$299  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$289  = p3;
+    \$300  = p3;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4839,23 +4854,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$289  = \$273 ;
+              \$300  = \$284 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$289  = 14'h0000;
+      \$300  = 14'h0000;
     end
     if (rst) begin
-      \$289  = 14'h0000;
+      \$300  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$290  = l4;
+    \$301  = l4;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4866,23 +4881,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$290  = \$275 ;
+              \$301  = \$286 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$290  = 18'h00000;
+      \$301  = 18'h00000;
     end
     if (rst) begin
-      \$290  = 18'h00000;
+      \$301  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$291  = host;
+    \$302  = host;
     if (start) begin
-    end else if (\$261 ) begin
-      if (\$262 ) begin
+    end else if (\$272 ) begin
+      if (\$273 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4895,17 +4910,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$291  = acc;
+              \$302  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$291  = 33'h000000000;
+      \$302  = 33'h000000000;
     end
     if (rst) begin
-      \$291  = 33'h000000000;
+      \$302  = 33'h000000000;
     end
   end
+  assign b_on = 1'h0;
   assign decode_q = error;
   assign host_eff = host;
   assign beats = l4[17:2];
@@ -4971,41 +4987,50 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$5  = { \$4 [17], \$4 [17], \$4 [17:2] };
   assign \$10  = { \$9 [17], \$9 [17], \$9 [17:2] };
   assign \$13  = { \$12 [17], \$12 [17], \$12 [17:2] };
-  assign \$14  = { 1'h0, ins[47:32], 2'h0 };
-  assign { \$20 [9:2], \$20 [0] } = 9'h000;
-  assign \$20 [1] = ins[7];
-  assign \$33  = \$32 ;
-  assign \$52  = \$51 ;
-  assign \$68  = \$67 ;
-  assign { \$82 [9:4], \$82 [2:0] } = 9'h000;
-  assign \$82 [3] = ins[9];
-  assign { \$83 [9:3], \$83 [1:0] } = 9'h000;
-  assign \$83 [2] = ins[8];
-  assign \$84  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$86  = { ins[63:48], 1'h0 };
-  assign \$87  = ins[8];
-  assign { \$90 [9:3], \$90 [1:0] } = 9'h000;
-  assign \$90 [2] = ins[8];
-  assign \$91  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$93  = { ins[63:48], 1'h0 };
-  assign \$94  = ins[8];
-  assign { \$97 [9:3], \$97 [1:0] } = 9'h000;
-  assign \$97 [2] = ins[8];
-  assign \$98  = ins[8];
-  assign \$100  = ins[9];
-  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
-  assign \$102 [2] = ins[8];
-  assign \$103  = ins[8];
-  assign \$108  = \$107 [14];
-  assign \$111  = { ins[63:48], 1'h0 };
-  assign \$113  = { ins[63:48], 1'h0 };
-  assign \$140 [9:3] = 7'h00;
-  assign \$140 [2:0] = ins[8:6];
-  assign \$147  = \$146 ;
-  assign \$151 [9:3] = 7'h00;
-  assign \$151 [2:0] = ins[8:6];
-  assign \$168  = \$167 ;
-  assign \$21  = ins[7];
+  assign \$14  = \$13 ;
+  assign \$15  = { 1'h0, ins[47:32], 2'h0 };
+  assign \$16  = \$15 ;
+  assign { \$22 [9:2], \$22 [0] } = 9'h000;
+  assign \$22 [1] = ins[7];
+  assign \$35  = \$34 ;
+  assign { \$48 [9:5], \$48 [3:0] } = 9'h000;
+  assign \$48 [4] = ins[10];
+  assign \$51  = \$50 ;
+  assign \$58  = \$57 ;
+  assign \$74  = \$73 ;
+  assign { \$90 [9:4], \$90 [2:0] } = 9'h000;
+  assign \$90 [3] = ins[9];
+  assign { \$91 [9:3], \$91 [1:0] } = 9'h000;
+  assign \$91 [2] = ins[8];
+  assign \$92  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$94  = { ins[63:48], 1'h0 };
+  assign \$95  = ins[8];
+  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
+  assign \$98 [2] = ins[8];
+  assign \$99  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$101  = { ins[63:48], 1'h0 };
+  assign \$102  = ins[8];
+  assign { \$105 [9:3], \$105 [1:0] } = 9'h000;
+  assign \$105 [2] = ins[8];
+  assign \$106  = ins[8];
+  assign \$108  = ins[9];
+  assign \$110  = \$109 ;
+  assign { \$111 [9:3], \$111 [1:0] } = 9'h000;
+  assign \$111 [2] = ins[8];
+  assign \$112  = ins[8];
+  assign \$117  = \$116 [14];
+  assign \$120  = { ins[63:48], 1'h0 };
+  assign \$122  = { ins[63:48], 1'h0 };
+  assign \$149 [9:3] = 7'h00;
+  assign \$149 [2:0] = ins[8:6];
+  assign \$156  = \$155 ;
+  assign \$160 [9:3] = 7'h00;
+  assign \$160 [2:0] = ins[8:6];
+  assign \$177  = \$176 ;
+  assign \$191  = 1'h1;
+  assign \$192  = \$190 ;
+  assign \$23  = ins[7];
+  assign \$49  = ins[10];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -5106,7 +5131,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6408$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6420$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5249,8 +5274,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$411$0 ;
   output [5:0] \port$429$0 ;
   wire [5:0] \port$429$0 ;
-  input [15:0] \port$6408$254 ;
-  wire [15:0] \port$6408$254 ;
+  input [15:0] \port$6420$254 ;
+  wire [15:0] \port$6420$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5415,7 +5440,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6408$254  };
+      \$74  = { 8'h00, \port$6420$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5451,7 +5476,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6408$254  };
+      \$77  = { 8'h00, \port$6420$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5496,9 +5521,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6408$254  };
+  assign rd_beats = { 8'h00, \port$6420$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6408$254  };
+  assign wr_beats = { 8'h00, \port$6420$254  };
   assign \port$411$0  = \$9 ;
   assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9378,9 +9403,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5969$0 (spad__rd1__data),
-    .\port$7503$0 (\$signal ),
-    .\port$7894$0 (spad__rd0__lanes[31:0]),
+    .\port$5970$0 (spad__rd1__data),
+    .\port$7515$0 (\$signal ),
+    .\port$7906$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13573,7 +13598,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5969$0 , unit_rst, \port$7503$0 , level, \port$7894$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7515$0 , level, \port$7906$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13598,12 +13623,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5969
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$5969$0 ;
-  wire [31:0] \port$5969$0 ;
-  input \port$7503$0 ;
-  wire \port$7503$0 ;
-  input [31:0] \port$7894$0 ;
-  wire [31:0] \port$7894$0 ;
+  input [31:0] \port$5970$0 ;
+  wire [31:0] \port$5970$0 ;
+  input \port$7515$0 ;
+  wire \port$7515$0 ;
+  input [31:0] \port$7906$0 ;
+  wire [31:0] \port$7906$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13636,7 +13661,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5969
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7503$0 , \port$5969$0 , \port$7894$0  };
+      storage[w_port__addr] <= { \port$7515$0 , \port$5970$0 , \port$7906$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13707,8 +13732,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5969
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7503$0 , \port$5969$0 , \port$7894$0  };
-  assign w_data = { \port$7503$0 , \port$5969$0 , \port$7894$0  };
+  assign w_port__data = { \port$7515$0 , \port$5970$0 , \port$7906$0  };
+  assign w_data = { \port$7515$0 , \port$5970$0 , \port$7906$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -16557,33 +16582,33 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$48 ;
   wire \$480 ;
   wire \$481 ;
-  wire [2:0] \$482 ;
-  wire \$483 ;
+  wire \$482 ;
+  wire [2:0] \$483 ;
   wire \$484 ;
-  wire [2:0] \$485 ;
+  wire \$485 ;
   wire [2:0] \$486 ;
-  wire \$487 ;
+  wire [2:0] \$487 ;
   wire \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire [13:0] \$490 ;
-  wire [9:0] \$491 ;
-  wire \$492 ;
-  wire [13:0] \$493 ;
-  wire \$494 ;
+  wire \$490 ;
+  wire [13:0] \$491 ;
+  wire [9:0] \$492 ;
+  wire \$493 ;
+  wire [13:0] \$494 ;
   wire \$495 ;
   wire \$496 ;
-  wire [9:0] \$497 ;
-  wire [2:0] \$498 ;
-  wire [13:0] \$499 ;
+  wire \$497 ;
+  wire [9:0] \$498 ;
+  wire [2:0] \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [2:0] \$500 ;
-  wire \$501 ;
+  wire [13:0] \$500 ;
+  wire [2:0] \$501 ;
   wire \$502 ;
-  wire [2:0] \$503 ;
-  wire [3:0] \$504 ;
-  wire \$505 ;
+  wire \$503 ;
+  wire [2:0] \$504 ;
+  wire [3:0] \$505 ;
   wire \$506 ;
   wire \$507 ;
   wire \$508 ;
@@ -16600,41 +16625,41 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$518 ;
   wire \$519 ;
   wire \$52 ;
-  wire [2:0] \$520 ;
-  wire \$521 ;
+  wire \$520 ;
+  wire [2:0] \$521 ;
   wire \$522 ;
   wire \$523 ;
-  wire [7:0] \$524 ;
-  wire \$525 ;
-  wire [7:0] \$526 ;
-  wire [6:0] \$527 ;
-  wire [13:0] \$528 ;
-  wire \$529 ;
+  wire \$524 ;
+  wire [7:0] \$525 ;
+  wire \$526 ;
+  wire [7:0] \$527 ;
+  wire [6:0] \$528 ;
+  wire [13:0] \$529 ;
   wire \$53 ;
   wire \$530 ;
-  wire [2:0] \$531 ;
-  wire \$532 ;
+  wire \$531 ;
+  wire [2:0] \$532 ;
   wire \$533 ;
   wire \$534 ;
-  wire [7:0] \$535 ;
-  wire \$536 ;
-  wire [7:0] \$537 ;
-  wire [13:0] \$538 ;
+  wire \$535 ;
+  wire [7:0] \$536 ;
+  wire \$537 ;
+  wire [7:0] \$538 ;
   wire [13:0] \$539 ;
   wire \$54 ;
   wire [13:0] \$540 ;
   wire [13:0] \$541 ;
   wire [13:0] \$542 ;
-  wire \$543 ;
-  wire [31:0] \$544 ;
-  wire \$545 ;
-  wire [31:0] \$546 ;
-  wire \$547 ;
-  wire [31:0] \$548 ;
-  wire \$549 ;
+  wire [13:0] \$543 ;
+  wire \$544 ;
+  wire [31:0] \$545 ;
+  wire \$546 ;
+  wire [31:0] \$547 ;
+  wire \$548 ;
+  wire [31:0] \$549 ;
   wire \$55 ;
-  wire [31:0] \$550 ;
-  wire \$551 ;
+  wire \$550 ;
+  wire [31:0] \$551 ;
   wire \$552 ;
   wire \$553 ;
   wire \$554 ;
@@ -16645,57 +16670,57 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$559 ;
   wire \$56 ;
   wire \$560 ;
-  wire [9:0] \$561 ;
-  wire [2:0] \$562 ;
-  wire \$563 ;
-  wire [9:0] \$564 ;
-  wire \$565 ;
+  wire \$561 ;
+  wire [9:0] \$562 ;
+  wire [2:0] \$563 ;
+  wire \$564 ;
+  wire [9:0] \$565 ;
   wire \$566 ;
   wire \$567 ;
   wire \$568 ;
   wire \$569 ;
   wire \$57 ;
-  wire [13:0] \$570 ;
-  wire [9:0] \$571 ;
-  wire \$572 ;
-  wire [14:0] \$573 ;
-  wire [13:0] \$574 ;
+  wire \$570 ;
+  wire [13:0] \$571 ;
+  wire [9:0] \$572 ;
+  wire \$573 ;
+  wire [14:0] \$574 ;
   wire [13:0] \$575 ;
-  wire [9:0] \$576 ;
-  wire [10:0] \$577 ;
-  wire [11:0] \$578 ;
-  wire [12:0] \$579 ;
+  wire [13:0] \$576 ;
+  wire [9:0] \$577 ;
+  wire [10:0] \$578 ;
+  wire [11:0] \$579 ;
   wire \$58 ;
-  wire [9:0] \$580 ;
-  wire \$581 ;
+  wire [12:0] \$580 ;
+  wire [9:0] \$581 ;
   wire \$582 ;
   wire \$583 ;
-  wire [9:0] \$584 ;
-  wire \$585 ;
+  wire \$584 ;
+  wire [9:0] \$585 ;
   wire \$586 ;
   wire \$587 ;
-  wire [8:0] \$588 ;
-  wire [9:0] \$589 ;
+  wire \$588 ;
+  wire [8:0] \$589 ;
   wire \$59 ;
-  wire \$590 ;
+  wire [9:0] \$590 ;
   wire \$591 ;
   wire \$592 ;
   wire \$593 ;
   wire \$594 ;
-  wire [9:0] \$595 ;
-  wire \$596 ;
-  wire [16:0] \$597 ;
+  wire \$595 ;
+  wire [9:0] \$596 ;
+  wire \$597 ;
   wire [16:0] \$598 ;
-  wire [17:0] \$599 ;
+  wire [16:0] \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [9:0] \$600 ;
-  wire \$601 ;
-  wire [3:0] \$602 ;
-  wire [9:0] \$603 ;
-  wire \$604 ;
-  wire [9:0] \$605 ;
-  wire \$606 ;
+  wire [17:0] \$600 ;
+  wire [9:0] \$601 ;
+  wire \$602 ;
+  wire [3:0] \$603 ;
+  wire [9:0] \$604 ;
+  wire \$605 ;
+  wire [9:0] \$606 ;
   wire \$607 ;
   wire \$608 ;
   wire \$609 ;
@@ -16706,60 +16731,61 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$613 ;
   wire \$614 ;
   wire \$615 ;
-  reg [1:0] \$616 ;
-  reg \$617 ;
-  reg [1:0] \$618 ;
-  reg [13:0] \$619 ;
+  wire \$616 ;
+  reg [1:0] \$617 ;
+  reg \$618 ;
+  reg [1:0] \$619 ;
   wire \$62 ;
-  reg \$620 ;
-  reg [1:0] \$621 ;
-  reg \$622 ;
+  reg [13:0] \$620 ;
+  reg \$621 ;
+  reg [1:0] \$622 ;
   reg \$623 ;
   reg \$624 ;
-  reg [12:0] \$625 ;
-  reg [8:0] \$626 ;
-  reg \$627 ;
-  reg [15:0] \$628 ;
-  reg [8:0] \$629 ;
+  reg \$625 ;
+  reg [12:0] \$626 ;
+  reg [8:0] \$627 ;
+  reg \$628 ;
+  reg [15:0] \$629 ;
   wire \$63 ;
-  reg [383:0] \$630 ;
-  reg [1:0] \$631 ;
-  reg [12:0] \$632 ;
-  reg \$633 ;
+  reg [8:0] \$630 ;
+  reg [383:0] \$631 ;
+  reg [1:0] \$632 ;
+  reg [12:0] \$633 ;
   reg \$634 ;
-  reg [13:0] \$635 ;
-  reg [3:0] \$636 ;
-  reg \$637 ;
+  reg \$635 ;
+  reg [13:0] \$636 ;
+  reg [3:0] \$637 ;
   reg \$638 ;
-  reg [1:0] \$639 ;
+  reg \$639 ;
   wire \$64 ;
-  reg \$640 ;
-  reg [2:0] \$641 ;
-  reg [12:0] \$642 ;
-  reg [6:0] \$643 ;
-  reg [12:0] \$644 ;
+  reg [1:0] \$640 ;
+  reg \$641 ;
+  reg [2:0] \$642 ;
+  reg [12:0] \$643 ;
+  reg [6:0] \$644 ;
   reg [12:0] \$645 ;
-  reg [127:0] \$646 ;
-  reg [383:0] \$647 ;
-  reg [8:0] \$648 ;
-  reg [1:0] \$649 ;
+  reg [12:0] \$646 ;
+  reg [127:0] \$647 ;
+  reg [383:0] \$648 ;
+  reg [8:0] \$649 ;
   wire \$65 ;
-  reg [12:0] \$650 ;
-  reg [13:0] \$651 ;
-  reg [3:0] \$652 ;
-  reg [12:0] \$653 ;
-  reg [13:0] \$654 ;
-  reg [12:0] \$655 ;
-  reg \$656 ;
-  reg [5:0] \$657 ;
-  reg [31:0] \$658 ;
-  reg [5:0] \$659 ;
+  reg [1:0] \$650 ;
+  reg [12:0] \$651 ;
+  reg [13:0] \$652 ;
+  reg [3:0] \$653 ;
+  reg [12:0] \$654 ;
+  reg [13:0] \$655 ;
+  reg [12:0] \$656 ;
+  reg \$657 ;
+  reg [5:0] \$658 ;
+  reg [31:0] \$659 ;
   wire \$66 ;
-  reg [12:0] \$660 ;
+  reg [5:0] \$660 ;
   reg [12:0] \$661 ;
-  reg \$662 ;
-  reg [3:0] \$663 ;
-  reg [2:0] \$664 ;
+  reg [12:0] \$662 ;
+  reg \$663 ;
+  reg [3:0] \$664 ;
+  reg [2:0] \$665 ;
   wire \$67 ;
   wire \$68 ;
   wire \$69 ;
@@ -17066,6 +17092,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [23:0] \wbuf[3][2] ;
   wire [23:0] \wbuf[3][3] ;
   reg [5:0] width = 6'h00;
+  assign \$334  = width > 2'h2;
   assign \$335  = width > 2'h3;
   assign \$336  = width > 3'h4;
   assign \$337  = width > 3'h5;
@@ -17188,234 +17215,234 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$461  = gc_full & \$460 ;
   assign \$462  = \$458  | \$461 ;
   assign \$463  = t_addr + 1'h1;
-  assign \$464  = ~ dma__rd_busy;
-  assign \$465  = ~ gc_full;
-  assign \$466  = \$464  & \$465 ;
-  assign \$467  = ~ w_busy;
-  assign \$468  = \$466  & \$467 ;
-  assign \$469  = ! fsm_state;
-  assign \$470  = fsm_state == 1'h1;
-  assign \$471  = fsm_state == 2'h2;
-  assign \$472  = fsm_state == 2'h3;
-  assign \$473  = fsm_state == 3'h4;
-  assign \$474  = fsm_state == 3'h5;
-  assign \$475  = ~ \$signal ;
-  assign \$476  = | \$like ;
-  assign \$477  = owed_n < 2'h3;
-  assign \$478  = \$476  | \$477 ;
-  assign \$479  = \$475  & \$478 ;
-  assign \$480  = a_in__valid & a_in__ready;
+  assign \$465  = ~ dma__rd_busy;
+  assign \$466  = ~ gc_full;
+  assign \$467  = \$465  & \$466 ;
+  assign \$468  = ~ w_busy;
+  assign \$469  = \$467  & \$468 ;
+  assign \$470  = ! fsm_state;
+  assign \$471  = fsm_state == 1'h1;
+  assign \$472  = fsm_state == 2'h2;
+  assign \$473  = fsm_state == 2'h3;
+  assign \$474  = fsm_state == 3'h4;
+  assign \$475  = fsm_state == 3'h5;
+  assign \$476  = ~ \$signal ;
+  assign \$477  = | \$like ;
+  assign \$478  = owed_n < 2'h3;
+  assign \$479  = \$477  | \$478 ;
+  assign \$480  = \$476  & \$479 ;
   assign \$481  = a_in__valid & a_in__ready;
-  assign \$482  = a_col + 1'h1;
-  assign \$483  = \$482  == r_data[130:128];
-  assign \$484  = \$481  & \$483 ;
-  assign \$485  = a_col + 1'h1;
-  assign \$486  = \$484  ? 3'h0 : \$485 ;
-  assign \$489  = ~ t_half;
-  assign \$490  = t_addr + t_step;
-  assign \$491  = t_left - 1'h1;
-  assign \$492  = t_left != 1'h1;
-  assign \$493  = t_addr + 1'h1;
-  assign \$494  = ~ t_cap_half;
-  assign \$495  = t_cap & \$494 ;
-  assign \$496  = t_cap & t_cap_half;
-  assign \$497  = t_col + 1'h1;
-  assign \$498  = w_row + 1'h1;
-  assign \$499  = w_addr + ins[85:77];
-  assign \$500  = w_row + 1'h1;
-  assign \$501  = \$500  == 2'h3;
-  assign \$502  = ! w_left[13:3];
-  assign \$503  = w_row + 1'h1;
-  assign \$504  = \$503  + 1'h1;
-  assign \$505  = \$504  >= w_left[2:0];
-  assign \$506  = \$502  & \$505 ;
-  assign \$507  = \$501  | \$506 ;
-  assign \$508  = ~ w_last;
-  assign \$509  = ~ w_busy;
-  assign \$510  = \$509  | w_last;
-  assign \$511  = gc_full & \$510 ;
-  assign \$512  = ! g_left[13:3];
-  assign \$513  = g_left[2:0] <= 1'h1;
-  assign \$514  = \$512  & \$513 ;
-  assign \$518  = gm_row == 2'h3;
-  assign \$519  = ! gm_left[13:3];
-  assign \$520  = gm_row + 1'h1;
-  assign \$521  = \$520  >= gm_left[2:0];
-  assign \$522  = \$519  & \$521 ;
-  assign \$523  = \$518  | \$522 ;
-  assign \$524  = ins[99:93] - gm_k0;
-  assign \$525  = \$524 [6:0] >= 3'h4;
-  assign \$526  = ins[99:93] - gm_k0;
-  assign \$527  = \$525  ? 7'h04 : \$526 [6:0];
-  assign \$528  = gm_addr + ins[99:93];
-  assign \$529  = gm_row == 2'h3;
-  assign \$530  = ! gm_left[13:3];
-  assign \$531  = gm_row + 1'h1;
-  assign \$532  = \$531  >= gm_left[2:0];
-  assign \$533  = \$530  & \$532 ;
-  assign \$534  = \$529  | \$533 ;
-  assign \$535  = gm_k0 + 3'h4;
-  assign \$536  = \$535  < ins[99:93];
-  assign \$537  = gm_k0 + 3'h4;
-  assign \$538  = gm_gaddr + 3'h4;
+  assign \$482  = a_in__valid & a_in__ready;
+  assign \$483  = a_col + 1'h1;
+  assign \$484  = \$483  == r_data[130:128];
+  assign \$485  = \$482  & \$484 ;
+  assign \$486  = a_col + 1'h1;
+  assign \$487  = \$485  ? 3'h0 : \$486 ;
+  assign \$490  = ~ t_half;
+  assign \$491  = t_addr + t_step;
+  assign \$492  = t_left - 1'h1;
+  assign \$493  = t_left != 1'h1;
+  assign \$494  = t_addr + 1'h1;
+  assign \$495  = ~ t_cap_half;
+  assign \$496  = t_cap & \$495 ;
+  assign \$497  = t_cap & t_cap_half;
+  assign \$498  = t_col + 1'h1;
+  assign \$499  = w_row + 1'h1;
+  assign \$500  = w_addr + ins[85:77];
+  assign \$501  = w_row + 1'h1;
+  assign \$502  = \$501  == 2'h3;
+  assign \$503  = ! w_left[13:3];
+  assign \$504  = w_row + 1'h1;
+  assign \$505  = \$504  + 1'h1;
+  assign \$506  = \$505  >= w_left[2:0];
+  assign \$507  = \$503  & \$506 ;
+  assign \$508  = \$502  | \$507 ;
+  assign \$509  = ~ w_last;
+  assign \$510  = ~ w_busy;
+  assign \$511  = \$510  | w_last;
+  assign \$512  = gc_full & \$511 ;
+  assign \$513  = ! g_left[13:3];
+  assign \$514  = g_left[2:0] <= 1'h1;
+  assign \$515  = \$513  & \$514 ;
+  assign \$519  = gm_row == 2'h3;
+  assign \$520  = ! gm_left[13:3];
+  assign \$521  = gm_row + 1'h1;
+  assign \$522  = \$521  >= gm_left[2:0];
+  assign \$523  = \$520  & \$522 ;
+  assign \$524  = \$519  | \$523 ;
+  assign \$525  = ins[99:93] - gm_k0;
+  assign \$526  = \$525 [6:0] >= 3'h4;
+  assign \$527  = ins[99:93] - gm_k0;
+  assign \$528  = \$526  ? 7'h04 : \$527 [6:0];
+  assign \$529  = gm_addr + ins[99:93];
+  assign \$530  = gm_row == 2'h3;
+  assign \$531  = ! gm_left[13:3];
+  assign \$532  = gm_row + 1'h1;
+  assign \$533  = \$532  >= gm_left[2:0];
+  assign \$534  = \$531  & \$533 ;
+  assign \$535  = \$530  | \$534 ;
+  assign \$536  = gm_k0 + 3'h4;
+  assign \$537  = \$536  < ins[99:93];
+  assign \$538  = gm_k0 + 3'h4;
   assign \$539  = gm_gaddr + 3'h4;
-  assign \$540  = gm_block + rk;
+  assign \$540  = gm_gaddr + 3'h4;
   assign \$541  = gm_block + rk;
   assign \$542  = gm_block + rk;
-  assign \$543  = ! gm_cap_row;
-  assign \$544  = \$543  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
-  assign \$545  = gm_cap_row == 1'h1;
-  assign \$546  = \$545  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
-  assign \$547  = gm_cap_row == 2'h2;
-  assign \$548  = \$547  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
-  assign \$549  = gm_cap_row == 2'h3;
-  assign \$550  = \$549  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
-  assign \$551  = ~ gc_full;
-  assign \$552  = ~ w_busy;
-  assign \$553  = \$552  | w_last;
-  assign \$554  = gc_full & \$553 ;
-  assign \$555  = \$551  | \$554 ;
-  assign \$556  = c_out__valid & \$555 ;
-  assign \$557  = ! gc_col;
-  assign \$558  = gc_col == 1'h1;
-  assign \$559  = gc_col == 2'h2;
-  assign \$560  = gc_col == 2'h3;
-  assign \$561  = gc_n + 1'h1;
-  assign \$562  = gc_col + 1'h1;
-  assign \$563  = gc_col == 2'h3;
-  assign \$564  = gc_n + 1'h1;
-  assign \$565  = \$564  == ins[85:77];
-  assign \$566  = \$563  | \$565 ;
-  assign \$567  = gc_col >= 1'h1;
-  assign \$568  = gc_col >= 2'h2;
-  assign \$569  = gc_col >= 2'h3;
-  assign \$570  = gc_gaddr + 3'h4;
-  assign \$571  = gc_n + 1'h1;
-  assign \$572  = \$571  == ins[85:77];
-  assign \$573  = gc_left - 3'h4;
-  assign \$574  = gc_block + rn;
+  assign \$543  = gm_block + rk;
+  assign \$544  = ! gm_cap_row;
+  assign \$545  = \$544  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
+  assign \$546  = gm_cap_row == 1'h1;
+  assign \$547  = \$546  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
+  assign \$548  = gm_cap_row == 2'h2;
+  assign \$549  = \$548  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
+  assign \$550  = gm_cap_row == 2'h3;
+  assign \$551  = \$550  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
+  assign \$552  = ~ gc_full;
+  assign \$553  = ~ w_busy;
+  assign \$554  = \$553  | w_last;
+  assign \$555  = gc_full & \$554 ;
+  assign \$556  = \$552  | \$555 ;
+  assign \$557  = c_out__valid & \$556 ;
+  assign \$558  = ! gc_col;
+  assign \$559  = gc_col == 1'h1;
+  assign \$560  = gc_col == 2'h2;
+  assign \$561  = gc_col == 2'h3;
+  assign \$562  = gc_n + 1'h1;
+  assign \$563  = gc_col + 1'h1;
+  assign \$564  = gc_col == 2'h3;
+  assign \$565  = gc_n + 1'h1;
+  assign \$566  = \$565  == ins[85:77];
+  assign \$567  = \$564  | \$566 ;
+  assign \$568  = gc_col >= 1'h1;
+  assign \$569  = gc_col >= 2'h2;
+  assign \$570  = gc_col >= 2'h3;
+  assign \$571  = gc_gaddr + 3'h4;
+  assign \$572  = gc_n + 1'h1;
+  assign \$573  = \$572  == ins[85:77];
+  assign \$574  = gc_left - 3'h4;
   assign \$575  = gc_block + rn;
-  assign \$577  = 1'h0 + \$576 ;
-  assign \$579  = 1'h0 + \$578 ;
-  assign \$582  = | ins[21:16];
-  assign \$583  = \$581  & \$582 ;
-  assign \$586  = | ins[21:16];
-  assign \$587  = \$585  & \$586 ;
-  assign \$588  = \$587  ? ins[85:77] : 9'h000;
-  assign \$591  = | ins[21:16];
-  assign \$592  = \$590  & \$591 ;
-  assign \$593  = | ins[85:77];
-  assign \$594  = \$592  & \$593 ;
-  assign \$598  = \$596  ? \$597  : 17'h00000;
-  assign \$599  = ins[47:35] + \$598 ;
-  assign \$602  = \$601  ? 4'hf : 4'h1;
-  assign \$607  = | ins[21:16];
-  assign \$608  = \$606  & \$607 ;
-  assign \$609  = ~ \$608 ;
-  assign \$610  = \$604  & \$609 ;
-  assign \$611  = ~ dma__rd_busy;
-  assign \$612  = ~ gc_full;
-  assign \$613  = \$611  & \$612 ;
-  assign \$614  = ~ w_busy;
-  assign \$615  = \$613  & \$614 ;
+  assign \$576  = gc_block + rn;
+  assign \$578  = 1'h0 + \$577 ;
+  assign \$580  = 1'h0 + \$579 ;
+  assign \$583  = | ins[21:16];
+  assign \$584  = \$582  & \$583 ;
+  assign \$587  = | ins[21:16];
+  assign \$588  = \$586  & \$587 ;
+  assign \$589  = \$588  ? ins[85:77] : 9'h000;
+  assign \$592  = | ins[21:16];
+  assign \$593  = \$591  & \$592 ;
+  assign \$594  = | ins[85:77];
+  assign \$595  = \$593  & \$594 ;
+  assign \$599  = \$597  ? \$598  : 17'h00000;
+  assign \$600  = ins[47:35] + \$599 ;
+  assign \$603  = \$602  ? 4'hf : 4'h1;
+  assign \$608  = | ins[21:16];
+  assign \$609  = \$607  & \$608 ;
+  assign \$610  = ~ \$609 ;
+  assign \$611  = \$605  & \$610 ;
+  assign \$612  = ~ dma__rd_busy;
+  assign \$613  = ~ gc_full;
+  assign \$614  = \$612  & \$613 ;
+  assign \$615  = ~ w_busy;
+  assign \$616  = \$614  & \$615 ;
   always @(posedge clk)
-    gm_row <= \$616 ;
+    gm_row <= \$617 ;
   always @(posedge clk)
-    gm_afeed_done <= \$617 ;
+    gm_afeed_done <= \$618 ;
   always @(posedge clk)
-    gm_owed <= \$618 ;
+    gm_owed <= \$619 ;
   always @(posedge clk)
-    gm_left <= \$619 ;
+    gm_left <= \$620 ;
   always @(posedge clk)
-    gm_go <= \$620 ;
+    gm_go <= \$621 ;
   always @(posedge clk)
-    a_col <= \$621 ;
+    a_col <= \$622 ;
   always @(posedge clk)
-    t_cap <= \$622 ;
+    t_cap <= \$623 ;
   always @(posedge clk)
-    t_cap_half <= \$623 ;
+    t_cap_half <= \$624 ;
   always @(posedge clk)
-    t_half <= \$624 ;
+    t_half <= \$625 ;
   always @(posedge clk)
-    t_addr <= \$625 ;
+    t_addr <= \$626 ;
   always @(posedge clk)
-    t_left <= \$626 ;
+    t_left <= \$627 ;
   always @(posedge clk)
-    t_on <= \$627 ;
+    t_on <= \$628 ;
   always @(posedge clk)
-    t_mult <= \$628 ;
+    t_mult <= \$629 ;
   always @(posedge clk)
-    t_col <= \$629 ;
+    t_col <= \$630 ;
   always @(posedge clk)
-    wbuf <= \$630 ;
+    wbuf <= \$631 ;
   always @(posedge clk)
-    w_row <= \$631 ;
+    w_row <= \$632 ;
   always @(posedge clk)
-    w_addr <= \$632 ;
+    w_addr <= \$633 ;
   always @(posedge clk)
-    w_last <= \$633 ;
+    w_last <= \$634 ;
   always @(posedge clk)
-    w_busy <= \$634 ;
+    w_busy <= \$635 ;
   always @(posedge clk)
-    w_left <= \$635 ;
+    w_left <= \$636 ;
   always @(posedge clk)
-    w_cols <= \$636 ;
+    w_cols <= \$637 ;
   always @(posedge clk)
-    gc_full <= \$637 ;
+    gc_full <= \$638 ;
   always @(posedge clk)
-    gm_cap <= \$638 ;
+    gm_cap <= \$639 ;
   always @(posedge clk)
-    gm_cap_row <= \$639 ;
+    gm_cap_row <= \$640 ;
   always @(posedge clk)
-    gm_cap_last <= \$640 ;
+    gm_cap_last <= \$641 ;
   always @(posedge clk)
-    gm_cap_cols <= \$641 ;
+    gm_cap_cols <= \$642 ;
   always @(posedge clk)
-    gm_addr <= \$642 ;
+    gm_addr <= \$643 ;
   always @(posedge clk)
-    gm_k0 <= \$643 ;
+    gm_k0 <= \$644 ;
   always @(posedge clk)
-    gm_gaddr <= \$644 ;
+    gm_gaddr <= \$645 ;
   always @(posedge clk)
-    gm_block <= \$645 ;
+    gm_block <= \$646 ;
   always @(posedge clk)
-    tbuf <= \$646 ;
+    tbuf <= \$647 ;
   always @(posedge clk)
-    cbuf <= \$647 ;
+    cbuf <= \$648 ;
   always @(posedge clk)
-    gc_n <= \$648 ;
+    gc_n <= \$649 ;
   always @(posedge clk)
-    gc_col <= \$649 ;
+    gc_col <= \$650 ;
   always @(posedge clk)
-    g_addr <= \$650 ;
+    g_addr <= \$651 ;
   always @(posedge clk)
-    g_left <= \$651 ;
+    g_left <= \$652 ;
   always @(posedge clk)
-    g_cols <= \$652 ;
+    g_cols <= \$653 ;
   always @(posedge clk)
-    gc_gaddr <= \$653 ;
+    gc_gaddr <= \$654 ;
   always @(posedge clk)
-    gc_left <= \$654 ;
+    gc_left <= \$655 ;
   always @(posedge clk)
-    gc_block <= \$655 ;
+    gc_block <= \$656 ;
   always @(posedge clk)
-    busy <= \$656 ;
+    busy <= \$657 ;
   always @(posedge clk)
-    width <= \$657 ;
+    width <= \$658 ;
   always @(posedge clk)
-    mult <= \$658 ;
+    mult <= \$659 ;
   always @(posedge clk)
-    shift <= \$659 ;
+    shift <= \$660 ;
   always @(posedge clk)
-    rk <= \$660 ;
+    rk <= \$661 ;
   always @(posedge clk)
-    rn <= \$661 ;
+    rn <= \$662 ;
   always @(posedge clk)
-    col_en <= \$662 ;
+    col_en <= \$663 ;
   always @(posedge clk)
-    t_step <= \$663 ;
+    t_step <= \$664 ;
   always @(posedge clk)
-    fsm_state <= \$664 ;
+    fsm_state <= \$665 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -17748,7 +17775,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$331  = width > 5'h17;
   assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
   assign \$333  = width > 1'h1;
-  assign \$334  = width > 2'h2;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(r_data),
@@ -18160,7 +18186,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h2:
           if (cmd__ready) begin
-            dma__rd_start = 1'h1;
+            dma__rd_start = \$464 ;
           end
     endcase
   end
@@ -18201,7 +18227,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
             end
           end
       3'h5:
-          if (\$468 ) begin
+          if (\$469 ) begin
             \done$91  = 1'h1;
           end
     endcase
@@ -18227,101 +18253,88 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
             end
           end
       3'h5:
-          if (\$468 ) begin
+          if (\$469 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$616  = \$like ;
+    \$617  = \$like ;
     if (unit_rst) begin
-      \$616  = 2'h0;
+      \$617  = 2'h0;
     end
     if (rst) begin
-      \$616  = 2'h0;
+      \$617  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$617  = \$signal ;
+    \$618  = \$signal ;
     if (unit_rst) begin
-      \$617  = 1'h0;
+      \$618  = 1'h0;
     end
     if (rst) begin
-      \$617  = 1'h0;
+      \$618  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$618  = owed_n;
+    \$619  = owed_n;
     if (unit_rst) begin
-      \$618  = 2'h0;
+      \$619  = 2'h0;
     end
     if (rst) begin
-      \$618  = 2'h0;
+      \$619  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$619  = left_n;
+    \$620  = left_n;
     if (unit_rst) begin
-      \$619  = 14'h0000;
+      \$620  = 14'h0000;
     end
     if (rst) begin
-      \$619  = 14'h0000;
+      \$620  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$620  = \$479 ;
+    \$621  = \$480 ;
     if (unit_rst) begin
-      \$620  = 1'h0;
+      \$621  = 1'h0;
     end
     if (rst) begin
-      \$620  = 1'h0;
+      \$621  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$621  = a_col;
-    if (\$480 ) begin
-      \$621  = \$486 [1:0];
+    \$622  = a_col;
+    if (\$481 ) begin
+      \$622  = \$487 [1:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$621  = 2'h0;
+            \$622  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$621  = 2'h0;
+      \$622  = 2'h0;
     end
     if (rst) begin
-      \$621  = 2'h0;
+      \$622  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$622  = 1'h0;
-    if (\$488 ) begin
-      \$622  = 1'h1;
+    \$623  = 1'h0;
+    if (\$489 ) begin
+      \$623  = 1'h1;
     end
     if (\done$91 ) begin
-      \$622  = 1'h0;
-    end
-    if (unit_rst) begin
-      \$622  = 1'h0;
-    end
-    if (rst) begin
-      \$622  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$623  = t_cap_half;
-    if (\$488 ) begin
-      \$623  = t_half;
+      \$623  = 1'h0;
     end
     if (unit_rst) begin
       \$623  = 1'h0;
@@ -18332,282 +18345,279 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$624  = t_half;
-    if (\$488 ) begin
-      \$624  = \$489 ;
+    \$624  = t_cap_half;
+    if (\$489 ) begin
+      \$624  = t_half;
+    end
+    if (unit_rst) begin
+      \$624  = 1'h0;
+    end
+    if (rst) begin
+      \$624  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$625  = t_half;
+    if (\$489 ) begin
+      \$625  = \$490 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$624  = 1'h0;
+            \$625  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$624  = 1'h0;
+      \$625  = 1'h0;
     end
     if (rst) begin
-      \$624  = 1'h0;
+      \$625  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$625  = t_addr;
-    if (\$488 ) begin
+    \$626  = t_addr;
+    if (\$489 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$625  = \$490 [12:0];
+        \$626  = \$491 [12:0];
       end else begin
-        \$625  = \$493 [12:0];
+        \$626  = \$494 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$625  = \$599 [12:0];
+            \$626  = \$600 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$625  = 13'h0000;
+      \$626  = 13'h0000;
     end
     if (rst) begin
-      \$625  = 13'h0000;
+      \$626  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$626  = t_left;
-    if (\$488 ) begin
+    \$627  = t_left;
+    if (\$489 ) begin
       if (t_half) begin
-        \$626  = \$491 [8:0];
+        \$627  = \$492 [8:0];
       end
     end
     if (\done$91 ) begin
-      \$626  = 9'h000;
+      \$627  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$626  = \$588 ;
+            \$627  = \$589 ;
           end
     endcase
     if (unit_rst) begin
-      \$626  = 9'h000;
+      \$627  = 9'h000;
     end
     if (rst) begin
-      \$626  = 9'h000;
+      \$627  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$627  = t_on;
-    if (\$488 ) begin
+    \$628  = t_on;
+    if (\$489 ) begin
       if (t_half) begin
-        \$627  = \$492 ;
+        \$628  = \$493 ;
       end
     end
     if (\done$91 ) begin
-      \$627  = 1'h0;
+      \$628  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$627  = \$594 ;
+            \$628  = \$595 ;
           end
     endcase
     if (unit_rst) begin
-      \$627  = 1'h0;
+      \$628  = 1'h0;
     end
     if (rst) begin
-      \$627  = 1'h0;
+      \$628  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$628  = t_mult;
-    if (\$495 ) begin
-      \$628  = spad__rd1__data[15:0];
-    end
-    if (unit_rst) begin
-      \$628  = 16'h0000;
-    end
-    if (rst) begin
-      \$628  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$629  = t_col;
+    \$629  = t_mult;
     if (\$496 ) begin
-      \$629  = \$497 [8:0];
+      \$629  = spad__rd1__data[15:0];
+    end
+    if (unit_rst) begin
+      \$629  = 16'h0000;
+    end
+    if (rst) begin
+      \$629  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$630  = t_col;
+    if (\$497 ) begin
+      \$630  = \$498 [8:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$629  = 9'h000;
+            \$630  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$629  = 9'h000;
+      \$630  = 9'h000;
     end
     if (rst) begin
-      \$629  = 9'h000;
+      \$630  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$630  = wbuf;
+    \$631  = wbuf;
     if (w_busy) begin
-      \$630 [95:0] = wbuf[191:96];
-      \$630 [191:96] = wbuf[287:192];
-      \$630 [287:192] = wbuf[383:288];
+      \$631 [95:0] = wbuf[191:96];
+      \$631 [191:96] = wbuf[287:192];
+      \$631 [287:192] = wbuf[383:288];
     end
-    if (\$511 ) begin
-      \$630  = cbuf;
+    if (\$512 ) begin
+      \$631  = cbuf;
     end
     if (unit_rst) begin
-      \$630  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$631  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$630  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$631  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$631  = w_row;
+    \$632  = w_row;
     if (w_busy) begin
-      \$631  = \$498 [1:0];
+      \$632  = \$499 [1:0];
     end
-    if (\$511 ) begin
-      \$631  = 2'h0;
+    if (\$512 ) begin
+      \$632  = 2'h0;
     end
     if (unit_rst) begin
-      \$631  = 2'h0;
+      \$632  = 2'h0;
     end
     if (rst) begin
-      \$631  = 2'h0;
+      \$632  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$632  = w_addr;
+    \$633  = w_addr;
     if (w_busy) begin
-      \$632  = \$499 [12:0];
+      \$633  = \$500 [12:0];
     end
-    if (\$511 ) begin
-      \$632  = g_addr;
+    if (\$512 ) begin
+      \$633  = g_addr;
     end
     if (unit_rst) begin
-      \$632  = 13'h0000;
+      \$633  = 13'h0000;
     end
     if (rst) begin
-      \$632  = 13'h0000;
+      \$633  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$633  = w_last;
-    if (w_busy) begin
-      \$633  = \$507 ;
-    end
-    if (\$511 ) begin
-      \$633  = \$515 ;
-    end
-    if (unit_rst) begin
-      \$633  = 1'h0;
-    end
-    if (rst) begin
-      \$633  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$634  = w_busy;
+    \$634  = w_last;
     if (w_busy) begin
       \$634  = \$508 ;
     end
-    if (\$511 ) begin
-      \$634  = 1'h1;
+    if (\$512 ) begin
+      \$634  = \$516 ;
+    end
+    if (unit_rst) begin
+      \$634  = 1'h0;
+    end
+    if (rst) begin
+      \$634  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$635  = w_busy;
+    if (w_busy) begin
+      \$635  = \$509 ;
+    end
+    if (\$512 ) begin
+      \$635  = 1'h1;
     end
     if (\done$91 ) begin
-      \$634  = 1'h0;
+      \$635  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$634  = 1'h0;
+            \$635  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$634  = 1'h0;
+      \$635  = 1'h0;
     end
     if (rst) begin
-      \$634  = 1'h0;
+      \$635  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$635  = w_left;
-    if (\$511 ) begin
-      \$635  = g_left;
+    \$636  = w_left;
+    if (\$512 ) begin
+      \$636  = g_left;
     end
     if (unit_rst) begin
-      \$635  = 14'h0000;
+      \$636  = 14'h0000;
     end
     if (rst) begin
-      \$635  = 14'h0000;
+      \$636  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$636  = w_cols;
-    if (\$511 ) begin
-      \$636  = g_cols;
+    \$637  = w_cols;
+    if (\$512 ) begin
+      \$637  = g_cols;
     end
     if (unit_rst) begin
-      \$636  = 4'h0;
+      \$637  = 4'h0;
     end
     if (rst) begin
-      \$636  = 4'h0;
+      \$637  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$637  = gc_full;
-    if (\$511 ) begin
-      \$637  = 1'h0;
+    \$638  = gc_full;
+    if (\$512 ) begin
+      \$638  = 1'h0;
     end
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          \$637  = 1'h1;
+      if (\$557 ) begin
+        if (\$567 ) begin
+          \$638  = 1'h1;
         end
       end
     end
     if (\done$91 ) begin
-      \$637  = 1'h0;
+      \$638  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$637  = 1'h0;
+            \$638  = 1'h0;
           end
     endcase
-    if (unit_rst) begin
-      \$637  = 1'h0;
-    end
-    if (rst) begin
-      \$637  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$638  = gm_cap;
-    if (running) begin
-      \$638  = 1'h0;
-      if (\$517 ) begin
-        \$638  = 1'h1;
-      end
-    end
     if (unit_rst) begin
       \$638  = 1'h0;
     end
@@ -18617,61 +18627,77 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$639  = gm_cap_row;
+    \$639  = gm_cap;
     if (running) begin
-      if (\$517 ) begin
-        \$639  = gm_row;
+      \$639  = 1'h0;
+      if (\$518 ) begin
+        \$639  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$639  = 2'h0;
+      \$639  = 1'h0;
     end
     if (rst) begin
-      \$639  = 2'h0;
+      \$639  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$640  = gm_cap_last;
+    \$640  = gm_cap_row;
     if (running) begin
-      if (\$517 ) begin
-        \$640  = \$523 ;
+      if (\$518 ) begin
+        \$640  = gm_row;
       end
     end
     if (unit_rst) begin
-      \$640  = 1'h0;
+      \$640  = 2'h0;
     end
     if (rst) begin
-      \$640  = 1'h0;
+      \$640  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$641  = gm_cap_cols;
+    \$641  = gm_cap_last;
     if (running) begin
-      if (\$517 ) begin
-        \$641  = \$527 [2:0];
+      if (\$518 ) begin
+        \$641  = \$524 ;
       end
     end
     if (unit_rst) begin
-      \$641  = 3'h0;
+      \$641  = 1'h0;
     end
     if (rst) begin
-      \$641  = 3'h0;
+      \$641  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$642  = gm_addr;
+    \$642  = gm_cap_cols;
     if (running) begin
-      if (\$517 ) begin
-        \$642  = \$528 [12:0];
-        if (\$534 ) begin
+      if (\$518 ) begin
+        \$642  = \$528 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$642  = 3'h0;
+    end
+    if (rst) begin
+      \$642  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$643  = gm_addr;
+    if (running) begin
+      if (\$518 ) begin
+        \$643  = \$529 [12:0];
+        if (\$535 ) begin
           (* full_case = 32'd1 *)
-          if (\$536 ) begin
-            \$642  = \$539 [12:0];
+          if (\$537 ) begin
+            \$643  = \$540 [12:0];
           end else begin
-            \$642  = \$542 [12:0];
+            \$643  = \$543 [12:0];
           end
         end
       end
@@ -18679,27 +18705,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$642  = ins[34:22];
+            \$643  = ins[34:22];
           end
     endcase
     if (unit_rst) begin
-      \$642  = 13'h0000;
+      \$643  = 13'h0000;
     end
     if (rst) begin
-      \$642  = 13'h0000;
+      \$643  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$643  = gm_k0;
+    \$644  = gm_k0;
     if (running) begin
-      if (\$517 ) begin
-        if (\$534 ) begin
+      if (\$518 ) begin
+        if (\$535 ) begin
           (* full_case = 32'd1 *)
-          if (\$536 ) begin
-            \$643  = \$537 [6:0];
+          if (\$537 ) begin
+            \$644  = \$538 [6:0];
           end else begin
-            \$643  = 7'h00;
+            \$644  = 7'h00;
           end
         end
       end
@@ -18707,54 +18733,27 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$643  = 7'h00;
+            \$644  = 7'h00;
           end
     endcase
     if (unit_rst) begin
-      \$643  = 7'h00;
+      \$644  = 7'h00;
     end
     if (rst) begin
-      \$643  = 7'h00;
+      \$644  = 7'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$644  = gm_gaddr;
+    \$645  = gm_gaddr;
     if (running) begin
-      if (\$517 ) begin
-        if (\$534 ) begin
+      if (\$518 ) begin
+        if (\$535 ) begin
           (* full_case = 32'd1 *)
-          if (\$536 ) begin
-            \$644  = \$538 [12:0];
+          if (\$537 ) begin
+            \$645  = \$539 [12:0];
           end else begin
-            \$644  = \$541 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$644  = ins[34:22];
-          end
-    endcase
-    if (unit_rst) begin
-      \$644  = 13'h0000;
-    end
-    if (rst) begin
-      \$644  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$645  = gm_block;
-    if (running) begin
-      if (\$517 ) begin
-        if (\$534 ) begin
-          (* full_case = 32'd1 *)
-          if (\$536 ) begin
-          end else begin
-            \$645  = \$540 [12:0];
+            \$645  = \$542 [12:0];
           end
         end
       end
@@ -18774,69 +18773,96 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$646  = tbuf;
+    \$646  = gm_block;
+    if (running) begin
+      if (\$518 ) begin
+        if (\$535 ) begin
+          (* full_case = 32'd1 *)
+          if (\$537 ) begin
+          end else begin
+            \$646  = \$541 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$646  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$646  = 13'h0000;
+    end
+    if (rst) begin
+      \$646  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$647  = tbuf;
     if (running) begin
       if (gm_cap) begin
-        \$646 [31:0] = \$544 ;
-        \$646 [63:32] = \$546 ;
-        \$646 [95:64] = \$548 ;
-        \$646 [127:96] = \$550 ;
+        \$647 [31:0] = \$545 ;
+        \$647 [63:32] = \$547 ;
+        \$647 [95:64] = \$549 ;
+        \$647 [127:96] = \$551 ;
       end
     end
     if (unit_rst) begin
-      \$646  = 128'h00000000000000000000000000000000;
+      \$647  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$646  = 128'h00000000000000000000000000000000;
+      \$647  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$647  = cbuf;
+    \$648  = cbuf;
     if (running) begin
-      if (\$556 ) begin
-        if (\$557 ) begin
-          \$647 [23:0] = c_out__payload[23:0];
-          \$647 [119:96] = c_out__payload[47:24];
-          \$647 [215:192] = c_out__payload[71:48];
-          \$647 [311:288] = c_out__payload[95:72];
-        end
+      if (\$557 ) begin
         if (\$558 ) begin
-          \$647 [47:24] = c_out__payload[23:0];
-          \$647 [143:120] = c_out__payload[47:24];
-          \$647 [239:216] = c_out__payload[71:48];
-          \$647 [335:312] = c_out__payload[95:72];
+          \$648 [23:0] = c_out__payload[23:0];
+          \$648 [119:96] = c_out__payload[47:24];
+          \$648 [215:192] = c_out__payload[71:48];
+          \$648 [311:288] = c_out__payload[95:72];
         end
         if (\$559 ) begin
-          \$647 [71:48] = c_out__payload[23:0];
-          \$647 [167:144] = c_out__payload[47:24];
-          \$647 [263:240] = c_out__payload[71:48];
-          \$647 [359:336] = c_out__payload[95:72];
+          \$648 [47:24] = c_out__payload[23:0];
+          \$648 [143:120] = c_out__payload[47:24];
+          \$648 [239:216] = c_out__payload[71:48];
+          \$648 [335:312] = c_out__payload[95:72];
         end
         if (\$560 ) begin
-          \$647 [95:72] = c_out__payload[23:0];
-          \$647 [191:168] = c_out__payload[47:24];
-          \$647 [287:264] = c_out__payload[71:48];
-          \$647 [383:360] = c_out__payload[95:72];
+          \$648 [71:48] = c_out__payload[23:0];
+          \$648 [167:144] = c_out__payload[47:24];
+          \$648 [263:240] = c_out__payload[71:48];
+          \$648 [359:336] = c_out__payload[95:72];
+        end
+        if (\$561 ) begin
+          \$648 [95:72] = c_out__payload[23:0];
+          \$648 [191:168] = c_out__payload[47:24];
+          \$648 [287:264] = c_out__payload[71:48];
+          \$648 [383:360] = c_out__payload[95:72];
         end
       end
     end
     if (unit_rst) begin
-      \$647  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$648  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$647  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$648  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$648  = gc_n;
+    \$649  = gc_n;
     if (running) begin
-      if (\$556 ) begin
-        \$648  = \$561 [8:0];
-        if (\$566 ) begin
-          if (\$572 ) begin
-            \$648  = 9'h000;
+      if (\$557 ) begin
+        \$649  = \$562 [8:0];
+        if (\$567 ) begin
+          if (\$573 ) begin
+            \$649  = 9'h000;
           end
         end
       end
@@ -18844,100 +18870,100 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$648  = 9'h000;
+            \$649  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$648  = 9'h000;
+      \$649  = 9'h000;
     end
     if (rst) begin
-      \$648  = 9'h000;
+      \$649  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$649  = gc_col;
+    \$650  = gc_col;
     if (running) begin
-      if (\$556 ) begin
-        \$649  = \$562 [1:0];
-        if (\$566 ) begin
-          \$649  = 2'h0;
+      if (\$557 ) begin
+        \$650  = \$563 [1:0];
+        if (\$567 ) begin
+          \$650  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$649  = 2'h0;
+            \$650  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$649  = 2'h0;
+      \$650  = 2'h0;
     end
     if (rst) begin
-      \$649  = 2'h0;
+      \$650  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$650  = g_addr;
+    \$651  = g_addr;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          \$650  = gc_gaddr;
+      if (\$557 ) begin
+        if (\$567 ) begin
+          \$651  = gc_gaddr;
         end
       end
     end
     if (unit_rst) begin
-      \$650  = 13'h0000;
+      \$651  = 13'h0000;
     end
     if (rst) begin
-      \$650  = 13'h0000;
+      \$651  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$651  = g_left;
+    \$652  = g_left;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          \$651  = gc_left;
+      if (\$557 ) begin
+        if (\$567 ) begin
+          \$652  = gc_left;
         end
       end
     end
     if (unit_rst) begin
-      \$651  = 14'h0000;
+      \$652  = 14'h0000;
     end
     if (rst) begin
-      \$651  = 14'h0000;
+      \$652  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$652  = g_cols;
+    \$653  = g_cols;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          \$652  = { \$569 , \$568 , \$567 , 1'h1 };
+      if (\$557 ) begin
+        if (\$567 ) begin
+          \$653  = { \$570 , \$569 , \$568 , 1'h1 };
         end
       end
     end
     if (unit_rst) begin
-      \$652  = 4'h0;
+      \$653  = 4'h0;
     end
     if (rst) begin
-      \$652  = 4'h0;
+      \$653  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$653  = gc_gaddr;
+    \$654  = gc_gaddr;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          \$653  = \$570 [12:0];
-          if (\$572 ) begin
-            \$653  = \$575 [12:0];
+      if (\$557 ) begin
+        if (\$567 ) begin
+          \$654  = \$571 [12:0];
+          if (\$573 ) begin
+            \$654  = \$576 [12:0];
           end
         end
       end
@@ -18945,24 +18971,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$653  = ins[60:48];
+            \$654  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$653  = 13'h0000;
+      \$654  = 13'h0000;
     end
     if (rst) begin
-      \$653  = 13'h0000;
+      \$654  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$654  = gc_left;
+    \$655  = gc_left;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          if (\$572 ) begin
-            \$654  = \$573 [13:0];
+      if (\$557 ) begin
+        if (\$567 ) begin
+          if (\$573 ) begin
+            \$655  = \$574 [13:0];
           end
         end
       end
@@ -18970,24 +18996,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$654  = ins[74:61];
+            \$655  = ins[74:61];
           end
     endcase
     if (unit_rst) begin
-      \$654  = 14'h0000;
+      \$655  = 14'h0000;
     end
     if (rst) begin
-      \$654  = 14'h0000;
+      \$655  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$655  = gc_block;
+    \$656  = gc_block;
     if (running) begin
-      if (\$556 ) begin
-        if (\$566 ) begin
-          if (\$572 ) begin
-            \$655  = \$574 [12:0];
+      if (\$557 ) begin
+        if (\$567 ) begin
+          if (\$573 ) begin
+            \$656  = \$575 [12:0];
           end
         end
       end
@@ -18995,23 +19021,23 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$655  = ins[60:48];
+            \$656  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$655  = 13'h0000;
+      \$656  = 13'h0000;
     end
     if (rst) begin
-      \$655  = 13'h0000;
+      \$656  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$656  = busy;
+    \$657  = busy;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$656  = 1'h1;
+            \$657  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -19021,103 +19047,87 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$656  = 1'h0;
+            \$657  = 1'h0;
           end else if (done) begin
             if (\error$93 ) begin
-              \$656  = 1'h0;
+              \$657  = 1'h0;
             end
           end
       3'h5:
-          if (\$615 ) begin
-            \$656  = 1'h0;
+          if (\$616 ) begin
+            \$657  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$656  = 1'h0;
+      \$657  = 1'h0;
     end
     if (rst) begin
-      \$656  = 1'h0;
+      \$657  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$657  = width;
+    \$658  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$657  = ins[21:16];
+            \$658  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$657  = 6'h00;
+      \$658  = 6'h00;
     end
     if (rst) begin
-      \$657  = 6'h00;
+      \$658  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$658  = mult;
+    \$659  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$658  = ins[168:137];
-          end
-      3'h1:
-          /* empty */;
-      3'h3:
-          \$658  = { 16'h0000, spad__rd0__lanes[15:0] };
-    endcase
-    if (unit_rst) begin
-      \$658  = 32'd0;
-    end
-    if (rst) begin
-      \$658  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$659  = shift;
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$659  = ins[174:169];
+            \$659  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$659  = spad__rd1__data[5:0];
+          \$659  = { 16'h0000, spad__rd0__lanes[15:0] };
     endcase
     if (unit_rst) begin
-      \$659  = 6'h00;
+      \$659  = 32'd0;
     end
     if (rst) begin
-      \$659  = 6'h00;
+      \$659  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$660  = rk;
+    \$660  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$660  = { 2'h0, \$577  };
+            \$660  = ins[174:169];
           end
+      3'h1:
+          /* empty */;
+      3'h3:
+          \$660  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$660  = 13'h0000;
+      \$660  = 6'h00;
     end
     if (rst) begin
-      \$660  = 13'h0000;
+      \$660  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$661  = rn;
+    \$661  = rk;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$661  = \$579 ;
+            \$661  = { 2'h0, \$578  };
           end
     endcase
     if (unit_rst) begin
@@ -19129,78 +19139,94 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$662  = col_en;
+    \$662  = rn;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$662  = \$583 ;
+            \$662  = \$580 ;
           end
     endcase
     if (unit_rst) begin
-      \$662  = 1'h0;
+      \$662  = 13'h0000;
     end
     if (rst) begin
-      \$662  = 1'h0;
+      \$662  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$663  = t_step;
+    \$663  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$663  = \$602 ;
+            \$663  = \$584 ;
           end
     endcase
     if (unit_rst) begin
-      \$663  = 4'h0;
+      \$663  = 1'h0;
     end
     if (rst) begin
-      \$663  = 4'h0;
+      \$663  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$664  = fsm_state;
+    \$664  = t_step;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$664  = \$603 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$664  = 4'h0;
+    end
+    if (rst) begin
+      \$664  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$665  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$610 ) begin
-              \$664  = 3'h1;
+            if (\$611 ) begin
+              \$665  = 3'h1;
             end else begin
-              \$664  = 3'h2;
+              \$665  = 3'h2;
             end
           end
       3'h1:
-          \$664  = 3'h3;
+          \$665  = 3'h3;
       3'h3:
-          \$664  = 3'h2;
+          \$665  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$664  = 3'h4;
+            \$665  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$664  = 3'h0;
+            \$665  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
             if (\error$93 ) begin
-              \$664  = 3'h0;
+              \$665  = 3'h0;
             end else begin
-              \$664  = 3'h5;
+              \$665  = 3'h5;
             end
           end
       3'h5:
-          if (\$615 ) begin
-            \$664  = 3'h0;
+          if (\$616 ) begin
+            \$665  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$664  = 3'h0;
+      \$665  = 3'h0;
     end
     if (rst) begin
-      \$664  = 3'h0;
+      \$665  = 3'h0;
     end
   end
   assign col = col_en;
@@ -19349,35 +19375,36 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$420  = gm_go;
   assign \$429  = 1'h1;
   assign \$430  = gm_go;
-  assign \$487  = 1'h1;
-  assign \$488  = t_on;
-  assign \$515  = \$514 ;
-  assign \$516  = 1'h1;
-  assign \$517  = gm_go;
-  assign \$576  = { 1'h0, ins[99:93], 2'h0 };
-  assign \$578  = { 1'h0, ins[85:77], 2'h0 };
-  assign { \$580 [9:4], \$580 [2:0] } = 9'h000;
-  assign \$580 [3] = ins[9];
-  assign { \$584 [9:4], \$584 [2:0] } = 9'h000;
-  assign \$584 [3] = ins[9];
-  assign { \$589 [9:4], \$589 [2:0] } = 9'h000;
-  assign \$589 [3] = ins[9];
-  assign { \$595 [9:3], \$595 [1:0] } = 9'h000;
-  assign \$595 [2] = ins[8];
-  assign \$597  = { ins[190:175], 1'h0 };
-  assign { \$600 [9:3], \$600 [1:0] } = 9'h000;
-  assign \$600 [2] = ins[8];
-  assign { \$603 [9:3], \$603 [1:0] } = 9'h000;
-  assign \$603 [2] = ins[8];
-  assign { \$605 [9:4], \$605 [2:0] } = 9'h000;
-  assign \$605 [3] = ins[9];
-  assign \$581  = ins[9];
-  assign \$585  = ins[9];
-  assign \$590  = ins[9];
-  assign \$596  = ins[8];
-  assign \$601  = ins[8];
-  assign \$604  = ins[8];
-  assign \$606  = ins[9];
+  assign \$464  = 1'h1;
+  assign \$488  = 1'h1;
+  assign \$489  = t_on;
+  assign \$516  = \$515 ;
+  assign \$517  = 1'h1;
+  assign \$518  = gm_go;
+  assign \$577  = { 1'h0, ins[99:93], 2'h0 };
+  assign \$579  = { 1'h0, ins[85:77], 2'h0 };
+  assign { \$581 [9:4], \$581 [2:0] } = 9'h000;
+  assign \$581 [3] = ins[9];
+  assign { \$585 [9:4], \$585 [2:0] } = 9'h000;
+  assign \$585 [3] = ins[9];
+  assign { \$590 [9:4], \$590 [2:0] } = 9'h000;
+  assign \$590 [3] = ins[9];
+  assign { \$596 [9:3], \$596 [1:0] } = 9'h000;
+  assign \$596 [2] = ins[8];
+  assign \$598  = { ins[190:175], 1'h0 };
+  assign { \$601 [9:3], \$601 [1:0] } = 9'h000;
+  assign \$601 [2] = ins[8];
+  assign { \$604 [9:3], \$604 [1:0] } = 9'h000;
+  assign \$604 [2] = ins[8];
+  assign { \$606 [9:4], \$606 [2:0] } = 9'h000;
+  assign \$606 [3] = ins[9];
+  assign \$582  = ins[9];
+  assign \$586  = ins[9];
+  assign \$591  = ins[9];
+  assign \$597  = ins[8];
+  assign \$602  = ins[8];
+  assign \$605  = ins[8];
+  assign \$607  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29045,8 +29072,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1907$0 (mult),
-    .\port$1912$0 (i__payload),
+    .\port$1908$0 (mult),
+    .\port$1913$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -29902,7 +29929,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -29988,10 +30015,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1907$0 ;
-  wire [15:0] \port$1907$0 ;
-  input [95:0] \port$1912$0 ;
-  wire [95:0] \port$1912$0 ;
+  input [15:0] \port$1908$0 ;
+  wire [15:0] \port$1908$0 ;
+  input [95:0] \port$1913$0 ;
+  wire [95:0] \port$1913$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30056,7 +30083,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1912$0 [16:0] };
+      \$9  = { 1'h0, \port$1913$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30069,7 +30096,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1907$0  };
+      \$10  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30095,7 +30122,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23:17] };
+      \$12  = { \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30108,7 +30135,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1907$0  };
+      \$13  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30134,7 +30161,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1912$0 [40:24] };
+      \$15  = { 1'h0, \port$1913$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30147,7 +30174,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1907$0  };
+      \$16  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30173,7 +30200,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47:41] };
+      \$18  = { \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30186,7 +30213,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1907$0  };
+      \$19  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30212,7 +30239,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1912$0 [64:48] };
+      \$21  = { 1'h0, \port$1913$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30225,7 +30252,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1907$0  };
+      \$22  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30251,7 +30278,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71:65] };
+      \$24  = { \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30264,7 +30291,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1907$0  };
+      \$25  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30290,7 +30317,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1912$0 [88:72] };
+      \$27  = { 1'h0, \port$1913$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30303,7 +30330,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1907$0  };
+      \$28  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30329,7 +30356,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95:89] };
+      \$30  = { \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30342,7 +30369,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1907$0  };
+      \$31  = { 2'h0, \port$1908$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30364,22 +30391,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1907$0 , \port$1912$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1912$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1907$0  };
-  assign a__1 = { \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23], \port$1912$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1907$0  };
-  assign a__2 = { 1'h0, \port$1912$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1907$0  };
-  assign a__3 = { \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47], \port$1912$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1907$0  };
-  assign a__4 = { 1'h0, \port$1912$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1907$0  };
-  assign a__5 = { \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71], \port$1912$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1907$0  };
-  assign a__6 = { 1'h0, \port$1912$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1907$0  };
-  assign a__7 = { \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95], \port$1912$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1907$0  };
+  assign a__0 = { 1'h0, \port$1913$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1908$0  };
+  assign a__1 = { \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1908$0  };
+  assign a__2 = { 1'h0, \port$1913$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1908$0  };
+  assign a__3 = { \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1908$0  };
+  assign a__4 = { 1'h0, \port$1913$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1908$0  };
+  assign a__5 = { \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1908$0  };
+  assign a__6 = { 1'h0, \port$1913$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1908$0  };
+  assign a__7 = { \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1908$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35041,7 +35068,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6410$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6422$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35312,8 +35339,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6410$0 ;
-  wire [4:0] \port$6410$0 ;
+  input [4:0] \port$6422$0 ;
+  wire [4:0] \port$6422$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35337,81 +35364,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6410$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6422$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6410$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6422$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6410$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6422$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6410$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6422$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6410$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6422$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6410$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6422$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6410$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6422$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6410$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6422$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6410$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6410$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6422$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6422$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6410$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6422$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6410$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6422$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6410$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6422$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3], \port$6410$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6410$0 [0], \port$6410$0 [0], \port$6410$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6410$0 [1], \port$6410$0 [1], \port$6410$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6410$0 [2], \port$6410$0 [2], \port$6410$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6410$0 [4], \port$6410$0 [4], \port$6410$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35428,7 +35455,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6410$0 , \port$2$0  };
+  assign select = { \port$6422$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_RQ_CHANNEL, Err, Instr, Op, bus_bytes
+from nanokpu.isa import F_B_SPAD, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
 from nanokpu.kpu.decode import Decode
 
 CFG = profile("tiny")
@@ -168,3 +168,20 @@ def test_layer_ops_decode_only_with_layer_ops():
                                                      Err.NONE, Err.OVERLAP, Err.NONE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops]
+
+
+def test_gemm_b_from_the_scratchpad_decodes_only_with_layer_ops():
+    """GEMM with F_B_SPAD: B's n*k words at b checked like any operand (fits to the last word, one
+    past it, overlapping the result), no host access (a misaligned host address passes), never with
+    a per-column table; BAD_SHAPE without layer_ops (FuncSim agrees each way)."""
+    D = CFG.dmem_depth
+    gemm = dict(op=Op.GEMM, flags=F_B_SPAD, m=2, k=4, n=6, a=0, c=100, host=6, width=8)
+    ops = [Instr(**gemm, b=50), Instr(**gemm, b=D - 24), Instr(**gemm, b=D - 23), Instr(**gemm, b=77),
+           Instr(**gemm, b=112), Instr(**gemm | {"flags": F_B_SPAD | F_RQ_CHANNEL}, b=50),
+           Instr(**gemm | {"flags": F_B_SPAD | F_RQ_EXPERT}, b=50), Instr(**gemm | {"flags": 0}, b=50)]
+    layer = profile("tiny", layer_ops=True)
+    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 6 + [Err.NO_ROUTE, Err.HOST_RANGE]),
+                      (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE,
+                               Err.NO_ROUTE, Err.HOST_RANGE])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops

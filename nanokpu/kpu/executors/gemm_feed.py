@@ -9,7 +9,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_RQ_CHANNEL, F_RQ_EXPERT, Err
+from nanokpu.isa import F_B_SPAD, F_RQ_CHANNEL, F_RQ_EXPERT, Err
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import (
@@ -52,7 +52,12 @@ class GemmFeed(wiring.Component):
     reads on ``rd0`` alone); the engine's store waits for the copy
     (``col_hold``). The compute outlasts the copy whenever ``tile_gap >= 2*cols``
     (``ceil(n/cols)`` tiles of at least ``tile_gap`` cycles against ``2*n`` reads: every
-    profile); the hold is the interlock otherwise. A bus error ends the instruction at once
+    profile); the hold is the interlock otherwise. With :data:`~nanokpu.isa.F_B_SPAD` (built
+    with ``layer_ops``) the B beats come from the scratchpad instead of the bus: lane ``j`` of
+    beat ``kk`` of panel ``p`` is word ``b + (p*cols + j)*k + kk``, read one a cycle on ``rd1``
+    (a lane past ``n`` takes a cycle without a read), a beat handed to the
+    engine from a register once its last lane is in: ``cols`` cycles a beat while the engine
+    keeps up. A bus error ends the instruction at once
     with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
     :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
     """
@@ -162,9 +167,9 @@ class GemmFeed(wiring.Component):
         with m.If(a_taken):
             m.d.sync += a_col.eq(Mux(group_taken, 0, a_col + 1))
 
-        def times_rows(value):
-            """``value * R`` as shifts and adds (no multiplier)."""
-            return sum(value << b for b in range(R.bit_length()) if R >> b & 1)
+        def times(value, c):
+            """``value * c`` for a constant ``c`` as shifts and adds (no multiplier)."""
+            return sum(value << b for b in range(c.bit_length()) if c >> b & 1)
 
         def last_row(left, row):
             """Row ``row`` of a block with ``left`` rows left is its last: row R-1 or row M-1."""
@@ -204,6 +209,53 @@ class GemmFeed(wiring.Component):
         with m.If(self.done):   # (an instruction ended by an error: the copy stops)
             m.d.sync += [t_left.eq(0), t_on.eq(0), t_cap.eq(0)]
 
+        # B from the scratchpad (F_B_SPAD): lane j of beat kk of panel p read at bs_addr = b + (p*C +
+        # j)*k + kk on rd1 (the per-column table's port: the flags exclude each other), captured a
+        # cycle on into the beat being gathered (bs_gather), whose last lane moves it whole into
+        # bs_beat for the engine. A read waits while bs_beat is full and not taken, so the last
+        # lane's capture never finds it full. A lane past n takes its cycle without a read (reads
+        # stay inside the checked region; its column is never written).
+        b_spad = Const(0)
+        if cfg.layer_ops:
+            C = cfg.cols
+            b_spad = Signal()
+            bs_on = Signal()                  # reads left
+            bs_addr = Signal(AW)
+            bs_beat = Signal(AW)              # lane 0's address of the current beat
+            bs_panel = Signal(AW)             # lane 0's address of the panel's first beat
+            ck = Signal(AW)                   # C*k: from a panel's first word to the next's
+            bs_lane = Signal(range(C))
+            bs_kk = Signal(KW)
+            bs_rows = Signal(NW)              # rows of W from the panel's first on: n - p*C
+            bs_cap = Signal()
+            bs_cap_lane = Signal(range(C))
+            bs_gather = Signal(data.ArrayLayout(signed(iw), C))
+            bs_out = Signal(C * iw)
+            bs_full = Signal()
+            b_taken = gemm.b_in.valid & gemm.b_in.ready
+            go = bs_on & ~blocked & (~bs_full | b_taken)
+            m.d.sync += bs_cap.eq(0)
+            with m.If(b_taken):
+                m.d.sync += bs_full.eq(0)
+            with m.If(go):
+                m.d.comb += [spad.rd1.addr.eq(bs_addr), spad.rd1.en.eq(bs_rows > bs_lane)]
+                m.d.sync += [bs_cap.eq(1), bs_cap_lane.eq(bs_lane),
+                             bs_lane.eq(bs_lane + 1), bs_addr.eq(bs_addr + k_g)]
+                with m.If(bs_lane == C - 1):      # the beat's last lane: the next beat, or panel
+                    m.d.sync += [bs_lane.eq(0), bs_kk.eq(bs_kk + 1), bs_beat.eq(bs_beat + 1),
+                                 bs_addr.eq(bs_beat + 1)]
+                    with m.If(bs_kk + 1 == k_g):
+                        m.d.sync += [bs_kk.eq(0), bs_panel.eq(bs_panel + ck), bs_beat.eq(bs_panel + ck),
+                                     bs_addr.eq(bs_panel + ck), bs_rows.eq(bs_rows - C),
+                                     bs_on.eq(bs_rows > C)]
+            with m.If(bs_cap):
+                lane = spad.rd1.data[:iw]
+                m.d.sync += bs_gather[bs_cap_lane].eq(lane)
+                with m.If(bs_cap_lane == C - 1):
+                    m.d.sync += [bs_out.eq(Cat(*(bs_gather[j] for j in range(C - 1)), lane)), bs_full.eq(1)]
+            with m.If(self.done):
+                m.d.sync += [bs_on.eq(0), bs_cap.eq(0), bs_full.eq(0)]
+
         # the writer: row i of wbuf's group (mb, columns n0 .. n0 + B - 1), at address
         # c + (mb*R + i)*n + n0, one masked wide write a cycle (its columns < n), saturated to width
         handoff = gc_full & (~w_busy | w_last)     # cbuf to wbuf: the writer is free, or will be
@@ -227,10 +279,14 @@ class GemmFeed(wiring.Component):
             gemm.cmd.payload.store.eq(1), gemm.cmd.payload.accumulate.eq(0),
             gemm.a_in.payload.eq(Cat(Array(head.words[i][j] for j in range(B))[a_col] for i in range(R))),
             gemm.a_in.valid.eq(a_queue.r_rdy), a_queue.r_en.eq(group_taken),
-            gemm.b_in.payload.eq(dma.rd_data.payload),
+            gemm.b_in.payload.eq(Mux(b_spad, bs_out, dma.rd_data.payload) if cfg.layer_ops else dma.rd_data.payload),
         ]
         with m.If(running):
-            m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
+            if cfg.layer_ops:
+                m.d.comb += [gemm.b_in.valid.eq(Mux(b_spad, bs_full, dma.rd_data.valid)),
+                             dma.rd_data.ready.eq(~b_spad & gemm.b_in.ready)]
+            else:
+                m.d.comb += [gemm.b_in.valid.eq(dma.rd_data.valid), dma.rd_data.ready.eq(gemm.b_in.ready)]
             # A: group (mb, k0): row i's read at a + (mb*R + i)*k + k0 gives A[mb*R + i, k0 + j]
             # in lane j, captured into tbuf row i (rows >= M are not read: queued as 0)
             begins = gm_go & ~blocked & (gm_row == 0)
@@ -286,10 +342,15 @@ class GemmFeed(wiring.Component):
                     m.d.comb += [row_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0), left_n.eq(m_s)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  gm_k0.eq(0), gm_addr.eq(ins.a), gm_gaddr.eq(ins.a), gm_block.eq(ins.a),
-                                 rk.eq(times_rows(k_g)), a_col.eq(0),
+                                 rk.eq(times(k_g, R)), a_col.eq(0),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_col.eq(0), gc_full.eq(0), w_busy.eq(0),
                                  gc_block.eq(ins.c), gc_gaddr.eq(ins.c),
-                                 rn.eq(times_rows(n_g))]
+                                 rn.eq(times(n_g, R))]
+                    if cfg.layer_ops:
+                        from_spad = (ins.flags & F_B_SPAD) != 0
+                        m.d.sync += [b_spad.eq(from_spad), bs_on.eq(from_spad), bs_addr.eq(ins.b),
+                                     bs_beat.eq(ins.b), bs_panel.eq(ins.b), ck.eq(times(k_g, C)), bs_lane.eq(0),
+                                     bs_kk.eq(0), bs_rows.eq(n_g), bs_full.eq(0)]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
                     m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
@@ -310,7 +371,7 @@ class GemmFeed(wiring.Component):
             with m.State("CMD"):
                 m.d.comb += gemm.cmd.valid.eq(1)
                 with m.If(gemm.cmd.ready):
-                    m.d.comb += dma.rd_start.eq(1)
+                    m.d.comb += dma.rd_start.eq(~b_spad)
                     m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += running.eq(1)
