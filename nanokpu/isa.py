@@ -49,20 +49,19 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``LOAD``          ``c[i] = sext(host element i)`` for ``i < len``; element ``width`` in {1, 2, 4} bytes,
                   host byte address ``host (+ expert * stride)``, 4-byte aligned.
 ``STORE``         host element ``i = a[i]`` for ``i < len``; ``width`` must be 4.
-``GEMM``          ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n``
-                  (``A [m, k] @ W[n, k]^T``, :func:`golden.intops.matmul_int`), requantised like
-                  ``REQUANT`` when ``width != 0`` (fused: the GEMM engine's requantiser, then
-                  saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``; with
-                  :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry,
-                  ``b[2*(j*E + e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host
-                  ``host (+ expert * stride)`` in :func:`weight_panels` layout. Limits of the GEMM
-                  engine (else ``BAD_SHAPE``): ``k <= spad_b_depth/2``, ``ceil(m/rows)*k <=
-                  spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``. With :data:`F_B_SPAD`
-                  ``W[j, kk] = b[j*k + kk]`` (``n*k`` words, ``in_width`` bits of each, row-major,
-                  e.g. attention's keys ``K [n, k]``), no host access; only where ``layer_ops`` built it
-                  and not with :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or :data:`F_HOST_EXPERT`
-                  (``b`` is the operand, not a table), else ``BAD_SHAPE``. The executor reads
-                  ``B`` a word a cycle: a panel of ``k`` beats in ``k*cols`` cycles.
+``GEMM``          ``c[i*n + j] = wrap_acc(sum_kk a[i*k + kk] * W[j, kk])``, ``i < m``, ``j < n`` (``A [m, k] @ W[n,
+                  k]^T``, :func:`golden.intops.matmul_int`), requantised like ``REQUANT`` when ``width != 0`` (fused:
+                  the GEMM engine's requantiser, then saturation to ``width``; :data:`F_RQ_EXPERT` as for ``REQUANT``;
+                  with :data:`F_RQ_CHANNEL` column ``j`` takes ``mult``, ``shift`` from its table entry, ``b[2*(j*E +
+                  e)]`` and ``b[2*(j*E + e) + 1]``, ``2*n*E`` words); ``W`` from host ``host (+ expert * stride)`` in
+                  :func:`weight_panels` layout. Limits of the GEMM engine (else ``BAD_SHAPE``): ``k <=
+                  spad_b_depth/2``, ``ceil(m/rows)*k <= spad_a_depth``, ``ceil(m/rows)*n <= spad_c_depth``. With
+                  :data:`F_B_SPAD` ``W[j, kk] = b[j*k + kk]`` (``n*k`` words, ``in_width`` bits of each, row-major,
+                  e.g. attention's keys ``K [n, k]``), with :data:`F_B_T` too ``W[j, kk] = b[kk*n + j]`` (``W^T [k,
+                  n]`` row-major, e.g. the values ``V`` of ``p V``), no host access; only where ``layer_ops`` built it
+                  and not with :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or :data:`F_HOST_EXPERT` (``b`` is the
+                  operand, not a table), else ``BAD_SHAPE``; :data:`F_B_T` without :data:`F_B_SPAD` is ``BAD_SHAPE``
+                  too. The executor reads ``B`` a word a cycle: a panel of ``k`` beats in ``k*cols`` cycles.
 ``REQUANT``       ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
                   :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
 ``SIGMOID``       ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records
@@ -149,7 +148,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
-           "F_RQ_CHANNEL", "F_B_SPAD", "FIELDS", "INSTR_BITS",
+           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -217,6 +216,7 @@ F_HOST_EXPERT = 1 << 1
 F_RQ_EXPERT = 1 << 2
 F_RQ_CHANNEL = 1 << 3
 F_B_SPAD = 1 << 4
+F_B_T = 1 << 5
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -308,7 +308,7 @@ class OpRule:
     ``b_spad``
         :data:`F_B_SPAD` may take the B operand from the scratchpad: ``BAD_SHAPE`` unless the
         config has ``layer_ops`` and no :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or
-        :data:`F_HOST_EXPERT` is set (:meth:`b_spad_ok`).
+        :data:`F_HOST_EXPERT` is set; :data:`F_B_T` (B transposed) only with it (:meth:`b_spad_ok`).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -337,9 +337,10 @@ class OpRule:
     target: bool = False
 
     def b_spad_ok(self, flags: int, cfg: KpuConfig) -> bool:
-        """:data:`F_B_SPAD` is not set, or is allowed (:attr:`b_spad`)."""
-        return not (self.b_spad and flags & F_B_SPAD) or (
-            cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
+        """:data:`F_B_SPAD` (and :data:`F_B_T`) not set, or allowed (:attr:`b_spad`)."""
+        if not self.b_spad or not flags & (F_B_SPAD | F_B_T):
+            return True
+        return bool(flags & F_B_SPAD and cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
 
     def width_ok(self, width: int, cfg: KpuConfig) -> bool:
         """``width`` is one of :attr:`widths` (always true when they are empty)."""

@@ -34,7 +34,7 @@ from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.host.layer import compile_ffn_sublayer
-from nanokpu.isa import EXECUTORS, F_B_SPAD, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
+from nanokpu.isa import EXECUTORS, F_B_SPAD, F_B_T, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
 from sim.lib.kpu_tb import CLOCK_NS, TB, stop_status
 from sim.lib.raw_run import write_replay
 
@@ -368,39 +368,48 @@ async def test_layer_ops(dut):
 
 @cocotb.test()
 async def test_attention_scores(dut):
-    """GEMM with its B operand from the scratchpad (``F_B_SPAD``, ``layer_ops``): the scores ``q K^T``
+    """GEMMs with their B operand from the scratchpad (``F_B_SPAD``, ``layer_ops``): the scores ``q K^T``
     of 8 queries against 6 keys (a part-filled last panel) for each of 2 heads of 16 (int8 in int32
-    words with random upper bits, both ends of int8), requantised to 8 bits and raw: equal to
+    words with random upper bits, both ends of int8), requantised to 8 bits and raw, then the
+    requantised scores times the values ``V [6, 8]`` (``F_B_T``: V as it lies, raw): equal to
     :func:`golden.intops.matmul_int` (then :func:`~golden.intops.requantize`) and the host memory
     FuncSim's (under the bench's bus stalls)."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
-    T, S, H, dk, mult, shift = 8, 6, 2, 16, 12345, 20
-    q, K = rng.integers(-128, 128, (H, T, dk)), rng.integers(-128, 128, (H, S, dk))
-    q[0, 0, :2], K[0, 0, :2], K[1, -1, -2:] = [-128, 127], [-128, -128], [127, 127]
-    operands = np.concatenate([q.ravel(), K.ravel()])
+    T, S, H, dk, dv, mult, shift = 8, 6, 2, 16, 8, 12345, 20
+    q, K, V = (rng.integers(-128, 128, (H, rows, d)) for rows, d in ((T, dk), (S, dk), (S, dv)))
+    q[0, 0, :2], K[0, 0, :2], K[1, -1, -2:], V[1, 0, :2] = [-128, 127], [-128, -128], [127, 127], [-128, 127]
+    operands = np.concatenate([q.ravel(), K.ravel(), V.ravel()])
     words = (operands + (rng.integers(-(1 << 23), 1 << 23, operands.size) << 8)).astype("<i4")
-    qa, ka = 0, H * T * dk
-    scores, raw = ka + H * S * dk, ka + H * S * dk + H * T * S
-    prog = [Instr(Op.LOAD, m=H * (T + S), n=dk, c=qa, host=0, width=4)]
+    qa, ka, va = 0, H * T * dk, H * (T + S) * dk
+    scores = va + H * S * dv
+    raw, out = scores + H * T * S, scores + 2 * H * T * S
+    prog = [Instr(Op.LOAD, m=1, n=operands.size, c=qa, host=0, width=4)]
     for h in range(H):
         for c, width in ((scores, 8), (raw, 0)):
             prog.append(Instr(Op.GEMM, flags=F_B_SPAD, m=T, k=dk, n=S, a=qa + h * T * dk, b=ka + h * S * dk,
                               c=c + h * T * S, mult=mult, shift=shift, width=width))
-    prog += [Instr(Op.STORE, m=2 * H * T, n=S, a=scores, host=4 * operands.size, width=4), Instr(Op.HALT)]
-    image = words.tobytes() + bytes(4 * 2 * H * T * S)
+        prog.append(Instr(Op.GEMM, flags=F_B_SPAD | F_B_T, m=T, k=S, n=dv, a=scores + h * T * S,
+                          b=va + h * S * dv, c=out + h * T * dv))
+    results = 2 * H * T * S + H * T * dv
+    prog += [Instr(Op.STORE, m=1, n=results, a=scores, host=4 * operands.size, width=4), Instr(Op.HALT)]
+    image = words.tobytes() + bytes(4 * results)
     sim = FuncSim(cfg, image)
     assert sim.run(prog).error == Err.NONE
     await tb.load(prog, image)
     err, pc, done = await tb.run(poll=2000)
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     final = tb.ram.read(0, len(image))
-    got = np.frombuffer(final[4 * operands.size:], dtype="<i4").reshape(2, H, T, S)
+    got = np.frombuffer(final[4 * operands.size:], dtype="<i4")
     acc = np.stack([matmul_int(q[h], K[h].T, cfg.acc_width) for h in range(H)])
-    assert np.array_equal(got[1], acc), f"seed {tb.seed}: raw scores differ from matmul_int"
-    assert np.array_equal(got[0], requantize(acc, mult, shift, 8, cfg.rounding)), \
+    p = requantize(acc, mult, shift, 8, cfg.rounding)
+    o = np.stack([matmul_int(p[h], V[h], cfg.acc_width) for h in range(H)])
+    assert np.array_equal(got[:H * T * S].reshape(H, T, S), p), \
         f"seed {tb.seed}: requantised scores differ from the golden ones"
+    assert np.array_equal(got[H * T * S:2 * H * T * S].reshape(H, T, S), acc), \
+        f"seed {tb.seed}: raw scores differ from matmul_int"
+    assert np.array_equal(got[2 * H * T * S:].reshape(H, T, dv), o), f"seed {tb.seed}: p V differs from matmul_int"
     assert final == bytes(sim.host), f"seed {tb.seed}: host memory differs from FuncSim's"
 
 

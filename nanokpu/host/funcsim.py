@@ -18,6 +18,7 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_B_SPAD,
+    F_B_T,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -194,7 +195,8 @@ class FuncSim:
               f"{op.name} needs n <= attnres_candidates = {cfg.attnres_candidates}")
         check(rule.width_ok(ins.width, cfg), Err.BAD_SHAPE, f"{op.name} width {ins.width} not in {rule.widths}")
         check(rule.b_spad_ok(ins.flags, cfg), Err.BAD_SHAPE,
-              f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT")
+              f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT;"
+              " F_B_T needs F_B_SPAD")
         if rule.engine:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
@@ -241,7 +243,8 @@ class FuncSim:
         elif op == Op.GEMM:
             A = self._read(a, m * k, cfg.in_width).reshape(m, k)
             if ins.flags & F_B_SPAD:
-                B = self._read(b, n * k, cfg.in_width).reshape(n, k).T
+                B = self._read(b, n * k, cfg.in_width)
+                B = B.reshape(k, n) if ins.flags & F_B_T else B.reshape(n, k).T
             else:
                 panels = np.frombuffer(bytes(self.host[addr:addr + nbytes]), dtype=np.int8)
                 B = panels.reshape(-1, k, cfg.cols).transpose(1, 0, 2).reshape(k, -1)[:, :n]

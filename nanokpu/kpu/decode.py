@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_B_SPAD,
+    F_B_T,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -218,7 +219,7 @@ class Decode(wiring.Component):
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
             if r.b_spad:   # (OpRule.b_spad_ok)
                 others = (ins.flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT)) == 0
-                terms.append(~b_flag | (others if cfg.layer_ops else Const(0)))
+                terms += [~b_flag | (others if cfg.layer_ops else Const(0)), b_flag | ((ins.flags & F_B_T) == 0)]
             return Cat(*terms).all() if terms else Const(1)
 
         shape_ok = Signal()

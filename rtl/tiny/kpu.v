@@ -1130,7 +1130,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$411$0 (\$167 ),
     .\port$429$0 (\$168 ),
-    .\port$6420$254 (cur[269:254]),
+    .\port$6425$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6422$0 (running_exec),
+    .\port$6427$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -3669,46 +3669,46 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [23:0] \$100 ;
-  wire [16:0] \$101 ;
+  wire \$100 ;
+  wire [23:0] \$101 ;
   wire \$102 ;
-  wire [23:0] \$103 ;
-  wire [13:0] \$104 ;
-  wire [9:0] \$105 ;
-  wire \$106 ;
-  wire [4:0] \$107 ;
-  wire \$108 ;
+  wire [9:0] \$103 ;
+  wire [22:0] \$104 ;
+  wire [23:0] \$105 ;
+  wire [16:0] \$106 ;
+  wire \$107 ;
+  wire [23:0] \$108 ;
   wire [13:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [13:0] \$110 ;
-  wire [9:0] \$111 ;
-  wire \$112 ;
-  wire [4:0] \$113 ;
-  wire \$114 ;
+  wire [9:0] \$110 ;
+  wire \$111 ;
+  wire [4:0] \$112 ;
+  wire \$113 ;
+  wire [13:0] \$114 ;
   wire [13:0] \$115 ;
-  wire [14:0] \$116 ;
+  wire [9:0] \$116 ;
   wire \$117 ;
-  wire [14:0] \$118 ;
-  wire [13:0] \$119 ;
+  wire [4:0] \$118 ;
+  wire \$119 ;
   wire [17:0] \$12 ;
-  wire [16:0] \$120 ;
-  wire \$121 ;
-  wire [16:0] \$122 ;
-  wire [13:0] \$123 ;
-  wire [16:0] \$124 ;
-  wire \$125 ;
-  wire [16:0] \$126 ;
-  wire [13:0] \$127 ;
-  wire [16:0] \$128 ;
-  wire \$129 ;
+  wire [13:0] \$120 ;
+  wire [14:0] \$121 ;
+  wire \$122 ;
+  wire [14:0] \$123 ;
+  wire [13:0] \$124 ;
+  wire [16:0] \$125 ;
+  wire \$126 ;
+  wire [16:0] \$127 ;
+  wire [13:0] \$128 ;
+  wire [16:0] \$129 ;
   wire [17:0] \$13 ;
-  wire [16:0] \$130 ;
-  wire [13:0] \$131 ;
-  wire \$132 ;
-  wire \$133 ;
+  wire \$130 ;
+  wire [16:0] \$131 ;
+  wire [13:0] \$132 ;
+  wire [16:0] \$133 ;
   wire \$134 ;
-  wire \$135 ;
-  wire \$136 ;
+  wire [16:0] \$135 ;
+  wire [13:0] \$136 ;
   wire \$137 ;
   wire \$138 ;
   wire \$139 ;
@@ -3722,25 +3722,25 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$146 ;
   wire \$147 ;
   wire \$148 ;
-  wire [9:0] \$149 ;
+  wire \$149 ;
   wire [18:0] \$15 ;
   wire \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
-  wire \$154 ;
+  wire [9:0] \$154 ;
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
   wire [18:0] \$16 ;
-  wire [9:0] \$160 ;
+  wire \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire \$165 ;
+  wire [9:0] \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
@@ -3784,16 +3784,16 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire [14:0] \$204 ;
+  wire \$204 ;
   wire \$205 ;
   wire \$206 ;
-  wire [14:0] \$207 ;
+  wire \$207 ;
   wire \$208 ;
-  wire \$209 ;
+  wire [14:0] \$209 ;
   wire [18:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
-  wire \$212 ;
+  wire [14:0] \$212 ;
   wire \$213 ;
   wire \$214 ;
   wire \$215 ;
@@ -3807,16 +3807,16 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$222 ;
   wire \$223 ;
   wire \$224 ;
-  wire [14:0] \$225 ;
+  wire \$225 ;
   wire \$226 ;
   wire \$227 ;
-  wire [14:0] \$228 ;
+  wire \$228 ;
   wire \$229 ;
   wire \$23 ;
-  wire \$230 ;
+  wire [14:0] \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire \$233 ;
+  wire [14:0] \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
@@ -3830,70 +3830,75 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire [14:0] \$246 ;
+  wire \$246 ;
   wire \$247 ;
   wire \$248 ;
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire \$251 ;
-  wire [14:0] \$252 ;
+  wire [14:0] \$251 ;
+  wire \$252 ;
   wire \$253 ;
   wire \$254 ;
   wire \$255 ;
   wire \$256 ;
-  wire \$257 ;
+  wire [14:0] \$257 ;
   wire \$258 ;
-  wire [14:0] \$259 ;
+  wire \$259 ;
   wire \$26 ;
   wire \$260 ;
   wire \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire \$264 ;
+  wire [14:0] \$264 ;
   wire \$265 ;
   wire \$266 ;
-  wire [33:0] \$267 ;
-  wire [32:0] \$268 ;
+  wire \$267 ;
+  wire \$268 ;
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
   wire \$271 ;
-  wire \$272 ;
-  wire \$273 ;
+  wire [33:0] \$272 ;
+  wire [32:0] \$273 ;
   wire \$274 ;
   wire \$275 ;
   wire \$276 ;
   wire \$277 ;
-  wire [13:0] \$278 ;
+  wire \$278 ;
   wire \$279 ;
   wire \$28 ;
-  wire [13:0] \$280 ;
+  wire \$280 ;
   wire \$281 ;
-  wire [13:0] \$282 ;
-  wire \$283 ;
-  wire [13:0] \$284 ;
-  wire \$285 ;
-  wire [17:0] \$286 ;
-  wire [3:0] \$287 ;
-  wire [2:0] \$288 ;
-  reg \$289 ;
+  wire \$282 ;
+  wire [13:0] \$283 ;
+  wire \$284 ;
+  wire [13:0] \$285 ;
+  wire \$286 ;
+  wire [13:0] \$287 ;
+  wire \$288 ;
+  wire [13:0] \$289 ;
   wire \$29 ;
-  reg \$290 ;
-  reg \$291 ;
-  reg \$292 ;
-  reg [7:0] \$293 ;
+  wire \$290 ;
+  wire [17:0] \$291 ;
+  wire [3:0] \$292 ;
+  wire [2:0] \$293 ;
   reg \$294 ;
-  reg [2:0] \$295 ;
-  reg [1:0] \$296 ;
-  reg [13:0] \$297 ;
-  reg [13:0] \$298 ;
-  reg [13:0] \$299 ;
+  reg \$295 ;
+  reg \$296 ;
+  reg \$297 ;
+  reg [7:0] \$298 ;
+  reg \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
-  reg [13:0] \$300 ;
-  reg [17:0] \$301 ;
-  reg [32:0] \$302 ;
+  reg [2:0] \$300 ;
+  reg [1:0] \$301 ;
+  reg [13:0] \$302 ;
+  reg [13:0] \$303 ;
+  reg [13:0] \$304 ;
+  reg [13:0] \$305 ;
+  reg [17:0] \$306 ;
+  reg [32:0] \$307 ;
   wire \$31 ;
   wire \$32 ;
   wire \$33 ;
@@ -3917,9 +3922,9 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [17:0] \$5 ;
   wire \$50 ;
   wire \$51 ;
-  wire \$52 ;
+  wire [9:0] \$52 ;
   wire \$53 ;
-  wire \$54 ;
+  wire [9:0] \$54 ;
   wire \$55 ;
   wire \$56 ;
   wire \$57 ;
@@ -3957,18 +3962,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$86 ;
   wire \$87 ;
   wire \$88 ;
-  wire [13:0] \$89 ;
+  wire \$89 ;
   wire [17:0] \$9 ;
-  wire [9:0] \$90 ;
-  wire [9:0] \$91 ;
-  wire [22:0] \$92 ;
-  wire [23:0] \$93 ;
-  wire [16:0] \$94 ;
-  wire \$95 ;
-  wire [23:0] \$96 ;
-  wire \$97 ;
-  wire [9:0] \$98 ;
-  wire [22:0] \$99 ;
+  wire \$90 ;
+  wire \$91 ;
+  wire \$92 ;
+  wire \$93 ;
+  wire [13:0] \$94 ;
+  wire [9:0] \$95 ;
+  wire [9:0] \$96 ;
+  wire [22:0] \$97 ;
+  wire [23:0] \$98 ;
+  wire [16:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4101,245 +4106,247 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$46  = p2 <= 9'h100;
   assign \$47  = p3 <= 9'h100;
   assign \$50  = ~ \$49 ;
-  assign \$52  = & { \$51 , \$47 , \$46 , \$45 , \$44 , \$39 , \$38 , \$37  };
-  assign \$53  = m_eff >= 1'h1;
-  assign \$54  = ins[63:48] >= 1'h1;
-  assign \$55  = ins[243:238] >= 2'h2;
-  assign \$56  = ins[243:238] <= 5'h18;
-  assign \$57  = \$55  & \$56 ;
-  assign \$59  = & { \$58 , \$54 , \$53  };
-  assign \$60  = m_eff >= 1'h1;
-  assign \$61  = ins[63:48] >= 1'h1;
-  assign \$62  = & { \$61 , \$60  };
-  assign \$63  = m_eff >= 1'h1;
-  assign \$64  = ins[63:48] >= 1'h1;
-  assign \$65  = & { \$64 , \$63  };
-  assign \$66  = m_eff >= 1'h1;
-  assign \$67  = ins[63:48] >= 1'h1;
-  assign \$68  = & { \$67 , \$66  };
-  assign \$69  = m_eff >= 1'h1;
-  assign \$70  = ins[63:48] == 4'h8;
-  assign \$71  = ins[47:32] == 2'h2;
-  assign \$72  = & { \$71 , \$70 , \$69  };
-  assign \$73  = ins[63:48] == 4'h8;
-  assign \$75  = m_eff >= 1'h1;
-  assign \$76  = ins[63:48] >= 1'h1;
-  assign \$77  = & { \$76 , \$75  };
-  assign \$78  = m_eff >= 1'h1;
-  assign \$79  = ins[63:48] >= 1'h1;
-  assign \$80  = & { \$79 , \$78  };
-  assign \$81  = m_eff >= 1'h1;
-  assign \$82  = ins[63:48] >= 1'h1;
-  assign \$83  = ins[47:32] >= 1'h1;
-  assign \$84  = & { \$83 , \$82 , \$81  };
-  assign \$85  = m_eff >= 1'h1;
-  assign \$86  = ins[63:48] >= 1'h1;
-  assign \$87  = & { \$86 , \$85  };
-  assign \$88  = | l4[17:14];
-  assign \$89  = \$88  ? 14'h3fff : l4[13:0];
-  assign \$93  = 1'h0 + \$92 ;
-  assign \$96  = \$95  ? \$93  : { 7'h00, \$94  };
-  assign \$97  = | \$96 [23:14];
-  assign \$100  = 1'h0 + \$99 ;
-  assign \$103  = \$102  ? \$100  : { 7'h00, \$101  };
-  assign \$104  = \$97  ? 14'h3fff : \$103 [13:0];
-  assign \$107  = \$106  ? 5'h10 : 5'h00;
-  assign \$109  = \$108  ? \$104  : { 9'h000, \$107  };
-  assign \$113  = \$112  ? 5'h10 : 5'h00;
-  assign \$114  = | ins[63:62];
-  assign \$115  = \$114  ? 14'h3fff : ins[61:48];
-  assign \$116  = mk + 5'h10;
-  assign \$118  = mk + 5'h10;
-  assign \$119  = \$117  ? 14'h3fff : \$118 [13:0];
-  assign \$121  = | \$120 [16:14];
-  assign \$123  = \$121  ? 14'h3fff : \$122 [13:0];
-  assign \$124  = \context [47:34] + \context [33:18];
-  assign \$125  = | \$124 [16:14];
-  assign \$126  = \context [47:34] + \context [33:18];
-  assign \$127  = \$125  ? 14'h3fff : \$126 [13:0];
-  assign \$128  = \context [47:34] + \context [33:18];
-  assign \$129  = | \$128 [16:14];
-  assign \$130  = \context [47:34] + \context [33:18];
-  assign \$131  = \$129  ? 14'h3fff : \$130 [13:0];
-  assign \$132  = ! ins[5:0];
-  assign \$133  = ins[5:0] == 1'h1;
-  assign \$134  = ins[5:0] == 2'h2;
-  assign \$135  = ins[5:0] == 2'h3;
-  assign \$136  = ins[5:0] == 3'h4;
-  assign \$137  = ins[5:0] == 3'h5;
-  assign \$138  = ins[5:0] == 3'h6;
-  assign \$139  = ins[5:0] == 3'h7;
-  assign \$140  = ins[5:0] == 4'h8;
-  assign \$141  = ins[5:0] == 4'h9;
-  assign \$142  = ins[5:0] == 4'ha;
-  assign \$143  = ins[5:0] == 4'hb;
-  assign \$144  = ins[5:0] == 4'hc;
-  assign \$145  = ins[5:0] == 4'hd;
-  assign \$146  = ins[5:0] == 4'he;
-  assign \$147  = | { \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , 1'h0 };
-  assign \$148  = ~ \$147 ;
-  assign \$150  = | \$149 ;
-  assign \$151  = ins[5:0] == 4'ha;
-  assign \$152  = ins[5:0] == 4'hb;
-  assign \$153  = | { \$152 , \$151 , 1'h0 };
-  assign \$154  = \$150  | \$153 ;
-  assign \$155  = ins[5:0] == 4'h9;
-  assign \$157  = \$154  | \$156 ;
-  assign \$158  = ~ \context [0];
-  assign \$159  = \$157  & \$158 ;
-  assign \$161  = | \$160 ;
-  assign \$162  = ins[5:0] == 4'ha;
-  assign \$163  = ins[5:0] == 4'hb;
-  assign \$164  = | { \$163 , \$162 , 1'h0 };
-  assign \$165  = \$161  | \$164 ;
-  assign \$166  = ~ \context [1];
-  assign \$167  = \$165  & \$166 ;
-  assign \$168  = \$159  | \$167 ;
-  assign \$169  = ins[5:0] == 4'h9;
-  assign \$170  = ins[5:0] == 4'he;
-  assign \$171  = | { \$170 , \$169 , 1'h0 };
-  assign \$172  = ins[255:244] < 7'h40;
-  assign \$173  = ~ \$172 ;
-  assign \$174  = \$171  & \$173 ;
-  assign \$175  = ~ shape_q;
-  assign \$176  = ins[5:0] == 4'h8;
-  assign \$178  = ! ins[87:77];
-  assign \$179  = \context [48] & \$178 ;
-  assign \$180  = \context [61:49] == ins[76:64];
-  assign \$181  = \$179  & \$180 ;
-  assign \$182  = \context [75:62] == ln;
-  assign \$183  = \$181  & \$182 ;
-  assign \$184  = ~ \$183 ;
-  assign \$185  = \$177  & \$184 ;
-  assign \$186  = ~ spad_ok;
-  assign \$187  = ins[5:0] == 1'h1;
-  assign \$188  = ins[5:0] == 2'h2;
-  assign \$189  = ins[5:0] == 2'h3;
-  assign \$190  = | { \$189 , \$188 , \$187 , 1'h0 };
-  assign \$193  = ~ host_ok;
-  assign \$194  = \$192  & \$193 ;
-  assign \$195  = ~ busy;
-  assign \$196  = active & \$195 ;
-  assign \$197  = step != 3'h7;
-  assign \$198  = ! ins[5:0];
-  assign \$199  = settle == 2'h2;
-  assign \$200  = \$198  | \$199 ;
-  assign \$201  = | wa;
-  assign \$202  = | wc;
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = ins[125:112] + wc;
-  assign \$205  = ins[77:64] < \$204 ;
-  assign \$206  = \$203  & \$205 ;
-  assign \$207  = ins[77:64] + wa;
-  assign \$208  = ins[125:112] < \$207 ;
-  assign \$209  = \$206  & \$208 ;
-  assign \$210  = ins[5:0] == 3'h4;
-  assign \$211  = ins[5:0] == 3'h5;
-  assign \$212  = ins[5:0] == 3'h6;
-  assign \$213  = ins[5:0] == 3'h7;
-  assign \$214  = ins[5:0] == 4'hd;
-  assign \$215  = | { \$214 , \$213 , \$212 , \$211 , \$210 , 1'h0 };
-  assign \$216  = ins[77:64] == ins[125:112];
-  assign \$217  = \$215  & \$216 ;
-  assign \$218  = wa == wc;
-  assign \$219  = \$217  & \$218 ;
-  assign \$220  = ~ \$219 ;
-  assign \$221  = \$209  & \$220 ;
-  assign \$222  = | wb;
-  assign \$223  = | wc;
+  assign \$55  = ! \$54 ;
+  assign \$56  = \$53  | \$55 ;
+  assign \$57  = & { \$56 , \$51 , \$47 , \$46 , \$45 , \$44 , \$39 , \$38 , \$37  };
+  assign \$58  = m_eff >= 1'h1;
+  assign \$59  = ins[63:48] >= 1'h1;
+  assign \$60  = ins[243:238] >= 2'h2;
+  assign \$61  = ins[243:238] <= 5'h18;
+  assign \$62  = \$60  & \$61 ;
+  assign \$64  = & { \$63 , \$59 , \$58  };
+  assign \$65  = m_eff >= 1'h1;
+  assign \$66  = ins[63:48] >= 1'h1;
+  assign \$67  = & { \$66 , \$65  };
+  assign \$68  = m_eff >= 1'h1;
+  assign \$69  = ins[63:48] >= 1'h1;
+  assign \$70  = & { \$69 , \$68  };
+  assign \$71  = m_eff >= 1'h1;
+  assign \$72  = ins[63:48] >= 1'h1;
+  assign \$73  = & { \$72 , \$71  };
+  assign \$74  = m_eff >= 1'h1;
+  assign \$75  = ins[63:48] == 4'h8;
+  assign \$76  = ins[47:32] == 2'h2;
+  assign \$77  = & { \$76 , \$75 , \$74  };
+  assign \$78  = ins[63:48] == 4'h8;
+  assign \$80  = m_eff >= 1'h1;
+  assign \$81  = ins[63:48] >= 1'h1;
+  assign \$82  = & { \$81 , \$80  };
+  assign \$83  = m_eff >= 1'h1;
+  assign \$84  = ins[63:48] >= 1'h1;
+  assign \$85  = & { \$84 , \$83  };
+  assign \$86  = m_eff >= 1'h1;
+  assign \$87  = ins[63:48] >= 1'h1;
+  assign \$88  = ins[47:32] >= 1'h1;
+  assign \$89  = & { \$88 , \$87 , \$86  };
+  assign \$90  = m_eff >= 1'h1;
+  assign \$91  = ins[63:48] >= 1'h1;
+  assign \$92  = & { \$91 , \$90  };
+  assign \$93  = | l4[17:14];
+  assign \$94  = \$93  ? 14'h3fff : l4[13:0];
+  assign \$98  = 1'h0 + \$97 ;
+  assign \$101  = \$100  ? \$98  : { 7'h00, \$99  };
+  assign \$102  = | \$101 [23:14];
+  assign \$105  = 1'h0 + \$104 ;
+  assign \$108  = \$107  ? \$105  : { 7'h00, \$106  };
+  assign \$109  = \$102  ? 14'h3fff : \$108 [13:0];
+  assign \$112  = \$111  ? 5'h10 : 5'h00;
+  assign \$114  = \$113  ? \$109  : { 9'h000, \$112  };
+  assign \$118  = \$117  ? 5'h10 : 5'h00;
+  assign \$119  = | ins[63:62];
+  assign \$120  = \$119  ? 14'h3fff : ins[61:48];
+  assign \$121  = mk + 5'h10;
+  assign \$123  = mk + 5'h10;
+  assign \$124  = \$122  ? 14'h3fff : \$123 [13:0];
+  assign \$126  = | \$125 [16:14];
+  assign \$128  = \$126  ? 14'h3fff : \$127 [13:0];
+  assign \$129  = \context [47:34] + \context [33:18];
+  assign \$130  = | \$129 [16:14];
+  assign \$131  = \context [47:34] + \context [33:18];
+  assign \$132  = \$130  ? 14'h3fff : \$131 [13:0];
+  assign \$133  = \context [47:34] + \context [33:18];
+  assign \$134  = | \$133 [16:14];
+  assign \$135  = \context [47:34] + \context [33:18];
+  assign \$136  = \$134  ? 14'h3fff : \$135 [13:0];
+  assign \$137  = ! ins[5:0];
+  assign \$138  = ins[5:0] == 1'h1;
+  assign \$139  = ins[5:0] == 2'h2;
+  assign \$140  = ins[5:0] == 2'h3;
+  assign \$141  = ins[5:0] == 3'h4;
+  assign \$142  = ins[5:0] == 3'h5;
+  assign \$143  = ins[5:0] == 3'h6;
+  assign \$144  = ins[5:0] == 3'h7;
+  assign \$145  = ins[5:0] == 4'h8;
+  assign \$146  = ins[5:0] == 4'h9;
+  assign \$147  = ins[5:0] == 4'ha;
+  assign \$148  = ins[5:0] == 4'hb;
+  assign \$149  = ins[5:0] == 4'hc;
+  assign \$150  = ins[5:0] == 4'hd;
+  assign \$151  = ins[5:0] == 4'he;
+  assign \$152  = | { \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , 1'h0 };
+  assign \$153  = ~ \$152 ;
+  assign \$155  = | \$154 ;
+  assign \$156  = ins[5:0] == 4'ha;
+  assign \$157  = ins[5:0] == 4'hb;
+  assign \$158  = | { \$157 , \$156 , 1'h0 };
+  assign \$159  = \$155  | \$158 ;
+  assign \$160  = ins[5:0] == 4'h9;
+  assign \$162  = \$159  | \$161 ;
+  assign \$163  = ~ \context [0];
+  assign \$164  = \$162  & \$163 ;
+  assign \$166  = | \$165 ;
+  assign \$167  = ins[5:0] == 4'ha;
+  assign \$168  = ins[5:0] == 4'hb;
+  assign \$169  = | { \$168 , \$167 , 1'h0 };
+  assign \$170  = \$166  | \$169 ;
+  assign \$171  = ~ \context [1];
+  assign \$172  = \$170  & \$171 ;
+  assign \$173  = \$164  | \$172 ;
+  assign \$174  = ins[5:0] == 4'h9;
+  assign \$175  = ins[5:0] == 4'he;
+  assign \$176  = | { \$175 , \$174 , 1'h0 };
+  assign \$177  = ins[255:244] < 7'h40;
+  assign \$178  = ~ \$177 ;
+  assign \$179  = \$176  & \$178 ;
+  assign \$180  = ~ shape_q;
+  assign \$181  = ins[5:0] == 4'h8;
+  assign \$183  = ! ins[87:77];
+  assign \$184  = \context [48] & \$183 ;
+  assign \$185  = \context [61:49] == ins[76:64];
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \context [75:62] == ln;
+  assign \$188  = \$186  & \$187 ;
+  assign \$189  = ~ \$188 ;
+  assign \$190  = \$182  & \$189 ;
+  assign \$191  = ~ spad_ok;
+  assign \$192  = ins[5:0] == 1'h1;
+  assign \$193  = ins[5:0] == 2'h2;
+  assign \$194  = ins[5:0] == 2'h3;
+  assign \$195  = | { \$194 , \$193 , \$192 , 1'h0 };
+  assign \$198  = ~ host_ok;
+  assign \$199  = \$197  & \$198 ;
+  assign \$200  = ~ busy;
+  assign \$201  = active & \$200 ;
+  assign \$202  = step != 3'h7;
+  assign \$203  = ! ins[5:0];
+  assign \$204  = settle == 2'h2;
+  assign \$205  = \$203  | \$204 ;
+  assign \$206  = | wa;
+  assign \$207  = | wc;
+  assign \$208  = \$206  & \$207 ;
+  assign \$209  = ins[125:112] + wc;
+  assign \$210  = ins[77:64] < \$209 ;
+  assign \$211  = \$208  & \$210 ;
+  assign \$212  = ins[77:64] + wa;
+  assign \$213  = ins[125:112] < \$212 ;
+  assign \$214  = \$211  & \$213 ;
+  assign \$215  = ins[5:0] == 3'h4;
+  assign \$216  = ins[5:0] == 3'h5;
+  assign \$217  = ins[5:0] == 3'h6;
+  assign \$218  = ins[5:0] == 3'h7;
+  assign \$219  = ins[5:0] == 4'hd;
+  assign \$220  = | { \$219 , \$218 , \$217 , \$216 , \$215 , 1'h0 };
+  assign \$221  = ins[77:64] == ins[125:112];
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = wa == wc;
   assign \$224  = \$222  & \$223 ;
-  assign \$225  = ins[125:112] + wc;
-  assign \$226  = ins[101:88] < \$225 ;
-  assign \$227  = \$224  & \$226 ;
-  assign \$228  = ins[101:88] + wb;
-  assign \$229  = ins[125:112] < \$228 ;
-  assign \$230  = \$227  & \$229 ;
-  assign \$231  = ins[5:0] == 3'h4;
-  assign \$232  = ins[5:0] == 3'h5;
-  assign \$233  = ins[5:0] == 3'h6;
-  assign \$234  = ins[5:0] == 3'h7;
-  assign \$235  = ins[5:0] == 4'hd;
-  assign \$236  = | { \$235 , \$234 , \$233 , \$232 , \$231 , 1'h0 };
-  assign \$237  = ins[101:88] == ins[125:112];
-  assign \$238  = \$236  & \$237 ;
-  assign \$239  = wb == wc;
-  assign \$240  = \$238  & \$239 ;
-  assign \$241  = ~ \$240 ;
-  assign \$242  = \$230  & \$241 ;
-  assign \$243  = \$221  | \$242 ;
-  assign \$244  = ! wa;
-  assign \$245  = ! ins[87:78];
-  assign \$246  = ins[77:64] + wa;
-  assign \$247  = \$246  <= 14'h2000;
-  assign \$248  = \$245  & \$247 ;
-  assign \$249  = \$244  | \$248 ;
-  assign \$250  = ! wb;
-  assign \$251  = ! ins[111:102];
-  assign \$252  = ins[101:88] + wb;
-  assign \$253  = \$252  <= 14'h2000;
-  assign \$254  = \$251  & \$253 ;
-  assign \$255  = \$250  | \$254 ;
-  assign \$256  = \$249  & \$255 ;
-  assign \$257  = ! wc;
-  assign \$258  = ! ins[135:126];
-  assign \$259  = ins[125:112] + wc;
-  assign \$260  = \$259  <= 14'h2000;
-  assign \$261  = \$258  & \$260 ;
-  assign \$262  = \$257  | \$261 ;
-  assign \$263  = \$256  & \$262 ;
-  assign \$264  = ! host[1:0];
-  assign \$265  = host >= \context [107:76];
-  assign \$266  = \$264  & \$265 ;
-  assign \$267  = host + { l4[17:2], 2'h0 };
-  assign \$268  = \context [107:76] + \context [139:108];
-  assign \$269  = \$267  <= \$268 ;
-  assign \$270  = \$266  & \$269 ;
-  assign \$271  = ~ busy;
-  assign \$272  = active & \$271 ;
-  assign \$273  = step != 3'h7;
-  assign \$274  = ! ins[5:0];
-  assign \$275  = settle == 2'h2;
-  assign \$276  = \$274  | \$275 ;
-  assign \$277  = | acc[32:14];
-  assign \$278  = \$277  ? 14'h3fff : acc[13:0];
-  assign \$279  = | acc[32:14];
-  assign \$280  = \$279  ? 14'h3fff : acc[13:0];
-  assign \$281  = | acc[32:14];
-  assign \$282  = \$281  ? 14'h3fff : acc[13:0];
-  assign \$283  = | acc[32:14];
-  assign \$284  = \$283  ? 14'h3fff : acc[13:0];
-  assign \$285  = | acc[32:18];
-  assign \$286  = \$285  ? 18'h3ffff : acc[17:0];
-  assign \$287  = step + 1'h1;
-  assign \$288  = settle + 1'h1;
+  assign \$225  = ~ \$224 ;
+  assign \$226  = \$214  & \$225 ;
+  assign \$227  = | wb;
+  assign \$228  = | wc;
+  assign \$229  = \$227  & \$228 ;
+  assign \$230  = ins[125:112] + wc;
+  assign \$231  = ins[101:88] < \$230 ;
+  assign \$232  = \$229  & \$231 ;
+  assign \$233  = ins[101:88] + wb;
+  assign \$234  = ins[125:112] < \$233 ;
+  assign \$235  = \$232  & \$234 ;
+  assign \$236  = ins[5:0] == 3'h4;
+  assign \$237  = ins[5:0] == 3'h5;
+  assign \$238  = ins[5:0] == 3'h6;
+  assign \$239  = ins[5:0] == 3'h7;
+  assign \$240  = ins[5:0] == 4'hd;
+  assign \$241  = | { \$240 , \$239 , \$238 , \$237 , \$236 , 1'h0 };
+  assign \$242  = ins[101:88] == ins[125:112];
+  assign \$243  = \$241  & \$242 ;
+  assign \$244  = wb == wc;
+  assign \$245  = \$243  & \$244 ;
+  assign \$246  = ~ \$245 ;
+  assign \$247  = \$235  & \$246 ;
+  assign \$248  = \$226  | \$247 ;
+  assign \$249  = ! wa;
+  assign \$250  = ! ins[87:78];
+  assign \$251  = ins[77:64] + wa;
+  assign \$252  = \$251  <= 14'h2000;
+  assign \$253  = \$250  & \$252 ;
+  assign \$254  = \$249  | \$253 ;
+  assign \$255  = ! wb;
+  assign \$256  = ! ins[111:102];
+  assign \$257  = ins[101:88] + wb;
+  assign \$258  = \$257  <= 14'h2000;
+  assign \$259  = \$256  & \$258 ;
+  assign \$260  = \$255  | \$259 ;
+  assign \$261  = \$254  & \$260 ;
+  assign \$262  = ! wc;
+  assign \$263  = ! ins[135:126];
+  assign \$264  = ins[125:112] + wc;
+  assign \$265  = \$264  <= 14'h2000;
+  assign \$266  = \$263  & \$265 ;
+  assign \$267  = \$262  | \$266 ;
+  assign \$268  = \$261  & \$267 ;
+  assign \$269  = ! host[1:0];
+  assign \$270  = host >= \context [107:76];
+  assign \$271  = \$269  & \$270 ;
+  assign \$272  = host + { l4[17:2], 2'h0 };
+  assign \$273  = \context [107:76] + \context [139:108];
+  assign \$274  = \$272  <= \$273 ;
+  assign \$275  = \$271  & \$274 ;
+  assign \$276  = ~ busy;
+  assign \$277  = active & \$276 ;
+  assign \$278  = step != 3'h7;
+  assign \$279  = ! ins[5:0];
+  assign \$280  = settle == 2'h2;
+  assign \$281  = \$279  | \$280 ;
+  assign \$282  = | acc[32:14];
+  assign \$283  = \$282  ? 14'h3fff : acc[13:0];
+  assign \$284  = | acc[32:14];
+  assign \$285  = \$284  ? 14'h3fff : acc[13:0];
+  assign \$286  = | acc[32:14];
+  assign \$287  = \$286  ? 14'h3fff : acc[13:0];
+  assign \$288  = | acc[32:14];
+  assign \$289  = \$288  ? 14'h3fff : acc[13:0];
+  assign \$290  = | acc[32:18];
+  assign \$291  = \$290  ? 18'h3ffff : acc[17:0];
+  assign \$292  = step + 1'h1;
+  assign \$293  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$289 ;
+    shape_q <= \$294 ;
   always @(posedge clk)
-    overlap_q <= \$290 ;
+    overlap_q <= \$295 ;
   always @(posedge clk)
-    spad_ok <= \$291 ;
+    spad_ok <= \$296 ;
   always @(posedge clk)
-    host_ok <= \$292 ;
+    host_ok <= \$297 ;
   always @(posedge clk)
-    error <= \$293 ;
+    error <= \$298 ;
   always @(posedge clk)
-    active <= \$294 ;
+    active <= \$299 ;
   always @(posedge clk)
-    step <= \$295 ;
+    step <= \$300 ;
   always @(posedge clk)
-    settle <= \$296 ;
+    settle <= \$301 ;
   always @(posedge clk)
-    ln <= \$297 ;
+    ln <= \$302 ;
   always @(posedge clk)
-    mk <= \$298 ;
+    mk <= \$303 ;
   always @(posedge clk)
-    p2 <= \$299 ;
+    p2 <= \$304 ;
   always @(posedge clk)
-    p3 <= \$300 ;
+    p3 <= \$305 ;
   always @(posedge clk)
-    l4 <= \$301 ;
+    l4 <= \$306 ;
   always @(posedge clk)
-    host <= \$302 ;
+    host <= \$307 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4491,27 +4498,27 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           shape_ok = \$36 ;
       6'h03:
-          shape_ok = \$52 ;
+          shape_ok = \$57 ;
       6'h04:
-          shape_ok = \$59 ;
+          shape_ok = \$64 ;
       6'h05:
-          shape_ok = \$62 ;
+          shape_ok = \$67 ;
       6'h06:
-          shape_ok = \$65 ;
+          shape_ok = \$70 ;
       6'h07:
-          shape_ok = \$68 ;
+          shape_ok = \$73 ;
       6'h08:
-          shape_ok = \$72 ;
-      6'h09:
-          shape_ok = \$74 ;
-      6'h0a:
           shape_ok = \$77 ;
+      6'h09:
+          shape_ok = \$79 ;
+      6'h0a:
+          shape_ok = \$82 ;
       6'h0b:
-          shape_ok = \$80 ;
+          shape_ok = \$85 ;
       6'h0c:
-          shape_ok = \$84 ;
+          shape_ok = \$89 ;
       6'h0d:
-          shape_ok = \$87 ;
+          shape_ok = \$92 ;
       6'h0e:
           shape_ok = 1'h1;
     endcase
@@ -4533,7 +4540,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$119 ;
+          wc = \$124 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4563,7 +4570,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$123 ;
+          wa = \$128 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4581,21 +4588,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$110 ;
+          wb = \$115 ;
       6'h04:
-          wb = { 9'h000, \$113  };
+          wb = { 9'h000, \$118  };
       6'h05, 6'h0d:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$115 ;
+          wb = \$120 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$127 ;
+          wb = \$132 ;
       6'h0b:
-          wb = \$131 ;
+          wb = \$136 ;
       6'h0c:
           wb = mk;
     endcase
@@ -4603,21 +4610,21 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$148 ) begin
+    if (\$153 ) begin
       decode_err = 8'h01;
-    end else if (\$168 ) begin
+    end else if (\$173 ) begin
       decode_err = 8'h08;
-    end else if (\$174 ) begin
+    end else if (\$179 ) begin
       decode_err = 8'h06;
-    end else if (\$175 ) begin
+    end else if (\$180 ) begin
       decode_err = 8'h03;
-    end else if (\$185 ) begin
+    end else if (\$190 ) begin
       decode_err = 8'h04;
-    end else if (\$186 ) begin
+    end else if (\$191 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$194 ) begin
+    end else if (\$199 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4625,8 +4632,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$196 ) begin
-      if (\$197 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
         load = 1'h1;
       end
     end
@@ -4635,8 +4642,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$196 ) begin
-      if (\$197 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
         y = st_y;
       end
     end
@@ -4645,8 +4652,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$196 ) begin
-      if (\$197 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
         x = st_x;
       end
     end
@@ -4655,8 +4662,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$196 ) begin
-      if (\$197 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
         acc_in = st_acc;
       end
     end
@@ -4665,74 +4672,16 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$196 ) begin
-      if (\$197 ) begin
-      end else if (\$200 ) begin
+    end else if (\$201 ) begin
+      if (\$202 ) begin
+      end else if (\$205 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$289  = shape_ok;
-    if (unit_rst) begin
-      \$289  = 1'h0;
-    end
-    if (rst) begin
-      \$289  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$290  = \$243 ;
-    if (unit_rst) begin
-      \$290  = 1'h0;
-    end
-    if (rst) begin
-      \$290  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$291  = \$263 ;
-    if (unit_rst) begin
-      \$291  = 1'h0;
-    end
-    if (rst) begin
-      \$291  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$292  = \$270 ;
-    if (unit_rst) begin
-      \$292  = 1'h0;
-    end
-    if (rst) begin
-      \$292  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$293  = decode_err;
-    if (unit_rst) begin
-      \$293  = 8'h00;
-    end
-    if (rst) begin
-      \$293  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$294  = active;
-    if (start) begin
-      \$294  = 1'h1;
-    end else if (\$272 ) begin
-      if (\$273 ) begin
-      end else if (\$276 ) begin
-        \$294  = 1'h0;
-      end
-    end
+    \$294  = shape_ok;
     if (unit_rst) begin
       \$294  = 1'h0;
     end
@@ -4742,110 +4691,168 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$295  = step;
-    if (start) begin
-      \$295  = 3'h0;
-    end else if (\$272 ) begin
-      if (\$273 ) begin
-        \$295  = \$287 [2:0];
-      end
-    end
+    \$295  = \$248 ;
     if (unit_rst) begin
-      \$295  = 3'h0;
+      \$295  = 1'h0;
     end
     if (rst) begin
-      \$295  = 3'h0;
+      \$295  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$296  = settle;
+    \$296  = \$268 ;
+    if (unit_rst) begin
+      \$296  = 1'h0;
+    end
+    if (rst) begin
+      \$296  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$297  = \$275 ;
+    if (unit_rst) begin
+      \$297  = 1'h0;
+    end
+    if (rst) begin
+      \$297  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$298  = decode_err;
+    if (unit_rst) begin
+      \$298  = 8'h00;
+    end
+    if (rst) begin
+      \$298  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$299  = active;
     if (start) begin
-      \$296  = 2'h0;
-    end else if (\$272 ) begin
+      \$299  = 1'h1;
+    end else if (\$277 ) begin
+      if (\$278 ) begin
+      end else if (\$281 ) begin
+        \$299  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$299  = 1'h0;
+    end
+    if (rst) begin
+      \$299  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$300  = step;
+    if (start) begin
+      \$300  = 3'h0;
+    end else if (\$277 ) begin
+      if (\$278 ) begin
+        \$300  = \$292 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$300  = 3'h0;
+    end
+    if (rst) begin
+      \$300  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$301  = settle;
+    if (start) begin
+      \$301  = 2'h0;
+    end else if (\$277 ) begin
       (* full_case = 32'd1 *)
-      if (\$273 ) begin
-      end else if (\$276 ) begin
+      if (\$278 ) begin
+      end else if (\$281 ) begin
       end else begin
-        \$296  = \$288 [1:0];
+        \$301  = \$293 [1:0];
       end
     end
     if (unit_rst) begin
-      \$296  = 2'h0;
+      \$301  = 2'h0;
     end
     if (rst) begin
-      \$296  = 2'h0;
+      \$301  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$297  = ln;
+    \$302  = ln;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
-              \$297  = \$278 ;
+              \$302  = \$283 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$297  = 14'h0000;
+      \$302  = 14'h0000;
     end
     if (rst) begin
-      \$297  = 14'h0000;
+      \$302  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$298  = mk;
+    \$303  = mk;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$298  = \$280 ;
+              \$303  = \$285 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$298  = 14'h0000;
+      \$303  = 14'h0000;
     end
     if (rst) begin
-      \$298  = 14'h0000;
+      \$303  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$299  = p2;
+    \$304  = p2;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$299  = \$282 ;
+              \$304  = \$287 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$299  = 14'h0000;
+      \$304  = 14'h0000;
     end
     if (rst) begin
-      \$299  = 14'h0000;
+      \$304  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$300  = p3;
+    \$305  = p3;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4854,23 +4861,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$300  = \$284 ;
+              \$305  = \$289 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$300  = 14'h0000;
+      \$305  = 14'h0000;
     end
     if (rst) begin
-      \$300  = 14'h0000;
+      \$305  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$301  = l4;
+    \$306  = l4;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4881,23 +4888,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$301  = \$286 ;
+              \$306  = \$291 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$301  = 18'h00000;
+      \$306  = 18'h00000;
     end
     if (rst) begin
-      \$301  = 18'h00000;
+      \$306  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$302  = host;
+    \$307  = host;
     if (start) begin
-    end else if (\$272 ) begin
-      if (\$273 ) begin
+    end else if (\$277 ) begin
+      if (\$278 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4910,15 +4917,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$302  = acc;
+              \$307  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$302  = 33'h000000000;
+      \$307  = 33'h000000000;
     end
     if (rst) begin
-      \$302  = 33'h000000000;
+      \$307  = 33'h000000000;
     end
   end
   assign b_on = 1'h0;
@@ -4996,41 +5003,46 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign { \$48 [9:5], \$48 [3:0] } = 9'h000;
   assign \$48 [4] = ins[10];
   assign \$51  = \$50 ;
-  assign \$58  = \$57 ;
-  assign \$74  = \$73 ;
-  assign { \$90 [9:4], \$90 [2:0] } = 9'h000;
-  assign \$90 [3] = ins[9];
-  assign { \$91 [9:3], \$91 [1:0] } = 9'h000;
-  assign \$91 [2] = ins[8];
-  assign \$92  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$94  = { ins[63:48], 1'h0 };
-  assign \$95  = ins[8];
-  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
-  assign \$98 [2] = ins[8];
-  assign \$99  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$101  = { ins[63:48], 1'h0 };
-  assign \$102  = ins[8];
-  assign { \$105 [9:3], \$105 [1:0] } = 9'h000;
-  assign \$105 [2] = ins[8];
-  assign \$106  = ins[8];
-  assign \$108  = ins[9];
-  assign \$110  = \$109 ;
-  assign { \$111 [9:3], \$111 [1:0] } = 9'h000;
-  assign \$111 [2] = ins[8];
-  assign \$112  = ins[8];
-  assign \$117  = \$116 [14];
-  assign \$120  = { ins[63:48], 1'h0 };
-  assign \$122  = { ins[63:48], 1'h0 };
-  assign \$149 [9:3] = 7'h00;
-  assign \$149 [2:0] = ins[8:6];
-  assign \$156  = \$155 ;
-  assign \$160 [9:3] = 7'h00;
-  assign \$160 [2:0] = ins[8:6];
-  assign \$177  = \$176 ;
-  assign \$191  = 1'h1;
-  assign \$192  = \$190 ;
+  assign { \$52 [9:5], \$52 [3:0] } = 9'h000;
+  assign \$52 [4] = ins[10];
+  assign { \$54 [9:6], \$54 [4:0] } = 9'h000;
+  assign \$54 [5] = ins[11];
+  assign \$63  = \$62 ;
+  assign \$79  = \$78 ;
+  assign { \$95 [9:4], \$95 [2:0] } = 9'h000;
+  assign \$95 [3] = ins[9];
+  assign { \$96 [9:3], \$96 [1:0] } = 9'h000;
+  assign \$96 [2] = ins[8];
+  assign \$97  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$99  = { ins[63:48], 1'h0 };
+  assign \$100  = ins[8];
+  assign { \$103 [9:3], \$103 [1:0] } = 9'h000;
+  assign \$103 [2] = ins[8];
+  assign \$104  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$106  = { ins[63:48], 1'h0 };
+  assign \$107  = ins[8];
+  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
+  assign \$110 [2] = ins[8];
+  assign \$111  = ins[8];
+  assign \$113  = ins[9];
+  assign \$115  = \$114 ;
+  assign { \$116 [9:3], \$116 [1:0] } = 9'h000;
+  assign \$116 [2] = ins[8];
+  assign \$117  = ins[8];
+  assign \$122  = \$121 [14];
+  assign \$125  = { ins[63:48], 1'h0 };
+  assign \$127  = { ins[63:48], 1'h0 };
+  assign \$154 [9:3] = 7'h00;
+  assign \$154 [2:0] = ins[8:6];
+  assign \$161  = \$160 ;
+  assign \$165 [9:3] = 7'h00;
+  assign \$165 [2:0] = ins[8:6];
+  assign \$182  = \$181 ;
+  assign \$196  = 1'h1;
+  assign \$197  = \$195 ;
   assign \$23  = ins[7];
   assign \$49  = ins[10];
+  assign \$53  = ins[10];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -5131,7 +5143,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6420$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6425$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5274,8 +5286,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$411$0 ;
   output [5:0] \port$429$0 ;
   wire [5:0] \port$429$0 ;
-  input [15:0] \port$6420$254 ;
-  wire [15:0] \port$6420$254 ;
+  input [15:0] \port$6425$254 ;
+  wire [15:0] \port$6425$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5440,7 +5452,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6420$254  };
+      \$74  = { 8'h00, \port$6425$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5476,7 +5488,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6420$254  };
+      \$77  = { 8'h00, \port$6425$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5521,9 +5533,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6420$254  };
+  assign rd_beats = { 8'h00, \port$6425$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6420$254  };
+  assign wr_beats = { 8'h00, \port$6425$254  };
   assign \port$411$0  = \$9 ;
   assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9404,8 +9416,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .clk(clk),
     .level(level),
     .\port$5970$0 (spad__rd1__data),
-    .\port$7515$0 (\$signal ),
-    .\port$7906$0 (spad__rd0__lanes[31:0]),
+    .\port$7520$0 (\$signal ),
+    .\port$7911$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13598,7 +13610,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7515$0 , level, \port$7906$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7520$0 , level, \port$7911$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13625,10 +13637,10 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   reg [1:0] level = 2'h0;
   input [31:0] \port$5970$0 ;
   wire [31:0] \port$5970$0 ;
-  input \port$7515$0 ;
-  wire \port$7515$0 ;
-  input [31:0] \port$7906$0 ;
-  wire [31:0] \port$7906$0 ;
+  input \port$7520$0 ;
+  wire \port$7520$0 ;
+  input [31:0] \port$7911$0 ;
+  wire [31:0] \port$7911$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13661,7 +13673,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7515$0 , \port$5970$0 , \port$7906$0  };
+      storage[w_port__addr] <= { \port$7520$0 , \port$5970$0 , \port$7911$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13732,8 +13744,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7515$0 , \port$5970$0 , \port$7906$0  };
-  assign w_data = { \port$7515$0 , \port$5970$0 , \port$7906$0  };
+  assign w_port__data = { \port$7520$0 , \port$5970$0 , \port$7911$0  };
+  assign w_data = { \port$7520$0 , \port$5970$0 , \port$7911$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -35068,7 +35080,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6422$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6427$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35339,8 +35351,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6422$0 ;
-  wire [4:0] \port$6422$0 ;
+  input [4:0] \port$6427$0 ;
+  wire [4:0] \port$6427$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35364,81 +35376,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6422$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6427$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6422$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6427$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6422$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6427$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6422$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6427$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6422$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6427$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6422$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6427$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6422$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6427$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6422$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6427$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6422$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6422$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6427$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6427$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6422$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6427$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6422$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6427$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6422$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6427$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3], \port$6422$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6422$0 [0], \port$6422$0 [0], \port$6422$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6422$0 [1], \port$6422$0 [1], \port$6422$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6422$0 [2], \port$6422$0 [2], \port$6422$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6422$0 [4], \port$6422$0 [4], \port$6422$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35455,7 +35467,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6422$0 , \port$2$0  };
+  assign select = { \port$6427$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
+from nanokpu.isa import F_B_SPAD, F_B_T, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
 from nanokpu.kpu.decode import Decode
 
 CFG = profile("tiny")
@@ -173,15 +173,17 @@ def test_layer_ops_decode_only_with_layer_ops():
 def test_gemm_b_from_the_scratchpad_decodes_only_with_layer_ops():
     """GEMM with F_B_SPAD: B's n*k words at b checked like any operand (fits to the last word, one
     past it, overlapping the result), no host access (a misaligned host address passes), never with
-    a per-column table; BAD_SHAPE without layer_ops (FuncSim agrees each way)."""
+    a per-column table; F_B_T (B transposed) only with it; BAD_SHAPE without layer_ops (FuncSim
+    agrees each way)."""
     D = CFG.dmem_depth
     gemm = dict(op=Op.GEMM, flags=F_B_SPAD, m=2, k=4, n=6, a=0, c=100, host=6, width=8)
     ops = [Instr(**gemm, b=50), Instr(**gemm, b=D - 24), Instr(**gemm, b=D - 23), Instr(**gemm, b=77),
            Instr(**gemm, b=112), Instr(**gemm | {"flags": F_B_SPAD | F_RQ_CHANNEL}, b=50),
-           Instr(**gemm | {"flags": F_B_SPAD | F_RQ_EXPERT}, b=50), Instr(**gemm | {"flags": 0}, b=50)]
+           Instr(**gemm | {"flags": F_B_SPAD | F_RQ_EXPERT}, b=50), Instr(**gemm | {"flags": 0}, b=50),
+           Instr(**gemm | {"flags": F_B_SPAD | F_B_T}, b=D - 24), Instr(**gemm | {"flags": F_B_T}, b=50)]
     layer = profile("tiny", layer_ops=True)
-    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 6 + [Err.NO_ROUTE, Err.HOST_RANGE]),
+    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 6 + [Err.NO_ROUTE, Err.HOST_RANGE, Err.BAD_SHAPE, Err.BAD_SHAPE]),
                       (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE,
-                               Err.NO_ROUTE, Err.HOST_RANGE])):
+                               Err.NO_ROUTE, Err.HOST_RANGE, Err.NONE, Err.BAD_SHAPE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops

@@ -13,7 +13,7 @@ from amaranth.sim import Simulator
 from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
+from nanokpu.isa import F_B_SPAD, F_B_T, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
@@ -438,24 +438,28 @@ def test_requant_wide_takes_a_product_per_logit():
     assert cycles[1] - cycles[0] == 16 * 24, cycles
 
 
-@pytest.mark.parametrize("width", [0, 8])
+@pytest.mark.parametrize("transposed", [False, True], ids=["K", "V"])
 @pytest.mark.parametrize("shape", [(5, 7, 6), (1, 3, 9), (3, 16, 4), (8, 2, 1), (16, 5, 9)])
-def test_gemm_with_b_from_the_scratchpad_matches_funcsim(width, shape):
-    """F_B_SPAD (layer_ops): A [m, k] @ K [n, k]^T with both operands in the scratchpad (random upper
-    bits in every word: in_width bits taken), the extremes of both, n a multiple of cols and not (a
-    part-filled last panel), a whole panel of one row; under read blocking with either scratchpad
-    build; 16 rows (4 row blocks: the engine keeps the reader waiting); the bus never touched (no
-    beat is offered). Cycles exact: a read a cycle at most, and at most (cols - 1)*k per panel more
-    than the same GEMM from the bus at full rate."""
+def test_gemm_with_b_from_the_scratchpad_matches_funcsim(shape, transposed):
+    """F_B_SPAD (layer_ops): A [m, k] @ K [n, k]^T, and with F_B_T A @ V [k, n], both operands in the
+    scratchpad (random upper bits in every word: in_width bits taken), the extremes of both, n a
+    multiple of cols and not (a part-filled last panel), a panel of one row; under read blocking with
+    either scratchpad build; requantised (K) and raw (V); 16 rows (4 row blocks: the engine keeps
+    the reader waiting); the bus
+    never touched. Cycles exact, the same for both layouts: a read a cycle at most, and at most
+    (cols - 1)*k per panel more than the same GEMM from the bus at full rate."""
     m, k, n = shape
+    width = 0 if transposed else 8
     rng = np.random.default_rng(m * 100 + k * 10 + n + width)
     A = rng.integers(-128, 128, (m, k))
     K = rng.integers(-128, 128, (n, k))
     A[0, 0], K[0, 0], K[-1, -1] = -128, -128, 127
     b = 200
     words = {8 + i: int(v) + (int(rng.integers(-4, 4)) << 8) for i, v in enumerate(A.ravel())}
-    words |= {b + i: int(v) + (int(rng.integers(-4, 4)) << 8) for i, v in enumerate(K.ravel())}
-    ins = Instr(Op.GEMM, flags=F_B_SPAD, m=m, k=k, n=n, a=8, b=b, c=400, mult=20000, shift=12, width=width)
+    B = K.T if transposed else K     # as it lies in the scratchpad: V = K^T [k, n] with F_B_T
+    words |= {b + i: int(v) + (int(rng.integers(-4, 4)) << 8) for i, v in enumerate(B.ravel())}
+    ins = Instr(Op.GEMM, flags=F_B_SPAD | (F_B_T if transposed else 0), m=m, k=k, n=n, a=8, b=b, c=400,
+                mult=20000, shift=12, width=width)
     for one_write_port, spad_stall in ((False, 0.0), (True, 0.25)):
         got, want, err, _ = _run(ins, words, cfg=LAYER, one_write_port=one_write_port, spad_stall=spad_stall,
                                  seed=width + n, limit=2_000)

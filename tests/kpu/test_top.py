@@ -83,9 +83,9 @@ def test_ffn_sublayer_on_the_whole_kpu():
 
 
 def test_attention_scores_on_the_whole_kpu():
-    """GEMM with B from the scratchpad (F_B_SPAD): q K^T of 2 heads, requantised and raw, on the whole
-    nano-KPU under bus stalls: == golden matmul_int (and requantize), host memory == FuncSim's
-    (sim/bench_top.py test_attention_scores)."""
+    """GEMMs with B from the scratchpad (F_B_SPAD): q K^T of 2 heads, requantised and raw, then p V
+    (F_B_T: V as it lies) on the whole nano-KPU under bus stalls: == golden matmul_int (and
+    requantize), host memory == FuncSim's (sim/bench_top.py test_attention_scores)."""
     _bench("tiny", "test_attention_scores", tag="_after_layer", seed=4, pause=0.2, overrides=AFTER_LAYER)
 
 

@@ -9,7 +9,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_B_SPAD, F_RQ_CHANNEL, F_RQ_EXPERT, Err
+from nanokpu.isa import F_B_SPAD, F_B_T, F_RQ_CHANNEL, F_RQ_EXPERT, Err
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import (
@@ -54,7 +54,8 @@ class GemmFeed(wiring.Component):
     (``ceil(n/cols)`` tiles of at least ``tile_gap`` cycles against ``2*n`` reads: every
     profile); the hold is the interlock otherwise. With :data:`~nanokpu.isa.F_B_SPAD` (built
     with ``layer_ops``) the B beats come from the scratchpad instead of the bus: lane ``j`` of
-    beat ``kk`` of panel ``p`` is word ``b + (p*cols + j)*k + kk``, read one a cycle on ``rd1``
+    beat ``kk`` of panel ``p`` is word ``b + (p*cols + j)*k + kk`` (with :data:`~nanokpu.isa.F_B_T`
+    ``b + kk*n + p*cols + j``), read one a cycle on ``rd1``
     (a lane past ``n`` takes a cycle without a read), a beat handed to the
     engine from a register once its last lane is in: ``cols`` cycles a beat while the engine
     keeps up. A bus error ends the instruction at once
@@ -209,12 +210,13 @@ class GemmFeed(wiring.Component):
         with m.If(self.done):   # (an instruction ended by an error: the copy stops)
             m.d.sync += [t_left.eq(0), t_on.eq(0), t_cap.eq(0)]
 
-        # B from the scratchpad (F_B_SPAD): lane j of beat kk of panel p read at bs_addr = b + (p*C +
-        # j)*k + kk on rd1 (the per-column table's port: the flags exclude each other), captured a
-        # cycle on into the beat being gathered (bs_gather), whose last lane moves it whole into
-        # bs_beat for the engine. A read waits while bs_beat is full and not taken, so the last
-        # lane's capture never finds it full. A lane past n takes its cycle without a read (reads
-        # stay inside the checked region; its column is never written).
+        # B from the scratchpad (F_B_SPAD): lane j of beat kk of panel p read at bs_addr = b + (p*C + j)*k +
+        # kk (F_B_T: b + kk*n + p*C + j; the steps from lane to lane, beat to beat and panel to panel in
+        # bs_lstep, bs_bstep, bs_pstep) on rd1 (the per-column table's port: the flags exclude each other),
+        # captured a cycle on into the beat being gathered (bs_gather), whose last lane moves it whole into
+        # bs_out for the engine. A read waits while bs_out is full and not taken, so the last lane's capture
+        # never finds it full. A lane past n takes its cycle without a read (reads stay inside the checked
+        # region; its column is never written).
         b_spad = Const(0)
         if cfg.layer_ops:
             C = cfg.cols
@@ -223,7 +225,7 @@ class GemmFeed(wiring.Component):
             bs_addr = Signal(AW)
             bs_beat = Signal(AW)              # lane 0's address of the current beat
             bs_panel = Signal(AW)             # lane 0's address of the panel's first beat
-            ck = Signal(AW)                   # C*k: from a panel's first word to the next's
+            bs_lstep, bs_bstep, bs_pstep = Signal(AW), Signal(AW), Signal(AW)   # k, 1, C*k (F_B_T: 1, n, C)
             bs_lane = Signal(range(C))
             bs_kk = Signal(KW)
             bs_rows = Signal(NW)              # rows of W from the panel's first on: n - p*C
@@ -240,13 +242,13 @@ class GemmFeed(wiring.Component):
             with m.If(go):
                 m.d.comb += [spad.rd1.addr.eq(bs_addr), spad.rd1.en.eq(bs_rows > bs_lane)]
                 m.d.sync += [bs_cap.eq(1), bs_cap_lane.eq(bs_lane),
-                             bs_lane.eq(bs_lane + 1), bs_addr.eq(bs_addr + k_g)]
+                             bs_lane.eq(bs_lane + 1), bs_addr.eq(bs_addr + bs_lstep)]
                 with m.If(bs_lane == C - 1):      # the beat's last lane: the next beat, or panel
-                    m.d.sync += [bs_lane.eq(0), bs_kk.eq(bs_kk + 1), bs_beat.eq(bs_beat + 1),
-                                 bs_addr.eq(bs_beat + 1)]
+                    m.d.sync += [bs_lane.eq(0), bs_kk.eq(bs_kk + 1), bs_beat.eq(bs_beat + bs_bstep),
+                                 bs_addr.eq(bs_beat + bs_bstep)]
                     with m.If(bs_kk + 1 == k_g):
-                        m.d.sync += [bs_kk.eq(0), bs_panel.eq(bs_panel + ck), bs_beat.eq(bs_panel + ck),
-                                     bs_addr.eq(bs_panel + ck), bs_rows.eq(bs_rows - C),
+                        m.d.sync += [bs_kk.eq(0), bs_panel.eq(bs_panel + bs_pstep), bs_beat.eq(bs_panel + bs_pstep),
+                                     bs_addr.eq(bs_panel + bs_pstep), bs_rows.eq(bs_rows - C),
                                      bs_on.eq(bs_rows > C)]
             with m.If(bs_cap):
                 lane = spad.rd1.data[:iw]
@@ -347,10 +349,12 @@ class GemmFeed(wiring.Component):
                                  gc_block.eq(ins.c), gc_gaddr.eq(ins.c),
                                  rn.eq(times(n_g, R))]
                     if cfg.layer_ops:
-                        from_spad = (ins.flags & F_B_SPAD) != 0
+                        from_spad, transposed = (ins.flags & F_B_SPAD) != 0, (ins.flags & F_B_T) != 0
                         m.d.sync += [b_spad.eq(from_spad), bs_on.eq(from_spad), bs_addr.eq(ins.b),
-                                     bs_beat.eq(ins.b), bs_panel.eq(ins.b), ck.eq(times(k_g, C)), bs_lane.eq(0),
-                                     bs_kk.eq(0), bs_rows.eq(n_g), bs_full.eq(0)]
+                                     bs_beat.eq(ins.b), bs_panel.eq(ins.b), bs_lane.eq(0),
+                                     bs_kk.eq(0), bs_rows.eq(n_g), bs_full.eq(0),
+                                     bs_lstep.eq(Mux(transposed, 1, k_g)), bs_bstep.eq(Mux(transposed, n_g, 1)),
+                                     bs_pstep.eq(Mux(transposed, C, times(k_g, C)))]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
                     m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
