@@ -420,7 +420,7 @@ def test_board_kpu_elaborates():
     assert spec.unit == "kpu" and "top.ys" in plan.files and "top.lpf" in plan.files
 
 
-@pytest.mark.slow(240)
+@pytest.mark.slow(150)
 def test_board_design_runs_a_block_over_the_uart():
     """UartKpu (tiny) on Verilator: KpuClient.run_block over the serial line, bit-exact."""
     from nanokpu.board.uart_axil import UartKpu

@@ -216,7 +216,7 @@ def test_bad_baud_names_the_field(baud, message):
         uart_divisor(12_000_000, baud)
 
 
-@pytest.mark.slow(140)
+@pytest.mark.slow(100)
 def test_gemm_over_the_uart():
     """The iCEBreaker board design (the tiny GEMM engine in a UartBridge, as built for the UP5K:
     SB_MAC16 by Yosys' model) on Verilator: BridgeClient runs GEMMs over the serial line,

@@ -3,9 +3,12 @@ at issue 26's score and bias formats on Verilator, bit-exact and at the same cyc
 
 from __future__ import annotations
 
+import pytest
+
 from nanokpu import cli
 
 
+@pytest.mark.slow(55)
 def test_after_scheme_row(tmp_path, capsys):
     """16 lanes, no synthesis: 56 cycles per token (the score beats bind: R + k + 2 = 50), scores
     Q1.16 and bias Q20.16 named in the report."""

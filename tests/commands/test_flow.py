@@ -24,7 +24,7 @@ def test_flow_without_synthesis_says_so_and_a_mismatch_fails(capsys, monkeypatch
     assert "== [4/4]" not in out
 
 
-@pytest.mark.slow(470)
+@pytest.mark.slow(425)
 def test_flow_with_synthesis(capsys):
     assert cli.main(["flow"]) == 0
     out = capsys.readouterr().out

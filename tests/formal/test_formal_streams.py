@@ -87,7 +87,7 @@ def test_conservation_router_short():
                    mode="bmc", depth=depth), True)
 
 
-@pytest.mark.slow(160)
+@pytest.mark.slow(125)
 def test_conservation_router_full():
     unit, flow = UNITS["router"]()
     _check(run_sby(StreamProof(unit, [flow], assume=router_env), "streams_router_flow",

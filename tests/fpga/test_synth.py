@@ -347,7 +347,7 @@ def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(caps
     assert "freq = 50.0: a board build's goal is its board's clock" in capsys.readouterr().err
 
 
-@pytest.mark.slow(310)
+@pytest.mark.slow(270)
 def test_board_build_icebreaker():
     """The iCEBreaker bitstream: the UART bridge around the tiny GEMM engine (about 2 minutes)."""
     from fpga.boards import build_board

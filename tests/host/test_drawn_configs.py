@@ -77,6 +77,7 @@ RTL_CONFIGS = [
 ]
 
 
+@pytest.mark.slow(55)
 @pytest.mark.parametrize("cfg", RTL_CONFIGS, ids=[c.name for c in RTL_CONFIGS])
 def test_drawn_configs_run_bit_exact_on_the_rtl(cfg):
     from sim.lib.kpu_launch import run_kpu_bench

@@ -86,7 +86,7 @@ def test_vector_tiny():
     _both(VectorUnit(profile("tiny")), "vector_tiny", "bench_vector", params={"seed": SEED}, seed=SEED)
 
 
-@pytest.mark.slow(55)
+@pytest.mark.slow(85)
 def test_situ_and_sigmoid():
     """SiTU-GLU random pairs (no sweep) and the exhaustive sigmoid of the narrow bench format."""
     from sim import bench_activation
