@@ -23,7 +23,7 @@ __all__ = [
     "wrap", "saturate", "round_shift", "requantize", "matmul_int", "split_digits", "join_partials",
     "PwlTable", "fit_pwl", "sigmoid_table", "gate_table", "up_table", "exp_table",
     "sigmoid_q", "gate_q", "up_q", "situ_q", "exp_q", "topk_int", "route_weights_int", "quantize_bias",
-    "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rmsnorm_int",
+    "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rms_eps_q", "rmsnorm_int",
     "quantize_norm_weight", "rmsnorm_weight_int", "isqrt", "add_sat",
     "silu_table", "silu_q", "decay_table", "decay_q", "l2norm_int",
 ]
@@ -407,7 +407,13 @@ def norm_recip_bits(cfg: KpuConfig) -> int:
     return cfg.out_width + NORM_GUARD
 
 
-def rmsnorm_int(u, cfg: KpuConfig) -> np.ndarray:
+def rms_eps_q(cfg: KpuConfig, frac: int | None = None) -> int:
+    """RMSNorm's epsilon for rows with ``frac`` fractional bits (the act format's ``act_frac`` by
+    default): ``round(rms_eps * 4**frac)``, a mean of squares in those units."""
+    return int(round(cfg.rms_eps * 4 ** (cfg.act_frac if frac is None else frac)))
+
+
+def rmsnorm_int(u, cfg: KpuConfig, eps_q: int | None = None) -> np.ndarray:
     """Fixed-point RMSNorm without weight (the compiler folds the weight into the next GEMM).
 
     ``u``: ``[T, n]`` act format -> ``[T, n]`` in ``Q<out_width>.<norm_frac>``; one reciprocal
@@ -419,11 +425,13 @@ def rmsnorm_int(u, cfg: KpuConfig) -> np.ndarray:
         y     = saturate(round_shift(u * recip, p + M - norm_frac, rounding), out_width)
 
     (``r == 0`` -> ``y = 0``). ``r`` is the RMS in act format (floor); ``recip / 2**(p+M)``
-    is ``1 / r`` truncated to ``M`` significant bits, low by a relative ``< 2**-(M-1)``.
+    is ``1 / r`` truncated to ``M`` significant bits, low by a relative ``< 2**-(M-1)``. ``eps_q``
+    (default :func:`rms_eps_q`) is the epsilon in the rows' own units: rows with other fractional
+    bits than ``act_frac`` normalise alike (the result does not depend on the scale) but for it.
     """
     u = _i64(u)
     n = u.shape[-1]
-    eps_q = int(round(cfg.rms_eps * 4 ** cfg.act_frac))
+    eps_q = rms_eps_q(cfg) if eps_q is None else eps_q
     ms = (u * u).sum(axis=-1, keepdims=True) // n
     r = isqrt(ms + eps_q)
     bits = norm_recip_bits(cfg)

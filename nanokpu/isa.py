@@ -78,7 +78,10 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``GATHER``        ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
 ``SCATTER``       ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
 ``COMBINE``       ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
-``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``.
+``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``; with :data:`F_EPS`
+                  (built with ``layer_ops``, else ``BAD_SHAPE``) its epsilon ``eps_q`` is word ``b[0]``
+                  (its low ``2*act_width`` bits, unsigned) instead of :func:`golden.intops.rms_eps_q`:
+                  rows in another format's units, e.g. KDA's ``o`` in ``Q<act_width>.<o_frac>``.
 ``JUMP``          continue at ``target``.
 ``SPLIT``         ``c[i], c[len + i] = split_digits(a[i], in_width)`` (:func:`golden.intops.split_digits`:
                   ``a[i] = c[i] * 2**in_width + c[len + i]``, the low digit balanced), ``i < len``: the
@@ -118,15 +121,15 @@ Rules
 -----
 The per-op rules of the checks above are ONE table, :data:`OP_RULES`, an :class:`OpRule` per opcode:
 its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`` and writes at
-``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``,
-``"m*k*n"``, ``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``, ``"rq"`` =
-``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
-:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else ``"rq_gemm"``,
-``"route"`` = ``4*m*top_k + 2*n_experts``; host ``"m*n*width"``, ``"panels"`` (0 with
-:data:`F_B_SPAD`: no host access)), whether it may run in place, its shape rules (the letters
-that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM
-engine's limits), and whether it reads the scores, needs a ``ROUTE`` or a current expert, or
-jumps. For example::
+``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``, ``"m*k*n"``,
+``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``,
+``"rq"`` = ``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
+:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else
+``"rq_gemm"``, ``"eps"`` = 1 with :data:`F_EPS` else 0, ``"route"`` = ``4*m*top_k + 2*n_experts``;
+host ``"m*n*width"``, ``"panels"`` (0 with :data:`F_B_SPAD`: no host access)), whether it may run in
+place, its shape rules (the letters that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the
+allowed ``width`` values, the GEMM engine's limits), and whether it reads the scores, needs a
+``ROUTE`` or a current expert, or jumps. For example::
 
     Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk",
                     widths=(0, RQ_WIDTHS), engine=True, b_spad=True),
@@ -148,7 +151,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
-           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "FIELDS", "INSTR_BITS",
+           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "F_EPS", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -217,6 +220,7 @@ F_RQ_EXPERT = 1 << 2
 F_RQ_CHANNEL = 1 << 3
 F_B_SPAD = 1 << 4
 F_B_T = 1 << 5
+F_EPS = 1 << 6
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -309,6 +313,9 @@ class OpRule:
         :data:`F_B_SPAD` may take the B operand from the scratchpad: ``BAD_SHAPE`` unless the
         config has ``layer_ops`` and no :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or
         :data:`F_HOST_EXPERT` is set; :data:`F_B_T` (B transposed) only with it (:meth:`b_spad_ok`).
+    ``eps``
+        :data:`F_EPS` (the epsilon word at ``b``) only where the config has ``layer_ops``, else
+        ``BAD_SHAPE`` (:meth:`eps_ok`).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -331,6 +338,7 @@ class OpRule:
     widths: tuple = ()
     engine: bool = False
     b_spad: bool = False
+    eps: bool = False
     scores: bool = False
     route: bool = False
     expert: bool = False
@@ -341,6 +349,10 @@ class OpRule:
         if not self.b_spad or not flags & (F_B_SPAD | F_B_T):
             return True
         return bool(flags & F_B_SPAD and cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
+
+    def eps_ok(self, flags: int, cfg: KpuConfig) -> bool:
+        """:data:`F_EPS` not set, or allowed (:attr:`eps`)."""
+        return not (self.eps and flags & F_EPS) or cfg.layer_ops
 
     def width_ok(self, width: int, cfg: KpuConfig) -> bool:
         """``width`` is one of :attr:`widths` (always true when they are empty)."""
@@ -367,7 +379,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.GATHER: OpRule("move", a="m*n", b="list", c="count*n", positive="mn", expert=True),
     Op.SCATTER: OpRule("move", a="count*n", b="list", c="m*n", positive="mn", expert=True),
     Op.COMBINE: OpRule("vector", a="m*k*n", b="m*k", c="m*n", positive="mnk"),
-    Op.NORM: OpRule("vector", a="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.NORM: OpRule("vector", a="m*n", b="eps", c="m*n", in_place=True, positive="mn", eps=True),
     Op.JUMP: OpRule(target=True),
     Op.SPLIT: OpRule("act", a="m*n", c="2*m*n", positive="mn"),
     Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
@@ -423,6 +435,7 @@ SIZES = {
     "rq_gemm": lambda s: (2 * s.n * (s.cfg.n_experts if s.flags & F_RQ_EXPERT else 1) if s.flags & F_RQ_CHANNEL
                           else SIZES["rq"](s)),                     # ... or per column (and expert)
     "gemm_b": lambda s: s.n * s.k if s.flags & F_B_SPAD else SIZES["rq_gemm"](s),   # GEMM's B, or its table
+    "eps": lambda s: 1 if s.flags & F_EPS else 0,                   # NORM's epsilon word
     "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
     "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
     "panels": lambda s: 0 if s.flags & F_B_SPAD else -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # GEMM's W

@@ -69,14 +69,24 @@ def test_op_rules_cover_every_op_and_derive_the_views():
 
 def test_sizes_are_the_semantics():
     from nanokpu.config import profile
-    from nanokpu.isa import F_B_SPAD, F_M_COUNT, F_RQ_CHANNEL, F_RQ_EXPERT, SIZES, SizeArgs, bus_bytes, route_table
+    from nanokpu.isa import (
+        F_B_SPAD,
+        F_EPS,
+        F_M_COUNT,
+        F_RQ_CHANNEL,
+        F_RQ_EXPERT,
+        SIZES,
+        SizeArgs,
+        bus_bytes,
+        route_table,
+    )
 
     cfg = profile("tiny")
     E, K = cfg.n_experts, cfg.top_k
     s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
     assert {name: f(s) for name, f in SIZES.items()} == {
         "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0, "rq_gemm": 0,
-        "gemm_b": 0,
+        "gemm_b": 0, "eps": 0,
         "2*m*n": 30, "4*m*n": 60, "route": route_table(0, 3, cfg)["end"],
         "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
     assert SIZES["route"](s) == 4 * 3 * K + 2 * E
@@ -90,6 +100,8 @@ def test_sizes_are_the_semantics():
     # B from the scratchpad: its n*k words at b, no host bytes
     s = SizeArgs.of(Instr(Op.GEMM, flags=F_B_SPAD, m=3, k=4, n=5), cfg)
     assert (SIZES["gemm_b"](s), SIZES["panels"](s)) == (20, 0)
+    # NORM's epsilon word
+    assert SIZES["eps"](SizeArgs.of(Instr(Op.NORM, flags=F_EPS, m=3, n=5), cfg)) == 1
 
 
 def test_op_rule_widths():

@@ -11,6 +11,7 @@ from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_B_SPAD,
     F_B_T,
+    F_EPS,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -217,6 +218,8 @@ class Decode(wiring.Component):
                                    for w in r.widths)).any())
             if r.engine:
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
+            if r.eps:   # (OpRule.eps_ok)
+                terms.append(Const(1) if cfg.layer_ops else (ins.flags & F_EPS) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
                 others = (ins.flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT)) == 0
                 terms += [~b_flag | (others if cfg.layer_ops else Const(0)), b_flag | ((ins.flags & F_B_T) == 0)]
@@ -242,6 +245,7 @@ class Decode(wiring.Component):
         sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,
                                sat(Mux(ins.flags & F_RQ_EXPERT, times(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
         sizes["gemm_b"] = Mux(b_on, sat(l4), sizes["rq_gemm"])   # step 4: n*k with F_B_SPAD
+        sizes["eps"] = (ins.flags & F_EPS) != 0
         host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4
         missing = {name for r in OP_RULES.values() for name in (r.a, r.b, r.c) if name} - sizes.keys()
         missing |= {r.host for r in OP_RULES.values() if r.host} - host_sizes

@@ -92,6 +92,9 @@ class VectorUnit(wiring.Component):
         Row length of ``NORM`` (the divisor of the mean of squares), ``>= 1``.
     shift : In(unsigned(6))
         The right shift of ``MUL`` (``layer_ops`` only), held like ``op``.
+    eps : In(unsigned(2 * act_width))
+        ``NORM``'s epsilon ``eps_q`` (``layer_ops`` only, held like ``op``; its reset value and,
+        without ``layer_ops``, the constant: :func:`golden.intops.rms_eps_q`).
     i : In(stream.Signature(vector_in_layout(cfg)))
     o : Out(stream.Signature(signed(max(act_width, out_width))))
 
@@ -107,7 +110,7 @@ class VectorUnit(wiring.Component):
         if not isinstance(cfg, KpuConfig):
             raise TypeError(f"cfg must be a KpuConfig, not {cfg!r}")
         self.cfg = cfg
-        self.eps_q = int(round(cfg.rms_eps * 4 ** cfg.act_frac))
+        self.eps_q = I.rms_eps_q(cfg)
         self.sum_width = 2 * cfg.act_width + N_WIDTH
         self.ms_width = 2 * cfg.act_width + 1          # ms + eps_q
         self.r_width = cfg.act_width + 1               # r = isqrt(ms + eps_q)
@@ -124,7 +127,8 @@ class VectorUnit(wiring.Component):
         super().__init__({
             "op": In(VecOp),
             "n": In(unsigned(N_WIDTH)),
-            **({"shift": In(unsigned(6))} if cfg.layer_ops else {}),
+            **({"shift": In(unsigned(6)), "eps": In(unsigned(2 * cfg.act_width), init=self.eps_q)}
+               if cfg.layer_ops else {}),
             "i": In(stream.Signature(vector_in_layout(cfg))),
             "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width)))),
         })
@@ -249,7 +253,8 @@ class VectorUnit(wiring.Component):
                         with m.If(p_valid & p_last):
                             m.next = "MEAN"
                     def sqrt_of(ms):
-                        return [rem.eq(ms + self.eps_q), root.eq(0), bit.eq(top), sumsq.eq(0)]
+                        eps = self.eps if self.cfg.layer_ops else self.eps_q
+                        return [rem.eq(ms + eps), root.eq(0), bit.eq(top), sumsq.eq(0)]
 
                     with m.State("MEAN"):
                         with m.If(n_pow2):

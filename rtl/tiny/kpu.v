@@ -1130,7 +1130,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$411$0 (\$167 ),
     .\port$429$0 (\$168 ),
-    .\port$6425$254 (cur[269:254]),
+    .\port$6430$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6427$0 (running_exec),
+    .\port$6432$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -3669,49 +3669,49 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire \$100 ;
-  wire [23:0] \$101 ;
+  wire [23:0] \$100 ;
+  wire [16:0] \$101 ;
   wire \$102 ;
-  wire [9:0] \$103 ;
-  wire [22:0] \$104 ;
-  wire [23:0] \$105 ;
-  wire [16:0] \$106 ;
-  wire \$107 ;
-  wire [23:0] \$108 ;
-  wire [13:0] \$109 ;
+  wire [23:0] \$103 ;
+  wire \$104 ;
+  wire [9:0] \$105 ;
+  wire [22:0] \$106 ;
+  wire [23:0] \$107 ;
+  wire [16:0] \$108 ;
+  wire \$109 ;
   wire [16:0] \$11 ;
-  wire [9:0] \$110 ;
-  wire \$111 ;
-  wire [4:0] \$112 ;
+  wire [23:0] \$110 ;
+  wire [13:0] \$111 ;
+  wire [9:0] \$112 ;
   wire \$113 ;
-  wire [13:0] \$114 ;
-  wire [13:0] \$115 ;
-  wire [9:0] \$116 ;
-  wire \$117 ;
-  wire [4:0] \$118 ;
+  wire [4:0] \$114 ;
+  wire \$115 ;
+  wire [13:0] \$116 ;
+  wire [13:0] \$117 ;
+  wire [9:0] \$118 ;
   wire \$119 ;
   wire [17:0] \$12 ;
-  wire [13:0] \$120 ;
-  wire [14:0] \$121 ;
-  wire \$122 ;
+  wire [4:0] \$120 ;
+  wire \$121 ;
+  wire [13:0] \$122 ;
   wire [14:0] \$123 ;
-  wire [13:0] \$124 ;
-  wire [16:0] \$125 ;
-  wire \$126 ;
+  wire \$124 ;
+  wire [14:0] \$125 ;
+  wire [13:0] \$126 ;
   wire [16:0] \$127 ;
-  wire [13:0] \$128 ;
+  wire \$128 ;
   wire [16:0] \$129 ;
   wire [17:0] \$13 ;
-  wire \$130 ;
+  wire [13:0] \$130 ;
   wire [16:0] \$131 ;
-  wire [13:0] \$132 ;
+  wire \$132 ;
   wire [16:0] \$133 ;
-  wire \$134 ;
+  wire [13:0] \$134 ;
   wire [16:0] \$135 ;
-  wire [13:0] \$136 ;
-  wire \$137 ;
-  wire \$138 ;
-  wire \$139 ;
+  wire \$136 ;
+  wire [16:0] \$137 ;
+  wire [13:0] \$138 ;
+  wire [9:0] \$139 ;
   wire [17:0] \$14 ;
   wire \$140 ;
   wire \$141 ;
@@ -3728,11 +3728,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
-  wire [9:0] \$154 ;
+  wire \$154 ;
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
-  wire \$158 ;
+  wire [9:0] \$158 ;
   wire \$159 ;
   wire [18:0] \$16 ;
   wire \$160 ;
@@ -3740,11 +3740,11 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$162 ;
   wire \$163 ;
   wire \$164 ;
-  wire [9:0] \$165 ;
+  wire \$165 ;
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire \$169 ;
+  wire [9:0] \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
@@ -3789,15 +3789,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$206 ;
   wire \$207 ;
   wire \$208 ;
-  wire [14:0] \$209 ;
+  wire \$209 ;
   wire [18:0] \$21 ;
   wire \$210 ;
   wire \$211 ;
-  wire [14:0] \$212 ;
-  wire \$213 ;
+  wire \$212 ;
+  wire [14:0] \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire \$216 ;
+  wire [14:0] \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
@@ -3813,14 +3813,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$228 ;
   wire \$229 ;
   wire \$23 ;
-  wire [14:0] \$230 ;
+  wire \$230 ;
   wire \$231 ;
   wire \$232 ;
-  wire [14:0] \$233 ;
-  wire \$234 ;
+  wire \$233 ;
+  wire [14:0] \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire \$237 ;
+  wire [14:0] \$237 ;
   wire \$238 ;
   wire \$239 ;
   wire [15:0] \$24 ;
@@ -3836,70 +3836,74 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$249 ;
   wire \$25 ;
   wire \$250 ;
-  wire [14:0] \$251 ;
+  wire \$251 ;
   wire \$252 ;
   wire \$253 ;
   wire \$254 ;
-  wire \$255 ;
+  wire [14:0] \$255 ;
   wire \$256 ;
-  wire [14:0] \$257 ;
+  wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire \$261 ;
+  wire [14:0] \$261 ;
   wire \$262 ;
   wire \$263 ;
-  wire [14:0] \$264 ;
+  wire \$264 ;
   wire \$265 ;
   wire \$266 ;
   wire \$267 ;
-  wire \$268 ;
+  wire [14:0] \$268 ;
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
   wire \$271 ;
-  wire [33:0] \$272 ;
-  wire [32:0] \$273 ;
+  wire \$272 ;
+  wire \$273 ;
   wire \$274 ;
   wire \$275 ;
-  wire \$276 ;
-  wire \$277 ;
+  wire [33:0] \$276 ;
+  wire [32:0] \$277 ;
   wire \$278 ;
   wire \$279 ;
   wire \$28 ;
   wire \$280 ;
   wire \$281 ;
   wire \$282 ;
-  wire [13:0] \$283 ;
+  wire \$283 ;
   wire \$284 ;
-  wire [13:0] \$285 ;
+  wire \$285 ;
   wire \$286 ;
   wire [13:0] \$287 ;
   wire \$288 ;
   wire [13:0] \$289 ;
   wire \$29 ;
   wire \$290 ;
-  wire [17:0] \$291 ;
-  wire [3:0] \$292 ;
-  wire [2:0] \$293 ;
-  reg \$294 ;
-  reg \$295 ;
-  reg \$296 ;
-  reg \$297 ;
-  reg [7:0] \$298 ;
+  wire [13:0] \$291 ;
+  wire \$292 ;
+  wire [13:0] \$293 ;
+  wire \$294 ;
+  wire [17:0] \$295 ;
+  wire [3:0] \$296 ;
+  wire [2:0] \$297 ;
+  reg \$298 ;
   reg \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
-  reg [2:0] \$300 ;
-  reg [1:0] \$301 ;
-  reg [13:0] \$302 ;
-  reg [13:0] \$303 ;
-  reg [13:0] \$304 ;
-  reg [13:0] \$305 ;
-  reg [17:0] \$306 ;
-  reg [32:0] \$307 ;
+  reg \$300 ;
+  reg \$301 ;
+  reg [7:0] \$302 ;
+  reg \$303 ;
+  reg [2:0] \$304 ;
+  reg [1:0] \$305 ;
+  reg [13:0] \$306 ;
+  reg [13:0] \$307 ;
+  reg [13:0] \$308 ;
+  reg [13:0] \$309 ;
   wire \$31 ;
+  reg [17:0] \$310 ;
+  reg [32:0] \$311 ;
   wire \$32 ;
   wire \$33 ;
   wire \$34 ;
@@ -3966,14 +3970,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [17:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire \$92 ;
+  wire [9:0] \$92 ;
   wire \$93 ;
-  wire [13:0] \$94 ;
-  wire [9:0] \$95 ;
-  wire [9:0] \$96 ;
-  wire [22:0] \$97 ;
-  wire [23:0] \$98 ;
-  wire [16:0] \$99 ;
+  wire \$94 ;
+  wire \$95 ;
+  wire [13:0] \$96 ;
+  wire [9:0] \$97 ;
+  wire [9:0] \$98 ;
+  wire [22:0] \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4141,212 +4145,213 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$89  = & { \$88 , \$87 , \$86  };
   assign \$90  = m_eff >= 1'h1;
   assign \$91  = ins[63:48] >= 1'h1;
-  assign \$92  = & { \$91 , \$90  };
-  assign \$93  = | l4[17:14];
-  assign \$94  = \$93  ? 14'h3fff : l4[13:0];
-  assign \$98  = 1'h0 + \$97 ;
-  assign \$101  = \$100  ? \$98  : { 7'h00, \$99  };
-  assign \$102  = | \$101 [23:14];
-  assign \$105  = 1'h0 + \$104 ;
-  assign \$108  = \$107  ? \$105  : { 7'h00, \$106  };
-  assign \$109  = \$102  ? 14'h3fff : \$108 [13:0];
-  assign \$112  = \$111  ? 5'h10 : 5'h00;
-  assign \$114  = \$113  ? \$109  : { 9'h000, \$112  };
-  assign \$118  = \$117  ? 5'h10 : 5'h00;
-  assign \$119  = | ins[63:62];
-  assign \$120  = \$119  ? 14'h3fff : ins[61:48];
-  assign \$121  = mk + 5'h10;
+  assign \$93  = ! \$92 ;
+  assign \$94  = & { \$93 , \$91 , \$90  };
+  assign \$95  = | l4[17:14];
+  assign \$96  = \$95  ? 14'h3fff : l4[13:0];
+  assign \$100  = 1'h0 + \$99 ;
+  assign \$103  = \$102  ? \$100  : { 7'h00, \$101  };
+  assign \$104  = | \$103 [23:14];
+  assign \$107  = 1'h0 + \$106 ;
+  assign \$110  = \$109  ? \$107  : { 7'h00, \$108  };
+  assign \$111  = \$104  ? 14'h3fff : \$110 [13:0];
+  assign \$114  = \$113  ? 5'h10 : 5'h00;
+  assign \$116  = \$115  ? \$111  : { 9'h000, \$114  };
+  assign \$120  = \$119  ? 5'h10 : 5'h00;
+  assign \$121  = | ins[63:62];
+  assign \$122  = \$121  ? 14'h3fff : ins[61:48];
   assign \$123  = mk + 5'h10;
-  assign \$124  = \$122  ? 14'h3fff : \$123 [13:0];
-  assign \$126  = | \$125 [16:14];
-  assign \$128  = \$126  ? 14'h3fff : \$127 [13:0];
-  assign \$129  = \context [47:34] + \context [33:18];
-  assign \$130  = | \$129 [16:14];
+  assign \$125  = mk + 5'h10;
+  assign \$126  = \$124  ? 14'h3fff : \$125 [13:0];
+  assign \$128  = | \$127 [16:14];
+  assign \$130  = \$128  ? 14'h3fff : \$129 [13:0];
   assign \$131  = \context [47:34] + \context [33:18];
-  assign \$132  = \$130  ? 14'h3fff : \$131 [13:0];
+  assign \$132  = | \$131 [16:14];
   assign \$133  = \context [47:34] + \context [33:18];
-  assign \$134  = | \$133 [16:14];
+  assign \$134  = \$132  ? 14'h3fff : \$133 [13:0];
   assign \$135  = \context [47:34] + \context [33:18];
-  assign \$136  = \$134  ? 14'h3fff : \$135 [13:0];
-  assign \$137  = ! ins[5:0];
-  assign \$138  = ins[5:0] == 1'h1;
-  assign \$139  = ins[5:0] == 2'h2;
-  assign \$140  = ins[5:0] == 2'h3;
-  assign \$141  = ins[5:0] == 3'h4;
-  assign \$142  = ins[5:0] == 3'h5;
-  assign \$143  = ins[5:0] == 3'h6;
-  assign \$144  = ins[5:0] == 3'h7;
-  assign \$145  = ins[5:0] == 4'h8;
-  assign \$146  = ins[5:0] == 4'h9;
-  assign \$147  = ins[5:0] == 4'ha;
-  assign \$148  = ins[5:0] == 4'hb;
-  assign \$149  = ins[5:0] == 4'hc;
-  assign \$150  = ins[5:0] == 4'hd;
-  assign \$151  = ins[5:0] == 4'he;
-  assign \$152  = | { \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , \$140 , \$139 , \$138 , \$137 , 1'h0 };
-  assign \$153  = ~ \$152 ;
-  assign \$155  = | \$154 ;
-  assign \$156  = ins[5:0] == 4'ha;
-  assign \$157  = ins[5:0] == 4'hb;
-  assign \$158  = | { \$157 , \$156 , 1'h0 };
-  assign \$159  = \$155  | \$158 ;
-  assign \$160  = ins[5:0] == 4'h9;
-  assign \$162  = \$159  | \$161 ;
-  assign \$163  = ~ \context [0];
-  assign \$164  = \$162  & \$163 ;
-  assign \$166  = | \$165 ;
-  assign \$167  = ins[5:0] == 4'ha;
-  assign \$168  = ins[5:0] == 4'hb;
-  assign \$169  = | { \$168 , \$167 , 1'h0 };
-  assign \$170  = \$166  | \$169 ;
-  assign \$171  = ~ \context [1];
-  assign \$172  = \$170  & \$171 ;
-  assign \$173  = \$164  | \$172 ;
-  assign \$174  = ins[5:0] == 4'h9;
-  assign \$175  = ins[5:0] == 4'he;
-  assign \$176  = | { \$175 , \$174 , 1'h0 };
-  assign \$177  = ins[255:244] < 7'h40;
-  assign \$178  = ~ \$177 ;
-  assign \$179  = \$176  & \$178 ;
-  assign \$180  = ~ shape_q;
-  assign \$181  = ins[5:0] == 4'h8;
-  assign \$183  = ! ins[87:77];
-  assign \$184  = \context [48] & \$183 ;
-  assign \$185  = \context [61:49] == ins[76:64];
-  assign \$186  = \$184  & \$185 ;
-  assign \$187  = \context [75:62] == ln;
-  assign \$188  = \$186  & \$187 ;
-  assign \$189  = ~ \$188 ;
-  assign \$190  = \$182  & \$189 ;
-  assign \$191  = ~ spad_ok;
-  assign \$192  = ins[5:0] == 1'h1;
-  assign \$193  = ins[5:0] == 2'h2;
-  assign \$194  = ins[5:0] == 2'h3;
-  assign \$195  = | { \$194 , \$193 , \$192 , 1'h0 };
-  assign \$198  = ~ host_ok;
-  assign \$199  = \$197  & \$198 ;
-  assign \$200  = ~ busy;
-  assign \$201  = active & \$200 ;
-  assign \$202  = step != 3'h7;
-  assign \$203  = ! ins[5:0];
-  assign \$204  = settle == 2'h2;
-  assign \$205  = \$203  | \$204 ;
-  assign \$206  = | wa;
-  assign \$207  = | wc;
-  assign \$208  = \$206  & \$207 ;
-  assign \$209  = ins[125:112] + wc;
-  assign \$210  = ins[77:64] < \$209 ;
-  assign \$211  = \$208  & \$210 ;
-  assign \$212  = ins[77:64] + wa;
-  assign \$213  = ins[125:112] < \$212 ;
-  assign \$214  = \$211  & \$213 ;
-  assign \$215  = ins[5:0] == 3'h4;
-  assign \$216  = ins[5:0] == 3'h5;
-  assign \$217  = ins[5:0] == 3'h6;
-  assign \$218  = ins[5:0] == 3'h7;
-  assign \$219  = ins[5:0] == 4'hd;
-  assign \$220  = | { \$219 , \$218 , \$217 , \$216 , \$215 , 1'h0 };
-  assign \$221  = ins[77:64] == ins[125:112];
-  assign \$222  = \$220  & \$221 ;
-  assign \$223  = wa == wc;
-  assign \$224  = \$222  & \$223 ;
-  assign \$225  = ~ \$224 ;
-  assign \$226  = \$214  & \$225 ;
-  assign \$227  = | wb;
-  assign \$228  = | wc;
-  assign \$229  = \$227  & \$228 ;
-  assign \$230  = ins[125:112] + wc;
-  assign \$231  = ins[101:88] < \$230 ;
-  assign \$232  = \$229  & \$231 ;
-  assign \$233  = ins[101:88] + wb;
-  assign \$234  = ins[125:112] < \$233 ;
-  assign \$235  = \$232  & \$234 ;
-  assign \$236  = ins[5:0] == 3'h4;
-  assign \$237  = ins[5:0] == 3'h5;
-  assign \$238  = ins[5:0] == 3'h6;
-  assign \$239  = ins[5:0] == 3'h7;
-  assign \$240  = ins[5:0] == 4'hd;
-  assign \$241  = | { \$240 , \$239 , \$238 , \$237 , \$236 , 1'h0 };
-  assign \$242  = ins[101:88] == ins[125:112];
-  assign \$243  = \$241  & \$242 ;
-  assign \$244  = wb == wc;
-  assign \$245  = \$243  & \$244 ;
-  assign \$246  = ~ \$245 ;
-  assign \$247  = \$235  & \$246 ;
-  assign \$248  = \$226  | \$247 ;
-  assign \$249  = ! wa;
-  assign \$250  = ! ins[87:78];
-  assign \$251  = ins[77:64] + wa;
-  assign \$252  = \$251  <= 14'h2000;
-  assign \$253  = \$250  & \$252 ;
-  assign \$254  = \$249  | \$253 ;
-  assign \$255  = ! wb;
-  assign \$256  = ! ins[111:102];
-  assign \$257  = ins[101:88] + wb;
-  assign \$258  = \$257  <= 14'h2000;
-  assign \$259  = \$256  & \$258 ;
-  assign \$260  = \$255  | \$259 ;
-  assign \$261  = \$254  & \$260 ;
-  assign \$262  = ! wc;
-  assign \$263  = ! ins[135:126];
-  assign \$264  = ins[125:112] + wc;
-  assign \$265  = \$264  <= 14'h2000;
-  assign \$266  = \$263  & \$265 ;
-  assign \$267  = \$262  | \$266 ;
-  assign \$268  = \$261  & \$267 ;
-  assign \$269  = ! host[1:0];
-  assign \$270  = host >= \context [107:76];
-  assign \$271  = \$269  & \$270 ;
-  assign \$272  = host + { l4[17:2], 2'h0 };
-  assign \$273  = \context [107:76] + \context [139:108];
-  assign \$274  = \$272  <= \$273 ;
-  assign \$275  = \$271  & \$274 ;
-  assign \$276  = ~ busy;
-  assign \$277  = active & \$276 ;
-  assign \$278  = step != 3'h7;
-  assign \$279  = ! ins[5:0];
-  assign \$280  = settle == 2'h2;
-  assign \$281  = \$279  | \$280 ;
-  assign \$282  = | acc[32:14];
-  assign \$283  = \$282  ? 14'h3fff : acc[13:0];
-  assign \$284  = | acc[32:14];
-  assign \$285  = \$284  ? 14'h3fff : acc[13:0];
+  assign \$136  = | \$135 [16:14];
+  assign \$137  = \context [47:34] + \context [33:18];
+  assign \$138  = \$136  ? 14'h3fff : \$137 [13:0];
+  assign \$141  = ! ins[5:0];
+  assign \$142  = ins[5:0] == 1'h1;
+  assign \$143  = ins[5:0] == 2'h2;
+  assign \$144  = ins[5:0] == 2'h3;
+  assign \$145  = ins[5:0] == 3'h4;
+  assign \$146  = ins[5:0] == 3'h5;
+  assign \$147  = ins[5:0] == 3'h6;
+  assign \$148  = ins[5:0] == 3'h7;
+  assign \$149  = ins[5:0] == 4'h8;
+  assign \$150  = ins[5:0] == 4'h9;
+  assign \$151  = ins[5:0] == 4'ha;
+  assign \$152  = ins[5:0] == 4'hb;
+  assign \$153  = ins[5:0] == 4'hc;
+  assign \$154  = ins[5:0] == 4'hd;
+  assign \$155  = ins[5:0] == 4'he;
+  assign \$156  = | { \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , 1'h0 };
+  assign \$157  = ~ \$156 ;
+  assign \$159  = | \$158 ;
+  assign \$160  = ins[5:0] == 4'ha;
+  assign \$161  = ins[5:0] == 4'hb;
+  assign \$162  = | { \$161 , \$160 , 1'h0 };
+  assign \$163  = \$159  | \$162 ;
+  assign \$164  = ins[5:0] == 4'h9;
+  assign \$166  = \$163  | \$165 ;
+  assign \$167  = ~ \context [0];
+  assign \$168  = \$166  & \$167 ;
+  assign \$170  = | \$169 ;
+  assign \$171  = ins[5:0] == 4'ha;
+  assign \$172  = ins[5:0] == 4'hb;
+  assign \$173  = | { \$172 , \$171 , 1'h0 };
+  assign \$174  = \$170  | \$173 ;
+  assign \$175  = ~ \context [1];
+  assign \$176  = \$174  & \$175 ;
+  assign \$177  = \$168  | \$176 ;
+  assign \$178  = ins[5:0] == 4'h9;
+  assign \$179  = ins[5:0] == 4'he;
+  assign \$180  = | { \$179 , \$178 , 1'h0 };
+  assign \$181  = ins[255:244] < 7'h40;
+  assign \$182  = ~ \$181 ;
+  assign \$183  = \$180  & \$182 ;
+  assign \$184  = ~ shape_q;
+  assign \$185  = ins[5:0] == 4'h8;
+  assign \$187  = ! ins[87:77];
+  assign \$188  = \context [48] & \$187 ;
+  assign \$189  = \context [61:49] == ins[76:64];
+  assign \$190  = \$188  & \$189 ;
+  assign \$191  = \context [75:62] == ln;
+  assign \$192  = \$190  & \$191 ;
+  assign \$193  = ~ \$192 ;
+  assign \$194  = \$186  & \$193 ;
+  assign \$195  = ~ spad_ok;
+  assign \$196  = ins[5:0] == 1'h1;
+  assign \$197  = ins[5:0] == 2'h2;
+  assign \$198  = ins[5:0] == 2'h3;
+  assign \$199  = | { \$198 , \$197 , \$196 , 1'h0 };
+  assign \$202  = ~ host_ok;
+  assign \$203  = \$201  & \$202 ;
+  assign \$204  = ~ busy;
+  assign \$205  = active & \$204 ;
+  assign \$206  = step != 3'h7;
+  assign \$207  = ! ins[5:0];
+  assign \$208  = settle == 2'h2;
+  assign \$209  = \$207  | \$208 ;
+  assign \$210  = | wa;
+  assign \$211  = | wc;
+  assign \$212  = \$210  & \$211 ;
+  assign \$213  = ins[125:112] + wc;
+  assign \$214  = ins[77:64] < \$213 ;
+  assign \$215  = \$212  & \$214 ;
+  assign \$216  = ins[77:64] + wa;
+  assign \$217  = ins[125:112] < \$216 ;
+  assign \$218  = \$215  & \$217 ;
+  assign \$219  = ins[5:0] == 3'h4;
+  assign \$220  = ins[5:0] == 3'h5;
+  assign \$221  = ins[5:0] == 3'h6;
+  assign \$222  = ins[5:0] == 3'h7;
+  assign \$223  = ins[5:0] == 4'hd;
+  assign \$224  = | { \$223 , \$222 , \$221 , \$220 , \$219 , 1'h0 };
+  assign \$225  = ins[77:64] == ins[125:112];
+  assign \$226  = \$224  & \$225 ;
+  assign \$227  = wa == wc;
+  assign \$228  = \$226  & \$227 ;
+  assign \$229  = ~ \$228 ;
+  assign \$230  = \$218  & \$229 ;
+  assign \$231  = | wb;
+  assign \$232  = | wc;
+  assign \$233  = \$231  & \$232 ;
+  assign \$234  = ins[125:112] + wc;
+  assign \$235  = ins[101:88] < \$234 ;
+  assign \$236  = \$233  & \$235 ;
+  assign \$237  = ins[101:88] + wb;
+  assign \$238  = ins[125:112] < \$237 ;
+  assign \$239  = \$236  & \$238 ;
+  assign \$240  = ins[5:0] == 3'h4;
+  assign \$241  = ins[5:0] == 3'h5;
+  assign \$242  = ins[5:0] == 3'h6;
+  assign \$243  = ins[5:0] == 3'h7;
+  assign \$244  = ins[5:0] == 4'hd;
+  assign \$245  = | { \$244 , \$243 , \$242 , \$241 , \$240 , 1'h0 };
+  assign \$246  = ins[101:88] == ins[125:112];
+  assign \$247  = \$245  & \$246 ;
+  assign \$248  = wb == wc;
+  assign \$249  = \$247  & \$248 ;
+  assign \$250  = ~ \$249 ;
+  assign \$251  = \$239  & \$250 ;
+  assign \$252  = \$230  | \$251 ;
+  assign \$253  = ! wa;
+  assign \$254  = ! ins[87:78];
+  assign \$255  = ins[77:64] + wa;
+  assign \$256  = \$255  <= 14'h2000;
+  assign \$257  = \$254  & \$256 ;
+  assign \$258  = \$253  | \$257 ;
+  assign \$259  = ! wb;
+  assign \$260  = ! ins[111:102];
+  assign \$261  = ins[101:88] + wb;
+  assign \$262  = \$261  <= 14'h2000;
+  assign \$263  = \$260  & \$262 ;
+  assign \$264  = \$259  | \$263 ;
+  assign \$265  = \$258  & \$264 ;
+  assign \$266  = ! wc;
+  assign \$267  = ! ins[135:126];
+  assign \$268  = ins[125:112] + wc;
+  assign \$269  = \$268  <= 14'h2000;
+  assign \$270  = \$267  & \$269 ;
+  assign \$271  = \$266  | \$270 ;
+  assign \$272  = \$265  & \$271 ;
+  assign \$273  = ! host[1:0];
+  assign \$274  = host >= \context [107:76];
+  assign \$275  = \$273  & \$274 ;
+  assign \$276  = host + { l4[17:2], 2'h0 };
+  assign \$277  = \context [107:76] + \context [139:108];
+  assign \$278  = \$276  <= \$277 ;
+  assign \$279  = \$275  & \$278 ;
+  assign \$280  = ~ busy;
+  assign \$281  = active & \$280 ;
+  assign \$282  = step != 3'h7;
+  assign \$283  = ! ins[5:0];
+  assign \$284  = settle == 2'h2;
+  assign \$285  = \$283  | \$284 ;
   assign \$286  = | acc[32:14];
   assign \$287  = \$286  ? 14'h3fff : acc[13:0];
   assign \$288  = | acc[32:14];
   assign \$289  = \$288  ? 14'h3fff : acc[13:0];
-  assign \$290  = | acc[32:18];
-  assign \$291  = \$290  ? 18'h3ffff : acc[17:0];
-  assign \$292  = step + 1'h1;
-  assign \$293  = settle + 1'h1;
+  assign \$290  = | acc[32:14];
+  assign \$291  = \$290  ? 14'h3fff : acc[13:0];
+  assign \$292  = | acc[32:14];
+  assign \$293  = \$292  ? 14'h3fff : acc[13:0];
+  assign \$294  = | acc[32:18];
+  assign \$295  = \$294  ? 18'h3ffff : acc[17:0];
+  assign \$296  = step + 1'h1;
+  assign \$297  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$294 ;
+    shape_q <= \$298 ;
   always @(posedge clk)
-    overlap_q <= \$295 ;
+    overlap_q <= \$299 ;
   always @(posedge clk)
-    spad_ok <= \$296 ;
+    spad_ok <= \$300 ;
   always @(posedge clk)
-    host_ok <= \$297 ;
+    host_ok <= \$301 ;
   always @(posedge clk)
-    error <= \$298 ;
+    error <= \$302 ;
   always @(posedge clk)
-    active <= \$299 ;
+    active <= \$303 ;
   always @(posedge clk)
-    step <= \$300 ;
+    step <= \$304 ;
   always @(posedge clk)
-    settle <= \$301 ;
+    settle <= \$305 ;
   always @(posedge clk)
-    ln <= \$302 ;
+    ln <= \$306 ;
   always @(posedge clk)
-    mk <= \$303 ;
+    mk <= \$307 ;
   always @(posedge clk)
-    p2 <= \$304 ;
+    p2 <= \$308 ;
   always @(posedge clk)
-    p3 <= \$305 ;
+    p3 <= \$309 ;
   always @(posedge clk)
-    l4 <= \$306 ;
+    l4 <= \$310 ;
   always @(posedge clk)
-    host <= \$307 ;
+    host <= \$311 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4518,7 +4523,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0c:
           shape_ok = \$89 ;
       6'h0d:
-          shape_ok = \$92 ;
+          shape_ok = \$94 ;
       6'h0e:
           shape_ok = 1'h1;
     endcase
@@ -4535,12 +4540,12 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wc = ln;
       6'h04:
           wc = ln;
-      6'h05, 6'h0d:
+      6'h05:
           wc = ln;
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$124 ;
+          wc = \$126 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4548,6 +4553,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h0b:
           wc = ln;
       6'h0c:
+          wc = ln;
+      6'h0d:
           wc = ln;
     endcase
   end
@@ -4563,20 +4570,22 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           wa = mk;
       6'h04:
           wa = ln;
-      6'h05, 6'h0d:
+      6'h05:
           wa = ln;
       6'h06, 6'h07:
           wa = ln;
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$128 ;
+          wa = \$130 ;
       6'h0a:
           wa = ln;
       6'h0b:
           wa = mk;
       6'h0c:
           wa = p3;
+      6'h0d:
+          wa = ln;
     endcase
   end
   always @* begin
@@ -4588,43 +4597,45 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$115 ;
+          wb = \$117 ;
       6'h04:
-          wb = { 9'h000, \$118  };
-      6'h05, 6'h0d:
+          wb = { 9'h000, \$120  };
+      6'h05:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$120 ;
+          wb = \$122 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$132 ;
+          wb = \$134 ;
       6'h0b:
-          wb = \$136 ;
+          wb = \$138 ;
       6'h0c:
           wb = mk;
+      6'h0d:
+          wb = { 13'h0000, \$140  };
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$153 ) begin
+    if (\$157 ) begin
       decode_err = 8'h01;
-    end else if (\$173 ) begin
+    end else if (\$177 ) begin
       decode_err = 8'h08;
-    end else if (\$179 ) begin
+    end else if (\$183 ) begin
       decode_err = 8'h06;
-    end else if (\$180 ) begin
+    end else if (\$184 ) begin
       decode_err = 8'h03;
-    end else if (\$190 ) begin
+    end else if (\$194 ) begin
       decode_err = 8'h04;
-    end else if (\$191 ) begin
+    end else if (\$195 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$199 ) begin
+    end else if (\$203 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4632,8 +4643,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
+    end else if (\$205 ) begin
+      if (\$206 ) begin
         load = 1'h1;
       end
     end
@@ -4642,8 +4653,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
+    end else if (\$205 ) begin
+      if (\$206 ) begin
         y = st_y;
       end
     end
@@ -4652,8 +4663,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
+    end else if (\$205 ) begin
+      if (\$206 ) begin
         x = st_x;
       end
     end
@@ -4662,8 +4673,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
+    end else if (\$205 ) begin
+      if (\$206 ) begin
         acc_in = st_acc;
       end
     end
@@ -4672,74 +4683,26 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
-      end else if (\$205 ) begin
+    end else if (\$205 ) begin
+      if (\$206 ) begin
+      end else if (\$209 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$294  = shape_ok;
+    \$298  = shape_ok;
     if (unit_rst) begin
-      \$294  = 1'h0;
+      \$298  = 1'h0;
     end
     if (rst) begin
-      \$294  = 1'h0;
+      \$298  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$295  = \$248 ;
-    if (unit_rst) begin
-      \$295  = 1'h0;
-    end
-    if (rst) begin
-      \$295  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$296  = \$268 ;
-    if (unit_rst) begin
-      \$296  = 1'h0;
-    end
-    if (rst) begin
-      \$296  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$297  = \$275 ;
-    if (unit_rst) begin
-      \$297  = 1'h0;
-    end
-    if (rst) begin
-      \$297  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$298  = decode_err;
-    if (unit_rst) begin
-      \$298  = 8'h00;
-    end
-    if (rst) begin
-      \$298  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$299  = active;
-    if (start) begin
-      \$299  = 1'h1;
-    end else if (\$277 ) begin
-      if (\$278 ) begin
-      end else if (\$281 ) begin
-        \$299  = 1'h0;
-      end
-    end
+    \$299  = \$252 ;
     if (unit_rst) begin
       \$299  = 1'h0;
     end
@@ -4749,110 +4712,158 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$300  = step;
-    if (start) begin
-      \$300  = 3'h0;
-    end else if (\$277 ) begin
-      if (\$278 ) begin
-        \$300  = \$292 [2:0];
-      end
-    end
+    \$300  = \$272 ;
     if (unit_rst) begin
-      \$300  = 3'h0;
+      \$300  = 1'h0;
     end
     if (rst) begin
-      \$300  = 3'h0;
+      \$300  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$301  = settle;
+    \$301  = \$279 ;
+    if (unit_rst) begin
+      \$301  = 1'h0;
+    end
+    if (rst) begin
+      \$301  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$302  = decode_err;
+    if (unit_rst) begin
+      \$302  = 8'h00;
+    end
+    if (rst) begin
+      \$302  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$303  = active;
     if (start) begin
-      \$301  = 2'h0;
-    end else if (\$277 ) begin
+      \$303  = 1'h1;
+    end else if (\$281 ) begin
+      if (\$282 ) begin
+      end else if (\$285 ) begin
+        \$303  = 1'h0;
+      end
+    end
+    if (unit_rst) begin
+      \$303  = 1'h0;
+    end
+    if (rst) begin
+      \$303  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$304  = step;
+    if (start) begin
+      \$304  = 3'h0;
+    end else if (\$281 ) begin
+      if (\$282 ) begin
+        \$304  = \$296 [2:0];
+      end
+    end
+    if (unit_rst) begin
+      \$304  = 3'h0;
+    end
+    if (rst) begin
+      \$304  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
+    \$305  = settle;
+    if (start) begin
+      \$305  = 2'h0;
+    end else if (\$281 ) begin
       (* full_case = 32'd1 *)
-      if (\$278 ) begin
-      end else if (\$281 ) begin
+      if (\$282 ) begin
+      end else if (\$285 ) begin
       end else begin
-        \$301  = \$293 [1:0];
+        \$305  = \$297 [1:0];
       end
     end
     if (unit_rst) begin
-      \$301  = 2'h0;
+      \$305  = 2'h0;
     end
     if (rst) begin
-      \$301  = 2'h0;
+      \$305  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$302  = ln;
+    \$306  = ln;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
-              \$302  = \$283 ;
+              \$306  = \$287 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$302  = 14'h0000;
+      \$306  = 14'h0000;
     end
     if (rst) begin
-      \$302  = 14'h0000;
+      \$306  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$303  = mk;
+    \$307  = mk;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$303  = \$285 ;
+              \$307  = \$289 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$303  = 14'h0000;
+      \$307  = 14'h0000;
     end
     if (rst) begin
-      \$303  = 14'h0000;
+      \$307  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$304  = p2;
+    \$308  = p2;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$304  = \$287 ;
+              \$308  = \$291 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$304  = 14'h0000;
+      \$308  = 14'h0000;
     end
     if (rst) begin
-      \$304  = 14'h0000;
+      \$308  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$305  = p3;
+    \$309  = p3;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4861,23 +4872,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$305  = \$289 ;
+              \$309  = \$293 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$305  = 14'h0000;
+      \$309  = 14'h0000;
     end
     if (rst) begin
-      \$305  = 14'h0000;
+      \$309  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$306  = l4;
+    \$310  = l4;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4888,23 +4899,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$306  = \$291 ;
+              \$310  = \$295 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$306  = 18'h00000;
+      \$310  = 18'h00000;
     end
     if (rst) begin
-      \$306  = 18'h00000;
+      \$310  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$307  = host;
+    \$311  = host;
     if (start) begin
-    end else if (\$277 ) begin
-      if (\$278 ) begin
+    end else if (\$281 ) begin
+      if (\$282 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4917,15 +4928,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$307  = acc;
+              \$311  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$307  = 33'h000000000;
+      \$311  = 33'h000000000;
     end
     if (rst) begin
-      \$307  = 33'h000000000;
+      \$311  = 33'h000000000;
     end
   end
   assign b_on = 1'h0;
@@ -5009,40 +5020,45 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$54 [5] = ins[11];
   assign \$63  = \$62 ;
   assign \$79  = \$78 ;
-  assign { \$95 [9:4], \$95 [2:0] } = 9'h000;
-  assign \$95 [3] = ins[9];
-  assign { \$96 [9:3], \$96 [1:0] } = 9'h000;
-  assign \$96 [2] = ins[8];
-  assign \$97  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$99  = { ins[63:48], 1'h0 };
-  assign \$100  = ins[8];
-  assign { \$103 [9:3], \$103 [1:0] } = 9'h000;
-  assign \$103 [2] = ins[8];
-  assign \$104  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$106  = { ins[63:48], 1'h0 };
-  assign \$107  = ins[8];
-  assign { \$110 [9:3], \$110 [1:0] } = 9'h000;
-  assign \$110 [2] = ins[8];
-  assign \$111  = ins[8];
-  assign \$113  = ins[9];
-  assign \$115  = \$114 ;
-  assign { \$116 [9:3], \$116 [1:0] } = 9'h000;
-  assign \$116 [2] = ins[8];
-  assign \$117  = ins[8];
-  assign \$122  = \$121 [14];
-  assign \$125  = { ins[63:48], 1'h0 };
+  assign { \$92 [9:7], \$92 [5:0] } = 9'h000;
+  assign \$92 [6] = ins[12];
+  assign { \$97 [9:4], \$97 [2:0] } = 9'h000;
+  assign \$97 [3] = ins[9];
+  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
+  assign \$98 [2] = ins[8];
+  assign \$99  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$101  = { ins[63:48], 1'h0 };
+  assign \$102  = ins[8];
+  assign { \$105 [9:3], \$105 [1:0] } = 9'h000;
+  assign \$105 [2] = ins[8];
+  assign \$106  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$108  = { ins[63:48], 1'h0 };
+  assign \$109  = ins[8];
+  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
+  assign \$112 [2] = ins[8];
+  assign \$113  = ins[8];
+  assign \$115  = ins[9];
+  assign \$117  = \$116 ;
+  assign { \$118 [9:3], \$118 [1:0] } = 9'h000;
+  assign \$118 [2] = ins[8];
+  assign \$119  = ins[8];
+  assign \$124  = \$123 [14];
   assign \$127  = { ins[63:48], 1'h0 };
-  assign \$154 [9:3] = 7'h00;
-  assign \$154 [2:0] = ins[8:6];
-  assign \$161  = \$160 ;
-  assign \$165 [9:3] = 7'h00;
-  assign \$165 [2:0] = ins[8:6];
-  assign \$182  = \$181 ;
-  assign \$196  = 1'h1;
-  assign \$197  = \$195 ;
+  assign \$129  = { ins[63:48], 1'h0 };
+  assign { \$139 [9:7], \$139 [5:0] } = 9'h000;
+  assign \$139 [6] = ins[12];
+  assign \$158 [9:3] = 7'h00;
+  assign \$158 [2:0] = ins[8:6];
+  assign \$165  = \$164 ;
+  assign \$169 [9:3] = 7'h00;
+  assign \$169 [2:0] = ins[8:6];
+  assign \$186  = \$185 ;
+  assign \$200  = 1'h1;
+  assign \$201  = \$199 ;
   assign \$23  = ins[7];
   assign \$49  = ins[10];
   assign \$53  = ins[10];
+  assign \$140  = ins[12];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -5143,7 +5159,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6425$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6430$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5286,8 +5302,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$411$0 ;
   output [5:0] \port$429$0 ;
   wire [5:0] \port$429$0 ;
-  input [15:0] \port$6425$254 ;
-  wire [15:0] \port$6425$254 ;
+  input [15:0] \port$6430$254 ;
+  wire [15:0] \port$6430$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5452,7 +5468,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6425$254  };
+      \$74  = { 8'h00, \port$6430$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5488,7 +5504,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6425$254  };
+      \$77  = { 8'h00, \port$6430$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5533,9 +5549,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6425$254  };
+  assign rd_beats = { 8'h00, \port$6430$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6425$254  };
+  assign wr_beats = { 8'h00, \port$6430$254  };
   assign \port$411$0  = \$9 ;
   assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9416,8 +9432,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .clk(clk),
     .level(level),
     .\port$5970$0 (spad__rd1__data),
-    .\port$7520$0 (\$signal ),
-    .\port$7911$0 (spad__rd0__lanes[31:0]),
+    .\port$7525$0 (\$signal ),
+    .\port$7916$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13610,7 +13626,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7520$0 , level, \port$7911$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7525$0 , level, \port$7916$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13637,10 +13653,10 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   reg [1:0] level = 2'h0;
   input [31:0] \port$5970$0 ;
   wire [31:0] \port$5970$0 ;
-  input \port$7520$0 ;
-  wire \port$7520$0 ;
-  input [31:0] \port$7911$0 ;
-  wire [31:0] \port$7911$0 ;
+  input \port$7525$0 ;
+  wire \port$7525$0 ;
+  input [31:0] \port$7916$0 ;
+  wire [31:0] \port$7916$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13673,7 +13689,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7520$0 , \port$5970$0 , \port$7911$0  };
+      storage[w_port__addr] <= { \port$7525$0 , \port$5970$0 , \port$7916$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13744,8 +13760,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7520$0 , \port$5970$0 , \port$7911$0  };
-  assign w_data = { \port$7520$0 , \port$5970$0 , \port$7911$0  };
+  assign w_port__data = { \port$7525$0 , \port$5970$0 , \port$7916$0  };
+  assign w_data = { \port$7525$0 , \port$5970$0 , \port$7916$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -35080,7 +35096,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6427$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6432$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35351,8 +35367,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6427$0 ;
-  wire [4:0] \port$6427$0 ;
+  input [4:0] \port$6432$0 ;
+  wire [4:0] \port$6432$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35376,81 +35392,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6427$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6432$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6427$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6432$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6427$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6432$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6427$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6432$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6427$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6432$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6427$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6432$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6427$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6432$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6427$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6432$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6427$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6427$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6432$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6432$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6427$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6432$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6427$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6432$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6427$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6432$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3], \port$6427$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6427$0 [0], \port$6427$0 [0], \port$6427$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6427$0 [1], \port$6427$0 [1], \port$6427$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6427$0 [2], \port$6427$0 [2], \port$6427$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6427$0 [4], \port$6427$0 [4], \port$6427$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35467,7 +35483,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6427$0 , \port$2$0  };
+  assign select = { \port$6432$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -102,6 +102,7 @@
 #define NANOKPU_F_RQ_CHANNEL                     0x08
 #define NANOKPU_F_B_SPAD                         0x10
 #define NANOKPU_F_B_T                            0x20
+#define NANOKPU_F_EPS                            0x40
 
 /* instruction layout: bit SHIFT of instruction i is bit SHIFT % 32 of the 32-bit word at
    NANOKPU_IMEM_BASE + NANOKPU_INSTR_BYTES * i + 4 * (SHIFT / 32) */

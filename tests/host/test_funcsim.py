@@ -10,6 +10,7 @@ from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import (
+    F_EPS,
     F_HOST_EXPERT,
     F_M_COUNT,
     F_RQ_CHANNEL,
@@ -385,6 +386,35 @@ def test_norm_then_mul_is_rmsnorm_weight_int():
                 Instr(Op.HALT)]
         assert sim.run(prog).error == Err.NONE
         assert np.array_equal(sim.spad[100:100 + T * n].reshape(T, n), I.rmsnorm_weight_int(u, w, shift, cfg)), shift
+
+
+def test_norm_with_its_eps_word_is_rmsnorm_of_another_format():
+    """NORM with F_EPS (the word at b: rms_eps_q of fractional bits f, random upper bits) is golden
+    rmsnorm_int of rows in Q<act_width>.<f>, f = act_frac (the plain NORM's), 12 and 15 (KDA's largest o_frac), on
+    rows small enough for the epsilon to matter and a zero row; NORM, then MUL by the weight, is KDA's
+    o_norm (rmsnorm_weight_int at act_frac = f); BAD_SHAPE where layer_ops did not build it."""
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(12)
+    T, n = 5, 16
+    u = rng.integers(-6, 7, (T, n))
+    u[0], u[1] = 0, rng.integers(-3000, 3000, n)
+    w, w_shift = I.quantize_norm_weight(rng.normal(1.0, 0.3, n), cfg)
+    results = set()
+    for f in (cfg.act_frac, 12, 15):
+        sim = FuncSim(cfg)
+        sim.spad[:T * n] = u.ravel()
+        sim.spad[400] = I.rms_eps_q(cfg, f) + (5 << 2 * cfg.act_width)
+        sim.spad[500:500 + n] = w
+        prog = [Instr(Op.NORM, flags=F_EPS, m=T, n=n, a=0, b=400, c=100),
+                Instr(Op.MUL, m=T, n=n, a=100, b=500, c=200, shift=w_shift), Instr(Op.HALT)]
+        assert sim.run(prog).error == Err.NONE
+        fmt = cfg.replace(act_frac=f)
+        assert np.array_equal(sim.spad[100:100 + T * n].reshape(T, n), I.rmsnorm_int(u, fmt)), f
+        assert np.array_equal(sim.spad[200:200 + T * n].reshape(T, n), I.rmsnorm_weight_int(u, w, w_shift, fmt)), f
+        results.add(tuple(sim.spad[100:100 + T * n]))
+    assert len(results) == 3       # the epsilon word changes the result
+    bare = FuncSim(profile("tiny"))
+    assert bare.run([Instr(Op.NORM, flags=F_EPS, m=T, n=n, a=0, b=400, c=100), Instr(Op.HALT)]).error == Err.BAD_SHAPE
 
 
 def test_mul_of_one_row_gates_element_by_element():

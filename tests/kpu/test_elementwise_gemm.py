@@ -10,10 +10,11 @@ from amaranth import Elaboratable, Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 
+from golden import intops as I
 from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_B_T, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
+from nanokpu.isa import F_B_SPAD, F_B_T, F_EPS, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
@@ -167,6 +168,30 @@ def test_layer_table_ops_match_funcsim(op, one_write_port):
         cycles.append(cyc)
     if not one_write_port:   # (with one, a cycle that writes reads nothing)
         assert cycles[1] - cycles[0] == 72 - 24, cycles
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+def test_norm_with_its_eps_word_matches_funcsim(one_write_port):
+    """NORM with F_EPS (layer_ops): the epsilon read from b[0] (random upper bits): 0, KDA's largest
+    (o_frac = 15) and the largest the word holds, on rows small enough for it to matter and a zero
+    row, in place too, under read blocking: FuncSim's result, and not the plain NORM's (its epsilon
+    is rms_eps_q = 1 on tiny)."""
+    rng = np.random.default_rng(21)
+    m_rows, n = 3, 8
+    u = rng.integers(-6, 7, m_rows * n)
+    u[:n] = 0
+    rows = {16 + i: int(v) + (int(rng.integers(-8, 8)) << LAYER.act_width) for i, v in enumerate(u)}
+    plain, _, err, _ = _run(Instr(Op.NORM, m=m_rows, n=n, a=16, c=320), rows, cfg=LAYER)
+    assert err == Err.NONE
+    for eps_q in (0, I.rms_eps_q(LAYER, 15), (1 << 2 * LAYER.act_width) - 1):
+        for c in (320, 16):
+            spad = rows | {200: eps_q + (3 << 2 * LAYER.act_width)}
+            ins = Instr(Op.NORM, flags=F_EPS, m=m_rows, n=n, a=16, b=200, c=c)
+            got, want, err, _ = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.3,
+                                     seed=eps_q % 97 + c)
+            assert got == want and err == Err.NONE, (eps_q, c)
+            if c == 320:
+                assert got != plain, eps_q
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])

@@ -11,7 +11,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_RQ_EXPERT, Err, Op, word_width
+from nanokpu.isa import F_EPS, F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
@@ -169,6 +169,8 @@ class Elementwise(wiring.Component):
         shift = Signal.like(rq.shift)
         width = Signal(6)
         m.d.comb += [rq.mult.eq(mult), rq.shift.eq(shift), rq.i.payload.eq(pack)]
+        if cfg.layer_ops:
+            eps = Signal(2 * act, init=vec.eps_q)   # NORM's epsilon: F_EPS reads it from b
         out_valid = Signal()
         out_data = Signal(signed(ww))
         act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
@@ -183,7 +185,7 @@ class Elementwise(wiring.Component):
             vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], act_b)),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
-            *([vec.shift.eq(shift)] if cfg.layer_ops else []),
+            *([vec.shift.eq(shift), vec.eps.eq(eps)] if cfg.layer_ops else []),
             vec.op.eq(vec_op),
             situ.o.ready.eq(1), vec.o.ready.eq(1), *(t.o.ready.eq(1) for t in tables.values()),
         ]
@@ -265,6 +267,8 @@ class Elementwise(wiring.Component):
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  wvalid.eq(0), r_lane.eq(0), q_pend.eq(0), q_read.eq(0), w_lane.eq(0),
                                  hold_valid.eq(0)]
+                    if cfg.layer_ops:
+                        m.d.sync += eps.eq(vec.eps_q)
                     with m.Switch(op):
                         with m.Case(Op.REQUANT):     # pa only: its own wide reads
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0) + [issuing.eq(0)]
@@ -287,6 +291,9 @@ class Elementwise(wiring.Component):
                             m.next = "WIDE"
                     with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
                         m.next = "RQ_TABLE"
+                    if cfg.layer_ops:
+                        with m.Elif((op == Op.NORM) & ((ins.flags & F_EPS) != 0)):
+                            m.next = "EPS"
                     with m.Else():
                         m.next = "RUN"
             with m.State("RQ_TABLE"):
@@ -296,6 +303,14 @@ class Elementwise(wiring.Component):
             with m.State("RQ_TABLE2"):
                 m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(rd1.data[:6])]
                 m.next = "RUN"
+            if cfg.layer_ops:
+                with m.State("EPS"):     # F_EPS: NORM's epsilon from b[0], once the read is served
+                    m.d.comb += [rd0.addr.eq(ins.b), rd0.en.eq(~blocked)]
+                    with m.If(~blocked):
+                        m.next = "EPS2"
+                with m.State("EPS2"):
+                    m.d.sync += eps.eq(rd0.data[:2 * act])
+                    m.next = "RUN"
             with m.State("RUN"):
                 m.d.comb += run.eq(1)
                 with m.If(out_valid):
