@@ -25,7 +25,7 @@ from nanokpu.isa import (
     bus_bytes,
 )
 from nanokpu.kpu.decoded import decoded_layout, widths
-from nanokpu.units.shift_add import ShiftAddMultiplier
+from nanokpu.units.shift_add import ShiftAddMultiplier, times_const
 
 __all__ = ["Decode", "PRODUCT_STEPS", "context_layout"]
 
@@ -109,10 +109,6 @@ class Decode(wiring.Component):
             if len(value) <= width:
                 return value
             return Mux(value[width:].any(), (1 << width) - 1, value[:width])
-
-        def times(value, c):
-            """``value * c`` for a constant ``c``: shifted copies added (no multiplier)."""
-            return sum((value << b for b in range(c.bit_length()) if c >> b & 1), Const(0, 1))
 
         def ceil_div(value, d):
             """``ceil(value / d)`` for a constant ``d``."""
@@ -243,7 +239,7 @@ class Decode(wiring.Component):
             "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),
         }
         sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,
-                               sat(Mux(ins.flags & F_RQ_EXPERT, times(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
+                               sat(Mux(ins.flags & F_RQ_EXPERT, times_const(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
         sizes["gemm_b"] = Mux(b_on, sat(l4), sizes["rq_gemm"])   # step 4: n*k with F_B_SPAD
         sizes["eps"] = (ins.flags & F_EPS) != 0
         host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4

@@ -1,12 +1,19 @@
-"""A shift-add multiplier: one bit of the multiplier per cycle, for products that are rare."""
+"""Multiplication without a multiplier: by a constant (shifted copies added, combinational) and,
+for products that are rare, by a variable one bit per cycle."""
 
 from __future__ import annotations
 
-from amaranth import Module, Mux, Signal
+from amaranth import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ShiftAddMultiplier"]
+__all__ = ["ShiftAddMultiplier", "times_const"]
+
+
+def times_const(value, c: int):
+    """``value * c`` for a constant ``c >= 0``: the shifted copies of ``value`` for the bits of ``c``,
+    added (no multiplier; 0 for ``c = 0``)."""
+    return sum((value << b for b in range(c.bit_length()) if c >> b & 1), Const(0, 1))
 
 
 class ShiftAddMultiplier(wiring.Component):

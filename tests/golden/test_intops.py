@@ -340,6 +340,16 @@ def test_quantize_norm_weight_format():
         I.quantize_norm_weight(np.array([2.0 ** 15]), cfg)
 
 
+def test_rms_eps_is_a_mean_of_squares_in_the_rows_units():
+    """rms_eps_q(cfg, f) = round(rms_eps 4**f) (1e-5: 1 at act_frac 8, 10,737 at 15, 0 at 0), the
+    default of rmsnorm_int; a larger eps_q lowers every normalised value of a small row."""
+    assert (I.rms_eps_q(TINY), I.rms_eps_q(TINY, 15), I.rms_eps_q(TINY, 0)) == (1, 10737, 0)
+    u = np.array([[3, -3, 2, -2, 1, -1, 4, -4]])
+    assert np.array_equal(I.rmsnorm_int(u, TINY), I.rmsnorm_int(u, TINY, eps_q=1))
+    small, large = I.rmsnorm_int(u, TINY, eps_q=0), I.rmsnorm_int(u, TINY, eps_q=10737)
+    assert np.all(np.abs(large) <= np.abs(small)) and np.abs(large).sum() < np.abs(small).sum()
+
+
 @pytest.mark.parametrize("mode", ROUNDING_MODES)
 def test_rmsnorm_weight_int_directed(mode):
     """Weight 1 is RMSNorm itself; weight -1 negates (saturating -128 to 127); weight 0.5 halves

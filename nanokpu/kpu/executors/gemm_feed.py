@@ -19,6 +19,7 @@ from nanokpu.kpu.executors import (
     saturate_to_width,
 )
 from nanokpu.units.gemm import kpu_engine
+from nanokpu.units.shift_add import times_const
 
 __all__ = ["GemmFeed"]
 
@@ -167,10 +168,6 @@ class GemmFeed(wiring.Component):
         group_taken = a_taken & (a_col + 1 == head.cols)    # the head group's last word
         with m.If(a_taken):
             m.d.sync += a_col.eq(Mux(group_taken, 0, a_col + 1))
-
-        def times(value, c):
-            """``value * c`` for a constant ``c`` as shifts and adds (no multiplier)."""
-            return sum(value << b for b in range(c.bit_length()) if c >> b & 1)
 
         def last_row(left, row):
             """Row ``row`` of a block with ``left`` rows left is its last: row R-1 or row M-1."""
@@ -344,17 +341,17 @@ class GemmFeed(wiring.Component):
                     m.d.comb += [row_n.eq(0), afeed_done_n.eq(0), owed_n.eq(0), left_n.eq(m_s)]
                     m.d.sync += [busy.eq(1), width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
                                  gm_k0.eq(0), gm_addr.eq(ins.a), gm_gaddr.eq(ins.a), gm_block.eq(ins.a),
-                                 rk.eq(times(k_g, R)), a_col.eq(0),
+                                 rk.eq(times_const(k_g, R)), a_col.eq(0),
                                  gc_left.eq(m_s), gc_n.eq(0), gc_col.eq(0), gc_full.eq(0), w_busy.eq(0),
                                  gc_block.eq(ins.c), gc_gaddr.eq(ins.c),
-                                 rn.eq(times(n_g, R))]
+                                 rn.eq(times_const(n_g, R))]
                     if cfg.layer_ops:
                         from_spad, transposed = (ins.flags & F_B_SPAD) != 0, (ins.flags & F_B_T) != 0
                         m.d.sync += [b_spad.eq(from_spad), bs_on.eq(from_spad), bs_addr.eq(ins.b),
                                      bs_beat.eq(ins.b), bs_panel.eq(ins.b), bs_lane.eq(0),
                                      bs_kk.eq(0), bs_rows.eq(n_g), bs_full.eq(0),
                                      bs_lstep.eq(Mux(transposed, 1, k_g)), bs_bstep.eq(Mux(transposed, n_g, 1)),
-                                     bs_pstep.eq(Mux(transposed, C, times(k_g, C)))]
+                                     bs_pstep.eq(Mux(transposed, C, times_const(k_g, C)))]
                     per_expert = (ins.flags & F_RQ_EXPERT) != 0
                     per_column = ((ins.flags & F_RQ_CHANNEL) != 0) & (ins.width != 0)
                     m.d.sync += [col.eq(per_column), t_left.eq(Mux(per_column, n_g, 0)),
