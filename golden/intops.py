@@ -25,7 +25,7 @@ __all__ = [
     "sigmoid_q", "gate_q", "up_q", "situ_q", "exp_q", "topk_int", "route_weights_int", "quantize_bias",
     "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rms_eps_q", "rmsnorm_int",
     "quantize_norm_weight", "rmsnorm_weight_int", "isqrt", "add_sat",
-    "silu_table", "silu_q", "decay_table", "decay_q", "l2norm_int",
+    "silu_table", "silu_q", "decay_table", "decay_q", "l2_eps_q", "l2norm_int",
 ]
 
 
@@ -508,12 +508,18 @@ def decay_q(z, cfg: KpuConfig) -> np.ndarray:
     return decay_table(cfg)(z)
 
 
-def l2norm_int(x, frac: int, cfg: KpuConfig) -> np.ndarray:
+def l2_eps_q(cfg: KpuConfig) -> int:
+    """The l2norm's epsilon in act-format units squared: ``round(l2_eps * 4**act_frac)`` (0 at
+    ``act_frac = 8``: ``l2_eps = 1e-6`` is below the format's resolution)."""
+    return int(round(cfg.l2_eps * 4 ** cfg.act_frac))
+
+
+def l2norm_int(x, frac: int, cfg: KpuConfig, eps_q: int | None = None) -> np.ndarray:
     """Fixed-point l2norm ``x / sqrt(sum(x**2) + eps)`` over the last axis: ``x [..., n]`` act format ->
     ``[..., n]`` with ``frac`` fractional bits (signed; ``|y| <= 2**frac`` plus rounding, see below).
     One integer square root and one reciprocal per row, one multiply per element::
 
-        ss    = sum(x**2) + eps_q,   eps_q = round(l2_eps * 4**act_frac)     (0 at act_frac = 8)
+        ss    = sum(x**2) + eps_q,   eps_q = l2_eps_q(cfg) by default (0 at act_frac = 8)
         P     = frac + NORM_GUARD + 1
         e     = max(0, 2P - bit_length(ss)) rounded up to even      (a leading-zero count)
         r     = isqrt(ss << e)                    sqrt(ss) 2**(e/2), floor; P bits or more
@@ -527,7 +533,7 @@ def l2norm_int(x, frac: int, cfg: KpuConfig) -> np.ndarray:
     0.5, 1 for ``floor``); with ``|y| <= 1`` that is 0.75 LSB (1.25), and ``|y| <= 2**frac + 1``.
     """
     x = _i64(x)
-    eps_q = int(round(cfg.l2_eps * 4 ** cfg.act_frac))
+    eps_q = l2_eps_q(cfg) if eps_q is None else eps_q
     ss = (x * x).sum(axis=-1) + eps_q
     bits = frac + NORM_GUARD
     y = np.zeros_like(x)

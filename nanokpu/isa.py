@@ -78,10 +78,13 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
 ``GATHER``        ``c[i*n + j] = a[t*n + j]``, ``t = b[offset + i]``, ``i < count``; ``t < m`` checked.
 ``SCATTER``       ``c[p*n + j] = a[i*n + j]``, ``p = b[offset + i]``, ``i < count``; ``p < m`` checked.
 ``COMBINE``       ``c[t*n + j] = combine_int`` of ``e = a [m, k, n]`` and ``w = b [m, k]``.
-``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``; with :data:`F_EPS`
-                  (built with ``layer_ops``, else ``BAD_SHAPE``) its epsilon ``eps_q`` is word ``b[0]``
-                  (its low ``2*act_width`` bits, unsigned) instead of :func:`golden.intops.rms_eps_q`:
-                  rows in another format's units, e.g. KDA's ``o`` in ``Q<act_width>.<o_frac>``.
+``NORM``          ``c[t*n:(t+1)*n] = rmsnorm_int(a[t*n:(t+1)*n])``, ``t < m``; with :data:`F_L2`
+                  ``l2norm_int(a[t*n:(t+1)*n], kda_unit_frac)`` instead (KDA's ``q`` and ``k`` per head,
+                  in the unit format ``Q<act_width>.<act_width - 2>``); with :data:`F_EPS` its epsilon
+                  ``eps_q`` is word ``b[0]`` (its low ``2*act_width`` bits, unsigned) instead of
+                  :func:`golden.intops.rms_eps_q` (:func:`golden.intops.l2_eps_q`): rows in another
+                  format's units, e.g. KDA's ``o`` in ``Q<act_width>.<o_frac>``. Both flags only where
+                  ``layer_ops`` built them, else ``BAD_SHAPE``.
 ``JUMP``          continue at ``target``.
 ``SPLIT``         ``c[i], c[len + i] = split_digits(a[i], in_width)`` (:func:`golden.intops.split_digits`:
                   ``a[i] = c[i] * 2**in_width + c[len + i]``, the low digit balanced), ``i < len``: the
@@ -151,7 +154,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
-           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "F_EPS", "FIELDS", "INSTR_BITS",
+           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "F_EPS", "F_L2", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -221,6 +224,7 @@ F_RQ_CHANNEL = 1 << 3
 F_B_SPAD = 1 << 4
 F_B_T = 1 << 5
 F_EPS = 1 << 6
+F_L2 = 1 << 7
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -313,9 +317,9 @@ class OpRule:
         :data:`F_B_SPAD` may take the B operand from the scratchpad: ``BAD_SHAPE`` unless the
         config has ``layer_ops`` and no :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or
         :data:`F_HOST_EXPERT` is set; :data:`F_B_T` (B transposed) only with it (:meth:`b_spad_ok`).
-    ``eps``
-        :data:`F_EPS` (the epsilon word at ``b``) only where the config has ``layer_ops``, else
-        ``BAD_SHAPE`` (:meth:`eps_ok`).
+    ``norm_flags``
+        :data:`F_EPS` (the epsilon word at ``b``) and :data:`F_L2` (the l2norm) only where the
+        config has ``layer_ops``, else ``BAD_SHAPE`` (:meth:`norm_flags_ok`).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -338,7 +342,7 @@ class OpRule:
     widths: tuple = ()
     engine: bool = False
     b_spad: bool = False
-    eps: bool = False
+    norm_flags: bool = False
     scores: bool = False
     route: bool = False
     expert: bool = False
@@ -350,9 +354,9 @@ class OpRule:
             return True
         return bool(flags & F_B_SPAD and cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
 
-    def eps_ok(self, flags: int, cfg: KpuConfig) -> bool:
-        """:data:`F_EPS` not set, or allowed (:attr:`eps`)."""
-        return not (self.eps and flags & F_EPS) or cfg.layer_ops
+    def norm_flags_ok(self, flags: int, cfg: KpuConfig) -> bool:
+        """Neither :data:`F_EPS` nor :data:`F_L2` set, or allowed (:attr:`norm_flags`)."""
+        return not (self.norm_flags and flags & (F_EPS | F_L2)) or cfg.layer_ops
 
     def width_ok(self, width: int, cfg: KpuConfig) -> bool:
         """``width`` is one of :attr:`widths` (always true when they are empty)."""
@@ -379,7 +383,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.GATHER: OpRule("move", a="m*n", b="list", c="count*n", positive="mn", expert=True),
     Op.SCATTER: OpRule("move", a="count*n", b="list", c="m*n", positive="mn", expert=True),
     Op.COMBINE: OpRule("vector", a="m*k*n", b="m*k", c="m*n", positive="mnk"),
-    Op.NORM: OpRule("vector", a="m*n", b="eps", c="m*n", in_place=True, positive="mn", eps=True),
+    Op.NORM: OpRule("vector", a="m*n", b="eps", c="m*n", in_place=True, positive="mn", norm_flags=True),
     Op.JUMP: OpRule(target=True),
     Op.SPLIT: OpRule("act", a="m*n", c="2*m*n", positive="mn"),
     Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),

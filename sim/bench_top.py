@@ -34,7 +34,20 @@ from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.host.layer import compile_ffn_sublayer
-from nanokpu.isa import EXECUTORS, F_B_SPAD, F_B_T, F_EPS, Err, Instr, Op, Reg, ctrl_word, route_table, status_fields
+from nanokpu.isa import (
+    EXECUTORS,
+    F_B_SPAD,
+    F_B_T,
+    F_EPS,
+    F_L2,
+    Err,
+    Instr,
+    Op,
+    Reg,
+    ctrl_word,
+    route_table,
+    status_fields,
+)
 from sim.lib.kpu_tb import CLOCK_NS, TB, stop_status
 from sim.lib.raw_run import write_replay
 
@@ -341,7 +354,8 @@ async def test_layer_ops(dut):
     """SILU and DECAY (``layer_ops``) on 2,048 act-format inputs (both ends of the format, 0,
     +-1, random values; random upper bits in each int32 word): loaded, SILU into one region, DECAY
     into another and SILU again in place over it, both stored; then NORM of the inputs' 8 rows with
-    its epsilon word (``F_EPS``: the largest the word holds, loaded from host memory), stored: the
+    its epsilon word (``F_EPS``: the largest the word holds, loaded from host memory), the l2norm
+    (``F_L2``) of the inputs as heads of 8, and as heads of 16 with that epsilon word, stored: the
     host memory equals FuncSim's byte for byte (under the bench's bus stalls). Every input of each
     table: tests/units."""
     tb = TB(dut)
@@ -359,9 +373,12 @@ async def test_layer_ops(dut):
             Instr(Op.STORE, m=2 * rows, n=n, a=size, host=4 * size, width=4),
             Instr(Op.LOAD, m=1, n=1, c=3 * size, host=12 * size, width=4),
             Instr(Op.NORM, flags=F_EPS, m=rows, n=n, a=0, b=3 * size, c=size),     # over the stored SILUs
-            Instr(Op.STORE, m=rows, n=n, a=size, host=12 * size + 4, width=4), Instr(Op.HALT)]
+            Instr(Op.STORE, m=rows, n=n, a=size, host=12 * size + 4, width=4),
+            Instr(Op.NORM, flags=F_L2, m=size // 8, n=8, a=0, c=size),               # heads of 8
+            Instr(Op.NORM, flags=F_L2 | F_EPS, m=size // 16, n=16, a=0, b=3 * size, c=2 * size),
+            Instr(Op.STORE, m=2 * rows, n=n, a=size, host=16 * size + 4, width=4), Instr(Op.HALT)]
     eps_word = np.array([(1 << 2 * act) - 1], dtype="<u4")
-    image = words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(4 * size)
+    image = words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size)
     sim = FuncSim(cfg, image, 0, len(image))
     expected = sim.run(prog)
     assert expected.error == Err.NONE, expected
@@ -369,7 +386,7 @@ async def test_layer_ops(dut):
     err, pc, done = await tb.run(poll=2000)
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
-        f"seed {tb.seed}: SILU/DECAY/NORM results differ from FuncSim's"
+        f"seed {tb.seed}: SILU/DECAY/NORM/l2norm results differ from FuncSim's"
 
 
 @cocotb.test()

@@ -35,6 +35,9 @@ class TB:
         self.dut.rst.value = 1
         self.dut.i__valid.value = 0
         self.dut.o__ready.value = 0
+        if self.cfg.layer_ops:      # the ports an instruction holds: the plain NORM's by default
+            self.dut.eps.value = I.rms_eps_q(self.cfg)
+            self.dut.l2.value = 0
         for _ in range(2):
             await RisingEdge(self.dut.clk)
         self.dut.rst.value = 0
@@ -136,3 +139,29 @@ async def test_norm(dut):
                 beats += [(int(x), 0, int(j == n - 1)) for j, x in enumerate(row)]
         got = await tb.run(VecOp.NORM, beats, u.size, n)
         _check(tb, VecOp.NORM, got, I.rmsnorm_int(u, cfg).ravel())
+
+
+@cocotb.test(skip=not bench_config().layer_ops)
+async def test_l2norm(dut):
+    """NORM with l2 (layer_ops): l2norm_int at kda_unit_frac, rows of 1 to 16 values from the
+    extremes to single LSBs (the pre-shift e from 0 to 2P), zero rows; its epsilon at the port."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg = tb.cfg
+    act = cfg.act_width
+    lo, hi = -(1 << (act - 1)), (1 << (act - 1)) - 1
+    dut.l2.value = 1
+    for n, eps_q in ((16, I.l2_eps_q(cfg)), (3, I.l2_eps_q(cfg)), (1, 0), (8, 10737)):
+        dut.eps.value = eps_q
+        u = tb.rng.integers(lo, hi + 1, (40, n)) >> tb.rng.integers(0, act, (40, 1))
+        u[0] = 0
+        u[1], u[2] = hi, lo
+        u[3, 0] = 1
+        u[3, 1:] = 0
+        u[4] = tb.rng.integers(-2, 3, n)
+        beats = []
+        for row in u:
+            for _ in range(2):
+                beats += [(int(x), 0, int(j == n - 1)) for j, x in enumerate(row)]
+        got = await tb.run(VecOp.NORM, beats, u.size, n)
+        _check(tb, VecOp.NORM, got, I.l2norm_int(u, cfg.kda_unit_frac, cfg, eps_q).ravel())

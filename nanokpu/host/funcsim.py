@@ -21,6 +21,7 @@ from nanokpu.isa import (
     F_B_T,
     F_EPS,
     F_HOST_EXPERT,
+    F_L2,
     F_M_COUNT,
     F_RQ_CHANNEL,
     F_RQ_EXPERT,
@@ -198,7 +199,7 @@ class FuncSim:
         check(rule.b_spad_ok(ins.flags, cfg), Err.BAD_SHAPE,
               f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT;"
               " F_B_T needs F_B_SPAD")
-        check(rule.eps_ok(ins.flags, cfg), Err.BAD_SHAPE, f"{op.name} with F_EPS needs layer_ops")
+        check(rule.norm_flags_ok(ins.flags, cfg), Err.BAD_SHAPE, f"{op.name} with F_EPS or F_L2 needs layer_ops")
         if rule.engine:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
@@ -285,7 +286,11 @@ class FuncSim:
             self._write(c, I.add_sat(self._read(a, ln, act), self._read(b, ln, act), act))
         elif op == Op.NORM:
             eps_q = int(self.spad[b]) & ((1 << 2 * act) - 1) if ins.flags & F_EPS else None
-            self._write(c, I.rmsnorm_int(self._read(a, ln, act).reshape(m, n), cfg, eps_q))
+            rows = self._read(a, ln, act).reshape(m, n)
+            if ins.flags & F_L2:
+                self._write(c, I.l2norm_int(rows, cfg.kda_unit_frac, cfg, eps_q))
+            else:
+                self._write(c, I.rmsnorm_int(rows, cfg, eps_q))
         elif op == Op.COMBINE:
             e = self._read(a, m * k * n, act).reshape(m, k, n)
             w = (self._read(b, m * k) & ((1 << cfg.weight_width) - 1)).reshape(m, k)

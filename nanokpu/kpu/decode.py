@@ -13,6 +13,7 @@ from nanokpu.isa import (
     F_B_T,
     F_EPS,
     F_HOST_EXPERT,
+    F_L2,
     F_M_COUNT,
     F_RQ_CHANNEL,
     F_RQ_EXPERT,
@@ -214,8 +215,8 @@ class Decode(wiring.Component):
                                    for w in r.widths)).any())
             if r.engine:
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
-            if r.eps:   # (OpRule.eps_ok)
-                terms.append(Const(1) if cfg.layer_ops else (ins.flags & F_EPS) == 0)
+            if r.norm_flags:   # (OpRule.norm_flags_ok)
+                terms.append(Const(1) if cfg.layer_ops else (ins.flags & (F_EPS | F_L2)) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
                 others = (ins.flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT)) == 0
                 terms += [~b_flag | (others if cfg.layer_ops else Const(0)), b_flag | ((ins.flags & F_B_T) == 0)]

@@ -14,6 +14,12 @@ Three operations on one input stream (four with ``layer_ops``), bit-exact to :mo
   divider), which equals the golden ``floor(2**(p+M) / r)``; pass
   1 emits ``saturate(round_shift((a * recip) << z, r_width-1+M-norm_frac), out_width)`` per beat
   (the golden ``round_shift(a * recip, p+M-norm_frac)`` with a constant shift), 0 when ``r == 0``.
+* ``NORM`` with ``l2`` (``layer_ops``; :func:`~golden.intops.l2norm_int` at ``frac = kda_unit_frac``):
+  the same two passes; once per row ``ss = sum + eps_q`` (no mean), ``ss << e`` (``e`` the even
+  pre-shift that gives it at least ``2P`` bits, ``P = frac + NORM_GUARD + 1``: a priority encoder,
+  then a shifter), ``r = isqrt(ss << e)`` on the same bit-serial root, the reciprocal of ``r << z``
+  to ``M = frac + NORM_GUARD`` bits on the same divider; pass 1 emits ``round_shift(a * recip,
+  p + M - frac - e/2)`` (``p = R - 1 - z``, a run-time shift; no saturation: ``|y| <= 2**frac + 1``).
 * ``MUL`` (``layer_ops``): ``o = saturate(round_shift(a * b, shift, rounding), out_width)``, ``b`` a
   signed ``mult_width``-bit factor (an RMSNorm weight, :func:`~golden.intops.rmsnorm_weight_int`, or a
   gate), one result per beat.
@@ -23,7 +29,7 @@ from __future__ import annotations
 
 import enum
 
-from amaranth import Cat, Module, Mux, Signal, signed, unsigned
+from amaranth import Cat, Const, Module, Mux, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -59,11 +65,13 @@ def _b_width(cfg: KpuConfig) -> int:
 
 
 def _leading_zeros(value):
-    """Leading zeros of the unsigned ``value`` (``len(value)`` when 0): a priority encoder."""
-    z = len(value)
-    for i in range(len(value)):
-        z = Mux(value[i], len(value) - 1 - i, z)
-    return z
+    """Leading zeros of the unsigned ``value`` (``len(value)`` when 0): a priority encoder, a tree
+    of ``ceil(log2(len(value)))`` levels (the upper half's count, or its width plus the lower's)."""
+    if len(value) == 1:
+        return ~value[0]
+    half = len(value) // 2
+    upper, lower = value[half:], value[:half]
+    return Mux(upper.any(), _leading_zeros(upper), len(upper) + _leading_zeros(lower))
 
 
 def _trailing_zeros(value):
@@ -90,11 +98,14 @@ class VectorUnit(wiring.Component):
         in the middle of a ``NORM`` row).
     n : In(unsigned(16))
         Row length of ``NORM`` (the divisor of the mean of squares), ``>= 1``.
+    l2 : In(1)
+        ``NORM`` is the l2norm (``layer_ops`` only), held like ``op``.
     shift : In(unsigned(6))
         The right shift of ``MUL`` (``layer_ops`` only), held like ``op``.
     eps : In(unsigned(2 * act_width))
         ``NORM``'s epsilon ``eps_q`` (``layer_ops`` only, held like ``op``; its reset value and,
-        without ``layer_ops``, the constant: :func:`golden.intops.rms_eps_q`).
+        without ``layer_ops``, the constant: :func:`golden.intops.rms_eps_q`; the l2norm's default
+        is :attr:`l2_eps_q`).
     i : In(stream.Signature(vector_in_layout(cfg)))
     o : Out(stream.Signature(signed(max(act_width, out_width))))
 
@@ -102,8 +113,8 @@ class VectorUnit(wiring.Component):
     an ``ADD`` result comes 1 cycle after its beat, a ``MUL`` result 3 cycles after it, a ``COMBINE``
     result 3 cycles after the group's ``last`` beat (the multiplier's operands registered, the product registered, then
     the registered output). ``NORM`` takes pass 0 at one beat per cycle, then at most
-    :meth:`norm_row_cycles` - ``n`` cycles for the mean, the square root and the reciprocal, then
-    pass 1 at one beat per cycle, each result 3 cycles after its beat, like ``COMBINE``.
+    :meth:`norm_row_cycles` - ``n`` cycles for the mean (or the l2norm's pre-shift), the square
+    root and the reciprocal, then pass 1 at one beat per cycle, each result 3 cycles after its beat, like ``COMBINE``.
     """
 
     def __init__(self, cfg: KpuConfig):
@@ -122,24 +133,45 @@ class VectorUnit(wiring.Component):
         # 2**recip_bits
         self.mean_bits = 2 * cfg.act_width - 1
         self.recip_quot_bits = self.recip_bits + 1
+        self.sq_width = self.ms_width                  # the square root's operand
+        self.prod_width = cfg.act_width + self.recip_bits + 1   # |a * recip| (sign copies above)
+        if cfg.layer_ops:
+            # the l2norm: ss = sumsq + eps_q fits sum_width bits; ss << e has at most
+            # max(sum_width, 2P + 1) bits; r = isqrt(ss << e) at most l2_r_width
+            self.l2_eps_q = I.l2_eps_q(cfg)
+            self.l2_frac = cfg.kda_unit_frac
+            self.l2_p = self.l2_frac + I.NORM_GUARD + 1                     # P
+            self.l2_sq_width = max(self.sum_width, 2 * self.l2_p + 1)
+            self.l2_r_width = (self.l2_sq_width + 1) // 2                   # R
+            self.l2_recip_bits = self.l2_frac + I.NORM_GUARD                # M
+            self.l2_recip_num = self.l2_r_width - 1 + self.l2_recip_bits
+            self.sq_width = max(self.sq_width, self.l2_sq_width)
+            self.div_width = max(self.div_width, self.l2_recip_num + 1)
+            self.prod_width = max(self.prod_width, cfg.act_width + self.l2_recip_bits + 1)
+            if self.l2_frac + 2 > max(cfg.act_width, cfg.out_width):
+                raise ValueError(f"kda_unit_frac = {self.l2_frac}: the l2norm's |y| <= 2**{self.l2_frac} + 1 "
+                                 f"needs more than max(act_width, out_width) bits")
         if self.eps_q >= 1 << (2 * cfg.act_width):
             raise ValueError(f"rms_eps = {cfg.rms_eps}: eps_q = {self.eps_q} too large for act_width")
         super().__init__({
             "op": In(VecOp),
             "n": In(unsigned(N_WIDTH)),
-            **({"shift": In(unsigned(6)), "eps": In(unsigned(2 * cfg.act_width), init=self.eps_q)}
+            **({"shift": In(unsigned(6)), "eps": In(unsigned(2 * cfg.act_width), init=self.eps_q), "l2": In(1)}
                if cfg.layer_ops else {}),
             "i": In(stream.Signature(vector_in_layout(cfg))),
             "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width)))),
         })
 
-    def norm_row_cycles(self, n: int) -> int:
+    def norm_row_cycles(self, n: int, l2: bool = False) -> int:
         """Cycles of a ``NORM`` row of ``n`` values from its first beat of pass 0 to its first
         beat of pass 1, beats always offered and ``r != 0`` (``r == 0`` skips the reciprocal):
         pass 0 (``n`` beats, the last one's square summed: operands registered, the square
         registered, then summed), the mean (the divider's ``mean_bits`` steps, or a shift when
-        ``n`` is a power of two), the square root, ``r``'s leading zeros, the reciprocal (the
-        divider's ``recip_quot_bits`` steps)."""
+        ``n`` is a power of two; with ``l2`` the sum plus eps, then ``e``, then the shift), the
+        square root (a result bit a cycle), ``r``'s leading zeros, the reciprocal (the divider's
+        ``recip_quot_bits`` steps, with ``l2`` ``M + 1``)."""
+        if l2:
+            return n + 2 + 3 + (self.l2_sq_width + 1) // 2 + 2 + self.l2_recip_bits + 1 + 1
         mean = 1 if n & (n - 1) == 0 else self.mean_bits + 2   # a shift, or the divider
         return n + 2 + mean + (self.ms_width + 1) // 2 + 2 + self.recip_quot_bits + 1
 
@@ -165,15 +197,17 @@ class VectorUnit(wiring.Component):
         q_last = Signal()
         p_valid = Signal()
         p_last = Signal()
-        prod = Signal(signed(len(beat.a) + len(beat.b)))
+        prod = Signal(signed(max(len(beat.a) + len(beat.b), self.prod_width)))
         # One product serves NORM (a * a) and COMBINE (a * b): b is an unsigned weight of
         # weight_width bits, its top bit taken as a shifted copy of a, so that the multiplier is
         # act_width x act_width signed (one SB_MAC16 at act_width 16).
         hi = cfg.weight_width - 1
         scale_pass = Signal()               # NORM pass 1: multiply by the row's reciprocal
-        recip = Signal(self.recip_bits + 1)
+        l2_on = cfg.layer_ops
+        recip_bits = max(self.recip_bits, self.l2_recip_bits if l2_on else 0)
+        recip = Signal(recip_bits + 1)
         q_a = Signal.like(beat.a)
-        q_b = Signal(signed(max(act, self.recip_bits + 2, hi + 1, cfg.mult_width if cfg.layer_ops else 0)))
+        q_b = Signal(signed(max(act, recip_bits + 2, hi + 1, cfg.mult_width if l2_on else 0)))
         q_top = Signal.like(beat.a)         # COMBINE: a when b's top bit is set; else 0
         q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a),
                        Mux(self.op == VecOp.MUL, beat.b, beat.b[:hi]) if cfg.layer_ops else beat.b[:hi])
@@ -184,13 +218,14 @@ class VectorUnit(wiring.Component):
 
         # -- NORM --------------------------------------------------------------------------
         # One divider serves the row's two divisions (the mean, then the reciprocal).
-        m.submodules.div = div = SeqDivider(self.div_width, max(N_WIDTH, self.r_width))
+        r_width = max(self.r_width, self.l2_r_width if l2_on else 0)
+        m.submodules.div = div = SeqDivider(self.div_width, max(N_WIDTH, r_width))
         sumsq = Signal(self.sum_width)
-        rem = Signal(self.ms_width)         # isqrt: remainder
-        root = Signal(self.ms_width)        # isqrt: result (shifted)
-        bit = Signal(self.ms_width)         # isqrt: current bit
-        r = Signal(self.r_width)            # isqrt(ms + eps_q)
-        z = Signal(range(self.r_width + 1))  # leading zeros of r
+        rem = Signal(self.sq_width)         # isqrt: remainder
+        root = Signal(self.sq_width)        # isqrt: result (shifted)
+        bit = Signal(self.sq_width)         # isqrt: current bit
+        r = Signal(r_width)                 # isqrt(ms + eps_q), or the l2norm's isqrt(ss << e)
+        z = Signal(range(r_width + 1))      # leading zeros of r (in r_width or l2_r_width bits)
         # n a power of two: the mean is sumsq >> n_log2 (registered from n, held by the caller)
         n_pow2 = Signal()
         n_log2 = Signal(range(N_WIDTH))
@@ -201,6 +236,15 @@ class VectorUnit(wiring.Component):
         prod_width = cfg.act_width + self.recip_bits + 1
         shifted = (prod[:prod_width].as_signed() << z)[:prod_width + self.r_width - 1].as_signed()
         scaled = _sat(round_shift(shifted, scale_shift, cfg.rounding), cfg.out_width)
+        if l2_on:
+            l2 = self.l2
+            eh = Signal(range(self.l2_p + 1))               # e / 2
+            l2_shift = Signal(6)                            # p + M - frac - e/2 = C - z - e/2
+            l2_const = self.l2_r_width - 1 + self.l2_recip_bits - self.l2_frac
+            l2_scaled = round_shift_by(prod[:self.prod_width].as_signed(), l2_shift, cfg.rounding)
+            scaled = Mux(l2, l2_scaled[:len(o_data)].as_signed(), scaled)
+        else:
+            l2 = Const(0)
 
         with m.Switch(self.op):
             with m.Case(VecOp.ADD):
@@ -257,7 +301,11 @@ class VectorUnit(wiring.Component):
                         return [rem.eq(ms + eps), root.eq(0), bit.eq(top), sumsq.eq(0)]
 
                     with m.State("MEAN"):
-                        with m.If(n_pow2):
+                        with m.If(l2):
+                            if l2_on:   # the l2norm: ss = sumsq + eps_q, no mean
+                                m.d.sync += [rem.eq(sumsq + self.eps), sumsq.eq(0)]
+                                m.next = "L2_E"
+                        with m.Elif(n_pow2):
                             m.d.sync += sqrt_of((sumsq >> n_log2)[:self.ms_width])
                             m.next = "SQRT"
                         with m.Else():
@@ -271,6 +319,16 @@ class VectorUnit(wiring.Component):
                         with m.If(~div.busy):
                             m.d.sync += sqrt_of(div.quot)
                             m.next = "SQRT"
+                    if l2_on:
+                        with m.State("L2_E"):
+                            # e = max(0, 2P - bit_length(ss)) rounded up to even, as e / 2
+                            d = _leading_zeros(rem[:self.l2_sq_width]) + (2 * self.l2_p - self.l2_sq_width)
+                            m.d.sync += eh.eq(Mux(d > 0, (d + 1) >> 1, 0))
+                            m.next = "L2_SHIFT"
+                        with m.State("L2_SHIFT"):
+                            m.d.sync += [rem.eq(rem << Cat(0, eh)), root.eq(0),
+                                         bit.eq(1 << (2 * ((self.l2_sq_width - 1) // 2)))]
+                            m.next = "SQRT"
                     with m.State("SQRT"):
                         trial = root + bit
                         with m.If(rem >= trial):
@@ -281,7 +339,10 @@ class VectorUnit(wiring.Component):
                         with m.If(bit == 1):
                             m.next = "SQRT_DONE"
                     with m.State("SQRT_DONE"):
-                        m.d.sync += [r.eq(root), z.eq(_leading_zeros(root[:self.r_width])), recip.eq(0)]
+                        z_now = _leading_zeros(root[:self.r_width])
+                        if l2_on:
+                            z_now = Mux(l2, _leading_zeros(root[:self.l2_r_width]), z_now)
+                        m.d.sync += [r.eq(root), z.eq(z_now), recip.eq(0)]
                         m.next = "NORMALISE"
                     with m.State("NORMALISE"):
                         with m.If(r == 0):
@@ -293,6 +354,13 @@ class VectorUnit(wiring.Component):
                             m.d.comb += [div.start.eq(1), div.num.eq(0), div.bits.eq(q2),
                                          div.rem_in.eq(1 << (self.recip_num - q2)),
                                          div.den.eq((r << z)[:self.r_width])]
+                            if l2_on:
+                                # the l2norm: 2**(R-1+M) // (r << z) in M + 1 steps
+                                q2 = self.l2_recip_bits + 1
+                                with m.If(l2):
+                                    m.d.comb += [div.bits.eq(q2), div.rem_in.eq(1 << (self.l2_recip_num - q2)),
+                                                 div.den.eq((r << z)[:self.l2_r_width])]
+                                m.d.sync += l2_shift.eq(l2_const - z - eh)
                             m.next = "RECIP_WAIT"
                     with m.State("RECIP_WAIT"):
                         with m.If(~div.busy):

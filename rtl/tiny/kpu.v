@@ -1130,7 +1130,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$411$0 (\$167 ),
     .\port$429$0 (\$168 ),
-    .\port$6430$254 (cur[269:254]),
+    .\port$6479$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6432$0 (running_exec),
+    .\port$6481$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5020,8 +5020,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$54 [5] = ins[11];
   assign \$63  = \$62 ;
   assign \$79  = \$78 ;
-  assign { \$92 [9:7], \$92 [5:0] } = 9'h000;
-  assign \$92 [6] = ins[12];
+  assign { \$92 [9:8], \$92 [5:0] } = 8'h00;
+  assign \$92 [7:6] = ins[13:12];
   assign { \$97 [9:4], \$97 [2:0] } = 9'h000;
   assign \$97 [3] = ins[9];
   assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
@@ -5159,7 +5159,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6430$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6479$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5302,8 +5302,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$411$0 ;
   output [5:0] \port$429$0 ;
   wire [5:0] \port$429$0 ;
-  input [15:0] \port$6430$254 ;
-  wire [15:0] \port$6430$254 ;
+  input [15:0] \port$6479$254 ;
+  wire [15:0] \port$6479$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5468,7 +5468,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6430$254  };
+      \$74  = { 8'h00, \port$6479$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5504,7 +5504,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6430$254  };
+      \$77  = { 8'h00, \port$6479$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5549,9 +5549,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6430$254  };
+  assign rd_beats = { 8'h00, \port$6479$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6430$254  };
+  assign wr_beats = { 8'h00, \port$6479$254  };
   assign \port$411$0  = \$9 ;
   assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9431,9 +9431,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$5970$0 (spad__rd1__data),
-    .\port$7525$0 (\$signal ),
-    .\port$7916$0 (spad__rd0__lanes[31:0]),
+    .\port$6019$0 (spad__rd1__data),
+    .\port$7574$0 (\$signal ),
+    .\port$7965$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13626,7 +13626,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970$0 , unit_rst, \port$7525$0 , level, \port$7916$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6019$0 , unit_rst, \port$7574$0 , level, \port$7965$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13651,12 +13651,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$5970$0 ;
-  wire [31:0] \port$5970$0 ;
-  input \port$7525$0 ;
-  wire \port$7525$0 ;
-  input [31:0] \port$7916$0 ;
-  wire [31:0] \port$7916$0 ;
+  input [31:0] \port$6019$0 ;
+  wire [31:0] \port$6019$0 ;
+  input \port$7574$0 ;
+  wire \port$7574$0 ;
+  input [31:0] \port$7965$0 ;
+  wire [31:0] \port$7965$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13689,7 +13689,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7525$0 , \port$5970$0 , \port$7916$0  };
+      storage[w_port__addr] <= { \port$7574$0 , \port$6019$0 , \port$7965$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13760,8 +13760,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$5970
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7525$0 , \port$5970$0 , \port$7916$0  };
-  assign w_data = { \port$7525$0 , \port$5970$0 , \port$7916$0  };
+  assign w_port__data = { \port$7574$0 , \port$6019$0 , \port$7965$0  };
+  assign w_data = { \port$7574$0 , \port$6019$0 , \port$7965$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -13844,137 +13844,185 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire [32:0] \$164 ;
   wire [32:0] \$165 ;
   wire \$166 ;
-  wire [4:0] \$167 ;
-  wire [4:0] \$168 ;
-  wire [4:0] \$169 ;
+  wire \$167 ;
+  wire \$168 ;
+  wire \$169 ;
   wire \$17 ;
-  wire [4:0] \$170 ;
-  wire [4:0] \$171 ;
-  wire [4:0] \$172 ;
-  wire [4:0] \$173 ;
-  wire [4:0] \$174 ;
-  wire [4:0] \$175 ;
-  wire [4:0] \$176 ;
-  wire [4:0] \$177 ;
-  wire [4:0] \$178 ;
-  wire [4:0] \$179 ;
+  wire \$170 ;
+  wire \$171 ;
+  wire \$172 ;
+  wire \$173 ;
+  wire [1:0] \$174 ;
+  wire [1:0] \$175 ;
+  wire \$176 ;
+  wire [2:0] \$177 ;
+  wire [2:0] \$178 ;
+  wire \$179 ;
   wire \$18 ;
-  wire [4:0] \$180 ;
-  wire [4:0] \$181 ;
-  wire [4:0] \$182 ;
-  wire [4:0] \$183 ;
-  wire \$184 ;
-  wire \$185 ;
+  wire \$180 ;
+  wire \$181 ;
+  wire [1:0] \$182 ;
+  wire [1:0] \$183 ;
+  wire [2:0] \$184 ;
+  wire [2:0] \$185 ;
   wire \$186 ;
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
+  wire [1:0] \$190 ;
+  wire [1:0] \$191 ;
   wire \$192 ;
   wire \$193 ;
   wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire [15:0] \$198 ;
-  wire [15:0] \$199 ;
+  wire [1:0] \$195 ;
+  wire [1:0] \$196 ;
+  wire [2:0] \$197 ;
+  wire [2:0] \$198 ;
+  wire [3:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire \$200 ;
+  wire [3:0] \$200 ;
   wire \$201 ;
-  wire [15:0] \$202 ;
+  wire \$202 ;
   wire \$203 ;
   wire \$204 ;
   wire \$205 ;
-  wire \$206 ;
-  wire [31:0] \$207 ;
-  wire [31:0] \$208 ;
-  wire [17:0] \$209 ;
+  wire [1:0] \$206 ;
+  wire [1:0] \$207 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
   wire \$210 ;
-  wire \$211 ;
-  wire \$212 ;
-  wire [59:0] \$213 ;
-  wire [44:0] \$214 ;
-  wire [59:0] \$215 ;
-  wire [59:0] \$216 ;
+  wire [1:0] \$211 ;
+  wire [1:0] \$212 ;
+  wire [2:0] \$213 ;
+  wire [2:0] \$214 ;
+  wire \$215 ;
+  wire \$216 ;
   wire \$217 ;
-  wire [59:0] \$218 ;
-  wire [44:0] \$219 ;
+  wire \$218 ;
+  wire [1:0] \$219 ;
   wire \$22 ;
-  wire \$220 ;
+  wire [1:0] \$220 ;
   wire \$221 ;
-  wire [45:0] \$222 ;
+  wire \$222 ;
   wire \$223 ;
-  wire [59:0] \$224 ;
-  wire [44:0] \$225 ;
-  wire [59:0] \$226 ;
-  wire [59:0] \$227 ;
-  wire \$228 ;
-  wire [59:0] \$229 ;
+  wire [1:0] \$224 ;
+  wire [1:0] \$225 ;
+  wire [2:0] \$226 ;
+  wire [2:0] \$227 ;
+  wire [3:0] \$228 ;
+  wire [3:0] \$229 ;
   wire \$23 ;
-  wire [44:0] \$230 ;
-  wire \$231 ;
+  wire [4:0] \$230 ;
+  wire [4:0] \$231 ;
   wire \$232 ;
-  wire [45:0] \$233 ;
+  wire \$233 ;
   wire \$234 ;
   wire \$235 ;
   wire \$236 ;
-  wire [59:0] \$237 ;
-  wire [44:0] \$238 ;
-  wire [59:0] \$239 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  wire [59:0] \$240 ;
+  wire \$240 ;
   wire \$241 ;
-  wire [59:0] \$242 ;
-  wire [44:0] \$243 ;
+  wire \$242 ;
+  wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire [45:0] \$246 ;
-  wire [59:0] \$247 ;
-  wire [44:0] \$248 ;
-  wire [59:0] \$249 ;
+  wire [15:0] \$246 ;
+  wire [15:0] \$247 ;
+  wire \$248 ;
+  wire \$249 ;
   wire \$25 ;
-  wire [59:0] \$250 ;
+  wire [15:0] \$250 ;
   wire \$251 ;
-  wire [59:0] \$252 ;
-  wire [44:0] \$253 ;
+  wire \$252 ;
+  wire \$253 ;
   wire \$254 ;
-  wire \$255 ;
-  wire [45:0] \$256 ;
-  wire [7:0] \$257 ;
-  wire [7:0] \$258 ;
-  reg \$259 ;
+  wire [31:0] \$255 ;
+  wire [31:0] \$256 ;
+  wire [17:0] \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire \$26 ;
-  reg \$260 ;
-  reg [3:0] \$261 ;
-  reg [15:0] \$262 ;
-  reg \$263 ;
-  reg \$264 ;
-  reg [15:0] \$265 ;
-  reg [15:0] \$266 ;
-  reg [15:0] \$267 ;
-  reg \$268 ;
-  reg [32:0] \$269 ;
+  wire \$260 ;
+  wire [59:0] \$261 ;
+  wire [44:0] \$262 ;
+  wire [59:0] \$263 ;
+  wire [59:0] \$264 ;
+  wire \$265 ;
+  wire [59:0] \$266 ;
+  wire [44:0] \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  reg \$270 ;
-  reg [48:0] \$271 ;
-  reg [47:0] \$272 ;
-  reg [2:0] \$273 ;
-  reg [32:0] \$274 ;
-  reg [32:0] \$275 ;
-  reg [32:0] \$276 ;
-  reg [16:0] \$277 ;
-  reg [4:0] \$278 ;
-  reg [12:0] \$279 ;
+  wire [45:0] \$270 ;
+  wire \$271 ;
+  wire [59:0] \$272 ;
+  wire [44:0] \$273 ;
+  wire [59:0] \$274 ;
+  wire [59:0] \$275 ;
+  wire \$276 ;
+  wire [59:0] \$277 ;
+  wire [44:0] \$278 ;
+  wire \$279 ;
   wire \$28 ;
+  wire \$280 ;
+  wire [45:0] \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire [59:0] \$285 ;
+  wire [44:0] \$286 ;
+  wire [59:0] \$287 ;
+  wire [59:0] \$288 ;
+  wire \$289 ;
   wire \$29 ;
+  wire [59:0] \$290 ;
+  wire [44:0] \$291 ;
+  wire \$292 ;
+  wire \$293 ;
+  wire [45:0] \$294 ;
+  wire [59:0] \$295 ;
+  wire [44:0] \$296 ;
+  wire [59:0] \$297 ;
+  wire [59:0] \$298 ;
+  wire \$299 ;
   wire \$3 ;
   wire \$30 ;
+  wire [59:0] \$300 ;
+  wire [44:0] \$301 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire [45:0] \$304 ;
+  wire [7:0] \$305 ;
+  wire [7:0] \$306 ;
+  reg \$307 ;
+  reg \$308 ;
+  reg [3:0] \$309 ;
   wire \$31 ;
+  reg [15:0] \$310 ;
+  reg \$311 ;
+  reg \$312 ;
+  reg [15:0] \$313 ;
+  reg [15:0] \$314 ;
+  reg [15:0] \$315 ;
+  reg \$316 ;
+  reg [32:0] \$317 ;
+  reg \$318 ;
+  reg [48:0] \$319 ;
   wire \$32 ;
+  reg [47:0] \$320 ;
+  reg [2:0] \$321 ;
+  reg [32:0] \$322 ;
+  reg [32:0] \$323 ;
+  reg [32:0] \$324 ;
+  reg [16:0] \$325 ;
+  reg [4:0] \$326 ;
+  reg [12:0] \$327 ;
   wire \$33 ;
   wire \$34 ;
   wire \$35 ;
@@ -14245,125 +14293,165 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$161  = rem - \$160 ;
   assign \$163  = \$162  + \bit ;
   assign \$166  = \bit  == 1'h1;
-  assign \$167  = root[0] ? 5'h10 : 5'h11;
-  assign \$168  = root[1] ? 5'h0f : \$167 ;
-  assign \$169  = root[2] ? 5'h0e : \$168 ;
-  assign \$170  = root[3] ? 5'h0d : \$169 ;
-  assign \$171  = root[4] ? 5'h0c : \$170 ;
-  assign \$172  = root[5] ? 5'h0b : \$171 ;
-  assign \$173  = root[6] ? 5'h0a : \$172 ;
-  assign \$174  = root[7] ? 5'h09 : \$173 ;
-  assign \$175  = root[8] ? 5'h08 : \$174 ;
-  assign \$176  = root[9] ? 5'h07 : \$175 ;
-  assign \$177  = root[10] ? 5'h06 : \$176 ;
-  assign \$178  = root[11] ? 5'h05 : \$177 ;
-  assign \$179  = root[12] ? 5'h04 : \$178 ;
-  assign \$180  = root[13] ? 5'h03 : \$179 ;
-  assign \$181  = root[14] ? 5'h02 : \$180 ;
-  assign \$182  = root[15] ? 5'h01 : \$181 ;
-  assign \$183  = root[16] ? 5'h00 : \$182 ;
-  assign \$184  = ! r;
-  assign \$185  = ~ busy;
-  assign \$186  = ~ q_valid;
-  assign \$187  = ~ p_valid;
-  assign \$188  = ~ o__valid;
-  assign \$192  = q_valid & q_last;
-  assign \$193  = p_valid & p_last;
-  assign \$194  = \$192  | \$193 ;
-  assign \$195  = ~ \$194 ;
-  assign \$196  = i__valid & \$195 ;
-  assign \$197  = op == 2'h2;
-  assign \$198  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$199  = \$197  ? \$198  : { 1'h0, i__payload[30:16] };
-  assign \$200  = op == 1'h1;
-  assign \$201  = \$200  & i__payload[31];
-  assign \$202  = \$201  ? i__payload[15:0] : 16'h0000;
-  assign \$203  = ~ p_valid;
-  assign \$204  = ~ o__valid;
-  assign \$207  = $signed(q_a) * $signed(q_b);
-  assign \$208  = $signed(q_a) * $signed(q_b);
-  assign \$209  = $signed(\$208 [31:15]) + $signed(q_top);
-  assign \$210  = ~ o__valid;
-  assign \$213  = $signed(prod[28:0]) << z;
-  assign \$215  = $signed(prod[28:0]) << z;
-  assign \$216  = $signed(prod[28:0]) << z;
-  assign \$217  = | \$216 [21:0];
-  assign \$218  = $signed(prod[28:0]) << z;
-  assign \$220  = \$217  | \$219 [0];
-  assign \$221  = \$215 [22] & \$220 ;
-  assign \$222  = $signed(\$214 ) + $signed({ 1'h0, \$221  });
-  assign \$223  = & \$222 [45:7];
-  assign \$224  = $signed(prod[28:0]) << z;
-  assign \$226  = $signed(prod[28:0]) << z;
-  assign \$227  = $signed(prod[28:0]) << z;
-  assign \$228  = | \$227 [21:0];
-  assign \$229  = $signed(prod[28:0]) << z;
-  assign \$231  = \$228  | \$230 [0];
-  assign \$232  = \$226 [22] & \$231 ;
-  assign \$233  = $signed(\$225 ) + $signed({ 1'h0, \$232  });
-  assign \$234  = | \$233 [45:7];
-  assign \$235  = ~ \$234 ;
-  assign \$236  = \$223  | \$235 ;
-  assign \$237  = $signed(prod[28:0]) << z;
-  assign \$239  = $signed(prod[28:0]) << z;
-  assign \$240  = $signed(prod[28:0]) << z;
-  assign \$241  = | \$240 [21:0];
-  assign \$242  = $signed(prod[28:0]) << z;
-  assign \$244  = \$241  | \$243 [0];
-  assign \$245  = \$239 [22] & \$244 ;
-  assign \$246  = $signed(\$238 ) + $signed({ 1'h0, \$245  });
-  assign \$247  = $signed(prod[28:0]) << z;
-  assign \$249  = $signed(prod[28:0]) << z;
-  assign \$250  = $signed(prod[28:0]) << z;
-  assign \$251  = | \$250 [21:0];
-  assign \$252  = $signed(prod[28:0]) << z;
-  assign \$254  = \$251  | \$253 [0];
-  assign \$255  = \$249 [22] & \$254 ;
-  assign \$256  = $signed(\$248 ) + $signed({ 1'h0, \$255  });
-  assign \$257  = \$256 [45] ? 8'h80 : 8'h7f;
-  assign \$258  = \$236  ? \$246 [7:0] : \$257 ;
+  assign \$167  = | root[16:8];
+  assign \$168  = | root[16:12];
+  assign \$169  = | root[16:14];
+  assign \$170  = | root[16:15];
+  assign \$172  = ~ root[16];
+  assign \$173  = ~ root[15];
+  assign \$174  = 1'h1 + \$173 ;
+  assign \$175  = \$171  ? { 1'h0, \$172  } : \$174 ;
+  assign \$176  = ~ root[14];
+  assign \$177  = 2'h2 + \$176 ;
+  assign \$178  = \$170  ? { 1'h0, \$175  } : \$177 ;
+  assign \$180  = ~ root[13];
+  assign \$181  = ~ root[12];
+  assign \$182  = 1'h1 + \$181 ;
+  assign \$183  = \$179  ? { 1'h0, \$180  } : \$182 ;
+  assign \$184  = 2'h3 + \$183 ;
+  assign \$185  = \$169  ? \$178  : \$184 ;
+  assign \$186  = | root[11:10];
+  assign \$188  = ~ root[11];
+  assign \$189  = ~ root[10];
+  assign \$190  = 1'h1 + \$189 ;
+  assign \$191  = \$187  ? { 1'h0, \$188  } : \$190 ;
+  assign \$193  = ~ root[9];
+  assign \$194  = ~ root[8];
+  assign \$195  = 1'h1 + \$194 ;
+  assign \$196  = \$192  ? { 1'h0, \$193  } : \$195 ;
+  assign \$197  = 2'h2 + \$196 ;
+  assign \$198  = \$186  ? { 1'h0, \$191  } : \$197 ;
+  assign \$199  = 3'h5 + \$198 ;
+  assign \$200  = \$168  ? { 1'h0, \$185  } : \$199 ;
+  assign \$201  = | root[7:4];
+  assign \$202  = | root[7:6];
+  assign \$204  = ~ root[7];
+  assign \$205  = ~ root[6];
+  assign \$206  = 1'h1 + \$205 ;
+  assign \$207  = \$203  ? { 1'h0, \$204  } : \$206 ;
+  assign \$209  = ~ root[5];
+  assign \$210  = ~ root[4];
+  assign \$211  = 1'h1 + \$210 ;
+  assign \$212  = \$208  ? { 1'h0, \$209  } : \$211 ;
+  assign \$213  = 2'h2 + \$212 ;
+  assign \$214  = \$202  ? { 1'h0, \$207  } : \$213 ;
+  assign \$215  = | root[3:2];
+  assign \$217  = ~ root[3];
+  assign \$218  = ~ root[2];
+  assign \$219  = 1'h1 + \$218 ;
+  assign \$220  = \$216  ? { 1'h0, \$217  } : \$219 ;
+  assign \$222  = ~ root[1];
+  assign \$223  = ~ root[0];
+  assign \$224  = 1'h1 + \$223 ;
+  assign \$225  = \$221  ? { 1'h0, \$222  } : \$224 ;
+  assign \$226  = 2'h2 + \$225 ;
+  assign \$227  = \$215  ? { 1'h0, \$220  } : \$226 ;
+  assign \$228  = 3'h4 + \$227 ;
+  assign \$229  = \$201  ? { 1'h0, \$214  } : \$228 ;
+  assign \$230  = 4'h9 + \$229 ;
+  assign \$231  = \$167  ? { 1'h0, \$200  } : \$230 ;
+  assign \$232  = ! r;
+  assign \$233  = ~ busy;
+  assign \$234  = ~ q_valid;
+  assign \$235  = ~ p_valid;
+  assign \$236  = ~ o__valid;
+  assign \$240  = q_valid & q_last;
+  assign \$241  = p_valid & p_last;
+  assign \$242  = \$240  | \$241 ;
+  assign \$243  = ~ \$242 ;
+  assign \$244  = i__valid & \$243 ;
+  assign \$245  = op == 2'h2;
+  assign \$246  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$247  = \$245  ? \$246  : { 1'h0, i__payload[30:16] };
+  assign \$248  = op == 1'h1;
+  assign \$249  = \$248  & i__payload[31];
+  assign \$250  = \$249  ? i__payload[15:0] : 16'h0000;
+  assign \$251  = ~ p_valid;
+  assign \$252  = ~ o__valid;
+  assign \$255  = $signed(q_a) * $signed(q_b);
+  assign \$256  = $signed(q_a) * $signed(q_b);
+  assign \$257  = $signed(\$256 [31:15]) + $signed(q_top);
+  assign \$258  = ~ o__valid;
+  assign \$261  = $signed(prod[28:0]) << z;
+  assign \$263  = $signed(prod[28:0]) << z;
+  assign \$264  = $signed(prod[28:0]) << z;
+  assign \$265  = | \$264 [21:0];
+  assign \$266  = $signed(prod[28:0]) << z;
+  assign \$268  = \$265  | \$267 [0];
+  assign \$269  = \$263 [22] & \$268 ;
+  assign \$270  = $signed(\$262 ) + $signed({ 1'h0, \$269  });
+  assign \$271  = & \$270 [45:7];
+  assign \$272  = $signed(prod[28:0]) << z;
+  assign \$274  = $signed(prod[28:0]) << z;
+  assign \$275  = $signed(prod[28:0]) << z;
+  assign \$276  = | \$275 [21:0];
+  assign \$277  = $signed(prod[28:0]) << z;
+  assign \$279  = \$276  | \$278 [0];
+  assign \$280  = \$274 [22] & \$279 ;
+  assign \$281  = $signed(\$273 ) + $signed({ 1'h0, \$280  });
+  assign \$282  = | \$281 [45:7];
+  assign \$283  = ~ \$282 ;
+  assign \$284  = \$271  | \$283 ;
+  assign \$285  = $signed(prod[28:0]) << z;
+  assign \$287  = $signed(prod[28:0]) << z;
+  assign \$288  = $signed(prod[28:0]) << z;
+  assign \$289  = | \$288 [21:0];
+  assign \$290  = $signed(prod[28:0]) << z;
+  assign \$292  = \$289  | \$291 [0];
+  assign \$293  = \$287 [22] & \$292 ;
+  assign \$294  = $signed(\$286 ) + $signed({ 1'h0, \$293  });
+  assign \$295  = $signed(prod[28:0]) << z;
+  assign \$297  = $signed(prod[28:0]) << z;
+  assign \$298  = $signed(prod[28:0]) << z;
+  assign \$299  = | \$298 [21:0];
+  assign \$300  = $signed(prod[28:0]) << z;
+  assign \$302  = \$299  | \$301 [0];
+  assign \$303  = \$297 [22] & \$302 ;
+  assign \$304  = $signed(\$296 ) + $signed({ 1'h0, \$303  });
+  assign \$305  = \$304 [45] ? 8'h80 : 8'h7f;
+  assign \$306  = \$284  ? \$294 [7:0] : \$305 ;
   always @(posedge clk)
-    o__valid <= \$259 ;
+    o__valid <= \$307 ;
   always @(posedge clk)
-    n_pow2 <= \$260 ;
+    n_pow2 <= \$308 ;
   always @(posedge clk)
-    n_log2 <= \$261 ;
+    n_log2 <= \$309 ;
   always @(posedge clk)
-    o__payload <= \$262 ;
+    o__payload <= \$310 ;
   always @(posedge clk)
-    q_valid <= \$263 ;
+    q_valid <= \$311 ;
   always @(posedge clk)
-    q_last <= \$264 ;
+    q_last <= \$312 ;
   always @(posedge clk)
-    q_a <= \$265 ;
+    q_a <= \$313 ;
   always @(posedge clk)
-    q_b <= \$266 ;
+    q_b <= \$314 ;
   always @(posedge clk)
-    q_top <= \$267 ;
+    q_top <= \$315 ;
   always @(posedge clk)
-    p_valid <= \$268 ;
+    p_valid <= \$316 ;
   always @(posedge clk)
-    prod <= \$269 ;
+    prod <= \$317 ;
   always @(posedge clk)
-    p_last <= \$270 ;
+    p_last <= \$318 ;
   always @(posedge clk)
-    acc <= \$271 ;
+    acc <= \$319 ;
   always @(posedge clk)
-    sumsq <= \$272 ;
+    sumsq <= \$320 ;
   always @(posedge clk)
-    fsm_state <= \$273 ;
+    fsm_state <= \$321 ;
   always @(posedge clk)
-    rem <= \$274 ;
+    rem <= \$322 ;
   always @(posedge clk)
-    root <= \$275 ;
+    root <= \$323 ;
   always @(posedge clk)
-    \bit  <= \$276 ;
+    \bit  <= \$324 ;
   always @(posedge clk)
-    r <= \$277 ;
+    r <= \$325 ;
   always @(posedge clk)
-    z <= \$278 ;
+    z <= \$326 ;
   always @(posedge clk)
-    recip <= \$279 ;
+    recip <= \$327 ;
   \nanokpu_kpu.elementwise.vector.div  div (
     .bits(bits),
     .busy(busy),
@@ -14420,10 +14508,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                end else begin
-                  start = 1'h1;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      /* empty */;
+                  default:
+                      start = 1'h1;
+                endcase
             3'h3:
                 /* empty */;
             3'h2:
@@ -14453,10 +14543,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                end else begin
-                  den = { 1'h0, n };
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      /* empty */;
+                  default:
+                      den = { 1'h0, n };
+                endcase
             3'h3:
                 /* empty */;
             3'h2:
@@ -14486,10 +14578,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                end else begin
-                  bits = 6'h1f;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      /* empty */;
+                  default:
+                      bits = 6'h1f;
+                endcase
             3'h3:
                 /* empty */;
             3'h2:
@@ -14519,10 +14613,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                end else begin
-                  rem_in = sumsq[47:31];
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      /* empty */;
+                  default:
+                      rem_in = sumsq[47:31];
+                endcase
             3'h3:
                 /* empty */;
             3'h2:
@@ -14552,10 +14648,12 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                end else begin
-                  num = \$13 [47:0];
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      /* empty */;
+                  default:
+                      num = \$13 [47:0];
+                endcase
             3'h3:
                 /* empty */;
             3'h2:
@@ -14603,16 +14701,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$259  = 1'h0;
+    \$307  = 1'h0;
     casez (op)
       2'h0:
           if (\$58 ) begin
-            \$259  = 1'h1;
+            \$307  = 1'h1;
           end
       2'h1:
           if (\$90 ) begin
             if (p_last) begin
-              \$259  = 1'h1;
+              \$307  = 1'h1;
             end
           end
       2'h2:
@@ -14633,50 +14731,50 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$212 ) begin
-                  \$259  = 1'h1;
+                if (\$260 ) begin
+                  \$307  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$259  = 1'h0;
+      \$307  = 1'h0;
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$307  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$260  = \$39 ;
+    \$308  = \$39 ;
     if (unit_rst) begin
-      \$260  = 1'h0;
+      \$308  = 1'h0;
     end
     if (rst) begin
-      \$260  = 1'h0;
+      \$308  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$261  = \$55 ;
+    \$309  = \$55 ;
     if (unit_rst) begin
-      \$261  = 4'h0;
+      \$309  = 4'h0;
     end
     if (rst) begin
-      \$261  = 4'h0;
+      \$309  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$262  = o__payload;
+    \$310  = o__payload;
     casez (op)
       2'h0:
           if (\$58 ) begin
-            \$262  = \$68 ;
+            \$310  = \$68 ;
           end
       2'h1:
           if (\$90 ) begin
             if (p_last) begin
-              \$262  = \$136 ;
+              \$310  = \$136 ;
             end
           end
       2'h2:
@@ -14697,33 +14795,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$212 ) begin
-                  \$262  = { \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258 [7], \$258  };
+                if (\$260 ) begin
+                  \$310  = { \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$262  = 16'h0000;
+      \$310  = 16'h0000;
     end
     if (rst) begin
-      \$262  = 16'h0000;
+      \$310  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$263  = q_valid;
+    \$311  = q_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$263  = i__valid;
+            \$311  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$263  = \$142 ;
+                \$311  = \$142 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14737,33 +14835,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$191 ) begin
-                  \$263  = \$196 ;
+                if (\$239 ) begin
+                  \$311  = \$244 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$263  = 1'h0;
+      \$311  = 1'h0;
     end
     if (rst) begin
-      \$263  = 1'h0;
+      \$311  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$264  = q_last;
+    \$312  = q_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$264  = i__payload[33];
+            \$312  = i__payload[33];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$264  = i__payload[33];
+                \$312  = i__payload[33];
             3'h1:
                 /* empty */;
             3'h3:
@@ -14777,33 +14875,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$191 ) begin
-                  \$264  = i__payload[33];
+                if (\$239 ) begin
+                  \$312  = i__payload[33];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$312  = 1'h0;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$312  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$265  = q_a;
+    \$313  = q_a;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$265  = i__payload[15:0];
+            \$313  = i__payload[15:0];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$265  = i__payload[15:0];
+                \$313  = i__payload[15:0];
             3'h1:
                 /* empty */;
             3'h3:
@@ -14817,33 +14915,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$191 ) begin
-                  \$265  = i__payload[15:0];
+                if (\$239 ) begin
+                  \$313  = i__payload[15:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$265  = 16'h0000;
+      \$313  = 16'h0000;
     end
     if (rst) begin
-      \$265  = 16'h0000;
+      \$313  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$266  = q_b;
+    \$314  = q_b;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$266  = \$77 ;
+            \$314  = \$77 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$266  = \$148 ;
+                \$314  = \$148 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14857,33 +14955,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$191 ) begin
-                  \$266  = \$199 ;
+                if (\$239 ) begin
+                  \$314  = \$247 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$266  = 16'h0000;
+      \$314  = 16'h0000;
     end
     if (rst) begin
-      \$266  = 16'h0000;
+      \$314  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$267  = q_top;
+    \$315  = q_top;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$267  = \$80 ;
+            \$315  = \$80 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$267  = \$151 ;
+                \$315  = \$151 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14897,33 +14995,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$191 ) begin
-                  \$267  = \$202 ;
+                if (\$239 ) begin
+                  \$315  = \$250 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$267  = 16'h0000;
+      \$315  = 16'h0000;
     end
     if (rst) begin
-      \$267  = 16'h0000;
+      \$315  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$268  = p_valid;
+    \$316  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$84 ) begin
-            \$268  = q_valid;
+            \$316  = q_valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$268  = q_valid;
+                \$316  = q_valid;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14938,39 +15036,39 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h6:
               begin
-                if (\$206 ) begin
-                  \$268  = q_valid;
+                if (\$254 ) begin
+                  \$316  = q_valid;
                 end
-                if (\$212 ) begin
+                if (\$260 ) begin
                   if (p_last) begin
-                    \$268  = 1'h0;
+                    \$316  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$268  = 1'h0;
+      \$316  = 1'h0;
     end
     if (rst) begin
-      \$268  = 1'h0;
+      \$316  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$269  = prod;
+    \$317  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$84 ) begin
-            \$269  = { \$87 , \$85 [14:0] };
+            \$317  = { \$87 , \$85 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$269  = { \$145 , \$143 [14:0] };
+                \$317  = { \$145 , \$143 [14:0] };
             3'h1:
                 /* empty */;
             3'h3:
@@ -14984,33 +15082,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$206 ) begin
-                  \$269  = { \$209 , \$207 [14:0] };
+                if (\$254 ) begin
+                  \$317  = { \$257 , \$255 [14:0] };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$269  = 33'h000000000;
+      \$317  = 33'h000000000;
     end
     if (rst) begin
-      \$269  = 33'h000000000;
+      \$317  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$270  = p_last;
+    \$318  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$84 ) begin
-            \$270  = q_last;
+            \$318  = q_last;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$270  = q_last;
+                \$318  = q_last;
             3'h1:
                 /* empty */;
             3'h3:
@@ -15024,21 +15122,21 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$206 ) begin
-                  \$270  = q_last;
+                if (\$254 ) begin
+                  \$318  = q_last;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$270  = 1'h0;
+      \$318  = 1'h0;
     end
     if (rst) begin
-      \$270  = 1'h0;
+      \$318  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$271  = acc;
+    \$319  = acc;
     casez (op)
       2'h0:
           /* empty */;
@@ -15046,22 +15144,22 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           if (\$90 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$271  = 49'h0000000000000;
+              \$319  = 49'h0000000000000;
             end else begin
-              \$271  = \$137 [48:0];
+              \$319  = \$137 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$271  = 49'h0000000000000;
+      \$319  = 49'h0000000000000;
     end
     if (rst) begin
-      \$271  = 49'h0000000000000;
+      \$319  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$272  = sumsq;
+    \$320  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -15071,28 +15169,29 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (p_valid) begin
-                  \$272  = \$152 [47:0];
+                  \$320  = \$152 [47:0];
                 end
             3'h1:
-                if (n_pow2) begin
-                  \$272  = 48'h000000000000;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      \$320  = 48'h000000000000;
+                endcase
             3'h3:
                 if (\$156 ) begin
-                  \$272  = 48'h000000000000;
+                  \$320  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$272  = 48'h000000000000;
+      \$320  = 48'h000000000000;
     end
     if (rst) begin
-      \$272  = 48'h000000000000;
+      \$320  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$273  = fsm_state;
+    \$321  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -15103,54 +15202,55 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (\$153 ) begin
-                  \$273  = 3'h1;
+                  \$321  = 3'h1;
                 end
             3'h1:
                 (* full_case = 32'd1 *)
-                if (n_pow2) begin
-                  \$273  = 3'h2;
-                end else begin
-                  \$273  = 3'h3;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      \$321  = 3'h2;
+                  default:
+                      \$321  = 3'h3;
+                endcase
             3'h3:
                 if (\$156 ) begin
-                  \$273  = 3'h2;
+                  \$321  = 3'h2;
                 end
             3'h2:
                 if (\$166 ) begin
-                  \$273  = 3'h4;
+                  \$321  = 3'h4;
                 end
             3'h4:
-                \$273  = 3'h5;
+                \$321  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$184 ) begin
-                  \$273  = 3'h6;
+                if (\$232 ) begin
+                  \$321  = 3'h6;
                 end else begin
-                  \$273  = 3'h7;
+                  \$321  = 3'h7;
                 end
             3'h7:
-                if (\$185 ) begin
-                  \$273  = 3'h6;
+                if (\$233 ) begin
+                  \$321  = 3'h6;
                 end
             3'h6:
-                if (\$212 ) begin
+                if (\$260 ) begin
                   if (p_last) begin
-                    \$273  = 3'h0;
+                    \$321  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$273  = 3'h0;
+      \$321  = 3'h0;
     end
     if (rst) begin
-      \$273  = 3'h0;
+      \$321  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$274  = rem;
+    \$322  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -15161,29 +15261,30 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                if (n_pow2) begin
-                  \$274  = \$155 [32:0];
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      \$322  = \$155 [32:0];
+                endcase
             3'h3:
                 if (\$156 ) begin
-                  \$274  = \$157 [32:0];
+                  \$322  = \$157 [32:0];
                 end
             3'h2:
                 if (\$159 ) begin
-                  \$274  = \$161 [32:0];
+                  \$322  = \$161 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$274  = 33'h000000000;
+      \$322  = 33'h000000000;
     end
     if (rst) begin
-      \$274  = 33'h000000000;
+      \$322  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$275  = root;
+    \$323  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -15194,32 +15295,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                if (n_pow2) begin
-                  \$275  = 33'h000000000;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      \$323  = 33'h000000000;
+                endcase
             3'h3:
                 if (\$156 ) begin
-                  \$275  = 33'h000000000;
+                  \$323  = 33'h000000000;
                 end
             3'h2:
                 (* full_case = 32'd1 *)
                 if (\$159 ) begin
-                  \$275  = \$163 [32:0];
+                  \$323  = \$163 [32:0];
                 end else begin
-                  \$275  = \$164 ;
+                  \$323  = \$164 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$275  = 33'h000000000;
+      \$323  = 33'h000000000;
     end
     if (rst) begin
-      \$275  = 33'h000000000;
+      \$323  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$276  = \bit ;
+    \$324  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -15230,27 +15332,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h0:
                 /* empty */;
             3'h1:
-                if (n_pow2) begin
-                  \$276  = 33'h100000000;
-                end
+                casez ({ n_pow2, 1'h0 })
+                  2'b1?:
+                      \$324  = 33'h100000000;
+                endcase
             3'h3:
                 if (\$156 ) begin
-                  \$276  = 33'h100000000;
+                  \$324  = 33'h100000000;
                 end
             3'h2:
-                \$276  = \$165 ;
+                \$324  = \$165 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$276  = 33'h000000000;
+      \$324  = 33'h000000000;
     end
     if (rst) begin
-      \$276  = 33'h000000000;
+      \$324  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$277  = r;
+    \$325  = r;
     casez (op)
       2'h0:
           /* empty */;
@@ -15267,19 +15370,19 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$277  = root[16:0];
+                \$325  = root[16:0];
           endcase
     endcase
     if (unit_rst) begin
-      \$277  = 17'h00000;
+      \$325  = 17'h00000;
     end
     if (rst) begin
-      \$277  = 17'h00000;
+      \$325  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$278  = z;
+    \$326  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -15296,19 +15399,19 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$278  = \$183 ;
+                \$326  = \$231 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$278  = 5'h00;
+      \$326  = 5'h00;
     end
     if (rst) begin
-      \$278  = 5'h00;
+      \$326  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$279  = recip;
+    \$327  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -15325,20 +15428,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$279  = 13'h0000;
+                \$327  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$185 ) begin
-                  \$279  = quot[12:0];
+                if (\$233 ) begin
+                  \$327  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$279  = 13'h0000;
+      \$327  = 13'h0000;
     end
     if (rst) begin
-      \$279  = 13'h0000;
+      \$327  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -15376,21 +15479,29 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$162  = { 1'h0, root[32:1] };
   assign \$164  = { 1'h0, root[32:1] };
   assign \$165  = { 2'h0, \bit [32:2] };
-  assign \$189  = 1'h1;
-  assign \$190  = 1'h1;
-  assign \$191  = 1'h1;
-  assign \$205  = 1'h1;
-  assign \$206  = 1'h1;
-  assign \$211  = 1'h1;
-  assign \$212  = p_valid;
-  assign \$214  = { \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44], \$213 [44:23] };
-  assign \$219  = { \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44], \$218 [44:23] };
-  assign \$225  = { \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44], \$224 [44:23] };
-  assign \$230  = { \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44], \$229 [44:23] };
-  assign \$238  = { \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44], \$237 [44:23] };
-  assign \$243  = { \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44], \$242 [44:23] };
-  assign \$248  = { \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44], \$247 [44:23] };
-  assign \$253  = { \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44], \$252 [44:23] };
+  assign \$171  = root[16];
+  assign \$179  = root[13];
+  assign \$187  = root[11];
+  assign \$192  = root[9];
+  assign \$203  = root[7];
+  assign \$208  = root[5];
+  assign \$216  = root[3];
+  assign \$221  = root[1];
+  assign \$237  = 1'h1;
+  assign \$238  = 1'h1;
+  assign \$239  = 1'h1;
+  assign \$253  = 1'h1;
+  assign \$254  = 1'h1;
+  assign \$259  = 1'h1;
+  assign \$260  = p_valid;
+  assign \$262  = { \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44:23] };
+  assign \$267  = { \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44:23] };
+  assign \$273  = { \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44:23] };
+  assign \$278  = { \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44:23] };
+  assign \$286  = { \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44:23] };
+  assign \$291  = { \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44:23] };
+  assign \$296  = { \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44:23] };
+  assign \$301  = { \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35096,7 +35207,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6432$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6481$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35367,8 +35478,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6432$0 ;
-  wire [4:0] \port$6432$0 ;
+  input [4:0] \port$6481$0 ;
+  wire [4:0] \port$6481$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35392,81 +35503,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6432$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6481$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6432$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6481$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6432$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6481$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6432$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6481$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6432$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6481$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6432$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6481$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6432$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6481$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6432$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6481$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6432$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6432$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6481$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6481$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6432$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6481$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6432$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6481$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6432$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6481$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3], \port$6432$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6432$0 [0], \port$6432$0 [0], \port$6432$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6432$0 [1], \port$6432$0 [1], \port$6432$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6432$0 [2], \port$6432$0 [2], \port$6432$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6432$0 [4], \port$6432$0 [4], \port$6432$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35483,7 +35594,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6432$0 , \port$2$0  };
+  assign select = { \port$6481$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -256,3 +256,16 @@ def test_kda_tracks_float(name, seed):
     cosine, max_abs = KDA_MEASURED[name, seed]
     assert e["cosine"] >= cosine - 2e-5, (name, seed, e)
     assert e["max_abs"] <= 1.05 * max_abs, (name, seed, e)
+
+
+def test_l2norm_eps_word_is_added_to_the_sum_of_squares():
+    """eps_q enters the sum of squares: with eps_q = 3 sum(x**2) every row is halved (within the
+    bound); l2_eps_q is round(l2_eps 4**act_frac): 0 in Q16.8, 1 in Q16.10 (0.0655 and 1.05)."""
+    x = np.random.default_rng(4).integers(-3000, 3000, (50, 8))
+    x[0] = [1, 0, 0, 0, 0, 0, 0, 0]
+    for row in x:
+        ss = int((row * row).sum())
+        y = I.l2norm_int(row, U, TINY, eps_q=3 * ss)
+        assert np.max(np.abs(y - row / np.sqrt(4.0 * ss) * 2.0 ** U)) <= 0.75, row
+    assert I.l2_eps_q(TINY) == 0 and I.l2_eps_q(profile("tiny", act_frac=10)) == 1
+    assert np.array_equal(I.l2norm_int(x, U, TINY, eps_q=0), I.l2norm_int(x, U, TINY))

@@ -12,6 +12,7 @@ from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import (
     F_EPS,
     F_HOST_EXPERT,
+    F_L2,
     F_M_COUNT,
     F_RQ_CHANNEL,
     F_RQ_EXPERT,
@@ -415,6 +416,29 @@ def test_norm_with_its_eps_word_is_rmsnorm_of_another_format():
     assert len(results) == 3       # the epsilon word changes the result
     bare = FuncSim(profile("tiny"))
     assert bare.run([Instr(Op.NORM, flags=F_EPS, m=T, n=n, a=0, b=400, c=100), Instr(Op.HALT)]).error == Err.BAD_SHAPE
+
+
+def test_norm_with_f_l2_is_the_l2norm_of_kda_heads():
+    """NORM with F_L2 over the heads of KDA's q (m = T*H rows of K) is golden l2norm_int at
+    kda_unit_frac, the config's epsilon or (with F_EPS) the word at b, in place too: the rows of
+    kda_int's q; BAD_SHAPE where layer_ops did not build it."""
+    cfg = profile("tiny", layer_ops=True, act_frac=10)        # l2_eps_q = 1: the epsilon shows
+    rng = np.random.default_rng(13)
+    rows, K = 6, 8
+    u = rng.integers(-4, 5, (rows, K))
+    u[0], u[1] = 0, rng.integers(-30000, 30000, K)
+    for flags, eps_q in ((F_L2, I.l2_eps_q(cfg)), (F_L2 | F_EPS, 777)):
+        for c in (100, 0):
+            sim = FuncSim(cfg)
+            sim.spad[:rows * K] = u.ravel()
+            sim.spad[400] = eps_q + (9 << 2 * cfg.act_width)
+            prog = [Instr(Op.NORM, flags=flags, m=rows, n=K, a=0, b=400, c=c), Instr(Op.HALT)]
+            assert sim.run(prog).error == Err.NONE
+            got = sim.spad[c:c + rows * K].reshape(rows, K)
+            assert np.array_equal(got, I.l2norm_int(u, cfg.kda_unit_frac, cfg, eps_q)), (flags, c)
+            assert not np.array_equal(got, I.l2norm_int(u, cfg.kda_unit_frac, cfg, eps_q + 1)), (flags, c)
+    bare = FuncSim(profile("tiny"))
+    assert bare.run([Instr(Op.NORM, flags=F_L2, m=rows, n=K, a=0, c=100), Instr(Op.HALT)]).error == Err.BAD_SHAPE
 
 
 def test_mul_of_one_row_gates_element_by_element():

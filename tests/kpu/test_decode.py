@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_B_T, F_EPS, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
+from nanokpu.isa import F_B_SPAD, F_B_T, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
 from nanokpu.kpu.decode import Decode
 
 CFG = profile("tiny")
@@ -172,14 +172,18 @@ def test_layer_ops_decode_only_with_layer_ops():
 
 def test_norm_eps_word_decodes_only_with_layer_ops():
     """NORM with F_EPS: its epsilon word at b checked like an operand (the last word, one past the end,
-    on the result), in place as before; BAD_SHAPE without layer_ops (FuncSim agrees each way)."""
+    on the result), in place as before; F_L2 alone reads no b (b out of range passes), with F_EPS its
+    word checked; BAD_SHAPE without layer_ops (FuncSim agrees each way)."""
     D = CFG.dmem_depth
     norm = dict(op=Op.NORM, flags=F_EPS, m=2, n=4, a=0, c=100)
     ops = [Instr(**norm, b=50), Instr(**norm, b=D - 1), Instr(**norm, b=D), Instr(**norm, b=104),
-           Instr(**norm | {"c": 0}, b=50), Instr(**norm | {"flags": 0}, b=D)]
+           Instr(**norm | {"c": 0}, b=50), Instr(**norm | {"flags": 0}, b=D),
+           Instr(**norm | {"flags": F_L2}, b=D), Instr(**norm | {"flags": F_L2 | F_EPS}, b=D),
+           Instr(**norm | {"flags": F_L2, "c": 0}, b=D)]
     layer = profile("tiny", layer_ops=True)
-    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 5 + [Err.NONE]),
-                      (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.NONE])):
+    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 5 + [Err.NONE] + [Err.BAD_SHAPE] * 3),
+                      (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.NONE,
+                               Err.NONE, Err.SPAD_RANGE, Err.NONE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
 

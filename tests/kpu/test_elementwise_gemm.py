@@ -14,7 +14,19 @@ from golden import intops as I
 from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_B_T, F_EPS, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes, weight_panels
+from nanokpu.isa import (
+    F_B_SPAD,
+    F_B_T,
+    F_EPS,
+    F_L2,
+    F_RQ_CHANNEL,
+    F_RQ_EXPERT,
+    Err,
+    Instr,
+    Op,
+    bus_bytes,
+    weight_panels,
+)
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors.elementwise import Elementwise
 from nanokpu.kpu.executors.gemm_feed import GemmFeed
@@ -192,6 +204,29 @@ def test_norm_with_its_eps_word_matches_funcsim(one_write_port):
             assert got == want and err == Err.NONE, (eps_q, c)
             if c == 320:
                 assert got != plain, eps_q
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+def test_l2norm_matches_funcsim(one_write_port):
+    """NORM with F_L2 (layer_ops): KDA's l2norm per head at kda_unit_frac, with the config's
+    epsilon and with an epsilon word (F_EPS, random upper bits), on random rows with random upper
+    bits, a zero row, a one-LSB row and an extreme row, in place too, under read blocking: FuncSim's
+    result and golden l2norm_int's."""
+    rng = np.random.default_rng(23)
+    m_rows, n = 4, 8
+    lo, hi = -(1 << (LAYER.act_width - 1)), (1 << (LAYER.act_width - 1)) - 1
+    u = _act(rng, m_rows * n).reshape(m_rows, n)
+    u[0], u[1], u[2] = 0, [1] + [0] * (n - 1), [hi, lo] * (n // 2)
+    rows = {16 + i: int(v) + (int(rng.integers(-8, 8)) << LAYER.act_width) for i, v in enumerate(u.ravel())}
+    for flags, eps_q in ((F_L2, None), (F_L2 | F_EPS, 5000)):
+        for c in (320, 16):
+            spad = rows | {200: (eps_q or 0) + (3 << 2 * LAYER.act_width)}
+            ins = Instr(Op.NORM, flags=flags, m=m_rows, n=n, a=16, b=200, c=c)
+            got, want, err, _ = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.3,
+                                     seed=flags + c)
+            assert got == want and err == Err.NONE, (flags, c)
+            gold = I.l2norm_int(u, LAYER.kda_unit_frac, LAYER, eps_q).ravel()
+            assert [got[c + i] for i in range(m_rows * n)] == list(gold), (flags, c)
 
 
 @pytest.mark.parametrize("one_write_port", [False, True])

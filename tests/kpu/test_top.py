@@ -91,8 +91,8 @@ def test_attention_scores_on_the_whole_kpu():
 
 def test_layer_ops_on_the_whole_kpu():
     """SILU and DECAY on the whole nano-KPU (layer_ops), through the AXI buses under stalls,
-    extremes and random inputs, in place too, then NORM with its epsilon word (F_EPS): host memory
-    == FuncSim's (sim/bench_top.py test_layer_ops)."""
+    extremes and random inputs, in place too, then NORM with its epsilon word (F_EPS) and the
+    l2norm (F_L2, with and without it): host memory == FuncSim's (sim/bench_top.py test_layer_ops)."""
     _bench("tiny", "test_layer_ops", tag="_after_layer", seed=3, pause=0.2, overrides=AFTER_LAYER)
 
 

@@ -1,4 +1,4 @@
-"""The vector unit against golden.intops (add_sat, combine_int, rmsnorm_int), bit for bit."""
+"""The vector unit against golden.intops (add_sat, combine_int, rmsnorm_int, l2norm_int), bit for bit."""
 
 import numpy as np
 import pytest
@@ -33,7 +33,7 @@ def golden(op, cfg, a, b=None):
     return I.rmsnorm_int(a, cfg).ravel()
 
 
-def run_amaranth(cfg, op, beats, n_out, n_row, seed):
+def run_amaranth(cfg, op, beats, n_out, n_row, seed, l2=False):
     dut = VectorUnit(cfg)
     rng = np.random.default_rng(seed)
     got = []
@@ -41,6 +41,9 @@ def run_amaranth(cfg, op, beats, n_out, n_row, seed):
     async def source(ctx):
         ctx.set(dut.op, op)
         ctx.set(dut.n, n_row)
+        if l2:
+            ctx.set(dut.l2, 1)
+            ctx.set(dut.eps, dut.l2_eps_q)
         for a, b, last in beats:
             while rng.random() < 0.3:
                 await ctx.tick()
@@ -137,32 +140,65 @@ def test_combine_ties_amaranth(rounding):
     assert np.array_equal(got, ref), f"COMBINE {rounding}: {got} != {ref}"
 
 
-@pytest.mark.parametrize("rounding", ["half_even",
-                                      "half_up", "floor"])
-def test_vector_unit_verilator(rounding):
-    cfg = profile("tiny", rounding=rounding)
+@pytest.mark.parametrize(("rounding", "layer_ops"), [("half_even", True), ("half_up", False), ("floor", True)])
+def test_vector_unit_verilator(rounding, layer_ops):
+    """ADD, COMBINE, NORM (and with layer_ops the l2norm) on Verilator under random stalls."""
+    cfg = profile("tiny", rounding=rounding, layer_ops=layer_ops)
     run_bench(VectorUnit(cfg), f"vector_{rounding}", "bench_vector",
               seed=7, build_args=FAST_BUILD)
 
 
-@pytest.mark.parametrize("n", [4, 6, 16])
-def test_norm_row_cycles_are_exact(n):
+def l2_tie_rows(cfg):
+    """Rows of 4 whose l2norm has ties at its rounding (rounded differently half_up and half_even),
+    positive and negative, beside rows of one value (e the largest), the extremes, and rows whose
+    ss has from 1 to 2P + 9 bits (e from 2P down to 0)."""
+    rng = np.random.default_rng(11)
+    U = cfg.kda_unit_frac
+    even, up = profile("tiny", rounding="half_even"), profile("tiny", rounding="half_up")
+    x = rng.integers(-40, 41, (4000, 4))
+    tie = I.l2norm_int(x, U, even) != I.l2norm_int(x, U, up)
+    rows = [x[tie.any(axis=1) & (x * tie > 0).any(axis=1)][:3], x[tie.any(axis=1) & (x * tie < 0).any(axis=1)][:3]]
+    hi, lo = (1 << (cfg.act_width - 1)) - 1, -(1 << (cfg.act_width - 1))
+    rows.append([[1, 0, 0, 0], [0, -1, 0, 0], [hi, hi, hi, hi], [lo, lo, lo, lo], [hi, lo, 1, -1]])
+    rows.append([[1 << j, 3, 0, -(1 << j) + 1] for j in range(0, cfg.act_width - 1, 3)])
+    return np.concatenate(rows)
+
+
+@pytest.mark.parametrize("rounding", ["half_even", "half_up", "floor"])
+def test_l2norm_amaranth(rounding):
+    """NORM with l2 (layer_ops) on tie rows, extremes, one-value rows and every pre-shift e, bit
+    for bit with l2norm_int at kda_unit_frac (Amaranth simulator, random stalls both ways)."""
+    cfg = profile("tiny", rounding=rounding, layer_ops=True)
+    u = l2_tie_rows(cfg)
+    ref = I.l2norm_int(u, cfg.kda_unit_frac, cfg).ravel()
+    got = run_amaranth(cfg, VecOp.NORM, beats_for(VecOp.NORM, cfg, u), ref.size, 4, 6, l2=True)
+    assert np.array_equal(got, ref), f"l2 NORM {rounding}: {got} != {ref}"
+
+
+@pytest.mark.parametrize(("n", "l2"), [(4, False), (6, False), (16, False), (4, True), (7, True)])
+def test_norm_row_cycles_are_exact(n, l2):
     """NORM rows with beats always offered and results always taken: pass 1 of each row begins
     exactly norm_row_cycles(n) after its pass 0 (the mean a shift for n = 4 and 16, the divider
-    for n = 6; r's leading zeros, 3 to 16 here, in one cycle), results bit for bit."""
-    cfg = profile("tiny")
+    for n = 6; r's leading zeros, 3 to 16 here, in one cycle; with l2 the pre-shift, e from 0 to
+    2P), results bit for bit."""
+    cfg = profile("tiny", layer_ops=l2)
     dut = VectorUnit(cfg)
     rng = np.random.default_rng(n)
     u = rng.integers(-300, 300, (4, n))
     u[1, 0] = (1 << (cfg.act_width - 1)) - 1       # r near its largest: few leading zeros
     u[2] = 0                                       # r = isqrt(eps_q): most leading zeros
+    if l2:
+        u[2, 0], u[3] = 1, (1 << (cfg.act_width - 1)) - 1   # ss = 1 (e = 2P), ss the largest (e = 0)
     beats = beats_for(VecOp.NORM, cfg, u)
-    ref = golden(VecOp.NORM, cfg, u)
+    ref = I.l2norm_int(u, cfg.kda_unit_frac, cfg).ravel() if l2 else golden(VecOp.NORM, cfg, u)
     taken, got = [], []
 
     async def source(ctx):
         ctx.set(dut.op, VecOp.NORM)
         ctx.set(dut.n, n)
+        if l2:
+            ctx.set(dut.l2, 1)
+            ctx.set(dut.eps, dut.l2_eps_q)
         ctx.set(dut.o.ready, 1)
         cycle = 0
         for a, b, last in beats:
@@ -188,4 +224,4 @@ def test_norm_row_cycles_are_exact(n):
     sim.run()
     assert np.array_equal(np.array(got), ref), f"n = {n}: {got} != {ref}"
     starts = [taken[2 * n * row + n] - taken[2 * n * row] for row in range(len(u))]
-    assert starts == [dut.norm_row_cycles(n)] * len(u), (starts, dut.norm_row_cycles(n))
+    assert starts == [dut.norm_row_cycles(n, l2)] * len(u), (starts, dut.norm_row_cycles(n, l2))

@@ -11,7 +11,7 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_EPS, F_RQ_EXPERT, Err, Op, word_width
+from nanokpu.isa import F_EPS, F_L2, F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
@@ -47,8 +47,10 @@ class Elementwise(wiring.Component):
     ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``SOFTMAX``: each row of ``n``, the
     beat that ends a row marked ``last``; ``MUL``: each row of ``n`` of ``a``, ``b``'s one row again
     for each; ``COMBINE``: ``k`` expert outputs of each of ``n``
-    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice; ``SPLIT``: ``a`` twice, the
-    high digits written in the first pass, the low ones in the second: ``2 * len`` results), reading both operands
+    columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice, the vector unit's RMSNorm
+    or with :data:`~nanokpu.isa.F_L2` its l2norm, the epsilon the config's or with
+    :data:`~nanokpu.isa.F_EPS` word ``b[0]``; ``SPLIT``: ``a`` twice, the high digits written in
+    the first pass, the low ones in the second: ``2 * len`` results), reading both operands
     in one cycle into a register the selected unit takes its beat from, with a skid queue in
     front (a read is issued while fewer than :data:`BEATS` are in flight or held, counted off
     flip-flops: the scratchpad's read enable does not depend on any unit's ``ready``), and writes the unit's
@@ -171,6 +173,7 @@ class Elementwise(wiring.Component):
         m.d.comb += [rq.mult.eq(mult), rq.shift.eq(shift), rq.i.payload.eq(pack)]
         if cfg.layer_ops:
             eps = Signal(2 * act, init=vec.eps_q)   # NORM's epsilon: F_EPS reads it from b
+            l2 = Signal()                           # NORM with F_L2: the l2norm
         out_valid = Signal()
         out_data = Signal(signed(ww))
         act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
@@ -185,7 +188,7 @@ class Elementwise(wiring.Component):
             vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], act_b)),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
-            *([vec.shift.eq(shift), vec.eps.eq(eps)] if cfg.layer_ops else []),
+            *([vec.shift.eq(shift), vec.eps.eq(eps), vec.l2.eq(l2)] if cfg.layer_ops else []),
             vec.op.eq(vec_op),
             situ.o.ready.eq(1), vec.o.ready.eq(1), *(t.o.ready.eq(1) for t in tables.values()),
         ]
@@ -268,7 +271,8 @@ class Elementwise(wiring.Component):
                                  wvalid.eq(0), r_lane.eq(0), q_pend.eq(0), q_read.eq(0), w_lane.eq(0),
                                  hold_valid.eq(0)]
                     if cfg.layer_ops:
-                        m.d.sync += eps.eq(vec.eps_q)
+                        l2_now = (ins.flags & F_L2) != 0
+                        m.d.sync += [l2.eq(l2_now), eps.eq(Mux(l2_now, vec.l2_eps_q, vec.eps_q))]
                     with m.Switch(op):
                         with m.Case(Op.REQUANT):     # pa only: its own wide reads
                             m.d.sync += walk(ln, 1, 1, 1, 0, 0, 0, 0, 0) + [issuing.eq(0)]
