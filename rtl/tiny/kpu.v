@@ -1130,7 +1130,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$411$0 (\$167 ),
     .\port$429$0 (\$168 ),
-    .\port$6479$254 (cur[269:254]),
+    .\port$6489$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1354,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6481$0 (running_exec),
+    .\port$6491$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5159,7 +5159,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6479$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6489$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5302,8 +5302,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$411$0 ;
   output [5:0] \port$429$0 ;
   wire [5:0] \port$429$0 ;
-  input [15:0] \port$6479$254 ;
-  wire [15:0] \port$6479$254 ;
+  input [15:0] \port$6489$254 ;
+  wire [15:0] \port$6489$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5468,7 +5468,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6479$254  };
+      \$74  = { 8'h00, \port$6489$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5504,7 +5504,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6479$254  };
+      \$77  = { 8'h00, \port$6489$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5549,9 +5549,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6479$254  };
+  assign rd_beats = { 8'h00, \port$6489$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6479$254  };
+  assign wr_beats = { 8'h00, \port$6489$254  };
   assign \port$411$0  = \$9 ;
   assign \port$429$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5613,8 +5613,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1034 ;
   wire \$1035 ;
   wire \$1036 ;
-  wire [23:0] \$1037 ;
-  wire \$1038 ;
+  wire \$1037 ;
+  wire [23:0] \$1038 ;
   wire \$1039 ;
   wire [14:0] \$104 ;
   wire \$1040 ;
@@ -5641,10 +5641,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$106 ;
   wire \$1060 ;
   wire \$1061 ;
-  wire [23:0] \$1062 ;
+  wire \$1062 ;
   wire [23:0] \$1063 ;
   wire [23:0] \$1064 ;
-  wire \$1065 ;
+  wire [23:0] \$1065 ;
   wire \$1066 ;
   wire \$1067 ;
   wire \$1068 ;
@@ -5722,8 +5722,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1132 ;
   wire \$1133 ;
   wire \$1134 ;
-  wire [23:0] \$1135 ;
-  wire \$1136 ;
+  wire \$1135 ;
+  wire [23:0] \$1136 ;
   wire \$1137 ;
   wire \$1138 ;
   wire \$1139 ;
@@ -5738,7 +5738,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1147 ;
   wire \$1148 ;
   wire \$1149 ;
-  wire [14:0] \$115 ;
+  wire \$115 ;
   wire \$1150 ;
   wire \$1151 ;
   wire \$1152 ;
@@ -5749,11 +5749,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1157 ;
   wire \$1158 ;
   wire \$1159 ;
-  wire \$116 ;
-  wire [23:0] \$1160 ;
+  wire [14:0] \$116 ;
+  wire \$1160 ;
   wire [23:0] \$1161 ;
   wire [23:0] \$1162 ;
-  wire \$1163 ;
+  wire [23:0] \$1163 ;
   wire \$1164 ;
   wire \$1165 ;
   wire \$1166 ;
@@ -5831,8 +5831,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1230 ;
   wire \$1231 ;
   wire \$1232 ;
-  wire [23:0] \$1233 ;
-  wire \$1234 ;
+  wire \$1233 ;
+  wire [23:0] \$1234 ;
   wire \$1235 ;
   wire \$1236 ;
   wire \$1237 ;
@@ -5849,7 +5849,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1247 ;
   wire \$1248 ;
   wire \$1249 ;
-  wire [2:0] \$125 ;
+  wire \$125 ;
   wire \$1250 ;
   wire \$1251 ;
   wire \$1252 ;
@@ -5858,11 +5858,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1255 ;
   wire \$1256 ;
   wire \$1257 ;
-  wire [23:0] \$1258 ;
+  wire \$1258 ;
   wire [23:0] \$1259 ;
-  wire [3:0] \$126 ;
+  wire [2:0] \$126 ;
   wire [23:0] \$1260 ;
-  wire \$1261 ;
+  wire [23:0] \$1261 ;
   wire \$1262 ;
   wire \$1263 ;
   wire \$1264 ;
@@ -5871,7 +5871,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1267 ;
   wire \$1268 ;
   wire \$1269 ;
-  wire \$127 ;
+  wire [3:0] \$127 ;
   wire \$1270 ;
   wire \$1271 ;
   wire \$1272 ;
@@ -5916,7 +5916,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1307 ;
   wire \$1308 ;
   wire \$1309 ;
-  wire [2:0] \$131 ;
+  wire \$131 ;
   wire \$1310 ;
   wire \$1311 ;
   wire \$1312 ;
@@ -5927,7 +5927,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1317 ;
   wire \$1318 ;
   wire \$1319 ;
-  wire [3:0] \$132 ;
+  wire [2:0] \$132 ;
   wire \$1320 ;
   wire \$1321 ;
   wire \$1322 ;
@@ -5938,10 +5938,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1327 ;
   wire \$1328 ;
   wire \$1329 ;
-  wire \$133 ;
+  wire [3:0] \$133 ;
   wire \$1330 ;
-  wire [23:0] \$1331 ;
-  wire \$1332 ;
+  wire \$1331 ;
+  wire [23:0] \$1332 ;
   wire \$1333 ;
   wire \$1334 ;
   wire \$1335 ;
@@ -5960,20 +5960,20 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1347 ;
   wire \$1348 ;
   wire \$1349 ;
-  wire [3:0] \$135 ;
+  wire \$135 ;
   wire \$1350 ;
   wire \$1351 ;
   wire \$1352 ;
   wire \$1353 ;
   wire \$1354 ;
   wire \$1355 ;
-  wire [23:0] \$1356 ;
+  wire \$1356 ;
   wire [23:0] \$1357 ;
   wire [23:0] \$1358 ;
-  reg [23:0] \$1359 ;
-  wire \$136 ;
-  wire [2:0] \$1360 ;
-  wire \$1361 ;
+  wire [23:0] \$1359 ;
+  wire [3:0] \$136 ;
+  reg [23:0] \$1360 ;
+  wire [2:0] \$1361 ;
   wire \$1362 ;
   wire \$1363 ;
   wire \$1364 ;
@@ -5982,7 +5982,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1367 ;
   wire \$1368 ;
   wire \$1369 ;
-  wire [3:0] \$137 ;
+  wire \$137 ;
   wire \$1370 ;
   wire \$1371 ;
   wire \$1372 ;
@@ -5993,7 +5993,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1377 ;
   wire \$1378 ;
   wire \$1379 ;
-  wire [14:0] \$138 ;
+  wire [3:0] \$138 ;
   wire \$1380 ;
   wire \$1381 ;
   wire \$1382 ;
@@ -6004,7 +6004,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1387 ;
   wire \$1388 ;
   wire \$1389 ;
-  wire \$139 ;
+  wire [14:0] \$139 ;
   wire \$1390 ;
   wire \$1391 ;
   wire \$1392 ;
@@ -6027,7 +6027,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1407 ;
   wire \$1408 ;
   wire \$1409 ;
-  wire [3:0] \$141 ;
+  wire \$141 ;
   wire \$1410 ;
   wire \$1411 ;
   wire \$1412 ;
@@ -6038,7 +6038,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1417 ;
   wire \$1418 ;
   wire \$1419 ;
-  wire [14:0] \$142 ;
+  wire [3:0] \$142 ;
   wire \$1420 ;
   wire \$1421 ;
   wire \$1422 ;
@@ -6049,10 +6049,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1427 ;
   wire \$1428 ;
   wire \$1429 ;
-  wire \$143 ;
+  wire [14:0] \$143 ;
   wire \$1430 ;
-  wire [23:0] \$1431 ;
-  wire \$1432 ;
+  wire \$1431 ;
+  wire [23:0] \$1432 ;
   wire \$1433 ;
   wire \$1434 ;
   wire \$1435 ;
@@ -6060,7 +6060,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1437 ;
   wire \$1438 ;
   wire \$1439 ;
-  wire [14:0] \$144 ;
+  wire \$144 ;
   wire \$1440 ;
   wire \$1441 ;
   wire \$1442 ;
@@ -6078,10 +6078,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1453 ;
   wire \$1454 ;
   wire \$1455 ;
-  wire [23:0] \$1456 ;
+  wire \$1456 ;
   wire [23:0] \$1457 ;
   wire [23:0] \$1458 ;
-  wire \$1459 ;
+  wire [23:0] \$1459 ;
   wire [14:0] \$146 ;
   wire \$1460 ;
   wire \$1461 ;
@@ -6093,7 +6093,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1467 ;
   wire \$1468 ;
   wire \$1469 ;
-  wire \$147 ;
+  wire [14:0] \$147 ;
   wire \$1470 ;
   wire \$1471 ;
   wire \$1472 ;
@@ -6104,7 +6104,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1477 ;
   wire \$1478 ;
   wire \$1479 ;
-  wire [16:0] \$148 ;
+  wire \$148 ;
   wire \$1480 ;
   wire \$1481 ;
   wire \$1482 ;
@@ -6115,7 +6115,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1487 ;
   wire \$1488 ;
   wire \$1489 ;
-  wire \$149 ;
+  wire [16:0] \$149 ;
   wire \$1490 ;
   wire \$1491 ;
   wire \$1492 ;
@@ -6159,9 +6159,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1526 ;
   wire \$1527 ;
   wire \$1528 ;
-  wire [23:0] \$1529 ;
+  wire \$1529 ;
   wire \$153 ;
-  wire \$1530 ;
+  wire [23:0] \$1530 ;
   wire \$1531 ;
   wire \$1532 ;
   wire \$1533 ;
@@ -6187,10 +6187,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1551 ;
   wire \$1552 ;
   wire \$1553 ;
-  wire [23:0] \$1554 ;
+  wire \$1554 ;
   wire [23:0] \$1555 ;
   wire [23:0] \$1556 ;
-  wire \$1557 ;
+  wire [23:0] \$1557 ;
   wire \$1558 ;
   wire \$1559 ;
   wire \$156 ;
@@ -6226,7 +6226,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1587 ;
   wire \$1588 ;
   wire \$1589 ;
-  wire [3:0] \$159 ;
+  wire \$159 ;
   wire \$1590 ;
   wire \$1591 ;
   wire \$1592 ;
@@ -6238,7 +6238,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1598 ;
   wire \$1599 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [3:0] \$160 ;
   wire \$1600 ;
   wire \$1601 ;
   wire \$1602 ;
@@ -6249,7 +6249,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1607 ;
   wire \$1608 ;
   wire \$1609 ;
-  wire [3:0] \$161 ;
+  wire \$161 ;
   wire \$1610 ;
   wire \$1611 ;
   wire \$1612 ;
@@ -6260,7 +6260,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1617 ;
   wire \$1618 ;
   wire \$1619 ;
-  wire [14:0] \$162 ;
+  wire [3:0] \$162 ;
   wire \$1620 ;
   wire \$1621 ;
   wire \$1622 ;
@@ -6268,10 +6268,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1624 ;
   wire \$1625 ;
   wire \$1626 ;
-  wire [23:0] \$1627 ;
-  wire \$1628 ;
+  wire \$1627 ;
+  wire [23:0] \$1628 ;
   wire \$1629 ;
-  wire \$163 ;
+  wire [14:0] \$163 ;
   wire \$1630 ;
   wire \$1631 ;
   wire \$1632 ;
@@ -6293,18 +6293,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1647 ;
   wire \$1648 ;
   wire \$1649 ;
-  wire [3:0] \$165 ;
+  wire \$165 ;
   wire \$1650 ;
   wire \$1651 ;
-  wire [23:0] \$1652 ;
+  wire \$1652 ;
   wire [23:0] \$1653 ;
   wire [23:0] \$1654 ;
-  wire \$1655 ;
+  wire [23:0] \$1655 ;
   wire \$1656 ;
   wire \$1657 ;
   wire \$1658 ;
   wire \$1659 ;
-  wire [14:0] \$166 ;
+  wire [3:0] \$166 ;
   wire \$1660 ;
   wire \$1661 ;
   wire \$1662 ;
@@ -6315,7 +6315,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1667 ;
   wire \$1668 ;
   wire \$1669 ;
-  wire \$167 ;
+  wire [14:0] \$167 ;
   wire \$1670 ;
   wire \$1671 ;
   wire \$1672 ;
@@ -6326,7 +6326,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1677 ;
   wire \$1678 ;
   wire \$1679 ;
-  wire [14:0] \$168 ;
+  wire \$168 ;
   wire \$1680 ;
   wire \$1681 ;
   wire \$1682 ;
@@ -6360,7 +6360,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1707 ;
   wire \$1708 ;
   wire \$1709 ;
-  wire [3:0] \$171 ;
+  wire [14:0] \$171 ;
   wire \$1710 ;
   wire \$1711 ;
   wire \$1712 ;
@@ -6371,18 +6371,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1717 ;
   wire \$1718 ;
   wire \$1719 ;
-  wire \$172 ;
+  wire [3:0] \$172 ;
   wire \$1720 ;
   wire \$1721 ;
   wire \$1722 ;
   wire \$1723 ;
   wire \$1724 ;
-  wire [23:0] \$1725 ;
-  wire \$1726 ;
+  wire \$1725 ;
+  wire [23:0] \$1726 ;
   wire \$1727 ;
   wire \$1728 ;
   wire \$1729 ;
-  wire [14:0] \$173 ;
+  wire \$173 ;
   wire \$1730 ;
   wire \$1731 ;
   wire \$1732 ;
@@ -6393,7 +6393,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1737 ;
   wire \$1738 ;
   wire \$1739 ;
-  wire \$174 ;
+  wire [14:0] \$174 ;
   wire \$1740 ;
   wire \$1741 ;
   wire \$1742 ;
@@ -6405,76 +6405,79 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1748 ;
   wire \$1749 ;
   wire \$175 ;
-  wire [23:0] \$1750 ;
+  wire \$1750 ;
   wire [23:0] \$1751 ;
   wire [23:0] \$1752 ;
-  reg [23:0] \$1753 ;
-  wire \$1754 ;
+  wire [23:0] \$1753 ;
+  reg [23:0] \$1754 ;
   wire \$1755 ;
   wire \$1756 ;
-  wire [16:0] \$1757 ;
-  wire [17:0] \$1758 ;
-  wire [16:0] \$1759 ;
+  wire \$1757 ;
+  wire [16:0] \$1758 ;
+  wire [17:0] \$1759 ;
   wire \$176 ;
-  wire [17:0] \$1760 ;
-  wire [18:0] \$1761 ;
-  wire [14:0] \$1762 ;
+  wire [16:0] \$1760 ;
+  wire [17:0] \$1761 ;
+  wire [18:0] \$1762 ;
   wire \$1763 ;
   wire \$1764 ;
-  wire \$1765 ;
+  wire [14:0] \$1765 ;
   wire \$1766 ;
   wire \$1767 ;
-  reg [64:0] \$1768 ;
-  reg \$1769 ;
+  wire \$1768 ;
+  wire \$1769 ;
   wire \$177 ;
-  reg \$1770 ;
-  reg \$1771 ;
-  reg [13:0] \$1772 ;
-  reg [12:0] \$1773 ;
-  reg [12:0] \$1774 ;
+  wire \$1770 ;
+  reg [64:0] \$1771 ;
+  reg \$1772 ;
+  reg \$1773 ;
+  reg \$1774 ;
   reg [13:0] \$1775 ;
   reg [12:0] \$1776 ;
   reg [12:0] \$1777 ;
   reg [13:0] \$1778 ;
   reg [12:0] \$1779 ;
-  wire [14:0] \$178 ;
+  wire \$178 ;
   reg [12:0] \$1780 ;
-  reg \$1781 ;
-  reg [13:0] \$1782 ;
-  reg \$1783 ;
-  reg [1:0] \$1784 ;
-  reg [2:0] \$1785 ;
-  reg [1:0] \$1786 ;
-  reg \$1787 ;
-  reg [95:0] \$1788 ;
-  reg [13:0] \$1789 ;
-  wire \$179 ;
-  reg [1:0] \$1790 ;
-  reg \$1791 ;
-  reg [95:0] \$1792 ;
-  reg \$1793 ;
+  reg [13:0] \$1781 ;
+  reg [12:0] \$1782 ;
+  reg [12:0] \$1783 ;
+  reg \$1784 ;
+  reg [13:0] \$1785 ;
+  reg \$1786 ;
+  reg [1:0] \$1787 ;
+  reg [2:0] \$1788 ;
+  reg [1:0] \$1789 ;
+  wire [14:0] \$179 ;
+  reg \$1790 ;
+  reg [95:0] \$1791 ;
+  reg [13:0] \$1792 ;
+  reg [1:0] \$1793 ;
   reg \$1794 ;
-  reg \$1795 ;
+  reg [95:0] \$1795 ;
   reg \$1796 ;
   reg \$1797 ;
   reg \$1798 ;
-  reg [14:0] \$1799 ;
+  reg \$1799 ;
   wire \$18 ;
   wire \$180 ;
-  reg [1:0] \$1800 ;
-  reg [5:0] \$1801 ;
-  reg [15:0] \$1802 ;
-  reg [5:0] \$1803 ;
-  reg [13:0] \$1804 ;
-  reg [13:0] \$1805 ;
-  reg [12:0] \$1806 ;
-  reg \$1807 ;
-  reg [12:0] \$1808 ;
-  reg \$1809 ;
+  reg \$1800 ;
+  reg \$1801 ;
+  reg [14:0] \$1802 ;
+  reg [1:0] \$1803 ;
+  reg [5:0] \$1804 ;
+  reg [15:0] \$1805 ;
+  reg [5:0] \$1806 ;
+  reg [13:0] \$1807 ;
+  reg [13:0] \$1808 ;
+  reg [12:0] \$1809 ;
   wire \$181 ;
   reg \$1810 ;
   reg [12:0] \$1811 ;
-  reg [1:0] \$1812 ;
+  reg \$1812 ;
+  reg \$1813 ;
+  reg [12:0] \$1814 ;
+  reg [1:0] \$1815 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
@@ -6549,9 +6552,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$246 ;
   wire \$247 ;
   wire \$248 ;
-  wire [23:0] \$249 ;
+  wire \$249 ;
   wire [13:0] \$25 ;
-  wire \$250 ;
+  wire [23:0] \$250 ;
   wire \$251 ;
   wire \$252 ;
   wire \$253 ;
@@ -6577,10 +6580,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$271 ;
   wire \$272 ;
   wire \$273 ;
-  wire [23:0] \$274 ;
+  wire \$274 ;
   wire [23:0] \$275 ;
   wire [23:0] \$276 ;
-  wire \$277 ;
+  wire [23:0] \$277 ;
   wire \$278 ;
   wire \$279 ;
   wire [14:0] \$28 ;
@@ -6658,8 +6661,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$344 ;
   wire \$345 ;
   wire \$346 ;
-  wire [23:0] \$347 ;
-  wire \$348 ;
+  wire \$347 ;
+  wire [23:0] \$348 ;
   wire \$349 ;
   wire \$35 ;
   wire \$350 ;
@@ -6686,10 +6689,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$37 ;
   wire \$370 ;
   wire \$371 ;
-  wire [23:0] \$372 ;
+  wire \$372 ;
   wire [23:0] \$373 ;
   wire [23:0] \$374 ;
-  wire \$375 ;
+  wire [23:0] \$375 ;
   wire \$376 ;
   wire \$377 ;
   wire \$378 ;
@@ -6767,8 +6770,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$442 ;
   wire \$443 ;
   wire \$444 ;
-  wire [23:0] \$445 ;
-  wire \$446 ;
+  wire \$445 ;
+  wire [23:0] \$446 ;
   wire \$447 ;
   wire \$448 ;
   wire \$449 ;
@@ -6795,10 +6798,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$468 ;
   wire \$469 ;
   wire \$47 ;
-  wire [23:0] \$470 ;
+  wire \$470 ;
   wire [23:0] \$471 ;
   wire [23:0] \$472 ;
-  wire \$473 ;
+  wire [23:0] \$473 ;
   wire \$474 ;
   wire \$475 ;
   wire \$476 ;
@@ -6876,8 +6879,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$540 ;
   wire \$541 ;
   wire \$542 ;
-  wire [23:0] \$543 ;
-  wire \$544 ;
+  wire \$543 ;
+  wire [23:0] \$544 ;
   wire \$545 ;
   wire \$546 ;
   wire \$547 ;
@@ -6903,13 +6906,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$565 ;
   wire \$566 ;
   wire \$567 ;
-  wire [23:0] \$568 ;
+  wire \$568 ;
   wire [23:0] \$569 ;
   wire \$57 ;
   wire [23:0] \$570 ;
-  reg [23:0] \$571 ;
-  wire [2:0] \$572 ;
-  wire \$573 ;
+  wire [23:0] \$571 ;
+  reg [23:0] \$572 ;
+  wire [2:0] \$573 ;
   wire \$574 ;
   wire \$575 ;
   wire \$576 ;
@@ -6987,8 +6990,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$640 ;
   wire \$641 ;
   wire \$642 ;
-  wire [23:0] \$643 ;
-  wire \$644 ;
+  wire \$643 ;
+  wire [23:0] \$644 ;
   wire \$645 ;
   wire \$646 ;
   wire \$647 ;
@@ -7014,11 +7017,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$665 ;
   wire \$666 ;
   wire \$667 ;
-  wire [23:0] \$668 ;
+  wire \$668 ;
   wire [23:0] \$669 ;
   reg [23:0] \$67 ;
   wire [23:0] \$670 ;
-  wire \$671 ;
+  wire [23:0] \$671 ;
   wire \$672 ;
   wire \$673 ;
   wire \$674 ;
@@ -7096,8 +7099,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$739 ;
   wire \$74 ;
   wire \$740 ;
-  wire [23:0] \$741 ;
-  wire \$742 ;
+  wire \$741 ;
+  wire [23:0] \$742 ;
   wire \$743 ;
   wire \$744 ;
   wire \$745 ;
@@ -7123,10 +7126,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$763 ;
   wire \$764 ;
   wire \$765 ;
-  wire [23:0] \$766 ;
+  wire \$766 ;
   wire [23:0] \$767 ;
   wire [23:0] \$768 ;
-  wire \$769 ;
+  wire [23:0] \$769 ;
   wire \$77 ;
   wire \$770 ;
   wire \$771 ;
@@ -7204,9 +7207,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$836 ;
   wire \$837 ;
   wire \$838 ;
-  wire [23:0] \$839 ;
+  wire \$839 ;
   wire [2:0] \$84 ;
-  wire \$840 ;
+  wire [23:0] \$840 ;
   wire \$841 ;
   wire \$842 ;
   wire \$843 ;
@@ -7232,10 +7235,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$861 ;
   wire \$862 ;
   wire \$863 ;
-  wire [23:0] \$864 ;
+  wire \$864 ;
   wire [23:0] \$865 ;
   wire [23:0] \$866 ;
-  wire \$867 ;
+  wire [23:0] \$867 ;
   wire \$868 ;
   wire \$869 ;
   wire \$87 ;
@@ -7313,8 +7316,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$934 ;
   wire \$935 ;
   wire \$936 ;
-  wire [23:0] \$937 ;
-  wire \$938 ;
+  wire \$937 ;
+  wire [23:0] \$938 ;
   wire \$939 ;
   wire \$94 ;
   wire \$940 ;
@@ -7341,12 +7344,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$96 ;
   wire \$960 ;
   wire \$961 ;
-  wire [23:0] \$962 ;
+  wire \$962 ;
   wire [23:0] \$963 ;
   wire [23:0] \$964 ;
-  reg [23:0] \$965 ;
-  wire [2:0] \$966 ;
-  wire \$967 ;
+  wire [23:0] \$965 ;
+  reg [23:0] \$966 ;
+  wire [2:0] \$967 ;
   wire \$968 ;
   wire \$969 ;
   wire \$97 ;
@@ -7623,11 +7626,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$48  = wvalid & rq__i__ready;
   assign \$49  = \$47  | \$48 ;
   assign \$50  = q_pend & \$49 ;
-  assign \$51  = \$signal$17  + \$146 [2:0];
-  assign \$52  = q_read + \$146 [2:0];
-  assign \$53  = \$signal$43  + \$146 [2:0];
+  assign \$51  = \$signal$17  + \$147 [2:0];
+  assign \$52  = q_read + \$147 [2:0];
+  assign \$53  = \$signal$43  + \$147 [2:0];
   assign \$54  = \$53  == 3'h4;
-  assign \$55  = \$signal$43  + \$146 [2:0];
+  assign \$55  = \$signal$43  + \$147 [2:0];
   assign \$56  = \$54  ? 4'h0 : \$55 ;
   assign \$57  = wvalid & rq__i__ready;
   assign \$58  = ~ wvalid;
@@ -7675,1739 +7678,1739 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$109  = ins[5:0] == 5'h10;
   assign \$111  = ins[5:0] == 3'h4;
   assign \$114  = \$111  & \$113 ;
-  assign \$115  = el + 1'h1;
-  assign \$116  = el >= results;
-  assign \$117  = ~ h_valid;
-  assign r_en = \$117  | unit_ready;
+  assign \$116  = el + 1'h1;
+  assign \$117  = el >= results;
   assign \$118  = ~ h_valid;
-  assign \$119  = \$118  | unit_ready;
-  assign \$120  = ~ r_rdy;
-  assign \$121  = \$119  & \$120 ;
-  assign \$122  = ~ \$121 ;
-  assign w_en = \$signal$10  & \$122 ;
-  assign \$125  = \$signal$10  + level;
-  assign \$126  = \$125  + h_valid;
-  assign \$127  = \$126  < 2'h3;
-  assign \$128  = \$124  & \$127 ;
-  assign \$131  = \$signal$10  + level;
-  assign \$132  = \$131  + h_valid;
-  assign \$133  = \$132  < 2'h3;
-  assign \$134  = \$130  & \$133 ;
-  assign \$135  = 3'h4 - \$signal$43 ;
-  assign \$136  = $signed(\$135 ) < $signed(4'h4);
-  assign \$137  = 3'h4 - \$signal$43 ;
-  assign \$138  = ins[122:109] - q_read;
-  assign \$139  = $signed(\$137 ) < $signed(\$138 );
-  assign \$140  = \$136  & \$139 ;
-  assign \$141  = 3'h4 - \$signal$43 ;
-  assign \$142  = ins[122:109] - q_read;
-  assign \$143  = $signed(\$142 ) < $signed(4'h4);
-  assign \$144  = ins[122:109] - q_read;
-  assign \$145  = \$143  ? \$144  : 15'h0004;
-  assign \$146  = \$140  ? { \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141 [3], \$141  } : \$145 ;
-  assign \$147  = vec_op == 1'h1;
-  assign \$148  = \$147  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$149  = q_read < ins[122:109];
-  assign \$152  = ~ q_pend;
-  assign \$153  = ~ wvalid;
-  assign \$154  = wvalid & rq__i__ready;
-  assign \$155  = \$153  | \$154 ;
-  assign \$156  = q_pend & \$155 ;
-  assign \$157  = \$152  | \$156 ;
-  assign \$158  = \$151  & \$157 ;
-  assign \$159  = 3'h4 - \$signal$50 ;
-  assign \$160  = $signed(\$159 ) < $signed(4'h4);
-  assign \$161  = 3'h4 - \$signal$50 ;
-  assign \$162  = ins[122:109] - el;
-  assign \$163  = $signed(\$161 ) < $signed(\$162 );
-  assign \$164  = \$160  & \$163 ;
-  assign \$165  = 3'h4 - \$signal$50 ;
-  assign \$166  = ins[122:109] - el;
-  assign \$167  = $signed(\$166 ) < $signed(4'h4);
-  assign \$168  = ins[122:109] - el;
-  assign \$169  = \$167  ? \$168  : 15'h0004;
-  assign \$170  = \$164  ? { \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165 [3], \$165  } : \$169 ;
-  assign \$171  = 3'h4 - \$signal$50 ;
-  assign \$172  = $signed(\$171 ) <= $signed(4'h4);
-  assign \$173  = ins[122:109] - el;
-  assign \$174  = $signed(\$173 ) <= $signed(4'h4);
-  assign \$175  = \$172  | \$174 ;
-  assign \$176  = ~ hold_valid;
-  assign \$177  = \$176  | \$signal$51 ;
-  assign \$178  = ins[60:48] + el;
-  assign \$179  = width > 1'h1;
-  assign \$180  = width > 2'h2;
-  assign \$181  = width > 2'h3;
-  assign \$182  = width > 3'h4;
-  assign \$183  = width > 3'h5;
-  assign \$184  = width > 3'h6;
-  assign \$185  = width > 3'h7;
-  assign \$186  = width > 4'h8;
-  assign \$187  = width > 4'h9;
-  assign \$188  = width > 4'ha;
-  assign \$189  = width > 4'hb;
-  assign \$190  = width > 4'hc;
-  assign \$191  = width > 4'hd;
-  assign \$192  = width > 4'he;
-  assign \$193  = width > 4'hf;
-  assign \$194  = width > 5'h10;
-  assign \$195  = width > 5'h11;
-  assign \$196  = width > 5'h12;
-  assign \$197  = width > 5'h13;
-  assign \$198  = width > 5'h14;
-  assign \$199  = width > 5'h15;
-  assign \$200  = width > 5'h16;
-  assign \$201  = width > 5'h17;
-  assign \$202  = $signed(hold[23:0]) > $signed({ 1'h0, \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180 , \$179  });
-  assign \$203  = width > 1'h1;
-  assign \$204  = width > 2'h2;
-  assign \$205  = width > 2'h3;
-  assign \$206  = width > 3'h4;
-  assign \$207  = width > 3'h5;
-  assign \$208  = width > 3'h6;
-  assign \$209  = width > 3'h7;
-  assign \$210  = width > 4'h8;
-  assign \$211  = width > 4'h9;
-  assign \$212  = width > 4'ha;
-  assign \$213  = width > 4'hb;
-  assign \$214  = width > 4'hc;
-  assign \$215  = width > 4'hd;
-  assign \$216  = width > 4'he;
-  assign \$217  = width > 4'hf;
-  assign \$218  = width > 5'h10;
-  assign \$219  = width > 5'h11;
-  assign \$220  = width > 5'h12;
-  assign \$221  = width > 5'h13;
-  assign \$222  = width > 5'h14;
-  assign \$223  = width > 5'h15;
-  assign \$224  = width > 5'h16;
-  assign \$225  = width > 5'h17;
-  assign \$226  = width > 1'h1;
-  assign \$227  = width > 2'h2;
-  assign \$228  = width > 2'h3;
-  assign \$229  = width > 3'h4;
-  assign \$230  = width > 3'h5;
-  assign \$231  = width > 3'h6;
-  assign \$232  = width > 3'h7;
-  assign \$233  = width > 4'h8;
-  assign \$234  = width > 4'h9;
-  assign \$235  = width > 4'ha;
-  assign \$236  = width > 4'hb;
-  assign \$237  = width > 4'hc;
-  assign \$238  = width > 4'hd;
-  assign \$239  = width > 4'he;
-  assign \$240  = width > 4'hf;
-  assign \$241  = width > 5'h10;
-  assign \$242  = width > 5'h11;
-  assign \$243  = width > 5'h12;
-  assign \$244  = width > 5'h13;
-  assign \$245  = width > 5'h14;
-  assign \$246  = width > 5'h15;
-  assign \$247  = width > 5'h16;
-  assign \$248  = width > 5'h17;
-  assign \$249  = ~ { 1'h0, \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226  };
-  assign \$250  = $signed(hold[23:0]) < $signed(\$249 );
-  assign \$251  = width > 1'h1;
-  assign \$252  = width > 2'h2;
-  assign \$253  = width > 2'h3;
-  assign \$254  = width > 3'h4;
-  assign \$255  = width > 3'h5;
-  assign \$256  = width > 3'h6;
-  assign \$257  = width > 3'h7;
-  assign \$258  = width > 4'h8;
-  assign \$259  = width > 4'h9;
-  assign \$260  = width > 4'ha;
-  assign \$261  = width > 4'hb;
-  assign \$262  = width > 4'hc;
-  assign \$263  = width > 4'hd;
-  assign \$264  = width > 4'he;
-  assign \$265  = width > 4'hf;
-  assign \$266  = width > 5'h10;
-  assign \$267  = width > 5'h11;
-  assign \$268  = width > 5'h12;
-  assign \$269  = width > 5'h13;
-  assign \$270  = width > 5'h14;
-  assign \$271  = width > 5'h15;
-  assign \$272  = width > 5'h16;
-  assign \$273  = width > 5'h17;
-  assign \$274  = ~ { 1'h0, \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251  };
-  assign \$275  = \$250  ? \$274  : hold[23:0];
-  assign \$276  = \$202  ? { 1'h0, \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203  } : \$275 ;
-  assign \$277  = width > 1'h1;
-  assign \$278  = width > 2'h2;
-  assign \$279  = width > 2'h3;
-  assign \$280  = width > 3'h4;
-  assign \$281  = width > 3'h5;
-  assign \$282  = width > 3'h6;
-  assign \$283  = width > 3'h7;
-  assign \$284  = width > 4'h8;
-  assign \$285  = width > 4'h9;
-  assign \$286  = width > 4'ha;
-  assign \$287  = width > 4'hb;
-  assign \$288  = width > 4'hc;
-  assign \$289  = width > 4'hd;
-  assign \$290  = width > 4'he;
-  assign \$291  = width > 4'hf;
-  assign \$292  = width > 5'h10;
-  assign \$293  = width > 5'h11;
-  assign \$294  = width > 5'h12;
-  assign \$295  = width > 5'h13;
-  assign \$296  = width > 5'h14;
-  assign \$297  = width > 5'h15;
-  assign \$298  = width > 5'h16;
-  assign \$299  = width > 5'h17;
-  assign \$300  = $signed(hold[47:24]) > $signed({ 1'h0, \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277  });
-  assign \$301  = width > 1'h1;
-  assign \$302  = width > 2'h2;
-  assign \$303  = width > 2'h3;
-  assign \$304  = width > 3'h4;
-  assign \$305  = width > 3'h5;
-  assign \$306  = width > 3'h6;
-  assign \$307  = width > 3'h7;
-  assign \$308  = width > 4'h8;
-  assign \$309  = width > 4'h9;
-  assign \$310  = width > 4'ha;
-  assign \$311  = width > 4'hb;
-  assign \$312  = width > 4'hc;
-  assign \$313  = width > 4'hd;
-  assign \$314  = width > 4'he;
-  assign \$315  = width > 4'hf;
-  assign \$316  = width > 5'h10;
-  assign \$317  = width > 5'h11;
-  assign \$318  = width > 5'h12;
-  assign \$319  = width > 5'h13;
-  assign \$320  = width > 5'h14;
-  assign \$321  = width > 5'h15;
-  assign \$322  = width > 5'h16;
-  assign \$323  = width > 5'h17;
-  assign \$324  = width > 1'h1;
-  assign \$325  = width > 2'h2;
-  assign \$326  = width > 2'h3;
-  assign \$327  = width > 3'h4;
-  assign \$328  = width > 3'h5;
-  assign \$329  = width > 3'h6;
-  assign \$330  = width > 3'h7;
-  assign \$331  = width > 4'h8;
-  assign \$332  = width > 4'h9;
-  assign \$333  = width > 4'ha;
-  assign \$334  = width > 4'hb;
-  assign \$335  = width > 4'hc;
-  assign \$336  = width > 4'hd;
-  assign \$337  = width > 4'he;
-  assign \$338  = width > 4'hf;
-  assign \$339  = width > 5'h10;
-  assign \$340  = width > 5'h11;
-  assign \$341  = width > 5'h12;
-  assign \$342  = width > 5'h13;
-  assign \$343  = width > 5'h14;
-  assign \$344  = width > 5'h15;
-  assign \$345  = width > 5'h16;
-  assign \$346  = width > 5'h17;
-  assign \$347  = ~ { 1'h0, \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324  };
-  assign \$348  = $signed(hold[47:24]) < $signed(\$347 );
-  assign \$349  = width > 1'h1;
-  assign \$350  = width > 2'h2;
-  assign \$351  = width > 2'h3;
-  assign \$352  = width > 3'h4;
-  assign \$353  = width > 3'h5;
-  assign \$354  = width > 3'h6;
-  assign \$355  = width > 3'h7;
-  assign \$356  = width > 4'h8;
-  assign \$357  = width > 4'h9;
-  assign \$358  = width > 4'ha;
-  assign \$359  = width > 4'hb;
-  assign \$360  = width > 4'hc;
-  assign \$361  = width > 4'hd;
-  assign \$362  = width > 4'he;
-  assign \$363  = width > 4'hf;
-  assign \$364  = width > 5'h10;
-  assign \$365  = width > 5'h11;
-  assign \$366  = width > 5'h12;
-  assign \$367  = width > 5'h13;
-  assign \$368  = width > 5'h14;
-  assign \$369  = width > 5'h15;
-  assign \$370  = width > 5'h16;
-  assign \$371  = width > 5'h17;
-  assign \$372  = ~ { 1'h0, \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349  };
-  assign \$373  = \$348  ? \$372  : hold[47:24];
-  assign \$374  = \$300  ? { 1'h0, \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301  } : \$373 ;
-  assign \$375  = width > 1'h1;
-  assign \$376  = width > 2'h2;
-  assign \$377  = width > 2'h3;
-  assign \$378  = width > 3'h4;
-  assign \$379  = width > 3'h5;
-  assign \$380  = width > 3'h6;
-  assign \$381  = width > 3'h7;
-  assign \$382  = width > 4'h8;
-  assign \$383  = width > 4'h9;
-  assign \$384  = width > 4'ha;
-  assign \$385  = width > 4'hb;
-  assign \$386  = width > 4'hc;
-  assign \$387  = width > 4'hd;
-  assign \$388  = width > 4'he;
-  assign \$389  = width > 4'hf;
-  assign \$390  = width > 5'h10;
-  assign \$391  = width > 5'h11;
-  assign \$392  = width > 5'h12;
-  assign \$393  = width > 5'h13;
-  assign \$394  = width > 5'h14;
-  assign \$395  = width > 5'h15;
-  assign \$396  = width > 5'h16;
-  assign \$397  = width > 5'h17;
-  assign \$398  = $signed(hold[71:48]) > $signed({ 1'h0, \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375  });
-  assign \$399  = width > 1'h1;
-  assign \$400  = width > 2'h2;
-  assign \$401  = width > 2'h3;
-  assign \$402  = width > 3'h4;
-  assign \$403  = width > 3'h5;
-  assign \$404  = width > 3'h6;
-  assign \$405  = width > 3'h7;
-  assign \$406  = width > 4'h8;
-  assign \$407  = width > 4'h9;
-  assign \$408  = width > 4'ha;
-  assign \$409  = width > 4'hb;
-  assign \$410  = width > 4'hc;
-  assign \$411  = width > 4'hd;
-  assign \$412  = width > 4'he;
-  assign \$413  = width > 4'hf;
-  assign \$414  = width > 5'h10;
-  assign \$415  = width > 5'h11;
-  assign \$416  = width > 5'h12;
-  assign \$417  = width > 5'h13;
-  assign \$418  = width > 5'h14;
-  assign \$419  = width > 5'h15;
-  assign \$420  = width > 5'h16;
-  assign \$421  = width > 5'h17;
-  assign \$422  = width > 1'h1;
-  assign \$423  = width > 2'h2;
-  assign \$424  = width > 2'h3;
-  assign \$425  = width > 3'h4;
-  assign \$426  = width > 3'h5;
-  assign \$427  = width > 3'h6;
-  assign \$428  = width > 3'h7;
-  assign \$429  = width > 4'h8;
-  assign \$430  = width > 4'h9;
-  assign \$431  = width > 4'ha;
-  assign \$432  = width > 4'hb;
-  assign \$433  = width > 4'hc;
-  assign \$434  = width > 4'hd;
-  assign \$435  = width > 4'he;
-  assign \$436  = width > 4'hf;
-  assign \$437  = width > 5'h10;
-  assign \$438  = width > 5'h11;
-  assign \$439  = width > 5'h12;
-  assign \$440  = width > 5'h13;
-  assign \$441  = width > 5'h14;
-  assign \$442  = width > 5'h15;
-  assign \$443  = width > 5'h16;
-  assign \$444  = width > 5'h17;
-  assign \$445  = ~ { 1'h0, \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422  };
-  assign \$446  = $signed(hold[71:48]) < $signed(\$445 );
-  assign \$447  = width > 1'h1;
-  assign \$448  = width > 2'h2;
-  assign \$449  = width > 2'h3;
-  assign \$450  = width > 3'h4;
-  assign \$451  = width > 3'h5;
-  assign \$452  = width > 3'h6;
-  assign \$453  = width > 3'h7;
-  assign \$454  = width > 4'h8;
-  assign \$455  = width > 4'h9;
-  assign \$456  = width > 4'ha;
-  assign \$457  = width > 4'hb;
-  assign \$458  = width > 4'hc;
-  assign \$459  = width > 4'hd;
-  assign \$460  = width > 4'he;
-  assign \$461  = width > 4'hf;
-  assign \$462  = width > 5'h10;
-  assign \$463  = width > 5'h11;
-  assign \$464  = width > 5'h12;
-  assign \$465  = width > 5'h13;
-  assign \$466  = width > 5'h14;
-  assign \$467  = width > 5'h15;
-  assign \$468  = width > 5'h16;
-  assign \$469  = width > 5'h17;
-  assign \$470  = ~ { 1'h0, \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447  };
-  assign \$471  = \$446  ? \$470  : hold[71:48];
-  assign \$472  = \$398  ? { 1'h0, \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399  } : \$471 ;
-  assign \$473  = width > 1'h1;
-  assign \$474  = width > 2'h2;
-  assign \$475  = width > 2'h3;
-  assign \$476  = width > 3'h4;
-  assign \$477  = width > 3'h5;
-  assign \$478  = width > 3'h6;
-  assign \$479  = width > 3'h7;
-  assign \$480  = width > 4'h8;
-  assign \$481  = width > 4'h9;
-  assign \$482  = width > 4'ha;
-  assign \$483  = width > 4'hb;
-  assign \$484  = width > 4'hc;
-  assign \$485  = width > 4'hd;
-  assign \$486  = width > 4'he;
-  assign \$487  = width > 4'hf;
-  assign \$488  = width > 5'h10;
-  assign \$489  = width > 5'h11;
-  assign \$490  = width > 5'h12;
-  assign \$491  = width > 5'h13;
-  assign \$492  = width > 5'h14;
-  assign \$493  = width > 5'h15;
-  assign \$494  = width > 5'h16;
-  assign \$495  = width > 5'h17;
-  assign \$496  = $signed(hold[95:72]) > $signed({ 1'h0, \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473  });
-  assign \$497  = width > 1'h1;
-  assign \$498  = width > 2'h2;
-  assign \$499  = width > 2'h3;
-  assign \$500  = width > 3'h4;
-  assign \$501  = width > 3'h5;
-  assign \$502  = width > 3'h6;
-  assign \$503  = width > 3'h7;
-  assign \$504  = width > 4'h8;
-  assign \$505  = width > 4'h9;
-  assign \$506  = width > 4'ha;
-  assign \$507  = width > 4'hb;
-  assign \$508  = width > 4'hc;
-  assign \$509  = width > 4'hd;
-  assign \$510  = width > 4'he;
-  assign \$511  = width > 4'hf;
-  assign \$512  = width > 5'h10;
-  assign \$513  = width > 5'h11;
-  assign \$514  = width > 5'h12;
-  assign \$515  = width > 5'h13;
-  assign \$516  = width > 5'h14;
-  assign \$517  = width > 5'h15;
-  assign \$518  = width > 5'h16;
-  assign \$519  = width > 5'h17;
-  assign \$520  = width > 1'h1;
-  assign \$521  = width > 2'h2;
-  assign \$522  = width > 2'h3;
-  assign \$523  = width > 3'h4;
-  assign \$524  = width > 3'h5;
-  assign \$525  = width > 3'h6;
-  assign \$526  = width > 3'h7;
-  assign \$527  = width > 4'h8;
-  assign \$528  = width > 4'h9;
-  assign \$529  = width > 4'ha;
-  assign \$530  = width > 4'hb;
-  assign \$531  = width > 4'hc;
-  assign \$532  = width > 4'hd;
-  assign \$533  = width > 4'he;
-  assign \$534  = width > 4'hf;
-  assign \$535  = width > 5'h10;
-  assign \$536  = width > 5'h11;
-  assign \$537  = width > 5'h12;
-  assign \$538  = width > 5'h13;
-  assign \$539  = width > 5'h14;
-  assign \$540  = width > 5'h15;
-  assign \$541  = width > 5'h16;
-  assign \$542  = width > 5'h17;
-  assign \$543  = ~ { 1'h0, \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520  };
-  assign \$544  = $signed(hold[95:72]) < $signed(\$543 );
-  assign \$545  = width > 1'h1;
-  assign \$546  = width > 2'h2;
-  assign \$547  = width > 2'h3;
-  assign \$548  = width > 3'h4;
-  assign \$549  = width > 3'h5;
-  assign \$550  = width > 3'h6;
-  assign \$551  = width > 3'h7;
-  assign \$552  = width > 4'h8;
-  assign \$553  = width > 4'h9;
-  assign \$554  = width > 4'ha;
-  assign \$555  = width > 4'hb;
-  assign \$556  = width > 4'hc;
-  assign \$557  = width > 4'hd;
-  assign \$558  = width > 4'he;
-  assign \$559  = width > 4'hf;
-  assign \$560  = width > 5'h10;
-  assign \$561  = width > 5'h11;
-  assign \$562  = width > 5'h12;
-  assign \$563  = width > 5'h13;
-  assign \$564  = width > 5'h14;
-  assign \$565  = width > 5'h15;
-  assign \$566  = width > 5'h16;
-  assign \$567  = width > 5'h17;
-  assign \$568  = ~ { 1'h0, \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545  };
-  assign \$569  = \$544  ? \$568  : hold[95:72];
-  assign \$570  = \$496  ? { 1'h0, \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497  } : \$569 ;
-  assign \$572  = \$signal$50  + 1'h1;
-  assign \$573  = width > 1'h1;
-  assign \$574  = width > 2'h2;
-  assign \$575  = width > 2'h3;
-  assign \$576  = width > 3'h4;
-  assign \$577  = width > 3'h5;
-  assign \$578  = width > 3'h6;
-  assign \$579  = width > 3'h7;
-  assign \$580  = width > 4'h8;
-  assign \$581  = width > 4'h9;
-  assign \$582  = width > 4'ha;
-  assign \$583  = width > 4'hb;
-  assign \$584  = width > 4'hc;
-  assign \$585  = width > 4'hd;
-  assign \$586  = width > 4'he;
-  assign \$587  = width > 4'hf;
-  assign \$588  = width > 5'h10;
-  assign \$589  = width > 5'h11;
-  assign \$590  = width > 5'h12;
-  assign \$591  = width > 5'h13;
-  assign \$592  = width > 5'h14;
-  assign \$593  = width > 5'h15;
-  assign \$594  = width > 5'h16;
-  assign \$595  = width > 5'h17;
-  assign \$596  = $signed(hold[23:0]) > $signed({ 1'h0, \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573  });
-  assign \$597  = width > 1'h1;
-  assign \$598  = width > 2'h2;
-  assign \$599  = width > 2'h3;
-  assign \$600  = width > 3'h4;
-  assign \$601  = width > 3'h5;
-  assign \$602  = width > 3'h6;
-  assign \$603  = width > 3'h7;
-  assign \$604  = width > 4'h8;
-  assign \$605  = width > 4'h9;
-  assign \$606  = width > 4'ha;
-  assign \$607  = width > 4'hb;
-  assign \$608  = width > 4'hc;
-  assign \$609  = width > 4'hd;
-  assign \$610  = width > 4'he;
-  assign \$611  = width > 4'hf;
-  assign \$612  = width > 5'h10;
-  assign \$613  = width > 5'h11;
-  assign \$614  = width > 5'h12;
-  assign \$615  = width > 5'h13;
-  assign \$616  = width > 5'h14;
-  assign \$617  = width > 5'h15;
-  assign \$618  = width > 5'h16;
-  assign \$619  = width > 5'h17;
-  assign \$620  = width > 1'h1;
-  assign \$621  = width > 2'h2;
-  assign \$622  = width > 2'h3;
-  assign \$623  = width > 3'h4;
-  assign \$624  = width > 3'h5;
-  assign \$625  = width > 3'h6;
-  assign \$626  = width > 3'h7;
-  assign \$627  = width > 4'h8;
-  assign \$628  = width > 4'h9;
-  assign \$629  = width > 4'ha;
-  assign \$630  = width > 4'hb;
-  assign \$631  = width > 4'hc;
-  assign \$632  = width > 4'hd;
-  assign \$633  = width > 4'he;
-  assign \$634  = width > 4'hf;
-  assign \$635  = width > 5'h10;
-  assign \$636  = width > 5'h11;
-  assign \$637  = width > 5'h12;
-  assign \$638  = width > 5'h13;
-  assign \$639  = width > 5'h14;
-  assign \$640  = width > 5'h15;
-  assign \$641  = width > 5'h16;
-  assign \$642  = width > 5'h17;
-  assign \$643  = ~ { 1'h0, \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620  };
-  assign \$644  = $signed(hold[23:0]) < $signed(\$643 );
-  assign \$645  = width > 1'h1;
-  assign \$646  = width > 2'h2;
-  assign \$647  = width > 2'h3;
-  assign \$648  = width > 3'h4;
-  assign \$649  = width > 3'h5;
-  assign \$650  = width > 3'h6;
-  assign \$651  = width > 3'h7;
-  assign \$652  = width > 4'h8;
-  assign \$653  = width > 4'h9;
-  assign \$654  = width > 4'ha;
-  assign \$655  = width > 4'hb;
-  assign \$656  = width > 4'hc;
-  assign \$657  = width > 4'hd;
-  assign \$658  = width > 4'he;
-  assign \$659  = width > 4'hf;
-  assign \$660  = width > 5'h10;
-  assign \$661  = width > 5'h11;
-  assign \$662  = width > 5'h12;
-  assign \$663  = width > 5'h13;
-  assign \$664  = width > 5'h14;
-  assign \$665  = width > 5'h15;
-  assign \$666  = width > 5'h16;
-  assign \$667  = width > 5'h17;
-  assign \$668  = ~ { 1'h0, \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645  };
-  assign \$669  = \$644  ? \$668  : hold[23:0];
-  assign \$670  = \$596  ? { 1'h0, \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597  } : \$669 ;
-  assign \$671  = width > 1'h1;
-  assign \$672  = width > 2'h2;
-  assign \$673  = width > 2'h3;
-  assign \$674  = width > 3'h4;
-  assign \$675  = width > 3'h5;
-  assign \$676  = width > 3'h6;
-  assign \$677  = width > 3'h7;
-  assign \$678  = width > 4'h8;
-  assign \$679  = width > 4'h9;
-  assign \$680  = width > 4'ha;
-  assign \$681  = width > 4'hb;
-  assign \$682  = width > 4'hc;
-  assign \$683  = width > 4'hd;
-  assign \$684  = width > 4'he;
-  assign \$685  = width > 4'hf;
-  assign \$686  = width > 5'h10;
-  assign \$687  = width > 5'h11;
-  assign \$688  = width > 5'h12;
-  assign \$689  = width > 5'h13;
-  assign \$690  = width > 5'h14;
-  assign \$691  = width > 5'h15;
-  assign \$692  = width > 5'h16;
-  assign \$693  = width > 5'h17;
-  assign \$694  = $signed(hold[47:24]) > $signed({ 1'h0, \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671  });
-  assign \$695  = width > 1'h1;
-  assign \$696  = width > 2'h2;
-  assign \$697  = width > 2'h3;
-  assign \$698  = width > 3'h4;
-  assign \$699  = width > 3'h5;
-  assign \$700  = width > 3'h6;
-  assign \$701  = width > 3'h7;
-  assign \$702  = width > 4'h8;
-  assign \$703  = width > 4'h9;
-  assign \$704  = width > 4'ha;
-  assign \$705  = width > 4'hb;
-  assign \$706  = width > 4'hc;
-  assign \$707  = width > 4'hd;
-  assign \$708  = width > 4'he;
-  assign \$709  = width > 4'hf;
-  assign \$710  = width > 5'h10;
-  assign \$711  = width > 5'h11;
-  assign \$712  = width > 5'h12;
-  assign \$713  = width > 5'h13;
-  assign \$714  = width > 5'h14;
-  assign \$715  = width > 5'h15;
-  assign \$716  = width > 5'h16;
-  assign \$717  = width > 5'h17;
-  assign \$718  = width > 1'h1;
-  assign \$719  = width > 2'h2;
-  assign \$720  = width > 2'h3;
-  assign \$721  = width > 3'h4;
-  assign \$722  = width > 3'h5;
-  assign \$723  = width > 3'h6;
-  assign \$724  = width > 3'h7;
-  assign \$725  = width > 4'h8;
-  assign \$726  = width > 4'h9;
-  assign \$727  = width > 4'ha;
-  assign \$728  = width > 4'hb;
-  assign \$729  = width > 4'hc;
-  assign \$730  = width > 4'hd;
-  assign \$731  = width > 4'he;
-  assign \$732  = width > 4'hf;
-  assign \$733  = width > 5'h10;
-  assign \$734  = width > 5'h11;
-  assign \$735  = width > 5'h12;
-  assign \$736  = width > 5'h13;
-  assign \$737  = width > 5'h14;
-  assign \$738  = width > 5'h15;
-  assign \$739  = width > 5'h16;
-  assign \$740  = width > 5'h17;
-  assign \$741  = ~ { 1'h0, \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718  };
-  assign \$742  = $signed(hold[47:24]) < $signed(\$741 );
-  assign \$743  = width > 1'h1;
-  assign \$744  = width > 2'h2;
-  assign \$745  = width > 2'h3;
-  assign \$746  = width > 3'h4;
-  assign \$747  = width > 3'h5;
-  assign \$748  = width > 3'h6;
-  assign \$749  = width > 3'h7;
-  assign \$750  = width > 4'h8;
-  assign \$751  = width > 4'h9;
-  assign \$752  = width > 4'ha;
-  assign \$753  = width > 4'hb;
-  assign \$754  = width > 4'hc;
-  assign \$755  = width > 4'hd;
-  assign \$756  = width > 4'he;
-  assign \$757  = width > 4'hf;
-  assign \$758  = width > 5'h10;
-  assign \$759  = width > 5'h11;
-  assign \$760  = width > 5'h12;
-  assign \$761  = width > 5'h13;
-  assign \$762  = width > 5'h14;
-  assign \$763  = width > 5'h15;
-  assign \$764  = width > 5'h16;
-  assign \$765  = width > 5'h17;
-  assign \$766  = ~ { 1'h0, \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743  };
-  assign \$767  = \$742  ? \$766  : hold[47:24];
-  assign \$768  = \$694  ? { 1'h0, \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695  } : \$767 ;
-  assign \$769  = width > 1'h1;
-  assign \$770  = width > 2'h2;
-  assign \$771  = width > 2'h3;
-  assign \$772  = width > 3'h4;
-  assign \$773  = width > 3'h5;
-  assign \$774  = width > 3'h6;
-  assign \$775  = width > 3'h7;
-  assign \$776  = width > 4'h8;
-  assign \$777  = width > 4'h9;
-  assign \$778  = width > 4'ha;
-  assign \$779  = width > 4'hb;
-  assign \$780  = width > 4'hc;
-  assign \$781  = width > 4'hd;
-  assign \$782  = width > 4'he;
-  assign \$783  = width > 4'hf;
-  assign \$784  = width > 5'h10;
-  assign \$785  = width > 5'h11;
-  assign \$786  = width > 5'h12;
-  assign \$787  = width > 5'h13;
-  assign \$788  = width > 5'h14;
-  assign \$789  = width > 5'h15;
-  assign \$790  = width > 5'h16;
-  assign \$791  = width > 5'h17;
-  assign \$792  = $signed(hold[71:48]) > $signed({ 1'h0, \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769  });
-  assign \$793  = width > 1'h1;
-  assign \$794  = width > 2'h2;
-  assign \$795  = width > 2'h3;
-  assign \$796  = width > 3'h4;
-  assign \$797  = width > 3'h5;
-  assign \$798  = width > 3'h6;
-  assign \$799  = width > 3'h7;
-  assign \$800  = width > 4'h8;
-  assign \$801  = width > 4'h9;
-  assign \$802  = width > 4'ha;
-  assign \$803  = width > 4'hb;
-  assign \$804  = width > 4'hc;
-  assign \$805  = width > 4'hd;
-  assign \$806  = width > 4'he;
-  assign \$807  = width > 4'hf;
-  assign \$808  = width > 5'h10;
-  assign \$809  = width > 5'h11;
-  assign \$810  = width > 5'h12;
-  assign \$811  = width > 5'h13;
-  assign \$812  = width > 5'h14;
-  assign \$813  = width > 5'h15;
-  assign \$814  = width > 5'h16;
-  assign \$815  = width > 5'h17;
-  assign \$816  = width > 1'h1;
-  assign \$817  = width > 2'h2;
-  assign \$818  = width > 2'h3;
-  assign \$819  = width > 3'h4;
-  assign \$820  = width > 3'h5;
-  assign \$821  = width > 3'h6;
-  assign \$822  = width > 3'h7;
-  assign \$823  = width > 4'h8;
-  assign \$824  = width > 4'h9;
-  assign \$825  = width > 4'ha;
-  assign \$826  = width > 4'hb;
-  assign \$827  = width > 4'hc;
-  assign \$828  = width > 4'hd;
-  assign \$829  = width > 4'he;
-  assign \$830  = width > 4'hf;
-  assign \$831  = width > 5'h10;
-  assign \$832  = width > 5'h11;
-  assign \$833  = width > 5'h12;
-  assign \$834  = width > 5'h13;
-  assign \$835  = width > 5'h14;
-  assign \$836  = width > 5'h15;
-  assign \$837  = width > 5'h16;
-  assign \$838  = width > 5'h17;
-  assign \$839  = ~ { 1'h0, \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816  };
-  assign \$840  = $signed(hold[71:48]) < $signed(\$839 );
-  assign \$841  = width > 1'h1;
-  assign \$842  = width > 2'h2;
-  assign \$843  = width > 2'h3;
-  assign \$844  = width > 3'h4;
-  assign \$845  = width > 3'h5;
-  assign \$846  = width > 3'h6;
-  assign \$847  = width > 3'h7;
-  assign \$848  = width > 4'h8;
-  assign \$849  = width > 4'h9;
-  assign \$850  = width > 4'ha;
-  assign \$851  = width > 4'hb;
-  assign \$852  = width > 4'hc;
-  assign \$853  = width > 4'hd;
-  assign \$854  = width > 4'he;
-  assign \$855  = width > 4'hf;
-  assign \$856  = width > 5'h10;
-  assign \$857  = width > 5'h11;
-  assign \$858  = width > 5'h12;
-  assign \$859  = width > 5'h13;
-  assign \$860  = width > 5'h14;
-  assign \$861  = width > 5'h15;
-  assign \$862  = width > 5'h16;
-  assign \$863  = width > 5'h17;
-  assign \$864  = ~ { 1'h0, \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841  };
-  assign \$865  = \$840  ? \$864  : hold[71:48];
-  assign \$866  = \$792  ? { 1'h0, \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793  } : \$865 ;
-  assign \$867  = width > 1'h1;
-  assign \$868  = width > 2'h2;
-  assign \$869  = width > 2'h3;
-  assign \$870  = width > 3'h4;
-  assign \$871  = width > 3'h5;
-  assign \$872  = width > 3'h6;
-  assign \$873  = width > 3'h7;
-  assign \$874  = width > 4'h8;
-  assign \$875  = width > 4'h9;
-  assign \$876  = width > 4'ha;
-  assign \$877  = width > 4'hb;
-  assign \$878  = width > 4'hc;
-  assign \$879  = width > 4'hd;
-  assign \$880  = width > 4'he;
-  assign \$881  = width > 4'hf;
-  assign \$882  = width > 5'h10;
-  assign \$883  = width > 5'h11;
-  assign \$884  = width > 5'h12;
-  assign \$885  = width > 5'h13;
-  assign \$886  = width > 5'h14;
-  assign \$887  = width > 5'h15;
-  assign \$888  = width > 5'h16;
-  assign \$889  = width > 5'h17;
-  assign \$890  = $signed(hold[95:72]) > $signed({ 1'h0, \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867  });
-  assign \$891  = width > 1'h1;
-  assign \$892  = width > 2'h2;
-  assign \$893  = width > 2'h3;
-  assign \$894  = width > 3'h4;
-  assign \$895  = width > 3'h5;
-  assign \$896  = width > 3'h6;
-  assign \$897  = width > 3'h7;
-  assign \$898  = width > 4'h8;
-  assign \$899  = width > 4'h9;
-  assign \$900  = width > 4'ha;
-  assign \$901  = width > 4'hb;
-  assign \$902  = width > 4'hc;
-  assign \$903  = width > 4'hd;
-  assign \$904  = width > 4'he;
-  assign \$905  = width > 4'hf;
-  assign \$906  = width > 5'h10;
-  assign \$907  = width > 5'h11;
-  assign \$908  = width > 5'h12;
-  assign \$909  = width > 5'h13;
-  assign \$910  = width > 5'h14;
-  assign \$911  = width > 5'h15;
-  assign \$912  = width > 5'h16;
-  assign \$913  = width > 5'h17;
-  assign \$914  = width > 1'h1;
-  assign \$915  = width > 2'h2;
-  assign \$916  = width > 2'h3;
-  assign \$917  = width > 3'h4;
-  assign \$918  = width > 3'h5;
-  assign \$919  = width > 3'h6;
-  assign \$920  = width > 3'h7;
-  assign \$921  = width > 4'h8;
-  assign \$922  = width > 4'h9;
-  assign \$923  = width > 4'ha;
-  assign \$924  = width > 4'hb;
-  assign \$925  = width > 4'hc;
-  assign \$926  = width > 4'hd;
-  assign \$927  = width > 4'he;
-  assign \$928  = width > 4'hf;
-  assign \$929  = width > 5'h10;
-  assign \$930  = width > 5'h11;
-  assign \$931  = width > 5'h12;
-  assign \$932  = width > 5'h13;
-  assign \$933  = width > 5'h14;
-  assign \$934  = width > 5'h15;
-  assign \$935  = width > 5'h16;
-  assign \$936  = width > 5'h17;
-  assign \$937  = ~ { 1'h0, \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914  };
-  assign \$938  = $signed(hold[95:72]) < $signed(\$937 );
-  assign \$939  = width > 1'h1;
-  assign \$940  = width > 2'h2;
-  assign \$941  = width > 2'h3;
-  assign \$942  = width > 3'h4;
-  assign \$943  = width > 3'h5;
-  assign \$944  = width > 3'h6;
-  assign \$945  = width > 3'h7;
-  assign \$946  = width > 4'h8;
-  assign \$947  = width > 4'h9;
-  assign \$948  = width > 4'ha;
-  assign \$949  = width > 4'hb;
-  assign \$950  = width > 4'hc;
-  assign \$951  = width > 4'hd;
-  assign \$952  = width > 4'he;
-  assign \$953  = width > 4'hf;
-  assign \$954  = width > 5'h10;
-  assign \$955  = width > 5'h11;
-  assign \$956  = width > 5'h12;
-  assign \$957  = width > 5'h13;
-  assign \$958  = width > 5'h14;
-  assign \$959  = width > 5'h15;
-  assign \$960  = width > 5'h16;
-  assign \$961  = width > 5'h17;
-  assign \$962  = ~ { 1'h0, \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939  };
-  assign \$963  = \$938  ? \$962  : hold[95:72];
-  assign \$964  = \$890  ? { 1'h0, \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891  } : \$963 ;
-  assign \$966  = \$signal$50  + 2'h2;
-  assign \$967  = width > 1'h1;
-  assign \$968  = width > 2'h2;
-  assign \$969  = width > 2'h3;
-  assign \$970  = width > 3'h4;
-  assign \$971  = width > 3'h5;
-  assign \$972  = width > 3'h6;
-  assign \$973  = width > 3'h7;
-  assign \$974  = width > 4'h8;
-  assign \$975  = width > 4'h9;
-  assign \$976  = width > 4'ha;
-  assign \$977  = width > 4'hb;
-  assign \$978  = width > 4'hc;
-  assign \$979  = width > 4'hd;
-  assign \$980  = width > 4'he;
-  assign \$981  = width > 4'hf;
-  assign \$982  = width > 5'h10;
-  assign \$983  = width > 5'h11;
-  assign \$984  = width > 5'h12;
-  assign \$985  = width > 5'h13;
-  assign \$986  = width > 5'h14;
-  assign \$987  = width > 5'h15;
-  assign \$988  = width > 5'h16;
-  assign \$989  = width > 5'h17;
-  assign \$990  = $signed(hold[23:0]) > $signed({ 1'h0, \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967  });
-  assign \$991  = width > 1'h1;
-  assign \$992  = width > 2'h2;
-  assign \$993  = width > 2'h3;
-  assign \$994  = width > 3'h4;
-  assign \$995  = width > 3'h5;
-  assign \$996  = width > 3'h6;
-  assign \$997  = width > 3'h7;
-  assign \$998  = width > 4'h8;
-  assign \$999  = width > 4'h9;
-  assign \$1000  = width > 4'ha;
-  assign \$1001  = width > 4'hb;
-  assign \$1002  = width > 4'hc;
-  assign \$1003  = width > 4'hd;
-  assign \$1004  = width > 4'he;
-  assign \$1005  = width > 4'hf;
-  assign \$1006  = width > 5'h10;
-  assign \$1007  = width > 5'h11;
-  assign \$1008  = width > 5'h12;
-  assign \$1009  = width > 5'h13;
-  assign \$1010  = width > 5'h14;
-  assign \$1011  = width > 5'h15;
-  assign \$1012  = width > 5'h16;
-  assign \$1013  = width > 5'h17;
-  assign \$1014  = width > 1'h1;
-  assign \$1015  = width > 2'h2;
-  assign \$1016  = width > 2'h3;
-  assign \$1017  = width > 3'h4;
-  assign \$1018  = width > 3'h5;
-  assign \$1019  = width > 3'h6;
-  assign \$1020  = width > 3'h7;
-  assign \$1021  = width > 4'h8;
-  assign \$1022  = width > 4'h9;
-  assign \$1023  = width > 4'ha;
-  assign \$1024  = width > 4'hb;
-  assign \$1025  = width > 4'hc;
-  assign \$1026  = width > 4'hd;
-  assign \$1027  = width > 4'he;
-  assign \$1028  = width > 4'hf;
-  assign \$1029  = width > 5'h10;
-  assign \$1030  = width > 5'h11;
-  assign \$1031  = width > 5'h12;
-  assign \$1032  = width > 5'h13;
-  assign \$1033  = width > 5'h14;
-  assign \$1034  = width > 5'h15;
-  assign \$1035  = width > 5'h16;
-  assign \$1036  = width > 5'h17;
-  assign \$1037  = ~ { 1'h0, \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014  };
-  assign \$1038  = $signed(hold[23:0]) < $signed(\$1037 );
-  assign \$1039  = width > 1'h1;
-  assign \$1040  = width > 2'h2;
-  assign \$1041  = width > 2'h3;
-  assign \$1042  = width > 3'h4;
-  assign \$1043  = width > 3'h5;
-  assign \$1044  = width > 3'h6;
-  assign \$1045  = width > 3'h7;
-  assign \$1046  = width > 4'h8;
-  assign \$1047  = width > 4'h9;
-  assign \$1048  = width > 4'ha;
-  assign \$1049  = width > 4'hb;
-  assign \$1050  = width > 4'hc;
-  assign \$1051  = width > 4'hd;
-  assign \$1052  = width > 4'he;
-  assign \$1053  = width > 4'hf;
-  assign \$1054  = width > 5'h10;
-  assign \$1055  = width > 5'h11;
-  assign \$1056  = width > 5'h12;
-  assign \$1057  = width > 5'h13;
-  assign \$1058  = width > 5'h14;
-  assign \$1059  = width > 5'h15;
-  assign \$1060  = width > 5'h16;
-  assign \$1061  = width > 5'h17;
-  assign \$1062  = ~ { 1'h0, \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039  };
-  assign \$1063  = \$1038  ? \$1062  : hold[23:0];
-  assign \$1064  = \$990  ? { 1'h0, \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991  } : \$1063 ;
-  assign \$1065  = width > 1'h1;
-  assign \$1066  = width > 2'h2;
-  assign \$1067  = width > 2'h3;
-  assign \$1068  = width > 3'h4;
-  assign \$1069  = width > 3'h5;
-  assign \$1070  = width > 3'h6;
-  assign \$1071  = width > 3'h7;
-  assign \$1072  = width > 4'h8;
-  assign \$1073  = width > 4'h9;
-  assign \$1074  = width > 4'ha;
-  assign \$1075  = width > 4'hb;
-  assign \$1076  = width > 4'hc;
-  assign \$1077  = width > 4'hd;
-  assign \$1078  = width > 4'he;
-  assign \$1079  = width > 4'hf;
-  assign \$1080  = width > 5'h10;
-  assign \$1081  = width > 5'h11;
-  assign \$1082  = width > 5'h12;
-  assign \$1083  = width > 5'h13;
-  assign \$1084  = width > 5'h14;
-  assign \$1085  = width > 5'h15;
-  assign \$1086  = width > 5'h16;
-  assign \$1087  = width > 5'h17;
-  assign \$1088  = $signed(hold[47:24]) > $signed({ 1'h0, \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065  });
-  assign \$1089  = width > 1'h1;
-  assign \$1090  = width > 2'h2;
-  assign \$1091  = width > 2'h3;
-  assign \$1092  = width > 3'h4;
-  assign \$1093  = width > 3'h5;
-  assign \$1094  = width > 3'h6;
-  assign \$1095  = width > 3'h7;
-  assign \$1096  = width > 4'h8;
-  assign \$1097  = width > 4'h9;
-  assign \$1098  = width > 4'ha;
-  assign \$1099  = width > 4'hb;
-  assign \$1100  = width > 4'hc;
-  assign \$1101  = width > 4'hd;
-  assign \$1102  = width > 4'he;
-  assign \$1103  = width > 4'hf;
-  assign \$1104  = width > 5'h10;
-  assign \$1105  = width > 5'h11;
-  assign \$1106  = width > 5'h12;
-  assign \$1107  = width > 5'h13;
-  assign \$1108  = width > 5'h14;
-  assign \$1109  = width > 5'h15;
-  assign \$1110  = width > 5'h16;
-  assign \$1111  = width > 5'h17;
-  assign \$1112  = width > 1'h1;
-  assign \$1113  = width > 2'h2;
-  assign \$1114  = width > 2'h3;
-  assign \$1115  = width > 3'h4;
-  assign \$1116  = width > 3'h5;
-  assign \$1117  = width > 3'h6;
-  assign \$1118  = width > 3'h7;
-  assign \$1119  = width > 4'h8;
-  assign \$1120  = width > 4'h9;
-  assign \$1121  = width > 4'ha;
-  assign \$1122  = width > 4'hb;
-  assign \$1123  = width > 4'hc;
-  assign \$1124  = width > 4'hd;
-  assign \$1125  = width > 4'he;
-  assign \$1126  = width > 4'hf;
-  assign \$1127  = width > 5'h10;
-  assign \$1128  = width > 5'h11;
-  assign \$1129  = width > 5'h12;
-  assign \$1130  = width > 5'h13;
-  assign \$1131  = width > 5'h14;
-  assign \$1132  = width > 5'h15;
-  assign \$1133  = width > 5'h16;
-  assign \$1134  = width > 5'h17;
-  assign \$1135  = ~ { 1'h0, \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112  };
-  assign \$1136  = $signed(hold[47:24]) < $signed(\$1135 );
-  assign \$1137  = width > 1'h1;
-  assign \$1138  = width > 2'h2;
-  assign \$1139  = width > 2'h3;
-  assign \$1140  = width > 3'h4;
-  assign \$1141  = width > 3'h5;
-  assign \$1142  = width > 3'h6;
-  assign \$1143  = width > 3'h7;
-  assign \$1144  = width > 4'h8;
-  assign \$1145  = width > 4'h9;
-  assign \$1146  = width > 4'ha;
-  assign \$1147  = width > 4'hb;
-  assign \$1148  = width > 4'hc;
-  assign \$1149  = width > 4'hd;
-  assign \$1150  = width > 4'he;
-  assign \$1151  = width > 4'hf;
-  assign \$1152  = width > 5'h10;
-  assign \$1153  = width > 5'h11;
-  assign \$1154  = width > 5'h12;
-  assign \$1155  = width > 5'h13;
-  assign \$1156  = width > 5'h14;
-  assign \$1157  = width > 5'h15;
-  assign \$1158  = width > 5'h16;
-  assign \$1159  = width > 5'h17;
-  assign \$1160  = ~ { 1'h0, \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137  };
-  assign \$1161  = \$1136  ? \$1160  : hold[47:24];
-  assign \$1162  = \$1088  ? { 1'h0, \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089  } : \$1161 ;
-  assign \$1163  = width > 1'h1;
-  assign \$1164  = width > 2'h2;
-  assign \$1165  = width > 2'h3;
-  assign \$1166  = width > 3'h4;
-  assign \$1167  = width > 3'h5;
-  assign \$1168  = width > 3'h6;
-  assign \$1169  = width > 3'h7;
-  assign \$1170  = width > 4'h8;
-  assign \$1171  = width > 4'h9;
-  assign \$1172  = width > 4'ha;
-  assign \$1173  = width > 4'hb;
-  assign \$1174  = width > 4'hc;
-  assign \$1175  = width > 4'hd;
-  assign \$1176  = width > 4'he;
-  assign \$1177  = width > 4'hf;
-  assign \$1178  = width > 5'h10;
-  assign \$1179  = width > 5'h11;
-  assign \$1180  = width > 5'h12;
-  assign \$1181  = width > 5'h13;
-  assign \$1182  = width > 5'h14;
-  assign \$1183  = width > 5'h15;
-  assign \$1184  = width > 5'h16;
-  assign \$1185  = width > 5'h17;
-  assign \$1186  = $signed(hold[71:48]) > $signed({ 1'h0, \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163  });
-  assign \$1187  = width > 1'h1;
-  assign \$1188  = width > 2'h2;
-  assign \$1189  = width > 2'h3;
-  assign \$1190  = width > 3'h4;
-  assign \$1191  = width > 3'h5;
-  assign \$1192  = width > 3'h6;
-  assign \$1193  = width > 3'h7;
-  assign \$1194  = width > 4'h8;
-  assign \$1195  = width > 4'h9;
-  assign \$1196  = width > 4'ha;
-  assign \$1197  = width > 4'hb;
-  assign \$1198  = width > 4'hc;
-  assign \$1199  = width > 4'hd;
-  assign \$1200  = width > 4'he;
-  assign \$1201  = width > 4'hf;
-  assign \$1202  = width > 5'h10;
-  assign \$1203  = width > 5'h11;
-  assign \$1204  = width > 5'h12;
-  assign \$1205  = width > 5'h13;
-  assign \$1206  = width > 5'h14;
-  assign \$1207  = width > 5'h15;
-  assign \$1208  = width > 5'h16;
-  assign \$1209  = width > 5'h17;
-  assign \$1210  = width > 1'h1;
-  assign \$1211  = width > 2'h2;
-  assign \$1212  = width > 2'h3;
-  assign \$1213  = width > 3'h4;
-  assign \$1214  = width > 3'h5;
-  assign \$1215  = width > 3'h6;
-  assign \$1216  = width > 3'h7;
-  assign \$1217  = width > 4'h8;
-  assign \$1218  = width > 4'h9;
-  assign \$1219  = width > 4'ha;
-  assign \$1220  = width > 4'hb;
-  assign \$1221  = width > 4'hc;
-  assign \$1222  = width > 4'hd;
-  assign \$1223  = width > 4'he;
-  assign \$1224  = width > 4'hf;
-  assign \$1225  = width > 5'h10;
-  assign \$1226  = width > 5'h11;
-  assign \$1227  = width > 5'h12;
-  assign \$1228  = width > 5'h13;
-  assign \$1229  = width > 5'h14;
-  assign \$1230  = width > 5'h15;
-  assign \$1231  = width > 5'h16;
-  assign \$1232  = width > 5'h17;
-  assign \$1233  = ~ { 1'h0, \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210  };
-  assign \$1234  = $signed(hold[71:48]) < $signed(\$1233 );
-  assign \$1235  = width > 1'h1;
-  assign \$1236  = width > 2'h2;
-  assign \$1237  = width > 2'h3;
-  assign \$1238  = width > 3'h4;
-  assign \$1239  = width > 3'h5;
-  assign \$1240  = width > 3'h6;
-  assign \$1241  = width > 3'h7;
-  assign \$1242  = width > 4'h8;
-  assign \$1243  = width > 4'h9;
-  assign \$1244  = width > 4'ha;
-  assign \$1245  = width > 4'hb;
-  assign \$1246  = width > 4'hc;
-  assign \$1247  = width > 4'hd;
-  assign \$1248  = width > 4'he;
-  assign \$1249  = width > 4'hf;
-  assign \$1250  = width > 5'h10;
-  assign \$1251  = width > 5'h11;
-  assign \$1252  = width > 5'h12;
-  assign \$1253  = width > 5'h13;
-  assign \$1254  = width > 5'h14;
-  assign \$1255  = width > 5'h15;
-  assign \$1256  = width > 5'h16;
-  assign \$1257  = width > 5'h17;
-  assign \$1258  = ~ { 1'h0, \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235  };
-  assign \$1259  = \$1234  ? \$1258  : hold[71:48];
-  assign \$1260  = \$1186  ? { 1'h0, \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187  } : \$1259 ;
-  assign \$1261  = width > 1'h1;
-  assign \$1262  = width > 2'h2;
-  assign \$1263  = width > 2'h3;
-  assign \$1264  = width > 3'h4;
-  assign \$1265  = width > 3'h5;
-  assign \$1266  = width > 3'h6;
-  assign \$1267  = width > 3'h7;
-  assign \$1268  = width > 4'h8;
-  assign \$1269  = width > 4'h9;
-  assign \$1270  = width > 4'ha;
-  assign \$1271  = width > 4'hb;
-  assign \$1272  = width > 4'hc;
-  assign \$1273  = width > 4'hd;
-  assign \$1274  = width > 4'he;
-  assign \$1275  = width > 4'hf;
-  assign \$1276  = width > 5'h10;
-  assign \$1277  = width > 5'h11;
-  assign \$1278  = width > 5'h12;
-  assign \$1279  = width > 5'h13;
-  assign \$1280  = width > 5'h14;
-  assign \$1281  = width > 5'h15;
-  assign \$1282  = width > 5'h16;
-  assign \$1283  = width > 5'h17;
-  assign \$1284  = $signed(hold[95:72]) > $signed({ 1'h0, \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261  });
-  assign \$1285  = width > 1'h1;
-  assign \$1286  = width > 2'h2;
-  assign \$1287  = width > 2'h3;
-  assign \$1288  = width > 3'h4;
-  assign \$1289  = width > 3'h5;
-  assign \$1290  = width > 3'h6;
-  assign \$1291  = width > 3'h7;
-  assign \$1292  = width > 4'h8;
-  assign \$1293  = width > 4'h9;
-  assign \$1294  = width > 4'ha;
-  assign \$1295  = width > 4'hb;
-  assign \$1296  = width > 4'hc;
-  assign \$1297  = width > 4'hd;
-  assign \$1298  = width > 4'he;
-  assign \$1299  = width > 4'hf;
-  assign \$1300  = width > 5'h10;
-  assign \$1301  = width > 5'h11;
-  assign \$1302  = width > 5'h12;
-  assign \$1303  = width > 5'h13;
-  assign \$1304  = width > 5'h14;
-  assign \$1305  = width > 5'h15;
-  assign \$1306  = width > 5'h16;
-  assign \$1307  = width > 5'h17;
-  assign \$1308  = width > 1'h1;
-  assign \$1309  = width > 2'h2;
-  assign \$1310  = width > 2'h3;
-  assign \$1311  = width > 3'h4;
-  assign \$1312  = width > 3'h5;
-  assign \$1313  = width > 3'h6;
-  assign \$1314  = width > 3'h7;
-  assign \$1315  = width > 4'h8;
-  assign \$1316  = width > 4'h9;
-  assign \$1317  = width > 4'ha;
-  assign \$1318  = width > 4'hb;
-  assign \$1319  = width > 4'hc;
-  assign \$1320  = width > 4'hd;
-  assign \$1321  = width > 4'he;
-  assign \$1322  = width > 4'hf;
-  assign \$1323  = width > 5'h10;
-  assign \$1324  = width > 5'h11;
-  assign \$1325  = width > 5'h12;
-  assign \$1326  = width > 5'h13;
-  assign \$1327  = width > 5'h14;
-  assign \$1328  = width > 5'h15;
-  assign \$1329  = width > 5'h16;
-  assign \$1330  = width > 5'h17;
-  assign \$1331  = ~ { 1'h0, \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308  };
-  assign \$1332  = $signed(hold[95:72]) < $signed(\$1331 );
-  assign \$1333  = width > 1'h1;
-  assign \$1334  = width > 2'h2;
-  assign \$1335  = width > 2'h3;
-  assign \$1336  = width > 3'h4;
-  assign \$1337  = width > 3'h5;
-  assign \$1338  = width > 3'h6;
-  assign \$1339  = width > 3'h7;
-  assign \$1340  = width > 4'h8;
-  assign \$1341  = width > 4'h9;
-  assign \$1342  = width > 4'ha;
-  assign \$1343  = width > 4'hb;
-  assign \$1344  = width > 4'hc;
-  assign \$1345  = width > 4'hd;
-  assign \$1346  = width > 4'he;
-  assign \$1347  = width > 4'hf;
-  assign \$1348  = width > 5'h10;
-  assign \$1349  = width > 5'h11;
-  assign \$1350  = width > 5'h12;
-  assign \$1351  = width > 5'h13;
-  assign \$1352  = width > 5'h14;
-  assign \$1353  = width > 5'h15;
-  assign \$1354  = width > 5'h16;
-  assign \$1355  = width > 5'h17;
-  assign \$1356  = ~ { 1'h0, \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333  };
-  assign \$1357  = \$1332  ? \$1356  : hold[95:72];
-  assign \$1358  = \$1284  ? { 1'h0, \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285  } : \$1357 ;
-  assign \$1360  = \$signal$50  + 2'h3;
-  assign \$1361  = width > 1'h1;
-  assign \$1362  = width > 2'h2;
-  assign \$1363  = width > 2'h3;
-  assign \$1364  = width > 3'h4;
-  assign \$1365  = width > 3'h5;
-  assign \$1366  = width > 3'h6;
-  assign \$1367  = width > 3'h7;
-  assign \$1368  = width > 4'h8;
-  assign \$1369  = width > 4'h9;
-  assign \$1370  = width > 4'ha;
-  assign \$1371  = width > 4'hb;
-  assign \$1372  = width > 4'hc;
-  assign \$1373  = width > 4'hd;
-  assign \$1374  = width > 4'he;
-  assign \$1375  = width > 4'hf;
-  assign \$1376  = width > 5'h10;
-  assign \$1377  = width > 5'h11;
-  assign \$1378  = width > 5'h12;
-  assign \$1379  = width > 5'h13;
-  assign \$1380  = width > 5'h14;
-  assign \$1381  = width > 5'h15;
-  assign \$1382  = width > 5'h16;
-  assign \$1383  = width > 5'h17;
-  assign \$1384  = $signed(hold[23:0]) > $signed({ 1'h0, \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361  });
-  assign \$1385  = width > 1'h1;
-  assign \$1386  = width > 2'h2;
-  assign \$1387  = width > 2'h3;
-  assign \$1388  = width > 3'h4;
-  assign \$1389  = width > 3'h5;
-  assign \$1390  = width > 3'h6;
-  assign \$1391  = width > 3'h7;
-  assign \$1392  = width > 4'h8;
-  assign \$1393  = width > 4'h9;
-  assign \$1394  = width > 4'ha;
-  assign \$1395  = width > 4'hb;
-  assign \$1396  = width > 4'hc;
-  assign \$1397  = width > 4'hd;
-  assign \$1398  = width > 4'he;
-  assign \$1399  = width > 4'hf;
-  assign \$1400  = width > 5'h10;
-  assign \$1401  = width > 5'h11;
-  assign \$1402  = width > 5'h12;
-  assign \$1403  = width > 5'h13;
-  assign \$1404  = width > 5'h14;
-  assign \$1405  = width > 5'h15;
-  assign \$1406  = width > 5'h16;
-  assign \$1407  = width > 5'h17;
-  assign \$1408  = width > 1'h1;
-  assign \$1409  = width > 2'h2;
-  assign \$1410  = width > 2'h3;
-  assign \$1411  = width > 3'h4;
-  assign \$1412  = width > 3'h5;
-  assign \$1413  = width > 3'h6;
-  assign \$1414  = width > 3'h7;
-  assign \$1415  = width > 4'h8;
-  assign \$1416  = width > 4'h9;
-  assign \$1417  = width > 4'ha;
-  assign \$1418  = width > 4'hb;
-  assign \$1419  = width > 4'hc;
-  assign \$1420  = width > 4'hd;
-  assign \$1421  = width > 4'he;
-  assign \$1422  = width > 4'hf;
-  assign \$1423  = width > 5'h10;
-  assign \$1424  = width > 5'h11;
-  assign \$1425  = width > 5'h12;
-  assign \$1426  = width > 5'h13;
-  assign \$1427  = width > 5'h14;
-  assign \$1428  = width > 5'h15;
-  assign \$1429  = width > 5'h16;
-  assign \$1430  = width > 5'h17;
-  assign \$1431  = ~ { 1'h0, \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408  };
-  assign \$1432  = $signed(hold[23:0]) < $signed(\$1431 );
-  assign \$1433  = width > 1'h1;
-  assign \$1434  = width > 2'h2;
-  assign \$1435  = width > 2'h3;
-  assign \$1436  = width > 3'h4;
-  assign \$1437  = width > 3'h5;
-  assign \$1438  = width > 3'h6;
-  assign \$1439  = width > 3'h7;
-  assign \$1440  = width > 4'h8;
-  assign \$1441  = width > 4'h9;
-  assign \$1442  = width > 4'ha;
-  assign \$1443  = width > 4'hb;
-  assign \$1444  = width > 4'hc;
-  assign \$1445  = width > 4'hd;
-  assign \$1446  = width > 4'he;
-  assign \$1447  = width > 4'hf;
-  assign \$1448  = width > 5'h10;
-  assign \$1449  = width > 5'h11;
-  assign \$1450  = width > 5'h12;
-  assign \$1451  = width > 5'h13;
-  assign \$1452  = width > 5'h14;
-  assign \$1453  = width > 5'h15;
-  assign \$1454  = width > 5'h16;
-  assign \$1455  = width > 5'h17;
-  assign \$1456  = ~ { 1'h0, \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433  };
-  assign \$1457  = \$1432  ? \$1456  : hold[23:0];
-  assign \$1458  = \$1384  ? { 1'h0, \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385  } : \$1457 ;
-  assign \$1459  = width > 1'h1;
-  assign \$1460  = width > 2'h2;
-  assign \$1461  = width > 2'h3;
-  assign \$1462  = width > 3'h4;
-  assign \$1463  = width > 3'h5;
-  assign \$1464  = width > 3'h6;
-  assign \$1465  = width > 3'h7;
-  assign \$1466  = width > 4'h8;
-  assign \$1467  = width > 4'h9;
-  assign \$1468  = width > 4'ha;
-  assign \$1469  = width > 4'hb;
-  assign \$1470  = width > 4'hc;
-  assign \$1471  = width > 4'hd;
-  assign \$1472  = width > 4'he;
-  assign \$1473  = width > 4'hf;
-  assign \$1474  = width > 5'h10;
-  assign \$1475  = width > 5'h11;
-  assign \$1476  = width > 5'h12;
-  assign \$1477  = width > 5'h13;
-  assign \$1478  = width > 5'h14;
-  assign \$1479  = width > 5'h15;
-  assign \$1480  = width > 5'h16;
-  assign \$1481  = width > 5'h17;
-  assign \$1482  = $signed(hold[47:24]) > $signed({ 1'h0, \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459  });
-  assign \$1483  = width > 1'h1;
-  assign \$1484  = width > 2'h2;
-  assign \$1485  = width > 2'h3;
-  assign \$1486  = width > 3'h4;
-  assign \$1487  = width > 3'h5;
-  assign \$1488  = width > 3'h6;
-  assign \$1489  = width > 3'h7;
-  assign \$1490  = width > 4'h8;
-  assign \$1491  = width > 4'h9;
-  assign \$1492  = width > 4'ha;
-  assign \$1493  = width > 4'hb;
-  assign \$1494  = width > 4'hc;
-  assign \$1495  = width > 4'hd;
-  assign \$1496  = width > 4'he;
-  assign \$1497  = width > 4'hf;
-  assign \$1498  = width > 5'h10;
-  assign \$1499  = width > 5'h11;
-  assign \$1500  = width > 5'h12;
-  assign \$1501  = width > 5'h13;
-  assign \$1502  = width > 5'h14;
-  assign \$1503  = width > 5'h15;
-  assign \$1504  = width > 5'h16;
-  assign \$1505  = width > 5'h17;
-  assign \$1506  = width > 1'h1;
-  assign \$1507  = width > 2'h2;
-  assign \$1508  = width > 2'h3;
-  assign \$1509  = width > 3'h4;
-  assign \$1510  = width > 3'h5;
-  assign \$1511  = width > 3'h6;
-  assign \$1512  = width > 3'h7;
-  assign \$1513  = width > 4'h8;
-  assign \$1514  = width > 4'h9;
-  assign \$1515  = width > 4'ha;
-  assign \$1516  = width > 4'hb;
-  assign \$1517  = width > 4'hc;
-  assign \$1518  = width > 4'hd;
-  assign \$1519  = width > 4'he;
-  assign \$1520  = width > 4'hf;
-  assign \$1521  = width > 5'h10;
-  assign \$1522  = width > 5'h11;
-  assign \$1523  = width > 5'h12;
-  assign \$1524  = width > 5'h13;
-  assign \$1525  = width > 5'h14;
-  assign \$1526  = width > 5'h15;
-  assign \$1527  = width > 5'h16;
-  assign \$1528  = width > 5'h17;
-  assign \$1529  = ~ { 1'h0, \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506  };
-  assign \$1530  = $signed(hold[47:24]) < $signed(\$1529 );
-  assign \$1531  = width > 1'h1;
-  assign \$1532  = width > 2'h2;
-  assign \$1533  = width > 2'h3;
-  assign \$1534  = width > 3'h4;
-  assign \$1535  = width > 3'h5;
-  assign \$1536  = width > 3'h6;
-  assign \$1537  = width > 3'h7;
-  assign \$1538  = width > 4'h8;
-  assign \$1539  = width > 4'h9;
-  assign \$1540  = width > 4'ha;
-  assign \$1541  = width > 4'hb;
-  assign \$1542  = width > 4'hc;
-  assign \$1543  = width > 4'hd;
-  assign \$1544  = width > 4'he;
-  assign \$1545  = width > 4'hf;
-  assign \$1546  = width > 5'h10;
-  assign \$1547  = width > 5'h11;
-  assign \$1548  = width > 5'h12;
-  assign \$1549  = width > 5'h13;
-  assign \$1550  = width > 5'h14;
-  assign \$1551  = width > 5'h15;
-  assign \$1552  = width > 5'h16;
-  assign \$1553  = width > 5'h17;
-  assign \$1554  = ~ { 1'h0, \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531  };
-  assign \$1555  = \$1530  ? \$1554  : hold[47:24];
-  assign \$1556  = \$1482  ? { 1'h0, \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483  } : \$1555 ;
-  assign \$1557  = width > 1'h1;
-  assign \$1558  = width > 2'h2;
-  assign \$1559  = width > 2'h3;
-  assign \$1560  = width > 3'h4;
-  assign \$1561  = width > 3'h5;
-  assign \$1562  = width > 3'h6;
-  assign \$1563  = width > 3'h7;
-  assign \$1564  = width > 4'h8;
-  assign \$1565  = width > 4'h9;
-  assign \$1566  = width > 4'ha;
-  assign \$1567  = width > 4'hb;
-  assign \$1568  = width > 4'hc;
-  assign \$1569  = width > 4'hd;
-  assign \$1570  = width > 4'he;
-  assign \$1571  = width > 4'hf;
-  assign \$1572  = width > 5'h10;
-  assign \$1573  = width > 5'h11;
-  assign \$1574  = width > 5'h12;
-  assign \$1575  = width > 5'h13;
-  assign \$1576  = width > 5'h14;
-  assign \$1577  = width > 5'h15;
-  assign \$1578  = width > 5'h16;
-  assign \$1579  = width > 5'h17;
-  assign \$1580  = $signed(hold[71:48]) > $signed({ 1'h0, \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557  });
-  assign \$1581  = width > 1'h1;
-  assign \$1582  = width > 2'h2;
-  assign \$1583  = width > 2'h3;
-  assign \$1584  = width > 3'h4;
-  assign \$1585  = width > 3'h5;
-  assign \$1586  = width > 3'h6;
-  assign \$1587  = width > 3'h7;
-  assign \$1588  = width > 4'h8;
-  assign \$1589  = width > 4'h9;
-  assign \$1590  = width > 4'ha;
-  assign \$1591  = width > 4'hb;
-  assign \$1592  = width > 4'hc;
-  assign \$1593  = width > 4'hd;
-  assign \$1594  = width > 4'he;
-  assign \$1595  = width > 4'hf;
-  assign \$1596  = width > 5'h10;
-  assign \$1597  = width > 5'h11;
-  assign \$1598  = width > 5'h12;
-  assign \$1599  = width > 5'h13;
-  assign \$1600  = width > 5'h14;
-  assign \$1601  = width > 5'h15;
-  assign \$1602  = width > 5'h16;
-  assign \$1603  = width > 5'h17;
-  assign \$1604  = width > 1'h1;
-  assign \$1605  = width > 2'h2;
-  assign \$1606  = width > 2'h3;
-  assign \$1607  = width > 3'h4;
-  assign \$1608  = width > 3'h5;
-  assign \$1609  = width > 3'h6;
-  assign \$1610  = width > 3'h7;
-  assign \$1611  = width > 4'h8;
-  assign \$1612  = width > 4'h9;
-  assign \$1613  = width > 4'ha;
-  assign \$1614  = width > 4'hb;
-  assign \$1615  = width > 4'hc;
-  assign \$1616  = width > 4'hd;
-  assign \$1617  = width > 4'he;
-  assign \$1618  = width > 4'hf;
-  assign \$1619  = width > 5'h10;
-  assign \$1620  = width > 5'h11;
-  assign \$1621  = width > 5'h12;
-  assign \$1622  = width > 5'h13;
-  assign \$1623  = width > 5'h14;
-  assign \$1624  = width > 5'h15;
-  assign \$1625  = width > 5'h16;
-  assign \$1626  = width > 5'h17;
-  assign \$1627  = ~ { 1'h0, \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604  };
-  assign \$1628  = $signed(hold[71:48]) < $signed(\$1627 );
-  assign \$1629  = width > 1'h1;
-  assign \$1630  = width > 2'h2;
-  assign \$1631  = width > 2'h3;
-  assign \$1632  = width > 3'h4;
-  assign \$1633  = width > 3'h5;
-  assign \$1634  = width > 3'h6;
-  assign \$1635  = width > 3'h7;
-  assign \$1636  = width > 4'h8;
-  assign \$1637  = width > 4'h9;
-  assign \$1638  = width > 4'ha;
-  assign \$1639  = width > 4'hb;
-  assign \$1640  = width > 4'hc;
-  assign \$1641  = width > 4'hd;
-  assign \$1642  = width > 4'he;
-  assign \$1643  = width > 4'hf;
-  assign \$1644  = width > 5'h10;
-  assign \$1645  = width > 5'h11;
-  assign \$1646  = width > 5'h12;
-  assign \$1647  = width > 5'h13;
-  assign \$1648  = width > 5'h14;
-  assign \$1649  = width > 5'h15;
-  assign \$1650  = width > 5'h16;
-  assign \$1651  = width > 5'h17;
-  assign \$1652  = ~ { 1'h0, \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629  };
-  assign \$1653  = \$1628  ? \$1652  : hold[71:48];
-  assign \$1654  = \$1580  ? { 1'h0, \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581  } : \$1653 ;
-  assign \$1655  = width > 1'h1;
-  assign \$1656  = width > 2'h2;
-  assign \$1657  = width > 2'h3;
-  assign \$1658  = width > 3'h4;
-  assign \$1659  = width > 3'h5;
-  assign \$1660  = width > 3'h6;
-  assign \$1661  = width > 3'h7;
-  assign \$1662  = width > 4'h8;
-  assign \$1663  = width > 4'h9;
-  assign \$1664  = width > 4'ha;
-  assign \$1665  = width > 4'hb;
-  assign \$1666  = width > 4'hc;
-  assign \$1667  = width > 4'hd;
-  assign \$1668  = width > 4'he;
-  assign \$1669  = width > 4'hf;
-  assign \$1670  = width > 5'h10;
-  assign \$1671  = width > 5'h11;
-  assign \$1672  = width > 5'h12;
-  assign \$1673  = width > 5'h13;
-  assign \$1674  = width > 5'h14;
-  assign \$1675  = width > 5'h15;
-  assign \$1676  = width > 5'h16;
-  assign \$1677  = width > 5'h17;
-  assign \$1678  = $signed(hold[95:72]) > $signed({ 1'h0, \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655  });
-  assign \$1679  = width > 1'h1;
-  assign \$1680  = width > 2'h2;
-  assign \$1681  = width > 2'h3;
-  assign \$1682  = width > 3'h4;
-  assign \$1683  = width > 3'h5;
-  assign \$1684  = width > 3'h6;
-  assign \$1685  = width > 3'h7;
-  assign \$1686  = width > 4'h8;
-  assign \$1687  = width > 4'h9;
-  assign \$1688  = width > 4'ha;
-  assign \$1689  = width > 4'hb;
-  assign \$1690  = width > 4'hc;
-  assign \$1691  = width > 4'hd;
-  assign \$1692  = width > 4'he;
-  assign \$1693  = width > 4'hf;
-  assign \$1694  = width > 5'h10;
-  assign \$1695  = width > 5'h11;
-  assign \$1696  = width > 5'h12;
-  assign \$1697  = width > 5'h13;
-  assign \$1698  = width > 5'h14;
-  assign \$1699  = width > 5'h15;
-  assign \$1700  = width > 5'h16;
-  assign \$1701  = width > 5'h17;
-  assign \$1702  = width > 1'h1;
-  assign \$1703  = width > 2'h2;
-  assign \$1704  = width > 2'h3;
-  assign \$1705  = width > 3'h4;
-  assign \$1706  = width > 3'h5;
-  assign \$1707  = width > 3'h6;
-  assign \$1708  = width > 3'h7;
-  assign \$1709  = width > 4'h8;
-  assign \$1710  = width > 4'h9;
-  assign \$1711  = width > 4'ha;
-  assign \$1712  = width > 4'hb;
-  assign \$1713  = width > 4'hc;
-  assign \$1714  = width > 4'hd;
-  assign \$1715  = width > 4'he;
-  assign \$1716  = width > 4'hf;
-  assign \$1717  = width > 5'h10;
-  assign \$1718  = width > 5'h11;
-  assign \$1719  = width > 5'h12;
-  assign \$1720  = width > 5'h13;
-  assign \$1721  = width > 5'h14;
-  assign \$1722  = width > 5'h15;
-  assign \$1723  = width > 5'h16;
-  assign \$1724  = width > 5'h17;
-  assign \$1725  = ~ { 1'h0, \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702  };
-  assign \$1726  = $signed(hold[95:72]) < $signed(\$1725 );
-  assign \$1727  = width > 1'h1;
-  assign \$1728  = width > 2'h2;
-  assign \$1729  = width > 2'h3;
-  assign \$1730  = width > 3'h4;
-  assign \$1731  = width > 3'h5;
-  assign \$1732  = width > 3'h6;
-  assign \$1733  = width > 3'h7;
-  assign \$1734  = width > 4'h8;
-  assign \$1735  = width > 4'h9;
-  assign \$1736  = width > 4'ha;
-  assign \$1737  = width > 4'hb;
-  assign \$1738  = width > 4'hc;
-  assign \$1739  = width > 4'hd;
-  assign \$1740  = width > 4'he;
-  assign \$1741  = width > 4'hf;
-  assign \$1742  = width > 5'h10;
-  assign \$1743  = width > 5'h11;
-  assign \$1744  = width > 5'h12;
-  assign \$1745  = width > 5'h13;
-  assign \$1746  = width > 5'h14;
-  assign \$1747  = width > 5'h15;
-  assign \$1748  = width > 5'h16;
-  assign \$1749  = width > 5'h17;
-  assign \$1750  = ~ { 1'h0, \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727  };
-  assign \$1751  = \$1726  ? \$1750  : hold[95:72];
-  assign \$1752  = \$1678  ? { 1'h0, \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679  } : \$1751 ;
-  assign \$1754  = \$signal$49  > 1'h1;
-  assign \$1755  = \$signal$49  > 2'h2;
-  assign \$1756  = \$signal$49  > 2'h3;
-  assign \$1758  = ins[47:35] + \$1757 ;
-  assign \$1760  = ins[47:35] + \$1759 ;
-  assign \$1761  = \$1760  + 1'h1;
-  assign \$1762  = ins[60:48] + el;
-  assign \$1763  = el >= results;
-  assign \$1764  = ! fsm_state;
-  assign \$1765  = fsm_state == 1'h1;
-  assign \$1766  = fsm_state == 2'h2;
-  assign \$1767  = fsm_state == 2'h3;
+  assign r_en = \$118  | unit_ready;
+  assign \$119  = ~ h_valid;
+  assign \$120  = \$119  | unit_ready;
+  assign \$121  = ~ r_rdy;
+  assign \$122  = \$120  & \$121 ;
+  assign \$123  = ~ \$122 ;
+  assign w_en = \$signal$10  & \$123 ;
+  assign \$126  = \$signal$10  + level;
+  assign \$127  = \$126  + h_valid;
+  assign \$128  = \$127  < 2'h3;
+  assign \$129  = \$125  & \$128 ;
+  assign \$132  = \$signal$10  + level;
+  assign \$133  = \$132  + h_valid;
+  assign \$134  = \$133  < 2'h3;
+  assign \$135  = \$131  & \$134 ;
+  assign \$136  = 3'h4 - \$signal$43 ;
+  assign \$137  = $signed(\$136 ) < $signed(4'h4);
+  assign \$138  = 3'h4 - \$signal$43 ;
+  assign \$139  = ins[122:109] - q_read;
+  assign \$140  = $signed(\$138 ) < $signed(\$139 );
+  assign \$141  = \$137  & \$140 ;
+  assign \$142  = 3'h4 - \$signal$43 ;
+  assign \$143  = ins[122:109] - q_read;
+  assign \$144  = $signed(\$143 ) < $signed(4'h4);
+  assign \$145  = ins[122:109] - q_read;
+  assign \$146  = \$144  ? \$145  : 15'h0004;
+  assign \$147  = \$141  ? { \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142  } : \$146 ;
+  assign \$148  = vec_op == 1'h1;
+  assign \$149  = \$148  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$150  = q_read < ins[122:109];
+  assign \$153  = ~ q_pend;
+  assign \$154  = ~ wvalid;
+  assign \$155  = wvalid & rq__i__ready;
+  assign \$156  = \$154  | \$155 ;
+  assign \$157  = q_pend & \$156 ;
+  assign \$158  = \$153  | \$157 ;
+  assign \$159  = \$152  & \$158 ;
+  assign \$160  = 3'h4 - \$signal$50 ;
+  assign \$161  = $signed(\$160 ) < $signed(4'h4);
+  assign \$162  = 3'h4 - \$signal$50 ;
+  assign \$163  = ins[122:109] - el;
+  assign \$164  = $signed(\$162 ) < $signed(\$163 );
+  assign \$165  = \$161  & \$164 ;
+  assign \$166  = 3'h4 - \$signal$50 ;
+  assign \$167  = ins[122:109] - el;
+  assign \$168  = $signed(\$167 ) < $signed(4'h4);
+  assign \$169  = ins[122:109] - el;
+  assign \$170  = \$168  ? \$169  : 15'h0004;
+  assign \$171  = \$165  ? { \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166  } : \$170 ;
+  assign \$172  = 3'h4 - \$signal$50 ;
+  assign \$173  = $signed(\$172 ) <= $signed(4'h4);
+  assign \$174  = ins[122:109] - el;
+  assign \$175  = $signed(\$174 ) <= $signed(4'h4);
+  assign \$176  = \$173  | \$175 ;
+  assign \$177  = ~ hold_valid;
+  assign \$178  = \$177  | \$signal$51 ;
+  assign \$179  = ins[60:48] + el;
+  assign \$180  = width > 1'h1;
+  assign \$181  = width > 2'h2;
+  assign \$182  = width > 2'h3;
+  assign \$183  = width > 3'h4;
+  assign \$184  = width > 3'h5;
+  assign \$185  = width > 3'h6;
+  assign \$186  = width > 3'h7;
+  assign \$187  = width > 4'h8;
+  assign \$188  = width > 4'h9;
+  assign \$189  = width > 4'ha;
+  assign \$190  = width > 4'hb;
+  assign \$191  = width > 4'hc;
+  assign \$192  = width > 4'hd;
+  assign \$193  = width > 4'he;
+  assign \$194  = width > 4'hf;
+  assign \$195  = width > 5'h10;
+  assign \$196  = width > 5'h11;
+  assign \$197  = width > 5'h12;
+  assign \$198  = width > 5'h13;
+  assign \$199  = width > 5'h14;
+  assign \$200  = width > 5'h15;
+  assign \$201  = width > 5'h16;
+  assign \$202  = width > 5'h17;
+  assign \$203  = $signed(hold[23:0]) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180  });
+  assign \$204  = width > 1'h1;
+  assign \$205  = width > 2'h2;
+  assign \$206  = width > 2'h3;
+  assign \$207  = width > 3'h4;
+  assign \$208  = width > 3'h5;
+  assign \$209  = width > 3'h6;
+  assign \$210  = width > 3'h7;
+  assign \$211  = width > 4'h8;
+  assign \$212  = width > 4'h9;
+  assign \$213  = width > 4'ha;
+  assign \$214  = width > 4'hb;
+  assign \$215  = width > 4'hc;
+  assign \$216  = width > 4'hd;
+  assign \$217  = width > 4'he;
+  assign \$218  = width > 4'hf;
+  assign \$219  = width > 5'h10;
+  assign \$220  = width > 5'h11;
+  assign \$221  = width > 5'h12;
+  assign \$222  = width > 5'h13;
+  assign \$223  = width > 5'h14;
+  assign \$224  = width > 5'h15;
+  assign \$225  = width > 5'h16;
+  assign \$226  = width > 5'h17;
+  assign \$227  = width > 1'h1;
+  assign \$228  = width > 2'h2;
+  assign \$229  = width > 2'h3;
+  assign \$230  = width > 3'h4;
+  assign \$231  = width > 3'h5;
+  assign \$232  = width > 3'h6;
+  assign \$233  = width > 3'h7;
+  assign \$234  = width > 4'h8;
+  assign \$235  = width > 4'h9;
+  assign \$236  = width > 4'ha;
+  assign \$237  = width > 4'hb;
+  assign \$238  = width > 4'hc;
+  assign \$239  = width > 4'hd;
+  assign \$240  = width > 4'he;
+  assign \$241  = width > 4'hf;
+  assign \$242  = width > 5'h10;
+  assign \$243  = width > 5'h11;
+  assign \$244  = width > 5'h12;
+  assign \$245  = width > 5'h13;
+  assign \$246  = width > 5'h14;
+  assign \$247  = width > 5'h15;
+  assign \$248  = width > 5'h16;
+  assign \$249  = width > 5'h17;
+  assign \$250  = ~ { 1'h0, \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227  };
+  assign \$251  = $signed(hold[23:0]) < $signed(\$250 );
+  assign \$252  = width > 1'h1;
+  assign \$253  = width > 2'h2;
+  assign \$254  = width > 2'h3;
+  assign \$255  = width > 3'h4;
+  assign \$256  = width > 3'h5;
+  assign \$257  = width > 3'h6;
+  assign \$258  = width > 3'h7;
+  assign \$259  = width > 4'h8;
+  assign \$260  = width > 4'h9;
+  assign \$261  = width > 4'ha;
+  assign \$262  = width > 4'hb;
+  assign \$263  = width > 4'hc;
+  assign \$264  = width > 4'hd;
+  assign \$265  = width > 4'he;
+  assign \$266  = width > 4'hf;
+  assign \$267  = width > 5'h10;
+  assign \$268  = width > 5'h11;
+  assign \$269  = width > 5'h12;
+  assign \$270  = width > 5'h13;
+  assign \$271  = width > 5'h14;
+  assign \$272  = width > 5'h15;
+  assign \$273  = width > 5'h16;
+  assign \$274  = width > 5'h17;
+  assign \$275  = ~ { 1'h0, \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252  };
+  assign \$276  = \$251  ? \$275  : hold[23:0];
+  assign \$277  = \$203  ? { 1'h0, \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204  } : \$276 ;
+  assign \$278  = width > 1'h1;
+  assign \$279  = width > 2'h2;
+  assign \$280  = width > 2'h3;
+  assign \$281  = width > 3'h4;
+  assign \$282  = width > 3'h5;
+  assign \$283  = width > 3'h6;
+  assign \$284  = width > 3'h7;
+  assign \$285  = width > 4'h8;
+  assign \$286  = width > 4'h9;
+  assign \$287  = width > 4'ha;
+  assign \$288  = width > 4'hb;
+  assign \$289  = width > 4'hc;
+  assign \$290  = width > 4'hd;
+  assign \$291  = width > 4'he;
+  assign \$292  = width > 4'hf;
+  assign \$293  = width > 5'h10;
+  assign \$294  = width > 5'h11;
+  assign \$295  = width > 5'h12;
+  assign \$296  = width > 5'h13;
+  assign \$297  = width > 5'h14;
+  assign \$298  = width > 5'h15;
+  assign \$299  = width > 5'h16;
+  assign \$300  = width > 5'h17;
+  assign \$301  = $signed(hold[47:24]) > $signed({ 1'h0, \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278  });
+  assign \$302  = width > 1'h1;
+  assign \$303  = width > 2'h2;
+  assign \$304  = width > 2'h3;
+  assign \$305  = width > 3'h4;
+  assign \$306  = width > 3'h5;
+  assign \$307  = width > 3'h6;
+  assign \$308  = width > 3'h7;
+  assign \$309  = width > 4'h8;
+  assign \$310  = width > 4'h9;
+  assign \$311  = width > 4'ha;
+  assign \$312  = width > 4'hb;
+  assign \$313  = width > 4'hc;
+  assign \$314  = width > 4'hd;
+  assign \$315  = width > 4'he;
+  assign \$316  = width > 4'hf;
+  assign \$317  = width > 5'h10;
+  assign \$318  = width > 5'h11;
+  assign \$319  = width > 5'h12;
+  assign \$320  = width > 5'h13;
+  assign \$321  = width > 5'h14;
+  assign \$322  = width > 5'h15;
+  assign \$323  = width > 5'h16;
+  assign \$324  = width > 5'h17;
+  assign \$325  = width > 1'h1;
+  assign \$326  = width > 2'h2;
+  assign \$327  = width > 2'h3;
+  assign \$328  = width > 3'h4;
+  assign \$329  = width > 3'h5;
+  assign \$330  = width > 3'h6;
+  assign \$331  = width > 3'h7;
+  assign \$332  = width > 4'h8;
+  assign \$333  = width > 4'h9;
+  assign \$334  = width > 4'ha;
+  assign \$335  = width > 4'hb;
+  assign \$336  = width > 4'hc;
+  assign \$337  = width > 4'hd;
+  assign \$338  = width > 4'he;
+  assign \$339  = width > 4'hf;
+  assign \$340  = width > 5'h10;
+  assign \$341  = width > 5'h11;
+  assign \$342  = width > 5'h12;
+  assign \$343  = width > 5'h13;
+  assign \$344  = width > 5'h14;
+  assign \$345  = width > 5'h15;
+  assign \$346  = width > 5'h16;
+  assign \$347  = width > 5'h17;
+  assign \$348  = ~ { 1'h0, \$347 , \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325  };
+  assign \$349  = $signed(hold[47:24]) < $signed(\$348 );
+  assign \$350  = width > 1'h1;
+  assign \$351  = width > 2'h2;
+  assign \$352  = width > 2'h3;
+  assign \$353  = width > 3'h4;
+  assign \$354  = width > 3'h5;
+  assign \$355  = width > 3'h6;
+  assign \$356  = width > 3'h7;
+  assign \$357  = width > 4'h8;
+  assign \$358  = width > 4'h9;
+  assign \$359  = width > 4'ha;
+  assign \$360  = width > 4'hb;
+  assign \$361  = width > 4'hc;
+  assign \$362  = width > 4'hd;
+  assign \$363  = width > 4'he;
+  assign \$364  = width > 4'hf;
+  assign \$365  = width > 5'h10;
+  assign \$366  = width > 5'h11;
+  assign \$367  = width > 5'h12;
+  assign \$368  = width > 5'h13;
+  assign \$369  = width > 5'h14;
+  assign \$370  = width > 5'h15;
+  assign \$371  = width > 5'h16;
+  assign \$372  = width > 5'h17;
+  assign \$373  = ~ { 1'h0, \$372 , \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350  };
+  assign \$374  = \$349  ? \$373  : hold[47:24];
+  assign \$375  = \$301  ? { 1'h0, \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302  } : \$374 ;
+  assign \$376  = width > 1'h1;
+  assign \$377  = width > 2'h2;
+  assign \$378  = width > 2'h3;
+  assign \$379  = width > 3'h4;
+  assign \$380  = width > 3'h5;
+  assign \$381  = width > 3'h6;
+  assign \$382  = width > 3'h7;
+  assign \$383  = width > 4'h8;
+  assign \$384  = width > 4'h9;
+  assign \$385  = width > 4'ha;
+  assign \$386  = width > 4'hb;
+  assign \$387  = width > 4'hc;
+  assign \$388  = width > 4'hd;
+  assign \$389  = width > 4'he;
+  assign \$390  = width > 4'hf;
+  assign \$391  = width > 5'h10;
+  assign \$392  = width > 5'h11;
+  assign \$393  = width > 5'h12;
+  assign \$394  = width > 5'h13;
+  assign \$395  = width > 5'h14;
+  assign \$396  = width > 5'h15;
+  assign \$397  = width > 5'h16;
+  assign \$398  = width > 5'h17;
+  assign \$399  = $signed(hold[71:48]) > $signed({ 1'h0, \$398 , \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376  });
+  assign \$400  = width > 1'h1;
+  assign \$401  = width > 2'h2;
+  assign \$402  = width > 2'h3;
+  assign \$403  = width > 3'h4;
+  assign \$404  = width > 3'h5;
+  assign \$405  = width > 3'h6;
+  assign \$406  = width > 3'h7;
+  assign \$407  = width > 4'h8;
+  assign \$408  = width > 4'h9;
+  assign \$409  = width > 4'ha;
+  assign \$410  = width > 4'hb;
+  assign \$411  = width > 4'hc;
+  assign \$412  = width > 4'hd;
+  assign \$413  = width > 4'he;
+  assign \$414  = width > 4'hf;
+  assign \$415  = width > 5'h10;
+  assign \$416  = width > 5'h11;
+  assign \$417  = width > 5'h12;
+  assign \$418  = width > 5'h13;
+  assign \$419  = width > 5'h14;
+  assign \$420  = width > 5'h15;
+  assign \$421  = width > 5'h16;
+  assign \$422  = width > 5'h17;
+  assign \$423  = width > 1'h1;
+  assign \$424  = width > 2'h2;
+  assign \$425  = width > 2'h3;
+  assign \$426  = width > 3'h4;
+  assign \$427  = width > 3'h5;
+  assign \$428  = width > 3'h6;
+  assign \$429  = width > 3'h7;
+  assign \$430  = width > 4'h8;
+  assign \$431  = width > 4'h9;
+  assign \$432  = width > 4'ha;
+  assign \$433  = width > 4'hb;
+  assign \$434  = width > 4'hc;
+  assign \$435  = width > 4'hd;
+  assign \$436  = width > 4'he;
+  assign \$437  = width > 4'hf;
+  assign \$438  = width > 5'h10;
+  assign \$439  = width > 5'h11;
+  assign \$440  = width > 5'h12;
+  assign \$441  = width > 5'h13;
+  assign \$442  = width > 5'h14;
+  assign \$443  = width > 5'h15;
+  assign \$444  = width > 5'h16;
+  assign \$445  = width > 5'h17;
+  assign \$446  = ~ { 1'h0, \$445 , \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423  };
+  assign \$447  = $signed(hold[71:48]) < $signed(\$446 );
+  assign \$448  = width > 1'h1;
+  assign \$449  = width > 2'h2;
+  assign \$450  = width > 2'h3;
+  assign \$451  = width > 3'h4;
+  assign \$452  = width > 3'h5;
+  assign \$453  = width > 3'h6;
+  assign \$454  = width > 3'h7;
+  assign \$455  = width > 4'h8;
+  assign \$456  = width > 4'h9;
+  assign \$457  = width > 4'ha;
+  assign \$458  = width > 4'hb;
+  assign \$459  = width > 4'hc;
+  assign \$460  = width > 4'hd;
+  assign \$461  = width > 4'he;
+  assign \$462  = width > 4'hf;
+  assign \$463  = width > 5'h10;
+  assign \$464  = width > 5'h11;
+  assign \$465  = width > 5'h12;
+  assign \$466  = width > 5'h13;
+  assign \$467  = width > 5'h14;
+  assign \$468  = width > 5'h15;
+  assign \$469  = width > 5'h16;
+  assign \$470  = width > 5'h17;
+  assign \$471  = ~ { 1'h0, \$470 , \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448  };
+  assign \$472  = \$447  ? \$471  : hold[71:48];
+  assign \$473  = \$399  ? { 1'h0, \$422 , \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400  } : \$472 ;
+  assign \$474  = width > 1'h1;
+  assign \$475  = width > 2'h2;
+  assign \$476  = width > 2'h3;
+  assign \$477  = width > 3'h4;
+  assign \$478  = width > 3'h5;
+  assign \$479  = width > 3'h6;
+  assign \$480  = width > 3'h7;
+  assign \$481  = width > 4'h8;
+  assign \$482  = width > 4'h9;
+  assign \$483  = width > 4'ha;
+  assign \$484  = width > 4'hb;
+  assign \$485  = width > 4'hc;
+  assign \$486  = width > 4'hd;
+  assign \$487  = width > 4'he;
+  assign \$488  = width > 4'hf;
+  assign \$489  = width > 5'h10;
+  assign \$490  = width > 5'h11;
+  assign \$491  = width > 5'h12;
+  assign \$492  = width > 5'h13;
+  assign \$493  = width > 5'h14;
+  assign \$494  = width > 5'h15;
+  assign \$495  = width > 5'h16;
+  assign \$496  = width > 5'h17;
+  assign \$497  = $signed(hold[95:72]) > $signed({ 1'h0, \$496 , \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474  });
+  assign \$498  = width > 1'h1;
+  assign \$499  = width > 2'h2;
+  assign \$500  = width > 2'h3;
+  assign \$501  = width > 3'h4;
+  assign \$502  = width > 3'h5;
+  assign \$503  = width > 3'h6;
+  assign \$504  = width > 3'h7;
+  assign \$505  = width > 4'h8;
+  assign \$506  = width > 4'h9;
+  assign \$507  = width > 4'ha;
+  assign \$508  = width > 4'hb;
+  assign \$509  = width > 4'hc;
+  assign \$510  = width > 4'hd;
+  assign \$511  = width > 4'he;
+  assign \$512  = width > 4'hf;
+  assign \$513  = width > 5'h10;
+  assign \$514  = width > 5'h11;
+  assign \$515  = width > 5'h12;
+  assign \$516  = width > 5'h13;
+  assign \$517  = width > 5'h14;
+  assign \$518  = width > 5'h15;
+  assign \$519  = width > 5'h16;
+  assign \$520  = width > 5'h17;
+  assign \$521  = width > 1'h1;
+  assign \$522  = width > 2'h2;
+  assign \$523  = width > 2'h3;
+  assign \$524  = width > 3'h4;
+  assign \$525  = width > 3'h5;
+  assign \$526  = width > 3'h6;
+  assign \$527  = width > 3'h7;
+  assign \$528  = width > 4'h8;
+  assign \$529  = width > 4'h9;
+  assign \$530  = width > 4'ha;
+  assign \$531  = width > 4'hb;
+  assign \$532  = width > 4'hc;
+  assign \$533  = width > 4'hd;
+  assign \$534  = width > 4'he;
+  assign \$535  = width > 4'hf;
+  assign \$536  = width > 5'h10;
+  assign \$537  = width > 5'h11;
+  assign \$538  = width > 5'h12;
+  assign \$539  = width > 5'h13;
+  assign \$540  = width > 5'h14;
+  assign \$541  = width > 5'h15;
+  assign \$542  = width > 5'h16;
+  assign \$543  = width > 5'h17;
+  assign \$544  = ~ { 1'h0, \$543 , \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521  };
+  assign \$545  = $signed(hold[95:72]) < $signed(\$544 );
+  assign \$546  = width > 1'h1;
+  assign \$547  = width > 2'h2;
+  assign \$548  = width > 2'h3;
+  assign \$549  = width > 3'h4;
+  assign \$550  = width > 3'h5;
+  assign \$551  = width > 3'h6;
+  assign \$552  = width > 3'h7;
+  assign \$553  = width > 4'h8;
+  assign \$554  = width > 4'h9;
+  assign \$555  = width > 4'ha;
+  assign \$556  = width > 4'hb;
+  assign \$557  = width > 4'hc;
+  assign \$558  = width > 4'hd;
+  assign \$559  = width > 4'he;
+  assign \$560  = width > 4'hf;
+  assign \$561  = width > 5'h10;
+  assign \$562  = width > 5'h11;
+  assign \$563  = width > 5'h12;
+  assign \$564  = width > 5'h13;
+  assign \$565  = width > 5'h14;
+  assign \$566  = width > 5'h15;
+  assign \$567  = width > 5'h16;
+  assign \$568  = width > 5'h17;
+  assign \$569  = ~ { 1'h0, \$568 , \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546  };
+  assign \$570  = \$545  ? \$569  : hold[95:72];
+  assign \$571  = \$497  ? { 1'h0, \$520 , \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498  } : \$570 ;
+  assign \$573  = \$signal$50  + 1'h1;
+  assign \$574  = width > 1'h1;
+  assign \$575  = width > 2'h2;
+  assign \$576  = width > 2'h3;
+  assign \$577  = width > 3'h4;
+  assign \$578  = width > 3'h5;
+  assign \$579  = width > 3'h6;
+  assign \$580  = width > 3'h7;
+  assign \$581  = width > 4'h8;
+  assign \$582  = width > 4'h9;
+  assign \$583  = width > 4'ha;
+  assign \$584  = width > 4'hb;
+  assign \$585  = width > 4'hc;
+  assign \$586  = width > 4'hd;
+  assign \$587  = width > 4'he;
+  assign \$588  = width > 4'hf;
+  assign \$589  = width > 5'h10;
+  assign \$590  = width > 5'h11;
+  assign \$591  = width > 5'h12;
+  assign \$592  = width > 5'h13;
+  assign \$593  = width > 5'h14;
+  assign \$594  = width > 5'h15;
+  assign \$595  = width > 5'h16;
+  assign \$596  = width > 5'h17;
+  assign \$597  = $signed(hold[23:0]) > $signed({ 1'h0, \$596 , \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574  });
+  assign \$598  = width > 1'h1;
+  assign \$599  = width > 2'h2;
+  assign \$600  = width > 2'h3;
+  assign \$601  = width > 3'h4;
+  assign \$602  = width > 3'h5;
+  assign \$603  = width > 3'h6;
+  assign \$604  = width > 3'h7;
+  assign \$605  = width > 4'h8;
+  assign \$606  = width > 4'h9;
+  assign \$607  = width > 4'ha;
+  assign \$608  = width > 4'hb;
+  assign \$609  = width > 4'hc;
+  assign \$610  = width > 4'hd;
+  assign \$611  = width > 4'he;
+  assign \$612  = width > 4'hf;
+  assign \$613  = width > 5'h10;
+  assign \$614  = width > 5'h11;
+  assign \$615  = width > 5'h12;
+  assign \$616  = width > 5'h13;
+  assign \$617  = width > 5'h14;
+  assign \$618  = width > 5'h15;
+  assign \$619  = width > 5'h16;
+  assign \$620  = width > 5'h17;
+  assign \$621  = width > 1'h1;
+  assign \$622  = width > 2'h2;
+  assign \$623  = width > 2'h3;
+  assign \$624  = width > 3'h4;
+  assign \$625  = width > 3'h5;
+  assign \$626  = width > 3'h6;
+  assign \$627  = width > 3'h7;
+  assign \$628  = width > 4'h8;
+  assign \$629  = width > 4'h9;
+  assign \$630  = width > 4'ha;
+  assign \$631  = width > 4'hb;
+  assign \$632  = width > 4'hc;
+  assign \$633  = width > 4'hd;
+  assign \$634  = width > 4'he;
+  assign \$635  = width > 4'hf;
+  assign \$636  = width > 5'h10;
+  assign \$637  = width > 5'h11;
+  assign \$638  = width > 5'h12;
+  assign \$639  = width > 5'h13;
+  assign \$640  = width > 5'h14;
+  assign \$641  = width > 5'h15;
+  assign \$642  = width > 5'h16;
+  assign \$643  = width > 5'h17;
+  assign \$644  = ~ { 1'h0, \$643 , \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621  };
+  assign \$645  = $signed(hold[23:0]) < $signed(\$644 );
+  assign \$646  = width > 1'h1;
+  assign \$647  = width > 2'h2;
+  assign \$648  = width > 2'h3;
+  assign \$649  = width > 3'h4;
+  assign \$650  = width > 3'h5;
+  assign \$651  = width > 3'h6;
+  assign \$652  = width > 3'h7;
+  assign \$653  = width > 4'h8;
+  assign \$654  = width > 4'h9;
+  assign \$655  = width > 4'ha;
+  assign \$656  = width > 4'hb;
+  assign \$657  = width > 4'hc;
+  assign \$658  = width > 4'hd;
+  assign \$659  = width > 4'he;
+  assign \$660  = width > 4'hf;
+  assign \$661  = width > 5'h10;
+  assign \$662  = width > 5'h11;
+  assign \$663  = width > 5'h12;
+  assign \$664  = width > 5'h13;
+  assign \$665  = width > 5'h14;
+  assign \$666  = width > 5'h15;
+  assign \$667  = width > 5'h16;
+  assign \$668  = width > 5'h17;
+  assign \$669  = ~ { 1'h0, \$668 , \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646  };
+  assign \$670  = \$645  ? \$669  : hold[23:0];
+  assign \$671  = \$597  ? { 1'h0, \$620 , \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598  } : \$670 ;
+  assign \$672  = width > 1'h1;
+  assign \$673  = width > 2'h2;
+  assign \$674  = width > 2'h3;
+  assign \$675  = width > 3'h4;
+  assign \$676  = width > 3'h5;
+  assign \$677  = width > 3'h6;
+  assign \$678  = width > 3'h7;
+  assign \$679  = width > 4'h8;
+  assign \$680  = width > 4'h9;
+  assign \$681  = width > 4'ha;
+  assign \$682  = width > 4'hb;
+  assign \$683  = width > 4'hc;
+  assign \$684  = width > 4'hd;
+  assign \$685  = width > 4'he;
+  assign \$686  = width > 4'hf;
+  assign \$687  = width > 5'h10;
+  assign \$688  = width > 5'h11;
+  assign \$689  = width > 5'h12;
+  assign \$690  = width > 5'h13;
+  assign \$691  = width > 5'h14;
+  assign \$692  = width > 5'h15;
+  assign \$693  = width > 5'h16;
+  assign \$694  = width > 5'h17;
+  assign \$695  = $signed(hold[47:24]) > $signed({ 1'h0, \$694 , \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672  });
+  assign \$696  = width > 1'h1;
+  assign \$697  = width > 2'h2;
+  assign \$698  = width > 2'h3;
+  assign \$699  = width > 3'h4;
+  assign \$700  = width > 3'h5;
+  assign \$701  = width > 3'h6;
+  assign \$702  = width > 3'h7;
+  assign \$703  = width > 4'h8;
+  assign \$704  = width > 4'h9;
+  assign \$705  = width > 4'ha;
+  assign \$706  = width > 4'hb;
+  assign \$707  = width > 4'hc;
+  assign \$708  = width > 4'hd;
+  assign \$709  = width > 4'he;
+  assign \$710  = width > 4'hf;
+  assign \$711  = width > 5'h10;
+  assign \$712  = width > 5'h11;
+  assign \$713  = width > 5'h12;
+  assign \$714  = width > 5'h13;
+  assign \$715  = width > 5'h14;
+  assign \$716  = width > 5'h15;
+  assign \$717  = width > 5'h16;
+  assign \$718  = width > 5'h17;
+  assign \$719  = width > 1'h1;
+  assign \$720  = width > 2'h2;
+  assign \$721  = width > 2'h3;
+  assign \$722  = width > 3'h4;
+  assign \$723  = width > 3'h5;
+  assign \$724  = width > 3'h6;
+  assign \$725  = width > 3'h7;
+  assign \$726  = width > 4'h8;
+  assign \$727  = width > 4'h9;
+  assign \$728  = width > 4'ha;
+  assign \$729  = width > 4'hb;
+  assign \$730  = width > 4'hc;
+  assign \$731  = width > 4'hd;
+  assign \$732  = width > 4'he;
+  assign \$733  = width > 4'hf;
+  assign \$734  = width > 5'h10;
+  assign \$735  = width > 5'h11;
+  assign \$736  = width > 5'h12;
+  assign \$737  = width > 5'h13;
+  assign \$738  = width > 5'h14;
+  assign \$739  = width > 5'h15;
+  assign \$740  = width > 5'h16;
+  assign \$741  = width > 5'h17;
+  assign \$742  = ~ { 1'h0, \$741 , \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719  };
+  assign \$743  = $signed(hold[47:24]) < $signed(\$742 );
+  assign \$744  = width > 1'h1;
+  assign \$745  = width > 2'h2;
+  assign \$746  = width > 2'h3;
+  assign \$747  = width > 3'h4;
+  assign \$748  = width > 3'h5;
+  assign \$749  = width > 3'h6;
+  assign \$750  = width > 3'h7;
+  assign \$751  = width > 4'h8;
+  assign \$752  = width > 4'h9;
+  assign \$753  = width > 4'ha;
+  assign \$754  = width > 4'hb;
+  assign \$755  = width > 4'hc;
+  assign \$756  = width > 4'hd;
+  assign \$757  = width > 4'he;
+  assign \$758  = width > 4'hf;
+  assign \$759  = width > 5'h10;
+  assign \$760  = width > 5'h11;
+  assign \$761  = width > 5'h12;
+  assign \$762  = width > 5'h13;
+  assign \$763  = width > 5'h14;
+  assign \$764  = width > 5'h15;
+  assign \$765  = width > 5'h16;
+  assign \$766  = width > 5'h17;
+  assign \$767  = ~ { 1'h0, \$766 , \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744  };
+  assign \$768  = \$743  ? \$767  : hold[47:24];
+  assign \$769  = \$695  ? { 1'h0, \$718 , \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696  } : \$768 ;
+  assign \$770  = width > 1'h1;
+  assign \$771  = width > 2'h2;
+  assign \$772  = width > 2'h3;
+  assign \$773  = width > 3'h4;
+  assign \$774  = width > 3'h5;
+  assign \$775  = width > 3'h6;
+  assign \$776  = width > 3'h7;
+  assign \$777  = width > 4'h8;
+  assign \$778  = width > 4'h9;
+  assign \$779  = width > 4'ha;
+  assign \$780  = width > 4'hb;
+  assign \$781  = width > 4'hc;
+  assign \$782  = width > 4'hd;
+  assign \$783  = width > 4'he;
+  assign \$784  = width > 4'hf;
+  assign \$785  = width > 5'h10;
+  assign \$786  = width > 5'h11;
+  assign \$787  = width > 5'h12;
+  assign \$788  = width > 5'h13;
+  assign \$789  = width > 5'h14;
+  assign \$790  = width > 5'h15;
+  assign \$791  = width > 5'h16;
+  assign \$792  = width > 5'h17;
+  assign \$793  = $signed(hold[71:48]) > $signed({ 1'h0, \$792 , \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770  });
+  assign \$794  = width > 1'h1;
+  assign \$795  = width > 2'h2;
+  assign \$796  = width > 2'h3;
+  assign \$797  = width > 3'h4;
+  assign \$798  = width > 3'h5;
+  assign \$799  = width > 3'h6;
+  assign \$800  = width > 3'h7;
+  assign \$801  = width > 4'h8;
+  assign \$802  = width > 4'h9;
+  assign \$803  = width > 4'ha;
+  assign \$804  = width > 4'hb;
+  assign \$805  = width > 4'hc;
+  assign \$806  = width > 4'hd;
+  assign \$807  = width > 4'he;
+  assign \$808  = width > 4'hf;
+  assign \$809  = width > 5'h10;
+  assign \$810  = width > 5'h11;
+  assign \$811  = width > 5'h12;
+  assign \$812  = width > 5'h13;
+  assign \$813  = width > 5'h14;
+  assign \$814  = width > 5'h15;
+  assign \$815  = width > 5'h16;
+  assign \$816  = width > 5'h17;
+  assign \$817  = width > 1'h1;
+  assign \$818  = width > 2'h2;
+  assign \$819  = width > 2'h3;
+  assign \$820  = width > 3'h4;
+  assign \$821  = width > 3'h5;
+  assign \$822  = width > 3'h6;
+  assign \$823  = width > 3'h7;
+  assign \$824  = width > 4'h8;
+  assign \$825  = width > 4'h9;
+  assign \$826  = width > 4'ha;
+  assign \$827  = width > 4'hb;
+  assign \$828  = width > 4'hc;
+  assign \$829  = width > 4'hd;
+  assign \$830  = width > 4'he;
+  assign \$831  = width > 4'hf;
+  assign \$832  = width > 5'h10;
+  assign \$833  = width > 5'h11;
+  assign \$834  = width > 5'h12;
+  assign \$835  = width > 5'h13;
+  assign \$836  = width > 5'h14;
+  assign \$837  = width > 5'h15;
+  assign \$838  = width > 5'h16;
+  assign \$839  = width > 5'h17;
+  assign \$840  = ~ { 1'h0, \$839 , \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817  };
+  assign \$841  = $signed(hold[71:48]) < $signed(\$840 );
+  assign \$842  = width > 1'h1;
+  assign \$843  = width > 2'h2;
+  assign \$844  = width > 2'h3;
+  assign \$845  = width > 3'h4;
+  assign \$846  = width > 3'h5;
+  assign \$847  = width > 3'h6;
+  assign \$848  = width > 3'h7;
+  assign \$849  = width > 4'h8;
+  assign \$850  = width > 4'h9;
+  assign \$851  = width > 4'ha;
+  assign \$852  = width > 4'hb;
+  assign \$853  = width > 4'hc;
+  assign \$854  = width > 4'hd;
+  assign \$855  = width > 4'he;
+  assign \$856  = width > 4'hf;
+  assign \$857  = width > 5'h10;
+  assign \$858  = width > 5'h11;
+  assign \$859  = width > 5'h12;
+  assign \$860  = width > 5'h13;
+  assign \$861  = width > 5'h14;
+  assign \$862  = width > 5'h15;
+  assign \$863  = width > 5'h16;
+  assign \$864  = width > 5'h17;
+  assign \$865  = ~ { 1'h0, \$864 , \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842  };
+  assign \$866  = \$841  ? \$865  : hold[71:48];
+  assign \$867  = \$793  ? { 1'h0, \$816 , \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794  } : \$866 ;
+  assign \$868  = width > 1'h1;
+  assign \$869  = width > 2'h2;
+  assign \$870  = width > 2'h3;
+  assign \$871  = width > 3'h4;
+  assign \$872  = width > 3'h5;
+  assign \$873  = width > 3'h6;
+  assign \$874  = width > 3'h7;
+  assign \$875  = width > 4'h8;
+  assign \$876  = width > 4'h9;
+  assign \$877  = width > 4'ha;
+  assign \$878  = width > 4'hb;
+  assign \$879  = width > 4'hc;
+  assign \$880  = width > 4'hd;
+  assign \$881  = width > 4'he;
+  assign \$882  = width > 4'hf;
+  assign \$883  = width > 5'h10;
+  assign \$884  = width > 5'h11;
+  assign \$885  = width > 5'h12;
+  assign \$886  = width > 5'h13;
+  assign \$887  = width > 5'h14;
+  assign \$888  = width > 5'h15;
+  assign \$889  = width > 5'h16;
+  assign \$890  = width > 5'h17;
+  assign \$891  = $signed(hold[95:72]) > $signed({ 1'h0, \$890 , \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868  });
+  assign \$892  = width > 1'h1;
+  assign \$893  = width > 2'h2;
+  assign \$894  = width > 2'h3;
+  assign \$895  = width > 3'h4;
+  assign \$896  = width > 3'h5;
+  assign \$897  = width > 3'h6;
+  assign \$898  = width > 3'h7;
+  assign \$899  = width > 4'h8;
+  assign \$900  = width > 4'h9;
+  assign \$901  = width > 4'ha;
+  assign \$902  = width > 4'hb;
+  assign \$903  = width > 4'hc;
+  assign \$904  = width > 4'hd;
+  assign \$905  = width > 4'he;
+  assign \$906  = width > 4'hf;
+  assign \$907  = width > 5'h10;
+  assign \$908  = width > 5'h11;
+  assign \$909  = width > 5'h12;
+  assign \$910  = width > 5'h13;
+  assign \$911  = width > 5'h14;
+  assign \$912  = width > 5'h15;
+  assign \$913  = width > 5'h16;
+  assign \$914  = width > 5'h17;
+  assign \$915  = width > 1'h1;
+  assign \$916  = width > 2'h2;
+  assign \$917  = width > 2'h3;
+  assign \$918  = width > 3'h4;
+  assign \$919  = width > 3'h5;
+  assign \$920  = width > 3'h6;
+  assign \$921  = width > 3'h7;
+  assign \$922  = width > 4'h8;
+  assign \$923  = width > 4'h9;
+  assign \$924  = width > 4'ha;
+  assign \$925  = width > 4'hb;
+  assign \$926  = width > 4'hc;
+  assign \$927  = width > 4'hd;
+  assign \$928  = width > 4'he;
+  assign \$929  = width > 4'hf;
+  assign \$930  = width > 5'h10;
+  assign \$931  = width > 5'h11;
+  assign \$932  = width > 5'h12;
+  assign \$933  = width > 5'h13;
+  assign \$934  = width > 5'h14;
+  assign \$935  = width > 5'h15;
+  assign \$936  = width > 5'h16;
+  assign \$937  = width > 5'h17;
+  assign \$938  = ~ { 1'h0, \$937 , \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915  };
+  assign \$939  = $signed(hold[95:72]) < $signed(\$938 );
+  assign \$940  = width > 1'h1;
+  assign \$941  = width > 2'h2;
+  assign \$942  = width > 2'h3;
+  assign \$943  = width > 3'h4;
+  assign \$944  = width > 3'h5;
+  assign \$945  = width > 3'h6;
+  assign \$946  = width > 3'h7;
+  assign \$947  = width > 4'h8;
+  assign \$948  = width > 4'h9;
+  assign \$949  = width > 4'ha;
+  assign \$950  = width > 4'hb;
+  assign \$951  = width > 4'hc;
+  assign \$952  = width > 4'hd;
+  assign \$953  = width > 4'he;
+  assign \$954  = width > 4'hf;
+  assign \$955  = width > 5'h10;
+  assign \$956  = width > 5'h11;
+  assign \$957  = width > 5'h12;
+  assign \$958  = width > 5'h13;
+  assign \$959  = width > 5'h14;
+  assign \$960  = width > 5'h15;
+  assign \$961  = width > 5'h16;
+  assign \$962  = width > 5'h17;
+  assign \$963  = ~ { 1'h0, \$962 , \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940  };
+  assign \$964  = \$939  ? \$963  : hold[95:72];
+  assign \$965  = \$891  ? { 1'h0, \$914 , \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892  } : \$964 ;
+  assign \$967  = \$signal$50  + 2'h2;
+  assign \$968  = width > 1'h1;
+  assign \$969  = width > 2'h2;
+  assign \$970  = width > 2'h3;
+  assign \$971  = width > 3'h4;
+  assign \$972  = width > 3'h5;
+  assign \$973  = width > 3'h6;
+  assign \$974  = width > 3'h7;
+  assign \$975  = width > 4'h8;
+  assign \$976  = width > 4'h9;
+  assign \$977  = width > 4'ha;
+  assign \$978  = width > 4'hb;
+  assign \$979  = width > 4'hc;
+  assign \$980  = width > 4'hd;
+  assign \$981  = width > 4'he;
+  assign \$982  = width > 4'hf;
+  assign \$983  = width > 5'h10;
+  assign \$984  = width > 5'h11;
+  assign \$985  = width > 5'h12;
+  assign \$986  = width > 5'h13;
+  assign \$987  = width > 5'h14;
+  assign \$988  = width > 5'h15;
+  assign \$989  = width > 5'h16;
+  assign \$990  = width > 5'h17;
+  assign \$991  = $signed(hold[23:0]) > $signed({ 1'h0, \$990 , \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968  });
+  assign \$992  = width > 1'h1;
+  assign \$993  = width > 2'h2;
+  assign \$994  = width > 2'h3;
+  assign \$995  = width > 3'h4;
+  assign \$996  = width > 3'h5;
+  assign \$997  = width > 3'h6;
+  assign \$998  = width > 3'h7;
+  assign \$999  = width > 4'h8;
+  assign \$1000  = width > 4'h9;
+  assign \$1001  = width > 4'ha;
+  assign \$1002  = width > 4'hb;
+  assign \$1003  = width > 4'hc;
+  assign \$1004  = width > 4'hd;
+  assign \$1005  = width > 4'he;
+  assign \$1006  = width > 4'hf;
+  assign \$1007  = width > 5'h10;
+  assign \$1008  = width > 5'h11;
+  assign \$1009  = width > 5'h12;
+  assign \$1010  = width > 5'h13;
+  assign \$1011  = width > 5'h14;
+  assign \$1012  = width > 5'h15;
+  assign \$1013  = width > 5'h16;
+  assign \$1014  = width > 5'h17;
+  assign \$1015  = width > 1'h1;
+  assign \$1016  = width > 2'h2;
+  assign \$1017  = width > 2'h3;
+  assign \$1018  = width > 3'h4;
+  assign \$1019  = width > 3'h5;
+  assign \$1020  = width > 3'h6;
+  assign \$1021  = width > 3'h7;
+  assign \$1022  = width > 4'h8;
+  assign \$1023  = width > 4'h9;
+  assign \$1024  = width > 4'ha;
+  assign \$1025  = width > 4'hb;
+  assign \$1026  = width > 4'hc;
+  assign \$1027  = width > 4'hd;
+  assign \$1028  = width > 4'he;
+  assign \$1029  = width > 4'hf;
+  assign \$1030  = width > 5'h10;
+  assign \$1031  = width > 5'h11;
+  assign \$1032  = width > 5'h12;
+  assign \$1033  = width > 5'h13;
+  assign \$1034  = width > 5'h14;
+  assign \$1035  = width > 5'h15;
+  assign \$1036  = width > 5'h16;
+  assign \$1037  = width > 5'h17;
+  assign \$1038  = ~ { 1'h0, \$1037 , \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015  };
+  assign \$1039  = $signed(hold[23:0]) < $signed(\$1038 );
+  assign \$1040  = width > 1'h1;
+  assign \$1041  = width > 2'h2;
+  assign \$1042  = width > 2'h3;
+  assign \$1043  = width > 3'h4;
+  assign \$1044  = width > 3'h5;
+  assign \$1045  = width > 3'h6;
+  assign \$1046  = width > 3'h7;
+  assign \$1047  = width > 4'h8;
+  assign \$1048  = width > 4'h9;
+  assign \$1049  = width > 4'ha;
+  assign \$1050  = width > 4'hb;
+  assign \$1051  = width > 4'hc;
+  assign \$1052  = width > 4'hd;
+  assign \$1053  = width > 4'he;
+  assign \$1054  = width > 4'hf;
+  assign \$1055  = width > 5'h10;
+  assign \$1056  = width > 5'h11;
+  assign \$1057  = width > 5'h12;
+  assign \$1058  = width > 5'h13;
+  assign \$1059  = width > 5'h14;
+  assign \$1060  = width > 5'h15;
+  assign \$1061  = width > 5'h16;
+  assign \$1062  = width > 5'h17;
+  assign \$1063  = ~ { 1'h0, \$1062 , \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040  };
+  assign \$1064  = \$1039  ? \$1063  : hold[23:0];
+  assign \$1065  = \$991  ? { 1'h0, \$1014 , \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992  } : \$1064 ;
+  assign \$1066  = width > 1'h1;
+  assign \$1067  = width > 2'h2;
+  assign \$1068  = width > 2'h3;
+  assign \$1069  = width > 3'h4;
+  assign \$1070  = width > 3'h5;
+  assign \$1071  = width > 3'h6;
+  assign \$1072  = width > 3'h7;
+  assign \$1073  = width > 4'h8;
+  assign \$1074  = width > 4'h9;
+  assign \$1075  = width > 4'ha;
+  assign \$1076  = width > 4'hb;
+  assign \$1077  = width > 4'hc;
+  assign \$1078  = width > 4'hd;
+  assign \$1079  = width > 4'he;
+  assign \$1080  = width > 4'hf;
+  assign \$1081  = width > 5'h10;
+  assign \$1082  = width > 5'h11;
+  assign \$1083  = width > 5'h12;
+  assign \$1084  = width > 5'h13;
+  assign \$1085  = width > 5'h14;
+  assign \$1086  = width > 5'h15;
+  assign \$1087  = width > 5'h16;
+  assign \$1088  = width > 5'h17;
+  assign \$1089  = $signed(hold[47:24]) > $signed({ 1'h0, \$1088 , \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066  });
+  assign \$1090  = width > 1'h1;
+  assign \$1091  = width > 2'h2;
+  assign \$1092  = width > 2'h3;
+  assign \$1093  = width > 3'h4;
+  assign \$1094  = width > 3'h5;
+  assign \$1095  = width > 3'h6;
+  assign \$1096  = width > 3'h7;
+  assign \$1097  = width > 4'h8;
+  assign \$1098  = width > 4'h9;
+  assign \$1099  = width > 4'ha;
+  assign \$1100  = width > 4'hb;
+  assign \$1101  = width > 4'hc;
+  assign \$1102  = width > 4'hd;
+  assign \$1103  = width > 4'he;
+  assign \$1104  = width > 4'hf;
+  assign \$1105  = width > 5'h10;
+  assign \$1106  = width > 5'h11;
+  assign \$1107  = width > 5'h12;
+  assign \$1108  = width > 5'h13;
+  assign \$1109  = width > 5'h14;
+  assign \$1110  = width > 5'h15;
+  assign \$1111  = width > 5'h16;
+  assign \$1112  = width > 5'h17;
+  assign \$1113  = width > 1'h1;
+  assign \$1114  = width > 2'h2;
+  assign \$1115  = width > 2'h3;
+  assign \$1116  = width > 3'h4;
+  assign \$1117  = width > 3'h5;
+  assign \$1118  = width > 3'h6;
+  assign \$1119  = width > 3'h7;
+  assign \$1120  = width > 4'h8;
+  assign \$1121  = width > 4'h9;
+  assign \$1122  = width > 4'ha;
+  assign \$1123  = width > 4'hb;
+  assign \$1124  = width > 4'hc;
+  assign \$1125  = width > 4'hd;
+  assign \$1126  = width > 4'he;
+  assign \$1127  = width > 4'hf;
+  assign \$1128  = width > 5'h10;
+  assign \$1129  = width > 5'h11;
+  assign \$1130  = width > 5'h12;
+  assign \$1131  = width > 5'h13;
+  assign \$1132  = width > 5'h14;
+  assign \$1133  = width > 5'h15;
+  assign \$1134  = width > 5'h16;
+  assign \$1135  = width > 5'h17;
+  assign \$1136  = ~ { 1'h0, \$1135 , \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113  };
+  assign \$1137  = $signed(hold[47:24]) < $signed(\$1136 );
+  assign \$1138  = width > 1'h1;
+  assign \$1139  = width > 2'h2;
+  assign \$1140  = width > 2'h3;
+  assign \$1141  = width > 3'h4;
+  assign \$1142  = width > 3'h5;
+  assign \$1143  = width > 3'h6;
+  assign \$1144  = width > 3'h7;
+  assign \$1145  = width > 4'h8;
+  assign \$1146  = width > 4'h9;
+  assign \$1147  = width > 4'ha;
+  assign \$1148  = width > 4'hb;
+  assign \$1149  = width > 4'hc;
+  assign \$1150  = width > 4'hd;
+  assign \$1151  = width > 4'he;
+  assign \$1152  = width > 4'hf;
+  assign \$1153  = width > 5'h10;
+  assign \$1154  = width > 5'h11;
+  assign \$1155  = width > 5'h12;
+  assign \$1156  = width > 5'h13;
+  assign \$1157  = width > 5'h14;
+  assign \$1158  = width > 5'h15;
+  assign \$1159  = width > 5'h16;
+  assign \$1160  = width > 5'h17;
+  assign \$1161  = ~ { 1'h0, \$1160 , \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138  };
+  assign \$1162  = \$1137  ? \$1161  : hold[47:24];
+  assign \$1163  = \$1089  ? { 1'h0, \$1112 , \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090  } : \$1162 ;
+  assign \$1164  = width > 1'h1;
+  assign \$1165  = width > 2'h2;
+  assign \$1166  = width > 2'h3;
+  assign \$1167  = width > 3'h4;
+  assign \$1168  = width > 3'h5;
+  assign \$1169  = width > 3'h6;
+  assign \$1170  = width > 3'h7;
+  assign \$1171  = width > 4'h8;
+  assign \$1172  = width > 4'h9;
+  assign \$1173  = width > 4'ha;
+  assign \$1174  = width > 4'hb;
+  assign \$1175  = width > 4'hc;
+  assign \$1176  = width > 4'hd;
+  assign \$1177  = width > 4'he;
+  assign \$1178  = width > 4'hf;
+  assign \$1179  = width > 5'h10;
+  assign \$1180  = width > 5'h11;
+  assign \$1181  = width > 5'h12;
+  assign \$1182  = width > 5'h13;
+  assign \$1183  = width > 5'h14;
+  assign \$1184  = width > 5'h15;
+  assign \$1185  = width > 5'h16;
+  assign \$1186  = width > 5'h17;
+  assign \$1187  = $signed(hold[71:48]) > $signed({ 1'h0, \$1186 , \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164  });
+  assign \$1188  = width > 1'h1;
+  assign \$1189  = width > 2'h2;
+  assign \$1190  = width > 2'h3;
+  assign \$1191  = width > 3'h4;
+  assign \$1192  = width > 3'h5;
+  assign \$1193  = width > 3'h6;
+  assign \$1194  = width > 3'h7;
+  assign \$1195  = width > 4'h8;
+  assign \$1196  = width > 4'h9;
+  assign \$1197  = width > 4'ha;
+  assign \$1198  = width > 4'hb;
+  assign \$1199  = width > 4'hc;
+  assign \$1200  = width > 4'hd;
+  assign \$1201  = width > 4'he;
+  assign \$1202  = width > 4'hf;
+  assign \$1203  = width > 5'h10;
+  assign \$1204  = width > 5'h11;
+  assign \$1205  = width > 5'h12;
+  assign \$1206  = width > 5'h13;
+  assign \$1207  = width > 5'h14;
+  assign \$1208  = width > 5'h15;
+  assign \$1209  = width > 5'h16;
+  assign \$1210  = width > 5'h17;
+  assign \$1211  = width > 1'h1;
+  assign \$1212  = width > 2'h2;
+  assign \$1213  = width > 2'h3;
+  assign \$1214  = width > 3'h4;
+  assign \$1215  = width > 3'h5;
+  assign \$1216  = width > 3'h6;
+  assign \$1217  = width > 3'h7;
+  assign \$1218  = width > 4'h8;
+  assign \$1219  = width > 4'h9;
+  assign \$1220  = width > 4'ha;
+  assign \$1221  = width > 4'hb;
+  assign \$1222  = width > 4'hc;
+  assign \$1223  = width > 4'hd;
+  assign \$1224  = width > 4'he;
+  assign \$1225  = width > 4'hf;
+  assign \$1226  = width > 5'h10;
+  assign \$1227  = width > 5'h11;
+  assign \$1228  = width > 5'h12;
+  assign \$1229  = width > 5'h13;
+  assign \$1230  = width > 5'h14;
+  assign \$1231  = width > 5'h15;
+  assign \$1232  = width > 5'h16;
+  assign \$1233  = width > 5'h17;
+  assign \$1234  = ~ { 1'h0, \$1233 , \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211  };
+  assign \$1235  = $signed(hold[71:48]) < $signed(\$1234 );
+  assign \$1236  = width > 1'h1;
+  assign \$1237  = width > 2'h2;
+  assign \$1238  = width > 2'h3;
+  assign \$1239  = width > 3'h4;
+  assign \$1240  = width > 3'h5;
+  assign \$1241  = width > 3'h6;
+  assign \$1242  = width > 3'h7;
+  assign \$1243  = width > 4'h8;
+  assign \$1244  = width > 4'h9;
+  assign \$1245  = width > 4'ha;
+  assign \$1246  = width > 4'hb;
+  assign \$1247  = width > 4'hc;
+  assign \$1248  = width > 4'hd;
+  assign \$1249  = width > 4'he;
+  assign \$1250  = width > 4'hf;
+  assign \$1251  = width > 5'h10;
+  assign \$1252  = width > 5'h11;
+  assign \$1253  = width > 5'h12;
+  assign \$1254  = width > 5'h13;
+  assign \$1255  = width > 5'h14;
+  assign \$1256  = width > 5'h15;
+  assign \$1257  = width > 5'h16;
+  assign \$1258  = width > 5'h17;
+  assign \$1259  = ~ { 1'h0, \$1258 , \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236  };
+  assign \$1260  = \$1235  ? \$1259  : hold[71:48];
+  assign \$1261  = \$1187  ? { 1'h0, \$1210 , \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188  } : \$1260 ;
+  assign \$1262  = width > 1'h1;
+  assign \$1263  = width > 2'h2;
+  assign \$1264  = width > 2'h3;
+  assign \$1265  = width > 3'h4;
+  assign \$1266  = width > 3'h5;
+  assign \$1267  = width > 3'h6;
+  assign \$1268  = width > 3'h7;
+  assign \$1269  = width > 4'h8;
+  assign \$1270  = width > 4'h9;
+  assign \$1271  = width > 4'ha;
+  assign \$1272  = width > 4'hb;
+  assign \$1273  = width > 4'hc;
+  assign \$1274  = width > 4'hd;
+  assign \$1275  = width > 4'he;
+  assign \$1276  = width > 4'hf;
+  assign \$1277  = width > 5'h10;
+  assign \$1278  = width > 5'h11;
+  assign \$1279  = width > 5'h12;
+  assign \$1280  = width > 5'h13;
+  assign \$1281  = width > 5'h14;
+  assign \$1282  = width > 5'h15;
+  assign \$1283  = width > 5'h16;
+  assign \$1284  = width > 5'h17;
+  assign \$1285  = $signed(hold[95:72]) > $signed({ 1'h0, \$1284 , \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262  });
+  assign \$1286  = width > 1'h1;
+  assign \$1287  = width > 2'h2;
+  assign \$1288  = width > 2'h3;
+  assign \$1289  = width > 3'h4;
+  assign \$1290  = width > 3'h5;
+  assign \$1291  = width > 3'h6;
+  assign \$1292  = width > 3'h7;
+  assign \$1293  = width > 4'h8;
+  assign \$1294  = width > 4'h9;
+  assign \$1295  = width > 4'ha;
+  assign \$1296  = width > 4'hb;
+  assign \$1297  = width > 4'hc;
+  assign \$1298  = width > 4'hd;
+  assign \$1299  = width > 4'he;
+  assign \$1300  = width > 4'hf;
+  assign \$1301  = width > 5'h10;
+  assign \$1302  = width > 5'h11;
+  assign \$1303  = width > 5'h12;
+  assign \$1304  = width > 5'h13;
+  assign \$1305  = width > 5'h14;
+  assign \$1306  = width > 5'h15;
+  assign \$1307  = width > 5'h16;
+  assign \$1308  = width > 5'h17;
+  assign \$1309  = width > 1'h1;
+  assign \$1310  = width > 2'h2;
+  assign \$1311  = width > 2'h3;
+  assign \$1312  = width > 3'h4;
+  assign \$1313  = width > 3'h5;
+  assign \$1314  = width > 3'h6;
+  assign \$1315  = width > 3'h7;
+  assign \$1316  = width > 4'h8;
+  assign \$1317  = width > 4'h9;
+  assign \$1318  = width > 4'ha;
+  assign \$1319  = width > 4'hb;
+  assign \$1320  = width > 4'hc;
+  assign \$1321  = width > 4'hd;
+  assign \$1322  = width > 4'he;
+  assign \$1323  = width > 4'hf;
+  assign \$1324  = width > 5'h10;
+  assign \$1325  = width > 5'h11;
+  assign \$1326  = width > 5'h12;
+  assign \$1327  = width > 5'h13;
+  assign \$1328  = width > 5'h14;
+  assign \$1329  = width > 5'h15;
+  assign \$1330  = width > 5'h16;
+  assign \$1331  = width > 5'h17;
+  assign \$1332  = ~ { 1'h0, \$1331 , \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309  };
+  assign \$1333  = $signed(hold[95:72]) < $signed(\$1332 );
+  assign \$1334  = width > 1'h1;
+  assign \$1335  = width > 2'h2;
+  assign \$1336  = width > 2'h3;
+  assign \$1337  = width > 3'h4;
+  assign \$1338  = width > 3'h5;
+  assign \$1339  = width > 3'h6;
+  assign \$1340  = width > 3'h7;
+  assign \$1341  = width > 4'h8;
+  assign \$1342  = width > 4'h9;
+  assign \$1343  = width > 4'ha;
+  assign \$1344  = width > 4'hb;
+  assign \$1345  = width > 4'hc;
+  assign \$1346  = width > 4'hd;
+  assign \$1347  = width > 4'he;
+  assign \$1348  = width > 4'hf;
+  assign \$1349  = width > 5'h10;
+  assign \$1350  = width > 5'h11;
+  assign \$1351  = width > 5'h12;
+  assign \$1352  = width > 5'h13;
+  assign \$1353  = width > 5'h14;
+  assign \$1354  = width > 5'h15;
+  assign \$1355  = width > 5'h16;
+  assign \$1356  = width > 5'h17;
+  assign \$1357  = ~ { 1'h0, \$1356 , \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334  };
+  assign \$1358  = \$1333  ? \$1357  : hold[95:72];
+  assign \$1359  = \$1285  ? { 1'h0, \$1308 , \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286  } : \$1358 ;
+  assign \$1361  = \$signal$50  + 2'h3;
+  assign \$1362  = width > 1'h1;
+  assign \$1363  = width > 2'h2;
+  assign \$1364  = width > 2'h3;
+  assign \$1365  = width > 3'h4;
+  assign \$1366  = width > 3'h5;
+  assign \$1367  = width > 3'h6;
+  assign \$1368  = width > 3'h7;
+  assign \$1369  = width > 4'h8;
+  assign \$1370  = width > 4'h9;
+  assign \$1371  = width > 4'ha;
+  assign \$1372  = width > 4'hb;
+  assign \$1373  = width > 4'hc;
+  assign \$1374  = width > 4'hd;
+  assign \$1375  = width > 4'he;
+  assign \$1376  = width > 4'hf;
+  assign \$1377  = width > 5'h10;
+  assign \$1378  = width > 5'h11;
+  assign \$1379  = width > 5'h12;
+  assign \$1380  = width > 5'h13;
+  assign \$1381  = width > 5'h14;
+  assign \$1382  = width > 5'h15;
+  assign \$1383  = width > 5'h16;
+  assign \$1384  = width > 5'h17;
+  assign \$1385  = $signed(hold[23:0]) > $signed({ 1'h0, \$1384 , \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362  });
+  assign \$1386  = width > 1'h1;
+  assign \$1387  = width > 2'h2;
+  assign \$1388  = width > 2'h3;
+  assign \$1389  = width > 3'h4;
+  assign \$1390  = width > 3'h5;
+  assign \$1391  = width > 3'h6;
+  assign \$1392  = width > 3'h7;
+  assign \$1393  = width > 4'h8;
+  assign \$1394  = width > 4'h9;
+  assign \$1395  = width > 4'ha;
+  assign \$1396  = width > 4'hb;
+  assign \$1397  = width > 4'hc;
+  assign \$1398  = width > 4'hd;
+  assign \$1399  = width > 4'he;
+  assign \$1400  = width > 4'hf;
+  assign \$1401  = width > 5'h10;
+  assign \$1402  = width > 5'h11;
+  assign \$1403  = width > 5'h12;
+  assign \$1404  = width > 5'h13;
+  assign \$1405  = width > 5'h14;
+  assign \$1406  = width > 5'h15;
+  assign \$1407  = width > 5'h16;
+  assign \$1408  = width > 5'h17;
+  assign \$1409  = width > 1'h1;
+  assign \$1410  = width > 2'h2;
+  assign \$1411  = width > 2'h3;
+  assign \$1412  = width > 3'h4;
+  assign \$1413  = width > 3'h5;
+  assign \$1414  = width > 3'h6;
+  assign \$1415  = width > 3'h7;
+  assign \$1416  = width > 4'h8;
+  assign \$1417  = width > 4'h9;
+  assign \$1418  = width > 4'ha;
+  assign \$1419  = width > 4'hb;
+  assign \$1420  = width > 4'hc;
+  assign \$1421  = width > 4'hd;
+  assign \$1422  = width > 4'he;
+  assign \$1423  = width > 4'hf;
+  assign \$1424  = width > 5'h10;
+  assign \$1425  = width > 5'h11;
+  assign \$1426  = width > 5'h12;
+  assign \$1427  = width > 5'h13;
+  assign \$1428  = width > 5'h14;
+  assign \$1429  = width > 5'h15;
+  assign \$1430  = width > 5'h16;
+  assign \$1431  = width > 5'h17;
+  assign \$1432  = ~ { 1'h0, \$1431 , \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409  };
+  assign \$1433  = $signed(hold[23:0]) < $signed(\$1432 );
+  assign \$1434  = width > 1'h1;
+  assign \$1435  = width > 2'h2;
+  assign \$1436  = width > 2'h3;
+  assign \$1437  = width > 3'h4;
+  assign \$1438  = width > 3'h5;
+  assign \$1439  = width > 3'h6;
+  assign \$1440  = width > 3'h7;
+  assign \$1441  = width > 4'h8;
+  assign \$1442  = width > 4'h9;
+  assign \$1443  = width > 4'ha;
+  assign \$1444  = width > 4'hb;
+  assign \$1445  = width > 4'hc;
+  assign \$1446  = width > 4'hd;
+  assign \$1447  = width > 4'he;
+  assign \$1448  = width > 4'hf;
+  assign \$1449  = width > 5'h10;
+  assign \$1450  = width > 5'h11;
+  assign \$1451  = width > 5'h12;
+  assign \$1452  = width > 5'h13;
+  assign \$1453  = width > 5'h14;
+  assign \$1454  = width > 5'h15;
+  assign \$1455  = width > 5'h16;
+  assign \$1456  = width > 5'h17;
+  assign \$1457  = ~ { 1'h0, \$1456 , \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434  };
+  assign \$1458  = \$1433  ? \$1457  : hold[23:0];
+  assign \$1459  = \$1385  ? { 1'h0, \$1408 , \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386  } : \$1458 ;
+  assign \$1460  = width > 1'h1;
+  assign \$1461  = width > 2'h2;
+  assign \$1462  = width > 2'h3;
+  assign \$1463  = width > 3'h4;
+  assign \$1464  = width > 3'h5;
+  assign \$1465  = width > 3'h6;
+  assign \$1466  = width > 3'h7;
+  assign \$1467  = width > 4'h8;
+  assign \$1468  = width > 4'h9;
+  assign \$1469  = width > 4'ha;
+  assign \$1470  = width > 4'hb;
+  assign \$1471  = width > 4'hc;
+  assign \$1472  = width > 4'hd;
+  assign \$1473  = width > 4'he;
+  assign \$1474  = width > 4'hf;
+  assign \$1475  = width > 5'h10;
+  assign \$1476  = width > 5'h11;
+  assign \$1477  = width > 5'h12;
+  assign \$1478  = width > 5'h13;
+  assign \$1479  = width > 5'h14;
+  assign \$1480  = width > 5'h15;
+  assign \$1481  = width > 5'h16;
+  assign \$1482  = width > 5'h17;
+  assign \$1483  = $signed(hold[47:24]) > $signed({ 1'h0, \$1482 , \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460  });
+  assign \$1484  = width > 1'h1;
+  assign \$1485  = width > 2'h2;
+  assign \$1486  = width > 2'h3;
+  assign \$1487  = width > 3'h4;
+  assign \$1488  = width > 3'h5;
+  assign \$1489  = width > 3'h6;
+  assign \$1490  = width > 3'h7;
+  assign \$1491  = width > 4'h8;
+  assign \$1492  = width > 4'h9;
+  assign \$1493  = width > 4'ha;
+  assign \$1494  = width > 4'hb;
+  assign \$1495  = width > 4'hc;
+  assign \$1496  = width > 4'hd;
+  assign \$1497  = width > 4'he;
+  assign \$1498  = width > 4'hf;
+  assign \$1499  = width > 5'h10;
+  assign \$1500  = width > 5'h11;
+  assign \$1501  = width > 5'h12;
+  assign \$1502  = width > 5'h13;
+  assign \$1503  = width > 5'h14;
+  assign \$1504  = width > 5'h15;
+  assign \$1505  = width > 5'h16;
+  assign \$1506  = width > 5'h17;
+  assign \$1507  = width > 1'h1;
+  assign \$1508  = width > 2'h2;
+  assign \$1509  = width > 2'h3;
+  assign \$1510  = width > 3'h4;
+  assign \$1511  = width > 3'h5;
+  assign \$1512  = width > 3'h6;
+  assign \$1513  = width > 3'h7;
+  assign \$1514  = width > 4'h8;
+  assign \$1515  = width > 4'h9;
+  assign \$1516  = width > 4'ha;
+  assign \$1517  = width > 4'hb;
+  assign \$1518  = width > 4'hc;
+  assign \$1519  = width > 4'hd;
+  assign \$1520  = width > 4'he;
+  assign \$1521  = width > 4'hf;
+  assign \$1522  = width > 5'h10;
+  assign \$1523  = width > 5'h11;
+  assign \$1524  = width > 5'h12;
+  assign \$1525  = width > 5'h13;
+  assign \$1526  = width > 5'h14;
+  assign \$1527  = width > 5'h15;
+  assign \$1528  = width > 5'h16;
+  assign \$1529  = width > 5'h17;
+  assign \$1530  = ~ { 1'h0, \$1529 , \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507  };
+  assign \$1531  = $signed(hold[47:24]) < $signed(\$1530 );
+  assign \$1532  = width > 1'h1;
+  assign \$1533  = width > 2'h2;
+  assign \$1534  = width > 2'h3;
+  assign \$1535  = width > 3'h4;
+  assign \$1536  = width > 3'h5;
+  assign \$1537  = width > 3'h6;
+  assign \$1538  = width > 3'h7;
+  assign \$1539  = width > 4'h8;
+  assign \$1540  = width > 4'h9;
+  assign \$1541  = width > 4'ha;
+  assign \$1542  = width > 4'hb;
+  assign \$1543  = width > 4'hc;
+  assign \$1544  = width > 4'hd;
+  assign \$1545  = width > 4'he;
+  assign \$1546  = width > 4'hf;
+  assign \$1547  = width > 5'h10;
+  assign \$1548  = width > 5'h11;
+  assign \$1549  = width > 5'h12;
+  assign \$1550  = width > 5'h13;
+  assign \$1551  = width > 5'h14;
+  assign \$1552  = width > 5'h15;
+  assign \$1553  = width > 5'h16;
+  assign \$1554  = width > 5'h17;
+  assign \$1555  = ~ { 1'h0, \$1554 , \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532  };
+  assign \$1556  = \$1531  ? \$1555  : hold[47:24];
+  assign \$1557  = \$1483  ? { 1'h0, \$1506 , \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484  } : \$1556 ;
+  assign \$1558  = width > 1'h1;
+  assign \$1559  = width > 2'h2;
+  assign \$1560  = width > 2'h3;
+  assign \$1561  = width > 3'h4;
+  assign \$1562  = width > 3'h5;
+  assign \$1563  = width > 3'h6;
+  assign \$1564  = width > 3'h7;
+  assign \$1565  = width > 4'h8;
+  assign \$1566  = width > 4'h9;
+  assign \$1567  = width > 4'ha;
+  assign \$1568  = width > 4'hb;
+  assign \$1569  = width > 4'hc;
+  assign \$1570  = width > 4'hd;
+  assign \$1571  = width > 4'he;
+  assign \$1572  = width > 4'hf;
+  assign \$1573  = width > 5'h10;
+  assign \$1574  = width > 5'h11;
+  assign \$1575  = width > 5'h12;
+  assign \$1576  = width > 5'h13;
+  assign \$1577  = width > 5'h14;
+  assign \$1578  = width > 5'h15;
+  assign \$1579  = width > 5'h16;
+  assign \$1580  = width > 5'h17;
+  assign \$1581  = $signed(hold[71:48]) > $signed({ 1'h0, \$1580 , \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558  });
+  assign \$1582  = width > 1'h1;
+  assign \$1583  = width > 2'h2;
+  assign \$1584  = width > 2'h3;
+  assign \$1585  = width > 3'h4;
+  assign \$1586  = width > 3'h5;
+  assign \$1587  = width > 3'h6;
+  assign \$1588  = width > 3'h7;
+  assign \$1589  = width > 4'h8;
+  assign \$1590  = width > 4'h9;
+  assign \$1591  = width > 4'ha;
+  assign \$1592  = width > 4'hb;
+  assign \$1593  = width > 4'hc;
+  assign \$1594  = width > 4'hd;
+  assign \$1595  = width > 4'he;
+  assign \$1596  = width > 4'hf;
+  assign \$1597  = width > 5'h10;
+  assign \$1598  = width > 5'h11;
+  assign \$1599  = width > 5'h12;
+  assign \$1600  = width > 5'h13;
+  assign \$1601  = width > 5'h14;
+  assign \$1602  = width > 5'h15;
+  assign \$1603  = width > 5'h16;
+  assign \$1604  = width > 5'h17;
+  assign \$1605  = width > 1'h1;
+  assign \$1606  = width > 2'h2;
+  assign \$1607  = width > 2'h3;
+  assign \$1608  = width > 3'h4;
+  assign \$1609  = width > 3'h5;
+  assign \$1610  = width > 3'h6;
+  assign \$1611  = width > 3'h7;
+  assign \$1612  = width > 4'h8;
+  assign \$1613  = width > 4'h9;
+  assign \$1614  = width > 4'ha;
+  assign \$1615  = width > 4'hb;
+  assign \$1616  = width > 4'hc;
+  assign \$1617  = width > 4'hd;
+  assign \$1618  = width > 4'he;
+  assign \$1619  = width > 4'hf;
+  assign \$1620  = width > 5'h10;
+  assign \$1621  = width > 5'h11;
+  assign \$1622  = width > 5'h12;
+  assign \$1623  = width > 5'h13;
+  assign \$1624  = width > 5'h14;
+  assign \$1625  = width > 5'h15;
+  assign \$1626  = width > 5'h16;
+  assign \$1627  = width > 5'h17;
+  assign \$1628  = ~ { 1'h0, \$1627 , \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605  };
+  assign \$1629  = $signed(hold[71:48]) < $signed(\$1628 );
+  assign \$1630  = width > 1'h1;
+  assign \$1631  = width > 2'h2;
+  assign \$1632  = width > 2'h3;
+  assign \$1633  = width > 3'h4;
+  assign \$1634  = width > 3'h5;
+  assign \$1635  = width > 3'h6;
+  assign \$1636  = width > 3'h7;
+  assign \$1637  = width > 4'h8;
+  assign \$1638  = width > 4'h9;
+  assign \$1639  = width > 4'ha;
+  assign \$1640  = width > 4'hb;
+  assign \$1641  = width > 4'hc;
+  assign \$1642  = width > 4'hd;
+  assign \$1643  = width > 4'he;
+  assign \$1644  = width > 4'hf;
+  assign \$1645  = width > 5'h10;
+  assign \$1646  = width > 5'h11;
+  assign \$1647  = width > 5'h12;
+  assign \$1648  = width > 5'h13;
+  assign \$1649  = width > 5'h14;
+  assign \$1650  = width > 5'h15;
+  assign \$1651  = width > 5'h16;
+  assign \$1652  = width > 5'h17;
+  assign \$1653  = ~ { 1'h0, \$1652 , \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630  };
+  assign \$1654  = \$1629  ? \$1653  : hold[71:48];
+  assign \$1655  = \$1581  ? { 1'h0, \$1604 , \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582  } : \$1654 ;
+  assign \$1656  = width > 1'h1;
+  assign \$1657  = width > 2'h2;
+  assign \$1658  = width > 2'h3;
+  assign \$1659  = width > 3'h4;
+  assign \$1660  = width > 3'h5;
+  assign \$1661  = width > 3'h6;
+  assign \$1662  = width > 3'h7;
+  assign \$1663  = width > 4'h8;
+  assign \$1664  = width > 4'h9;
+  assign \$1665  = width > 4'ha;
+  assign \$1666  = width > 4'hb;
+  assign \$1667  = width > 4'hc;
+  assign \$1668  = width > 4'hd;
+  assign \$1669  = width > 4'he;
+  assign \$1670  = width > 4'hf;
+  assign \$1671  = width > 5'h10;
+  assign \$1672  = width > 5'h11;
+  assign \$1673  = width > 5'h12;
+  assign \$1674  = width > 5'h13;
+  assign \$1675  = width > 5'h14;
+  assign \$1676  = width > 5'h15;
+  assign \$1677  = width > 5'h16;
+  assign \$1678  = width > 5'h17;
+  assign \$1679  = $signed(hold[95:72]) > $signed({ 1'h0, \$1678 , \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656  });
+  assign \$1680  = width > 1'h1;
+  assign \$1681  = width > 2'h2;
+  assign \$1682  = width > 2'h3;
+  assign \$1683  = width > 3'h4;
+  assign \$1684  = width > 3'h5;
+  assign \$1685  = width > 3'h6;
+  assign \$1686  = width > 3'h7;
+  assign \$1687  = width > 4'h8;
+  assign \$1688  = width > 4'h9;
+  assign \$1689  = width > 4'ha;
+  assign \$1690  = width > 4'hb;
+  assign \$1691  = width > 4'hc;
+  assign \$1692  = width > 4'hd;
+  assign \$1693  = width > 4'he;
+  assign \$1694  = width > 4'hf;
+  assign \$1695  = width > 5'h10;
+  assign \$1696  = width > 5'h11;
+  assign \$1697  = width > 5'h12;
+  assign \$1698  = width > 5'h13;
+  assign \$1699  = width > 5'h14;
+  assign \$1700  = width > 5'h15;
+  assign \$1701  = width > 5'h16;
+  assign \$1702  = width > 5'h17;
+  assign \$1703  = width > 1'h1;
+  assign \$1704  = width > 2'h2;
+  assign \$1705  = width > 2'h3;
+  assign \$1706  = width > 3'h4;
+  assign \$1707  = width > 3'h5;
+  assign \$1708  = width > 3'h6;
+  assign \$1709  = width > 3'h7;
+  assign \$1710  = width > 4'h8;
+  assign \$1711  = width > 4'h9;
+  assign \$1712  = width > 4'ha;
+  assign \$1713  = width > 4'hb;
+  assign \$1714  = width > 4'hc;
+  assign \$1715  = width > 4'hd;
+  assign \$1716  = width > 4'he;
+  assign \$1717  = width > 4'hf;
+  assign \$1718  = width > 5'h10;
+  assign \$1719  = width > 5'h11;
+  assign \$1720  = width > 5'h12;
+  assign \$1721  = width > 5'h13;
+  assign \$1722  = width > 5'h14;
+  assign \$1723  = width > 5'h15;
+  assign \$1724  = width > 5'h16;
+  assign \$1725  = width > 5'h17;
+  assign \$1726  = ~ { 1'h0, \$1725 , \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703  };
+  assign \$1727  = $signed(hold[95:72]) < $signed(\$1726 );
+  assign \$1728  = width > 1'h1;
+  assign \$1729  = width > 2'h2;
+  assign \$1730  = width > 2'h3;
+  assign \$1731  = width > 3'h4;
+  assign \$1732  = width > 3'h5;
+  assign \$1733  = width > 3'h6;
+  assign \$1734  = width > 3'h7;
+  assign \$1735  = width > 4'h8;
+  assign \$1736  = width > 4'h9;
+  assign \$1737  = width > 4'ha;
+  assign \$1738  = width > 4'hb;
+  assign \$1739  = width > 4'hc;
+  assign \$1740  = width > 4'hd;
+  assign \$1741  = width > 4'he;
+  assign \$1742  = width > 4'hf;
+  assign \$1743  = width > 5'h10;
+  assign \$1744  = width > 5'h11;
+  assign \$1745  = width > 5'h12;
+  assign \$1746  = width > 5'h13;
+  assign \$1747  = width > 5'h14;
+  assign \$1748  = width > 5'h15;
+  assign \$1749  = width > 5'h16;
+  assign \$1750  = width > 5'h17;
+  assign \$1751  = ~ { 1'h0, \$1750 , \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728  };
+  assign \$1752  = \$1727  ? \$1751  : hold[95:72];
+  assign \$1753  = \$1679  ? { 1'h0, \$1702 , \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680  } : \$1752 ;
+  assign \$1755  = \$signal$49  > 1'h1;
+  assign \$1756  = \$signal$49  > 2'h2;
+  assign \$1757  = \$signal$49  > 2'h3;
+  assign \$1759  = ins[47:35] + \$1758 ;
+  assign \$1761  = ins[47:35] + \$1760 ;
+  assign \$1762  = \$1761  + 1'h1;
+  assign \$1765  = ins[60:48] + el;
+  assign \$1766  = el >= results;
+  assign \$1767  = ! fsm_state;
+  assign \$1768  = fsm_state == 1'h1;
+  assign \$1769  = fsm_state == 2'h2;
+  assign \$1770  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$1768 ;
+    beat <= \$1771 ;
   always @(posedge clk)
-    h_valid <= \$1769 ;
+    h_valid <= \$1772 ;
   always @(posedge clk)
-    \$signal$10  <= \$1770 ;
+    \$signal$10  <= \$1773 ;
   always @(posedge clk)
-    \$signal  <= \$1771 ;
+    \$signal  <= \$1774 ;
   always @(posedge clk)
-    rem0 <= \$1772 ;
+    rem0 <= \$1775 ;
   always @(posedge clk)
-    \$signal$17  <= \$1773 ;
+    \$signal$17  <= \$1776 ;
   always @(posedge clk)
-    \$signal$19  <= \$1774 ;
+    \$signal$19  <= \$1777 ;
   always @(posedge clk)
-    rem1 <= \$1775 ;
+    rem1 <= \$1778 ;
   always @(posedge clk)
-    \$signal$22  <= \$1776 ;
+    \$signal$22  <= \$1779 ;
   always @(posedge clk)
-    \$signal$24  <= \$1777 ;
+    \$signal$24  <= \$1780 ;
   always @(posedge clk)
-    rem2 <= \$1778 ;
+    rem2 <= \$1781 ;
   always @(posedge clk)
-    \$signal$28  <= \$1779 ;
+    \$signal$28  <= \$1782 ;
   always @(posedge clk)
-    \$signal$30  <= \$1780 ;
+    \$signal$30  <= \$1783 ;
   always @(posedge clk)
-    issuing <= \$1781 ;
+    issuing <= \$1784 ;
   always @(posedge clk)
-    q_read <= \$1782 ;
+    q_read <= \$1785 ;
   always @(posedge clk)
-    q_pend <= \$1783 ;
+    q_pend <= \$1786 ;
   always @(posedge clk)
-    \$signal$42  <= \$1784 ;
+    \$signal$42  <= \$1787 ;
   always @(posedge clk)
-    q_k <= \$1785 ;
+    q_k <= \$1788 ;
   always @(posedge clk)
-    \$signal$43  <= \$1786 ;
+    \$signal$43  <= \$1789 ;
   always @(posedge clk)
-    wvalid <= \$1787 ;
+    wvalid <= \$1790 ;
   always @(posedge clk)
-    pack <= \$1788 ;
+    pack <= \$1791 ;
   always @(posedge clk)
-    el <= \$1789 ;
+    el <= \$1792 ;
   always @(posedge clk)
-    \$signal$50  <= \$1790 ;
+    \$signal$50  <= \$1793 ;
   always @(posedge clk)
-    hold_valid <= \$1791 ;
+    hold_valid <= \$1794 ;
   always @(posedge clk)
-    hold <= \$1792 ;
+    hold <= \$1795 ;
   always @(posedge clk)
-    \$signal$32  <= \$1793 ;
+    \$signal$32  <= \$1796 ;
   always @(posedge clk)
-    is_sigmoid <= \$1794 ;
+    is_sigmoid <= \$1797 ;
   always @(posedge clk)
-    \$signal$34  <= \$1795 ;
+    \$signal$34  <= \$1798 ;
   always @(posedge clk)
-    \$signal$58  <= \$1796 ;
+    \$signal$58  <= \$1799 ;
   always @(posedge clk)
-    \$signal$35  <= \$1797 ;
+    \$signal$35  <= \$1800 ;
   always @(posedge clk)
-    low <= \$1798 ;
+    low <= \$1801 ;
   always @(posedge clk)
-    results <= \$1799 ;
+    results <= \$1802 ;
   always @(posedge clk)
-    vec_op <= \$1800 ;
+    vec_op <= \$1803 ;
   always @(posedge clk)
-    width <= \$1801 ;
+    width <= \$1804 ;
   always @(posedge clk)
-    mult <= \$1802 ;
+    mult <= \$1805 ;
   always @(posedge clk)
-    shift <= \$1803 ;
+    shift <= \$1806 ;
   always @(posedge clk)
-    cnt0 <= \$1804 ;
+    cnt0 <= \$1807 ;
   always @(posedge clk)
-    cnt1 <= \$1805 ;
+    cnt1 <= \$1808 ;
   always @(posedge clk)
-    sa0 <= \$1806 ;
+    sa0 <= \$1809 ;
   always @(posedge clk)
-    sa1 <= \$1807 ;
+    sa1 <= \$1810 ;
   always @(posedge clk)
-    sa2 <= \$1808 ;
+    sa2 <= \$1811 ;
   always @(posedge clk)
-    sb0 <= \$1809 ;
+    sb0 <= \$1812 ;
   always @(posedge clk)
-    sb1 <= \$1810 ;
+    sb1 <= \$1813 ;
   always @(posedge clk)
-    sb2 <= \$1811 ;
+    sb2 <= \$1814 ;
   always @(posedge clk)
-    fsm_state <= \$1812 ;
+    fsm_state <= \$1815 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -9431,9 +9434,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6019$0 (spad__rd1__data),
-    .\port$7574$0 (\$signal ),
-    .\port$7965$0 (spad__rd0__lanes[31:0]),
+    .\port$6029$0 (spad__rd1__data),
+    .\port$7584$0 (\$signal ),
+    .\port$7975$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9514,159 +9517,159 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     (* full_case = 32'd1 *)
     casez (\$signal$50 )
       2'h0:
-          \$571  = \$276 ;
+          \$572  = \$277 ;
       2'h1:
-          \$571  = \$374 ;
+          \$572  = \$375 ;
       2'h2:
-          \$571  = \$472 ;
+          \$572  = \$473 ;
       2'h3:
-          \$571  = \$570 ;
+          \$572  = \$571 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$965  = 24'h000000;
-    casez (\$572 )
+    \$966  = 24'h000000;
+    casez (\$573 )
       3'h0:
-          \$965  = \$670 ;
+          \$966  = \$671 ;
       3'h1:
-          \$965  = \$768 ;
+          \$966  = \$769 ;
       3'h2:
-          \$965  = \$866 ;
+          \$966  = \$867 ;
       3'h3:
-          \$965  = \$964 ;
+          \$966  = \$965 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1359  = 24'h000000;
-    casez (\$966 )
+    \$1360  = 24'h000000;
+    casez (\$967 )
       3'h0:
-          \$1359  = \$1064 ;
+          \$1360  = \$1065 ;
       3'h1:
-          \$1359  = \$1162 ;
+          \$1360  = \$1163 ;
       3'h2:
-          \$1359  = \$1260 ;
+          \$1360  = \$1261 ;
       3'h3:
-          \$1359  = \$1358 ;
+          \$1360  = \$1359 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1753  = 24'h000000;
-    casez (\$1360 )
+    \$1754  = 24'h000000;
+    casez (\$1361 )
       3'h0:
-          \$1753  = \$1458 ;
+          \$1754  = \$1459 ;
       3'h1:
-          \$1753  = \$1556 ;
+          \$1754  = \$1557 ;
       3'h2:
-          \$1753  = \$1654 ;
+          \$1754  = \$1655 ;
       3'h3:
-          \$1753  = \$1752 ;
+          \$1754  = \$1753 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1768  = beat;
+    \$1771  = beat;
     if (\$2 ) begin
-      \$1768  = \$3 ;
+      \$1771  = \$3 ;
     end
     if (unit_rst) begin
-      \$1768  = 65'h00000000000000000;
+      \$1771  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$1768  = 65'h00000000000000000;
+      \$1771  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1769  = h_valid;
+    \$1772  = h_valid;
     if (\$2 ) begin
-      \$1769  = \$4 ;
+      \$1772  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
               6'h0c:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
               6'h0d:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
               6'h13:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
               6'h0f:
-                  \$1769  = 1'h0;
+                  \$1772  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1769  = 1'h0;
+      \$1772  = 1'h0;
     end
     if (rst) begin
-      \$1769  = 1'h0;
+      \$1772  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1770  = \$signal$10 ;
+    \$1773  = \$signal$10 ;
     if (run) begin
-      \$1770  = \$10 ;
+      \$1773  = \$10 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
               6'h0c:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
               6'h0d:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
               6'h13:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
               6'h0f:
-                  \$1770  = 1'h0;
+                  \$1773  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1770  = 1'h0;
+      \$1773  = 1'h0;
     end
     if (rst) begin
-      \$1770  = 1'h0;
+      \$1773  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1771  = \$signal ;
+    \$1774  = \$signal ;
     if (run) begin
-      \$1771  = \$11 ;
+      \$1774  = \$11 ;
     end
     if (unit_rst) begin
-      \$1771  = 1'h0;
+      \$1774  = 1'h0;
     end
     if (rst) begin
-      \$1771  = 1'h0;
+      \$1774  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1772  = rem0;
+    \$1775  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1772  = \$20 [13:0];
+          \$1775  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$1772  = cnt0;
+          \$1775  = cnt0;
         end else begin
-          \$1772  = cnt0;
+          \$1775  = cnt0;
         end
       end
     end
@@ -9675,167 +9678,46 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1772  = ins[122:109];
+                  \$1775  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1772  = ins[122:109];
+                  \$1775  = ins[122:109];
               6'h0c:
-                  \$1772  = ins[106:93];
+                  \$1775  = ins[106:93];
               6'h0d:
-                  \$1772  = ins[90:77];
+                  \$1775  = ins[90:77];
               6'h13:
-                  \$1772  = ins[90:77];
+                  \$1775  = ins[90:77];
               6'h0f:
-                  \$1772  = ins[122:109];
+                  \$1775  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1772  = 14'h0000;
+      \$1775  = 14'h0000;
     end
     if (rst) begin
-      \$1772  = 14'h0000;
+      \$1775  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1773  = \$signal$17 ;
+    \$1776  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1773  = \$21 [12:0];
+          \$1776  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$1773  = \$25 [12:0];
+          \$1776  = \$25 [12:0];
         end else begin
-          \$1773  = \$31 [12:0];
+          \$1776  = \$31 [12:0];
         end
       end
     end
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1773  = \$51 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1773  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1773  = ins[34:22];
-              6'h0c:
-                  \$1773  = ins[34:22];
-              6'h0d:
-                  \$1773  = ins[34:22];
-              6'h13:
-                  \$1773  = ins[34:22];
-              6'h0f:
-                  \$1773  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1773  = 13'h0000;
-    end
-    if (rst) begin
-      \$1773  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1774  = \$signal$19 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-          \$1774  = \$22 [12:0];
-        end else if (\$19 ) begin
-          \$1774  = \$27 [12:0];
-        end else begin
-          \$1774  = \$34 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1774  = ins[47:35];
-              6'h06, 6'h07, 6'h05:
-                  \$1774  = ins[47:35];
-              6'h0c:
-                  \$1774  = ins[47:35];
-              6'h0d:
-                  \$1774  = ins[47:35];
-              6'h13:
-                  \$1774  = ins[47:35];
-              6'h0f:
-                  \$1774  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1774  = 13'h0000;
-    end
-    if (rst) begin
-      \$1774  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1775  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1775  = \$23 [13:0];
-        end else begin
-          \$1775  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1775  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1775  = 14'h0001;
-              6'h0c:
-                  \$1775  = ins[90:77];
-              6'h0d:
-                  \$1775  = 14'h0002;
-              6'h13:
-                  \$1775  = 14'h0001;
-              6'h0f:
-                  \$1775  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1775  = 14'h0000;
-    end
-    if (rst) begin
-      \$1775  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1776  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1776  = \$24 [12:0];
-        end else begin
-          \$1776  = \$30 [12:0];
+          \$1776  = \$51 [12:0];
         end
       end
     end
@@ -9867,15 +9749,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1777  = \$signal$24 ;
+    \$1777  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
+          \$1777  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$1777  = \$26 [12:0];
+          \$1777  = \$27 [12:0];
         end else begin
-          \$1777  = \$33 [12:0];
+          \$1777  = \$34 [12:0];
         end
       end
     end
@@ -9907,14 +9790,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1778  = rem2;
+    \$1778  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1778  = \$23 [13:0];
         end else begin
-          \$1778  = \$28 [13:0];
+          \$1778  = cnt1;
         end
       end
     end
@@ -9927,13 +9811,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h06, 6'h07, 6'h05:
                   \$1778  = 14'h0001;
               6'h0c:
-                  \$1778  = ins[74:61];
+                  \$1778  = ins[90:77];
               6'h0d:
-                  \$1778  = ins[74:61];
+                  \$1778  = 14'h0002;
               6'h13:
-                  \$1778  = ins[74:61];
-              6'h0f:
                   \$1778  = 14'h0001;
+              6'h0f:
+                  \$1778  = 14'h0002;
             endcase
           end
     endcase
@@ -9946,14 +9830,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1779  = \$signal$28 ;
+    \$1779  = \$signal$22 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1779  = \$24 [12:0];
         end else begin
-          \$1779  = \$29 [12:0];
+          \$1779  = \$30 [12:0];
         end
       end
     end
@@ -9985,14 +9870,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1780  = \$signal$30 ;
+    \$1780  = \$signal$24 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1780  = \$26 [12:0];
         end else begin
-          \$1780  = \$32 [12:0];
+          \$1780  = \$33 [12:0];
         end
       end
     end
@@ -10024,7 +9910,124 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1781  = issuing;
+    \$1781  = rem2;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1781  = \$28 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1781  = 14'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1781  = 14'h0001;
+              6'h0c:
+                  \$1781  = ins[74:61];
+              6'h0d:
+                  \$1781  = ins[74:61];
+              6'h13:
+                  \$1781  = ins[74:61];
+              6'h0f:
+                  \$1781  = 14'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1781  = 14'h0000;
+    end
+    if (rst) begin
+      \$1781  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1782  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1782  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1782  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1782  = ins[34:22];
+              6'h0c:
+                  \$1782  = ins[34:22];
+              6'h0d:
+                  \$1782  = ins[34:22];
+              6'h13:
+                  \$1782  = ins[34:22];
+              6'h0f:
+                  \$1782  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1782  = 13'h0000;
+    end
+    if (rst) begin
+      \$1782  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1783  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1783  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1783  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1783  = ins[47:35];
+              6'h0c:
+                  \$1783  = ins[47:35];
+              6'h0d:
+                  \$1783  = ins[47:35];
+              6'h13:
+                  \$1783  = ins[47:35];
+              6'h0f:
+                  \$1783  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1783  = 13'h0000;
+    end
+    if (rst) begin
+      \$1783  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1784  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -10032,7 +10035,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$1781  = 1'h0;
+            \$1784  = 1'h0;
           end
         end
       end
@@ -10042,193 +10045,193 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1781  = 1'h0;
+                  \$1784  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1781  = 1'h1;
+                  \$1784  = 1'h1;
               6'h0c:
-                  \$1781  = 1'h1;
+                  \$1784  = 1'h1;
               6'h0d:
-                  \$1781  = 1'h1;
+                  \$1784  = 1'h1;
               6'h13:
-                  \$1781  = 1'h1;
+                  \$1784  = 1'h1;
               6'h0f:
-                  \$1781  = 1'h1;
+                  \$1784  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1781  = 1'h0;
+      \$1784  = 1'h0;
     end
     if (rst) begin
-      \$1781  = 1'h0;
+      \$1784  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1782  = q_read;
+    \$1785  = q_read;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1782  = \$52 [13:0];
+          \$1785  = \$52 [13:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1782  = 14'h0000;
+            \$1785  = 14'h0000;
           end
     endcase
     if (unit_rst) begin
-      \$1782  = 14'h0000;
+      \$1785  = 14'h0000;
     end
     if (rst) begin
-      \$1782  = 14'h0000;
+      \$1785  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1783  = q_pend;
+    \$1786  = q_pend;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1783  = 1'h1;
+          \$1786  = 1'h1;
         end else if (\$50 ) begin
-          \$1783  = 1'h0;
+          \$1786  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1783  = 1'h0;
+            \$1786  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1783  = 1'h0;
+      \$1786  = 1'h0;
     end
     if (rst) begin
-      \$1783  = 1'h0;
+      \$1786  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1784  = \$signal$42 ;
+    \$1787  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1784  = \$signal$43 ;
+          \$1787  = \$signal$43 ;
         end
       end
     end
     if (unit_rst) begin
-      \$1784  = 2'h0;
+      \$1787  = 2'h0;
     end
     if (rst) begin
-      \$1784  = 2'h0;
+      \$1787  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1785  = q_k;
+    \$1788  = q_k;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1785  = \$146 [2:0];
+          \$1788  = \$147 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$1785  = 3'h0;
+      \$1788  = 3'h0;
     end
     if (rst) begin
-      \$1785  = 3'h0;
+      \$1788  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1786  = \$signal$43 ;
+    \$1789  = \$signal$43 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1786  = \$56 [1:0];
+          \$1789  = \$56 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1786  = 2'h0;
+            \$1789  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1786  = 2'h0;
+      \$1789  = 2'h0;
     end
     if (rst) begin
-      \$1786  = 2'h0;
+      \$1789  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1787  = wvalid;
+    \$1790  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$57 ) begin
-          \$1787  = 1'h0;
+          \$1790  = 1'h0;
         end
         if (\$61 ) begin
-          \$1787  = \$89 ;
+          \$1790  = \$89 ;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1787  = 1'h0;
+            \$1790  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1787  = 1'h0;
+      \$1790  = 1'h0;
     end
     if (rst) begin
-      \$1787  = 1'h0;
+      \$1790  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1788  = pack;
+    \$1791  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$61 ) begin
           if (\$65 ) begin
-            \$1788 [23:0] = \$67 ;
+            \$1791 [23:0] = \$67 ;
           end
           if (\$71 ) begin
-            \$1788 [47:24] = \$73 ;
+            \$1791 [47:24] = \$73 ;
           end
           if (\$77 ) begin
-            \$1788 [71:48] = \$79 ;
+            \$1791 [71:48] = \$79 ;
           end
           if (\$83 ) begin
-            \$1788 [95:72] = \$85 ;
+            \$1791 [95:72] = \$85 ;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$1788  = 96'h000000000000000000000000;
+      \$1791  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1788  = 96'h000000000000000000000000;
+      \$1791  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1789  = el;
+    \$1792  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1789  = \$90 [13:0];
+          \$1792  = \$90 [13:0];
         end
       end
     end
@@ -10238,17 +10241,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
               6'h0c:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
               6'h0d:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
               6'h13:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
               6'h0f:
-                  \$1789  = 14'h0000;
+                  \$1792  = 14'h0000;
             endcase
           end
       2'h1:
@@ -10257,139 +10260,91 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$1789  = \$115 [13:0];
+            \$1792  = \$116 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$1789  = 14'h0000;
+      \$1792  = 14'h0000;
     end
     if (rst) begin
-      \$1789  = 14'h0000;
+      \$1792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1790  = \$signal$50 ;
+    \$1793  = \$signal$50 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1790  = \$92 [1:0];
+          \$1793  = \$92 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1790  = 2'h0;
+            \$1793  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1790  = 2'h0;
+      \$1793  = 2'h0;
     end
     if (rst) begin
-      \$1790  = 2'h0;
+      \$1793  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1791  = hold_valid;
+    \$1794  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$signal$51 ) begin
-            \$1791  = 1'h0;
+            \$1794  = 1'h0;
           end
         end
         if (\$93 ) begin
-          \$1791  = 1'h1;
+          \$1794  = 1'h1;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1791  = 1'h0;
+            \$1794  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1791  = 1'h0;
+      \$1794  = 1'h0;
     end
     if (rst) begin
-      \$1791  = 1'h0;
+      \$1794  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = hold;
+    \$1795  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$93 ) begin
-          \$1792  = rq__o__payload;
+          \$1795  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$1792  = 96'h000000000000000000000000;
+      \$1795  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1792  = 96'h000000000000000000000000;
+      \$1795  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1793  = \$signal$32 ;
+    \$1796  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1793  = \$94 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1793  = 1'h0;
-    end
-    if (rst) begin
-      \$1793  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = is_sigmoid;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1794  = \$95 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1794  = 1'h0;
-    end
-    if (rst) begin
-      \$1794  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1795  = \$signal$34 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1795  = \$96 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1795  = 1'h0;
-    end
-    if (rst) begin
-      \$1795  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1796  = \$signal$58 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1796  = \$98 ;
+            \$1796  = \$94 ;
           end
     endcase
     if (unit_rst) begin
@@ -10401,11 +10356,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1797  = \$signal$35 ;
+    \$1797  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1797  = \$100 ;
+            \$1797  = \$95 ;
           end
     endcase
     if (unit_rst) begin
@@ -10417,11 +10372,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1798  = low;
+    \$1798  = \$signal$34 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1798  = 1'h0;
+            \$1798  = \$96 ;
           end
     endcase
     if (unit_rst) begin
@@ -10433,269 +10388,230 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1799  = results;
+    \$1799  = \$signal$58 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1799  = \$104 ;
+            \$1799  = \$98 ;
           end
     endcase
     if (unit_rst) begin
-      \$1799  = 15'h0000;
+      \$1799  = 1'h0;
     end
     if (rst) begin
-      \$1799  = 15'h0000;
+      \$1799  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1800  = vec_op;
+    \$1800  = \$signal$35 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1800  = \$108 ;
+            \$1800  = \$100 ;
           end
     endcase
     if (unit_rst) begin
-      \$1800  = 2'h0;
+      \$1800  = 1'h0;
     end
     if (rst) begin
-      \$1800  = 2'h0;
+      \$1800  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1801  = width;
+    \$1801  = low;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1801  = ins[21:16];
+            \$1801  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1801  = 6'h00;
+      \$1801  = 1'h0;
     end
     if (rst) begin
-      \$1801  = 6'h00;
+      \$1801  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1802  = mult;
+    \$1802  = results;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1802  = ins[152:137];
+            \$1802  = \$104 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1802  = 15'h0000;
+    end
+    if (rst) begin
+      \$1802  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1803  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1803  = \$108 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1803  = 2'h0;
+    end
+    if (rst) begin
+      \$1803  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1804  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1804  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1804  = 6'h00;
+    end
+    if (rst) begin
+      \$1804  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1805  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1805  = ins[152:137];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1802  = spad__rd0__lanes[15:0];
+          \$1805  = spad__rd0__lanes[15:0];
     endcase
     if (unit_rst) begin
-      \$1802  = 16'h0000;
+      \$1805  = 16'h0000;
     end
     if (rst) begin
-      \$1802  = 16'h0000;
+      \$1805  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1803  = shift;
+    \$1806  = shift;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1803  = ins[174:169];
+            \$1806  = ins[174:169];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1803  = spad__rd1__data[5:0];
+          \$1806  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$1803  = 6'h00;
+      \$1806  = 6'h00;
     end
     if (rst) begin
-      \$1803  = 6'h00;
+      \$1806  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1804  = cnt0;
+    \$1807  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1804  = ins[122:109];
+                  \$1807  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1804  = ins[122:109];
+                  \$1807  = ins[122:109];
               6'h0c:
-                  \$1804  = ins[106:93];
+                  \$1807  = ins[106:93];
               6'h0d:
-                  \$1804  = ins[90:77];
+                  \$1807  = ins[90:77];
               6'h13:
-                  \$1804  = ins[90:77];
+                  \$1807  = ins[90:77];
               6'h0f:
-                  \$1804  = ins[122:109];
+                  \$1807  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1804  = 14'h0000;
+      \$1807  = 14'h0000;
     end
     if (rst) begin
-      \$1804  = 14'h0000;
+      \$1807  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1805  = cnt1;
+    \$1808  = cnt1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1805  = 14'h0001;
+                  \$1808  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1805  = 14'h0001;
+                  \$1808  = 14'h0001;
               6'h0c:
-                  \$1805  = ins[90:77];
+                  \$1808  = ins[90:77];
               6'h0d:
-                  \$1805  = 14'h0002;
+                  \$1808  = 14'h0002;
               6'h13:
-                  \$1805  = 14'h0001;
+                  \$1808  = 14'h0001;
               6'h0f:
-                  \$1805  = 14'h0002;
+                  \$1808  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1805  = 14'h0000;
+      \$1808  = 14'h0000;
     end
     if (rst) begin
-      \$1805  = 14'h0000;
+      \$1808  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1806  = sa0;
+    \$1809  = sa0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1806  = 13'h0001;
+                  \$1809  = 13'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1806  = 13'h0001;
+                  \$1809  = 13'h0001;
               6'h0c:
-                  \$1806  = ins[89:77];
+                  \$1809  = ins[89:77];
               6'h0d:
-                  \$1806  = 13'h0001;
+                  \$1809  = 13'h0001;
               6'h13:
-                  \$1806  = 13'h0001;
+                  \$1809  = 13'h0001;
               6'h0f:
-                  \$1806  = 13'h0001;
+                  \$1809  = 13'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1806  = 13'h0000;
+      \$1809  = 13'h0000;
     end
     if (rst) begin
-      \$1806  = 13'h0000;
+      \$1809  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1807  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1807  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1807  = 1'h0;
-              6'h0c:
-                  \$1807  = 1'h1;
-              6'h0d:
-                  \$1807  = 1'h0;
-              6'h13:
-                  \$1807  = 1'h0;
-              6'h0f:
-                  \$1807  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1807  = 1'h0;
-    end
-    if (rst) begin
-      \$1807  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1808  = sa2;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1808  = 13'h0000;
-              6'h06, 6'h07, 6'h05:
-                  \$1808  = 13'h0000;
-              6'h0c:
-                  \$1808  = ins[135:123];
-              6'h0d:
-                  \$1808  = ins[89:77];
-              6'h13:
-                  \$1808  = ins[89:77];
-              6'h0f:
-                  \$1808  = 13'h0000;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1808  = 13'h0000;
-    end
-    if (rst) begin
-      \$1808  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1809  = sb0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1809  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1809  = 1'h1;
-              6'h0c:
-                  \$1809  = 1'h1;
-              6'h0d:
-                  \$1809  = 1'h0;
-              6'h13:
-                  \$1809  = 1'h0;
-              6'h0f:
-                  \$1809  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1809  = 1'h0;
-    end
-    if (rst) begin
-      \$1809  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1810  = sb1;
+    \$1810  = sa1;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10705,7 +10621,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h06, 6'h07, 6'h05:
                   \$1810  = 1'h0;
               6'h0c:
-                  \$1810  = 1'h0;
+                  \$1810  = 1'h1;
               6'h0d:
                   \$1810  = 1'h0;
               6'h13:
@@ -10724,7 +10640,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1811  = sb2;
+    \$1811  = sa2;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10734,11 +10650,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h06, 6'h07, 6'h05:
                   \$1811  = 13'h0000;
               6'h0c:
-                  \$1811  = ins[105:93];
+                  \$1811  = ins[135:123];
               6'h0d:
-                  \$1811  = 13'h0000;
+                  \$1811  = ins[89:77];
               6'h13:
-                  \$1811  = 13'h0000;
+                  \$1811  = ins[89:77];
               6'h0f:
                   \$1811  = 13'h0000;
             endcase
@@ -10753,7 +10669,94 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1812  = fsm_state;
+    \$1812  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1812  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1812  = 1'h1;
+              6'h0c:
+                  \$1812  = 1'h1;
+              6'h0d:
+                  \$1812  = 1'h0;
+              6'h13:
+                  \$1812  = 1'h0;
+              6'h0f:
+                  \$1812  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1812  = 1'h0;
+    end
+    if (rst) begin
+      \$1812  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1813  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1813  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1813  = 1'h0;
+              6'h0c:
+                  \$1813  = 1'h0;
+              6'h0d:
+                  \$1813  = 1'h0;
+              6'h13:
+                  \$1813  = 1'h0;
+              6'h0f:
+                  \$1813  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1813  = 1'h0;
+    end
+    if (rst) begin
+      \$1813  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1814  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1814  = 13'h0000;
+              6'h06, 6'h07, 6'h05:
+                  \$1814  = 13'h0000;
+              6'h0c:
+                  \$1814  = ins[105:93];
+              6'h0d:
+                  \$1814  = 13'h0000;
+              6'h13:
+                  \$1814  = 13'h0000;
+              6'h0f:
+                  \$1814  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1814  = 13'h0000;
+    end
+    if (rst) begin
+      \$1814  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1815  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
@@ -10761,25 +10764,27 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             (* full_case = 32'd1 *)
             if (\$110 ) begin
             end else if (\$114 ) begin
-              \$1812  = 2'h1;
+              \$1815  = 2'h1;
             end else begin
-              \$1812  = 2'h2;
+              \$1815  = 2'h2;
             end
           end
       2'h1:
-          \$1812  = 2'h3;
+          if (\$115 ) begin
+            \$1815  = 2'h3;
+          end
       2'h3:
-          \$1812  = 2'h2;
+          \$1815  = 2'h2;
       2'h2:
-          if (\$116 ) begin
-            \$1812  = 2'h0;
+          if (\$117 ) begin
+            \$1815  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1812  = 2'h0;
+      \$1815  = 2'h0;
     end
     if (rst) begin
-      \$1812  = 2'h0;
+      \$1815  = 2'h0;
     end
   end
   always @* begin
@@ -10797,7 +10802,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$1758 [12:0];
+          spad__rd0__addr = \$1759 [12:0];
     endcase
   end
   always @* begin
@@ -10810,38 +10815,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$1761 [12:0];
+          spad__rd1__addr = \$1762 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$128 ;
+      spad__rd0__en = \$129 ;
     end
     if (run) begin
       if (\$signal$32 ) begin
-        spad__rd0__en = \$158 ;
+        spad__rd0__en = \$159 ;
       end
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__en = 1'h1;
+          spad__rd0__en = \$1763 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$134 ;
+      spad__rd1__en = \$135 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__en = 1'h1;
+          spad__rd1__en = \$1764 ;
     endcase
   end
   always @* begin
@@ -10858,7 +10863,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$49  = 3'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$49  = \$170 [2:0];
+        \$signal$49  = \$171 [2:0];
       end
     end
   end
@@ -10867,7 +10872,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$51  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$51  = \$175 ;
+        \$signal$51  = \$176 ;
       end
     end
   end
@@ -10876,7 +10881,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$177 ;
+        rq__o__ready = \$178 ;
       end
     end
   end
@@ -10886,7 +10891,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__addr = \$178 [12:0];
+          spad__wr__addr = \$179 [12:0];
         end
       end
     end
@@ -10900,7 +10905,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$1762 [12:0];
+            spad__wr__addr = \$1765 [12:0];
           end
     endcase
   end
@@ -10910,7 +10915,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__data = { \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571 [23], \$571  };
+          spad__wr__data = { \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572  };
         end
       end
     end
@@ -10958,9 +10963,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper[31:0] = { \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965 [23], \$965  };
-          spad__wr__upper[63:32] = { \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359 [23], \$1359  };
-          spad__wr__upper[95:64] = { \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753 [23], \$1753  };
+          spad__wr__upper[31:0] = { \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966  };
+          spad__wr__upper[63:32] = { \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360  };
+          spad__wr__upper[95:64] = { \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754  };
         end
       end
     end
@@ -10971,9 +10976,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper_en[0] = \$1754 ;
-          spad__wr__upper_en[1] = \$1755 ;
-          spad__wr__upper_en[2] = \$1756 ;
+          spad__wr__upper_en[0] = \$1755 ;
+          spad__wr__upper_en[1] = \$1756 ;
+          spad__wr__upper_en[2] = \$1757 ;
         end
       end
     end
@@ -11088,7 +11093,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1763 ) begin
+          if (\$1766 ) begin
             done = 1'h1;
           end
     endcase
@@ -11105,14 +11110,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1763 ) begin
+          if (\$1766 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign \$signal$41  = \$146 [2:0];
+  assign \$signal$41  = \$147 [2:0];
   assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
@@ -11175,7 +11180,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \o__payload[0]  = o__payload;
   assign \o__payload$99[0]  = \o__payload$99 ;
   assign \i__payload$79 [33] = beat[64];
-  assign \i__payload$79 [32:16] = \$148 ;
+  assign \i__payload$79 [32:16] = \$149 ;
   assign \i__payload$79 [15:0] = beat[15:0];
   assign \i__payload$78 [31:16] = beat[47:32];
   assign \i__payload$78 [15:0] = beat[15:0];
@@ -11193,14 +11198,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$110  = 1'h0;
   assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
   assign \$112 [2] = ins[8];
-  assign \$123  = 1'h1;
-  assign \$124  = issuing;
-  assign \$129  = 1'h1;
-  assign \$130  = issuing;
-  assign \$150  = 1'h1;
-  assign \$151  = \$149 ;
-  assign \$1757  = { ins[190:175], 1'h0 };
-  assign \$1759  = { ins[190:175], 1'h0 };
+  assign \$115  = 1'h1;
+  assign \$124  = 1'h1;
+  assign \$125  = issuing;
+  assign \$130  = 1'h1;
+  assign \$131  = issuing;
+  assign \$151  = 1'h1;
+  assign \$152  = \$150 ;
+  assign \$1758  = { ins[190:175], 1'h0 };
+  assign \$1760  = { ins[190:175], 1'h0 };
+  assign \$1763  = 1'h1;
+  assign \$1764  = 1'h1;
   assign \$113  = ins[8];
 endmodule
 
@@ -13626,7 +13634,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6019$0 , unit_rst, \port$7574$0 , level, \port$7965$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6029$0 , unit_rst, \port$7584$0 , level, \port$7975$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13651,12 +13659,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6019
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6019$0 ;
-  wire [31:0] \port$6019$0 ;
-  input \port$7574$0 ;
-  wire \port$7574$0 ;
-  input [31:0] \port$7965$0 ;
-  wire [31:0] \port$7965$0 ;
+  input [31:0] \port$6029$0 ;
+  wire [31:0] \port$6029$0 ;
+  input \port$7584$0 ;
+  wire \port$7584$0 ;
+  input [31:0] \port$7975$0 ;
+  wire [31:0] \port$7975$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13689,7 +13697,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6019
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7574$0 , \port$6019$0 , \port$7965$0  };
+      storage[w_port__addr] <= { \port$7584$0 , \port$6029$0 , \port$7975$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13760,8 +13768,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6019
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7574$0 , \port$6019$0 , \port$7965$0  };
-  assign w_data = { \port$7574$0 , \port$6019$0 , \port$7965$0  };
+  assign w_port__data = { \port$7584$0 , \port$6029$0 , \port$7975$0  };
+  assign w_data = { \port$7584$0 , \port$6029$0 , \port$7975$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -16722,34 +16730,34 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$480 ;
   wire \$481 ;
   wire \$482 ;
-  wire [2:0] \$483 ;
+  wire \$483 ;
   wire \$484 ;
-  wire \$485 ;
-  wire [2:0] \$486 ;
-  wire [2:0] \$487 ;
-  wire \$488 ;
-  wire \$489 ;
+  wire [2:0] \$485 ;
+  wire \$486 ;
+  wire \$487 ;
+  wire [2:0] \$488 ;
+  wire [2:0] \$489 ;
   wire \$49 ;
   wire \$490 ;
-  wire [13:0] \$491 ;
-  wire [9:0] \$492 ;
-  wire \$493 ;
-  wire [13:0] \$494 ;
+  wire \$491 ;
+  wire \$492 ;
+  wire [13:0] \$493 ;
+  wire [9:0] \$494 ;
   wire \$495 ;
-  wire \$496 ;
+  wire [13:0] \$496 ;
   wire \$497 ;
-  wire [9:0] \$498 ;
-  wire [2:0] \$499 ;
+  wire \$498 ;
+  wire \$499 ;
   wire \$5 ;
   wire \$50 ;
-  wire [13:0] \$500 ;
+  wire [9:0] \$500 ;
   wire [2:0] \$501 ;
-  wire \$502 ;
-  wire \$503 ;
-  wire [2:0] \$504 ;
-  wire [3:0] \$505 ;
-  wire \$506 ;
-  wire \$507 ;
+  wire [13:0] \$502 ;
+  wire [2:0] \$503 ;
+  wire \$504 ;
+  wire \$505 ;
+  wire [2:0] \$506 ;
+  wire [3:0] \$507 ;
   wire \$508 ;
   wire \$509 ;
   wire \$51 ;
@@ -16765,33 +16773,33 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$519 ;
   wire \$52 ;
   wire \$520 ;
-  wire [2:0] \$521 ;
+  wire \$521 ;
   wire \$522 ;
-  wire \$523 ;
+  wire [2:0] \$523 ;
   wire \$524 ;
-  wire [7:0] \$525 ;
+  wire \$525 ;
   wire \$526 ;
   wire [7:0] \$527 ;
-  wire [6:0] \$528 ;
-  wire [13:0] \$529 ;
+  wire \$528 ;
+  wire [7:0] \$529 ;
   wire \$53 ;
-  wire \$530 ;
-  wire \$531 ;
-  wire [2:0] \$532 ;
+  wire [6:0] \$530 ;
+  wire [13:0] \$531 ;
+  wire \$532 ;
   wire \$533 ;
-  wire \$534 ;
+  wire [2:0] \$534 ;
   wire \$535 ;
-  wire [7:0] \$536 ;
+  wire \$536 ;
   wire \$537 ;
   wire [7:0] \$538 ;
-  wire [13:0] \$539 ;
+  wire \$539 ;
   wire \$54 ;
-  wire [13:0] \$540 ;
+  wire [7:0] \$540 ;
   wire [13:0] \$541 ;
   wire [13:0] \$542 ;
   wire [13:0] \$543 ;
-  wire \$544 ;
-  wire [31:0] \$545 ;
+  wire [13:0] \$544 ;
+  wire [13:0] \$545 ;
   wire \$546 ;
   wire [31:0] \$547 ;
   wire \$548 ;
@@ -16800,7 +16808,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$550 ;
   wire [31:0] \$551 ;
   wire \$552 ;
-  wire \$553 ;
+  wire [31:0] \$553 ;
   wire \$554 ;
   wire \$555 ;
   wire \$556 ;
@@ -16810,58 +16818,58 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$56 ;
   wire \$560 ;
   wire \$561 ;
-  wire [9:0] \$562 ;
-  wire [2:0] \$563 ;
-  wire \$564 ;
-  wire [9:0] \$565 ;
+  wire \$562 ;
+  wire \$563 ;
+  wire [9:0] \$564 ;
+  wire [2:0] \$565 ;
   wire \$566 ;
-  wire \$567 ;
+  wire [9:0] \$567 ;
   wire \$568 ;
   wire \$569 ;
   wire \$57 ;
   wire \$570 ;
-  wire [13:0] \$571 ;
-  wire [9:0] \$572 ;
-  wire \$573 ;
-  wire [14:0] \$574 ;
-  wire [13:0] \$575 ;
-  wire [13:0] \$576 ;
-  wire [9:0] \$577 ;
-  wire [10:0] \$578 ;
-  wire [11:0] \$579 ;
+  wire \$571 ;
+  wire \$572 ;
+  wire [13:0] \$573 ;
+  wire [9:0] \$574 ;
+  wire \$575 ;
+  wire [14:0] \$576 ;
+  wire [13:0] \$577 ;
+  wire [13:0] \$578 ;
+  wire [9:0] \$579 ;
   wire \$58 ;
-  wire [12:0] \$580 ;
-  wire [9:0] \$581 ;
-  wire \$582 ;
-  wire \$583 ;
+  wire [10:0] \$580 ;
+  wire [11:0] \$581 ;
+  wire [12:0] \$582 ;
+  wire [9:0] \$583 ;
   wire \$584 ;
-  wire [9:0] \$585 ;
+  wire \$585 ;
   wire \$586 ;
-  wire \$587 ;
+  wire [9:0] \$587 ;
   wire \$588 ;
-  wire [8:0] \$589 ;
+  wire \$589 ;
   wire \$59 ;
-  wire [9:0] \$590 ;
-  wire \$591 ;
-  wire \$592 ;
+  wire \$590 ;
+  wire [8:0] \$591 ;
+  wire [9:0] \$592 ;
   wire \$593 ;
   wire \$594 ;
   wire \$595 ;
-  wire [9:0] \$596 ;
+  wire \$596 ;
   wire \$597 ;
-  wire [16:0] \$598 ;
-  wire [16:0] \$599 ;
+  wire [9:0] \$598 ;
+  wire \$599 ;
   wire \$6 ;
   wire \$60 ;
-  wire [17:0] \$600 ;
-  wire [9:0] \$601 ;
-  wire \$602 ;
-  wire [3:0] \$603 ;
-  wire [9:0] \$604 ;
-  wire \$605 ;
+  wire [16:0] \$600 ;
+  wire [16:0] \$601 ;
+  wire [17:0] \$602 ;
+  wire [9:0] \$603 ;
+  wire \$604 ;
+  wire [3:0] \$605 ;
   wire [9:0] \$606 ;
   wire \$607 ;
-  wire \$608 ;
+  wire [9:0] \$608 ;
   wire \$609 ;
   wire \$61 ;
   wire \$610 ;
@@ -16871,60 +16879,63 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire \$614 ;
   wire \$615 ;
   wire \$616 ;
-  reg [1:0] \$617 ;
-  reg \$618 ;
-  reg [1:0] \$619 ;
+  wire \$617 ;
+  wire \$618 ;
+  wire \$619 ;
   wire \$62 ;
-  reg [13:0] \$620 ;
+  reg [1:0] \$620 ;
   reg \$621 ;
   reg [1:0] \$622 ;
-  reg \$623 ;
+  reg [13:0] \$623 ;
   reg \$624 ;
-  reg \$625 ;
-  reg [12:0] \$626 ;
-  reg [8:0] \$627 ;
+  reg [1:0] \$625 ;
+  reg \$626 ;
+  reg \$627 ;
   reg \$628 ;
-  reg [15:0] \$629 ;
+  reg [12:0] \$629 ;
   wire \$63 ;
   reg [8:0] \$630 ;
-  reg [383:0] \$631 ;
-  reg [1:0] \$632 ;
-  reg [12:0] \$633 ;
-  reg \$634 ;
-  reg \$635 ;
-  reg [13:0] \$636 ;
-  reg [3:0] \$637 ;
+  reg \$631 ;
+  reg [15:0] \$632 ;
+  reg [8:0] \$633 ;
+  reg [383:0] \$634 ;
+  reg [1:0] \$635 ;
+  reg [12:0] \$636 ;
+  reg \$637 ;
   reg \$638 ;
-  reg \$639 ;
+  reg [13:0] \$639 ;
   wire \$64 ;
-  reg [1:0] \$640 ;
+  reg [3:0] \$640 ;
   reg \$641 ;
-  reg [2:0] \$642 ;
-  reg [12:0] \$643 ;
-  reg [6:0] \$644 ;
-  reg [12:0] \$645 ;
+  reg \$642 ;
+  reg [1:0] \$643 ;
+  reg \$644 ;
+  reg [2:0] \$645 ;
   reg [12:0] \$646 ;
-  reg [127:0] \$647 ;
-  reg [383:0] \$648 ;
-  reg [8:0] \$649 ;
+  reg [6:0] \$647 ;
+  reg [12:0] \$648 ;
+  reg [12:0] \$649 ;
   wire \$65 ;
-  reg [1:0] \$650 ;
-  reg [12:0] \$651 ;
-  reg [13:0] \$652 ;
-  reg [3:0] \$653 ;
+  reg [127:0] \$650 ;
+  reg [383:0] \$651 ;
+  reg [8:0] \$652 ;
+  reg [1:0] \$653 ;
   reg [12:0] \$654 ;
   reg [13:0] \$655 ;
-  reg [12:0] \$656 ;
-  reg \$657 ;
-  reg [5:0] \$658 ;
-  reg [31:0] \$659 ;
+  reg [3:0] \$656 ;
+  reg [12:0] \$657 ;
+  reg [13:0] \$658 ;
+  reg [12:0] \$659 ;
   wire \$66 ;
-  reg [5:0] \$660 ;
-  reg [12:0] \$661 ;
-  reg [12:0] \$662 ;
-  reg \$663 ;
-  reg [3:0] \$664 ;
-  reg [2:0] \$665 ;
+  reg \$660 ;
+  reg [5:0] \$661 ;
+  reg [31:0] \$662 ;
+  reg [5:0] \$663 ;
+  reg [12:0] \$664 ;
+  reg [12:0] \$665 ;
+  reg \$666 ;
+  reg [3:0] \$667 ;
+  reg [2:0] \$668 ;
   wire \$67 ;
   wire \$68 ;
   wire \$69 ;
@@ -17231,6 +17242,9 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   wire [23:0] \wbuf[3][2] ;
   wire [23:0] \wbuf[3][3] ;
   reg [5:0] width = 6'h00;
+  assign \$331  = width > 5'h17;
+  assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
+  assign \$333  = width > 1'h1;
   assign \$334  = width > 2'h2;
   assign \$335  = width > 2'h3;
   assign \$336  = width > 3'h4;
@@ -17354,234 +17368,234 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$461  = gc_full & \$460 ;
   assign \$462  = \$458  | \$461 ;
   assign \$463  = t_addr + 1'h1;
-  assign \$465  = ~ dma__rd_busy;
-  assign \$466  = ~ gc_full;
-  assign \$467  = \$465  & \$466 ;
-  assign \$468  = ~ w_busy;
+  assign \$467  = ~ dma__rd_busy;
+  assign \$468  = ~ gc_full;
   assign \$469  = \$467  & \$468 ;
-  assign \$470  = ! fsm_state;
-  assign \$471  = fsm_state == 1'h1;
-  assign \$472  = fsm_state == 2'h2;
-  assign \$473  = fsm_state == 2'h3;
-  assign \$474  = fsm_state == 3'h4;
-  assign \$475  = fsm_state == 3'h5;
-  assign \$476  = ~ \$signal ;
-  assign \$477  = | \$like ;
-  assign \$478  = owed_n < 2'h3;
-  assign \$479  = \$477  | \$478 ;
-  assign \$480  = \$476  & \$479 ;
-  assign \$481  = a_in__valid & a_in__ready;
-  assign \$482  = a_in__valid & a_in__ready;
-  assign \$483  = a_col + 1'h1;
-  assign \$484  = \$483  == r_data[130:128];
-  assign \$485  = \$482  & \$484 ;
-  assign \$486  = a_col + 1'h1;
-  assign \$487  = \$485  ? 3'h0 : \$486 ;
-  assign \$490  = ~ t_half;
-  assign \$491  = t_addr + t_step;
-  assign \$492  = t_left - 1'h1;
-  assign \$493  = t_left != 1'h1;
-  assign \$494  = t_addr + 1'h1;
-  assign \$495  = ~ t_cap_half;
-  assign \$496  = t_cap & \$495 ;
-  assign \$497  = t_cap & t_cap_half;
-  assign \$498  = t_col + 1'h1;
-  assign \$499  = w_row + 1'h1;
-  assign \$500  = w_addr + ins[85:77];
+  assign \$470  = ~ w_busy;
+  assign \$471  = \$469  & \$470 ;
+  assign \$472  = ! fsm_state;
+  assign \$473  = fsm_state == 1'h1;
+  assign \$474  = fsm_state == 2'h2;
+  assign \$475  = fsm_state == 2'h3;
+  assign \$476  = fsm_state == 3'h4;
+  assign \$477  = fsm_state == 3'h5;
+  assign \$478  = ~ \$signal ;
+  assign \$479  = | \$like ;
+  assign \$480  = owed_n < 2'h3;
+  assign \$481  = \$479  | \$480 ;
+  assign \$482  = \$478  & \$481 ;
+  assign \$483  = a_in__valid & a_in__ready;
+  assign \$484  = a_in__valid & a_in__ready;
+  assign \$485  = a_col + 1'h1;
+  assign \$486  = \$485  == r_data[130:128];
+  assign \$487  = \$484  & \$486 ;
+  assign \$488  = a_col + 1'h1;
+  assign \$489  = \$487  ? 3'h0 : \$488 ;
+  assign \$492  = ~ t_half;
+  assign \$493  = t_addr + t_step;
+  assign \$494  = t_left - 1'h1;
+  assign \$495  = t_left != 1'h1;
+  assign \$496  = t_addr + 1'h1;
+  assign \$497  = ~ t_cap_half;
+  assign \$498  = t_cap & \$497 ;
+  assign \$499  = t_cap & t_cap_half;
+  assign \$500  = t_col + 1'h1;
   assign \$501  = w_row + 1'h1;
-  assign \$502  = \$501  == 2'h3;
-  assign \$503  = ! w_left[13:3];
-  assign \$504  = w_row + 1'h1;
-  assign \$505  = \$504  + 1'h1;
-  assign \$506  = \$505  >= w_left[2:0];
-  assign \$507  = \$503  & \$506 ;
-  assign \$508  = \$502  | \$507 ;
-  assign \$509  = ~ w_last;
-  assign \$510  = ~ w_busy;
-  assign \$511  = \$510  | w_last;
-  assign \$512  = gc_full & \$511 ;
-  assign \$513  = ! g_left[13:3];
-  assign \$514  = g_left[2:0] <= 1'h1;
-  assign \$515  = \$513  & \$514 ;
-  assign \$519  = gm_row == 2'h3;
-  assign \$520  = ! gm_left[13:3];
-  assign \$521  = gm_row + 1'h1;
-  assign \$522  = \$521  >= gm_left[2:0];
-  assign \$523  = \$520  & \$522 ;
-  assign \$524  = \$519  | \$523 ;
-  assign \$525  = ins[99:93] - gm_k0;
-  assign \$526  = \$525 [6:0] >= 3'h4;
+  assign \$502  = w_addr + ins[85:77];
+  assign \$503  = w_row + 1'h1;
+  assign \$504  = \$503  == 2'h3;
+  assign \$505  = ! w_left[13:3];
+  assign \$506  = w_row + 1'h1;
+  assign \$507  = \$506  + 1'h1;
+  assign \$508  = \$507  >= w_left[2:0];
+  assign \$509  = \$505  & \$508 ;
+  assign \$510  = \$504  | \$509 ;
+  assign \$511  = ~ w_last;
+  assign \$512  = ~ w_busy;
+  assign \$513  = \$512  | w_last;
+  assign \$514  = gc_full & \$513 ;
+  assign \$515  = ! g_left[13:3];
+  assign \$516  = g_left[2:0] <= 1'h1;
+  assign \$517  = \$515  & \$516 ;
+  assign \$521  = gm_row == 2'h3;
+  assign \$522  = ! gm_left[13:3];
+  assign \$523  = gm_row + 1'h1;
+  assign \$524  = \$523  >= gm_left[2:0];
+  assign \$525  = \$522  & \$524 ;
+  assign \$526  = \$521  | \$525 ;
   assign \$527  = ins[99:93] - gm_k0;
-  assign \$528  = \$526  ? 7'h04 : \$527 [6:0];
-  assign \$529  = gm_addr + ins[99:93];
-  assign \$530  = gm_row == 2'h3;
-  assign \$531  = ! gm_left[13:3];
-  assign \$532  = gm_row + 1'h1;
-  assign \$533  = \$532  >= gm_left[2:0];
-  assign \$534  = \$531  & \$533 ;
-  assign \$535  = \$530  | \$534 ;
-  assign \$536  = gm_k0 + 3'h4;
-  assign \$537  = \$536  < ins[99:93];
+  assign \$528  = \$527 [6:0] >= 3'h4;
+  assign \$529  = ins[99:93] - gm_k0;
+  assign \$530  = \$528  ? 7'h04 : \$529 [6:0];
+  assign \$531  = gm_addr + ins[99:93];
+  assign \$532  = gm_row == 2'h3;
+  assign \$533  = ! gm_left[13:3];
+  assign \$534  = gm_row + 1'h1;
+  assign \$535  = \$534  >= gm_left[2:0];
+  assign \$536  = \$533  & \$535 ;
+  assign \$537  = \$532  | \$536 ;
   assign \$538  = gm_k0 + 3'h4;
-  assign \$539  = gm_gaddr + 3'h4;
-  assign \$540  = gm_gaddr + 3'h4;
-  assign \$541  = gm_block + rk;
-  assign \$542  = gm_block + rk;
+  assign \$539  = \$538  < ins[99:93];
+  assign \$540  = gm_k0 + 3'h4;
+  assign \$541  = gm_gaddr + 3'h4;
+  assign \$542  = gm_gaddr + 3'h4;
   assign \$543  = gm_block + rk;
-  assign \$544  = ! gm_cap_row;
-  assign \$545  = \$544  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
-  assign \$546  = gm_cap_row == 1'h1;
-  assign \$547  = \$546  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
-  assign \$548  = gm_cap_row == 2'h2;
-  assign \$549  = \$548  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
-  assign \$550  = gm_cap_row == 2'h3;
-  assign \$551  = \$550  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
-  assign \$552  = ~ gc_full;
-  assign \$553  = ~ w_busy;
-  assign \$554  = \$553  | w_last;
-  assign \$555  = gc_full & \$554 ;
-  assign \$556  = \$552  | \$555 ;
-  assign \$557  = c_out__valid & \$556 ;
-  assign \$558  = ! gc_col;
-  assign \$559  = gc_col == 1'h1;
-  assign \$560  = gc_col == 2'h2;
-  assign \$561  = gc_col == 2'h3;
-  assign \$562  = gc_n + 1'h1;
-  assign \$563  = gc_col + 1'h1;
-  assign \$564  = gc_col == 2'h3;
-  assign \$565  = gc_n + 1'h1;
-  assign \$566  = \$565  == ins[85:77];
-  assign \$567  = \$564  | \$566 ;
-  assign \$568  = gc_col >= 1'h1;
-  assign \$569  = gc_col >= 2'h2;
-  assign \$570  = gc_col >= 2'h3;
-  assign \$571  = gc_gaddr + 3'h4;
-  assign \$572  = gc_n + 1'h1;
-  assign \$573  = \$572  == ins[85:77];
-  assign \$574  = gc_left - 3'h4;
-  assign \$575  = gc_block + rn;
-  assign \$576  = gc_block + rn;
-  assign \$578  = 1'h0 + \$577 ;
+  assign \$544  = gm_block + rk;
+  assign \$545  = gm_block + rk;
+  assign \$546  = ! gm_cap_row;
+  assign \$547  = \$546  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[31:0];
+  assign \$548  = gm_cap_row == 1'h1;
+  assign \$549  = \$548  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[63:32];
+  assign \$550  = gm_cap_row == 2'h2;
+  assign \$551  = \$550  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[95:64];
+  assign \$552  = gm_cap_row == 2'h3;
+  assign \$553  = \$552  ? { spad__rd0__lanes[103:96], spad__rd0__lanes[71:64], spad__rd0__lanes[39:32], spad__rd0__lanes[7:0] } : tbuf[127:96];
+  assign \$554  = ~ gc_full;
+  assign \$555  = ~ w_busy;
+  assign \$556  = \$555  | w_last;
+  assign \$557  = gc_full & \$556 ;
+  assign \$558  = \$554  | \$557 ;
+  assign \$559  = c_out__valid & \$558 ;
+  assign \$560  = ! gc_col;
+  assign \$561  = gc_col == 1'h1;
+  assign \$562  = gc_col == 2'h2;
+  assign \$563  = gc_col == 2'h3;
+  assign \$564  = gc_n + 1'h1;
+  assign \$565  = gc_col + 1'h1;
+  assign \$566  = gc_col == 2'h3;
+  assign \$567  = gc_n + 1'h1;
+  assign \$568  = \$567  == ins[85:77];
+  assign \$569  = \$566  | \$568 ;
+  assign \$570  = gc_col >= 1'h1;
+  assign \$571  = gc_col >= 2'h2;
+  assign \$572  = gc_col >= 2'h3;
+  assign \$573  = gc_gaddr + 3'h4;
+  assign \$574  = gc_n + 1'h1;
+  assign \$575  = \$574  == ins[85:77];
+  assign \$576  = gc_left - 3'h4;
+  assign \$577  = gc_block + rn;
+  assign \$578  = gc_block + rn;
   assign \$580  = 1'h0 + \$579 ;
-  assign \$583  = | ins[21:16];
-  assign \$584  = \$582  & \$583 ;
-  assign \$587  = | ins[21:16];
-  assign \$588  = \$586  & \$587 ;
-  assign \$589  = \$588  ? ins[85:77] : 9'h000;
-  assign \$592  = | ins[21:16];
-  assign \$593  = \$591  & \$592 ;
-  assign \$594  = | ins[85:77];
+  assign \$582  = 1'h0 + \$581 ;
+  assign \$585  = | ins[21:16];
+  assign \$586  = \$584  & \$585 ;
+  assign \$589  = | ins[21:16];
+  assign \$590  = \$588  & \$589 ;
+  assign \$591  = \$590  ? ins[85:77] : 9'h000;
+  assign \$594  = | ins[21:16];
   assign \$595  = \$593  & \$594 ;
-  assign \$599  = \$597  ? \$598  : 17'h00000;
-  assign \$600  = ins[47:35] + \$599 ;
-  assign \$603  = \$602  ? 4'hf : 4'h1;
-  assign \$608  = | ins[21:16];
-  assign \$609  = \$607  & \$608 ;
-  assign \$610  = ~ \$609 ;
-  assign \$611  = \$605  & \$610 ;
-  assign \$612  = ~ dma__rd_busy;
-  assign \$613  = ~ gc_full;
-  assign \$614  = \$612  & \$613 ;
-  assign \$615  = ~ w_busy;
-  assign \$616  = \$614  & \$615 ;
+  assign \$596  = | ins[85:77];
+  assign \$597  = \$595  & \$596 ;
+  assign \$601  = \$599  ? \$600  : 17'h00000;
+  assign \$602  = ins[47:35] + \$601 ;
+  assign \$605  = \$604  ? 4'hf : 4'h1;
+  assign \$610  = | ins[21:16];
+  assign \$611  = \$609  & \$610 ;
+  assign \$612  = ~ \$611 ;
+  assign \$613  = \$607  & \$612 ;
+  assign \$615  = ~ dma__rd_busy;
+  assign \$616  = ~ gc_full;
+  assign \$617  = \$615  & \$616 ;
+  assign \$618  = ~ w_busy;
+  assign \$619  = \$617  & \$618 ;
   always @(posedge clk)
-    gm_row <= \$617 ;
+    gm_row <= \$620 ;
   always @(posedge clk)
-    gm_afeed_done <= \$618 ;
+    gm_afeed_done <= \$621 ;
   always @(posedge clk)
-    gm_owed <= \$619 ;
+    gm_owed <= \$622 ;
   always @(posedge clk)
-    gm_left <= \$620 ;
+    gm_left <= \$623 ;
   always @(posedge clk)
-    gm_go <= \$621 ;
+    gm_go <= \$624 ;
   always @(posedge clk)
-    a_col <= \$622 ;
+    a_col <= \$625 ;
   always @(posedge clk)
-    t_cap <= \$623 ;
+    t_cap <= \$626 ;
   always @(posedge clk)
-    t_cap_half <= \$624 ;
+    t_cap_half <= \$627 ;
   always @(posedge clk)
-    t_half <= \$625 ;
+    t_half <= \$628 ;
   always @(posedge clk)
-    t_addr <= \$626 ;
+    t_addr <= \$629 ;
   always @(posedge clk)
-    t_left <= \$627 ;
+    t_left <= \$630 ;
   always @(posedge clk)
-    t_on <= \$628 ;
+    t_on <= \$631 ;
   always @(posedge clk)
-    t_mult <= \$629 ;
+    t_mult <= \$632 ;
   always @(posedge clk)
-    t_col <= \$630 ;
+    t_col <= \$633 ;
   always @(posedge clk)
-    wbuf <= \$631 ;
+    wbuf <= \$634 ;
   always @(posedge clk)
-    w_row <= \$632 ;
+    w_row <= \$635 ;
   always @(posedge clk)
-    w_addr <= \$633 ;
+    w_addr <= \$636 ;
   always @(posedge clk)
-    w_last <= \$634 ;
+    w_last <= \$637 ;
   always @(posedge clk)
-    w_busy <= \$635 ;
+    w_busy <= \$638 ;
   always @(posedge clk)
-    w_left <= \$636 ;
+    w_left <= \$639 ;
   always @(posedge clk)
-    w_cols <= \$637 ;
+    w_cols <= \$640 ;
   always @(posedge clk)
-    gc_full <= \$638 ;
+    gc_full <= \$641 ;
   always @(posedge clk)
-    gm_cap <= \$639 ;
+    gm_cap <= \$642 ;
   always @(posedge clk)
-    gm_cap_row <= \$640 ;
+    gm_cap_row <= \$643 ;
   always @(posedge clk)
-    gm_cap_last <= \$641 ;
+    gm_cap_last <= \$644 ;
   always @(posedge clk)
-    gm_cap_cols <= \$642 ;
+    gm_cap_cols <= \$645 ;
   always @(posedge clk)
-    gm_addr <= \$643 ;
+    gm_addr <= \$646 ;
   always @(posedge clk)
-    gm_k0 <= \$644 ;
+    gm_k0 <= \$647 ;
   always @(posedge clk)
-    gm_gaddr <= \$645 ;
+    gm_gaddr <= \$648 ;
   always @(posedge clk)
-    gm_block <= \$646 ;
+    gm_block <= \$649 ;
   always @(posedge clk)
-    tbuf <= \$647 ;
+    tbuf <= \$650 ;
   always @(posedge clk)
-    cbuf <= \$648 ;
+    cbuf <= \$651 ;
   always @(posedge clk)
-    gc_n <= \$649 ;
+    gc_n <= \$652 ;
   always @(posedge clk)
-    gc_col <= \$650 ;
+    gc_col <= \$653 ;
   always @(posedge clk)
-    g_addr <= \$651 ;
+    g_addr <= \$654 ;
   always @(posedge clk)
-    g_left <= \$652 ;
+    g_left <= \$655 ;
   always @(posedge clk)
-    g_cols <= \$653 ;
+    g_cols <= \$656 ;
   always @(posedge clk)
-    gc_gaddr <= \$654 ;
+    gc_gaddr <= \$657 ;
   always @(posedge clk)
-    gc_left <= \$655 ;
+    gc_left <= \$658 ;
   always @(posedge clk)
-    gc_block <= \$656 ;
+    gc_block <= \$659 ;
   always @(posedge clk)
-    busy <= \$657 ;
+    busy <= \$660 ;
   always @(posedge clk)
-    width <= \$658 ;
+    width <= \$661 ;
   always @(posedge clk)
-    mult <= \$659 ;
+    mult <= \$662 ;
   always @(posedge clk)
-    shift <= \$660 ;
+    shift <= \$663 ;
   always @(posedge clk)
-    rk <= \$661 ;
+    rk <= \$664 ;
   always @(posedge clk)
-    rn <= \$662 ;
+    rn <= \$665 ;
   always @(posedge clk)
-    col_en <= \$663 ;
+    col_en <= \$666 ;
   always @(posedge clk)
-    t_step <= \$664 ;
+    t_step <= \$667 ;
   always @(posedge clk)
-    fsm_state <= \$665 ;
+    fsm_state <= \$668 ;
   assign \$1  = | width;
   assign \$2  = \$1  ? mult : 32'd1;
   assign \$3  = | width;
@@ -17911,9 +17925,6 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$328  = width > 5'h14;
   assign \$329  = width > 5'h15;
   assign \$330  = width > 5'h16;
-  assign \$331  = width > 5'h17;
-  assign \$332  = $signed(wbuf[95:72]) > $signed({ 1'h0, \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309  });
-  assign \$333  = width > 1'h1;
   \nanokpu_kpu.gemm.a_queue  a_queue (
     .clk(clk),
     .r_data(r_data),
@@ -18186,7 +18197,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd1__en = 1'h1;
+          spad__rd1__en = \$465 ;
     endcase
   end
   always @* begin
@@ -18274,7 +18285,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
       3'h0:
           /* empty */;
       3'h1:
-          spad__rd0__en = 1'h1;
+          spad__rd0__en = \$464 ;
     endcase
   end
   always @* begin
@@ -18325,7 +18336,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h2:
           if (cmd__ready) begin
-            dma__rd_start = \$464 ;
+            dma__rd_start = \$466 ;
           end
     endcase
   end
@@ -18366,7 +18377,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
             end
           end
       3'h5:
-          if (\$469 ) begin
+          if (\$471 ) begin
             \done$91  = 1'h1;
           end
     endcase
@@ -18392,54 +18403,24 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
             end
           end
       3'h5:
-          if (\$469 ) begin
+          if (\$471 ) begin
             error = 8'h00;
           end
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$617  = \$like ;
+    \$620  = \$like ;
     if (unit_rst) begin
-      \$617  = 2'h0;
+      \$620  = 2'h0;
     end
     if (rst) begin
-      \$617  = 2'h0;
+      \$620  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$618  = \$signal ;
-    if (unit_rst) begin
-      \$618  = 1'h0;
-    end
-    if (rst) begin
-      \$618  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$619  = owed_n;
-    if (unit_rst) begin
-      \$619  = 2'h0;
-    end
-    if (rst) begin
-      \$619  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$620  = left_n;
-    if (unit_rst) begin
-      \$620  = 14'h0000;
-    end
-    if (rst) begin
-      \$620  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$621  = \$480 ;
+    \$621  = \$signal ;
     if (unit_rst) begin
       \$621  = 1'h0;
     end
@@ -18449,166 +18430,140 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$622  = a_col;
-    if (\$481 ) begin
-      \$622  = \$487 [1:0];
+    \$622  = owed_n;
+    if (unit_rst) begin
+      \$622  = 2'h0;
+    end
+    if (rst) begin
+      \$622  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$623  = left_n;
+    if (unit_rst) begin
+      \$623  = 14'h0000;
+    end
+    if (rst) begin
+      \$623  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$624  = \$482 ;
+    if (unit_rst) begin
+      \$624  = 1'h0;
+    end
+    if (rst) begin
+      \$624  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$625  = a_col;
+    if (\$483 ) begin
+      \$625  = \$489 [1:0];
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$622  = 2'h0;
+            \$625  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$622  = 2'h0;
+      \$625  = 2'h0;
     end
     if (rst) begin
-      \$622  = 2'h0;
+      \$625  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$623  = 1'h0;
-    if (\$489 ) begin
-      \$623  = 1'h1;
+    \$626  = 1'h0;
+    if (\$491 ) begin
+      \$626  = 1'h1;
     end
     if (\done$91 ) begin
-      \$623  = 1'h0;
+      \$626  = 1'h0;
     end
     if (unit_rst) begin
-      \$623  = 1'h0;
+      \$626  = 1'h0;
     end
     if (rst) begin
-      \$623  = 1'h0;
+      \$626  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$624  = t_cap_half;
-    if (\$489 ) begin
-      \$624  = t_half;
+    \$627  = t_cap_half;
+    if (\$491 ) begin
+      \$627  = t_half;
     end
     if (unit_rst) begin
-      \$624  = 1'h0;
+      \$627  = 1'h0;
     end
     if (rst) begin
-      \$624  = 1'h0;
+      \$627  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$625  = t_half;
-    if (\$489 ) begin
-      \$625  = \$490 ;
+    \$628  = t_half;
+    if (\$491 ) begin
+      \$628  = \$492 ;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$625  = 1'h0;
+            \$628  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$625  = 1'h0;
+      \$628  = 1'h0;
     end
     if (rst) begin
-      \$625  = 1'h0;
+      \$628  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$626  = t_addr;
-    if (\$489 ) begin
+    \$629  = t_addr;
+    if (\$491 ) begin
       (* full_case = 32'd1 *)
       if (t_half) begin
-        \$626  = \$491 [12:0];
+        \$629  = \$493 [12:0];
       end else begin
-        \$626  = \$494 [12:0];
+        \$629  = \$496 [12:0];
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$626  = \$600 [12:0];
+            \$629  = \$602 [12:0];
           end
     endcase
     if (unit_rst) begin
-      \$626  = 13'h0000;
+      \$629  = 13'h0000;
     end
     if (rst) begin
-      \$626  = 13'h0000;
+      \$629  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$627  = t_left;
-    if (\$489 ) begin
+    \$630  = t_left;
+    if (\$491 ) begin
       if (t_half) begin
-        \$627  = \$492 [8:0];
+        \$630  = \$494 [8:0];
       end
     end
     if (\done$91 ) begin
-      \$627  = 9'h000;
+      \$630  = 9'h000;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$627  = \$589 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$627  = 9'h000;
-    end
-    if (rst) begin
-      \$627  = 9'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$628  = t_on;
-    if (\$489 ) begin
-      if (t_half) begin
-        \$628  = \$493 ;
-      end
-    end
-    if (\done$91 ) begin
-      \$628  = 1'h0;
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$628  = \$595 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$628  = 1'h0;
-    end
-    if (rst) begin
-      \$628  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$629  = t_mult;
-    if (\$496 ) begin
-      \$629  = spad__rd1__data[15:0];
-    end
-    if (unit_rst) begin
-      \$629  = 16'h0000;
-    end
-    if (rst) begin
-      \$629  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$630  = t_col;
-    if (\$497 ) begin
-      \$630  = \$498 [8:0];
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$630  = 9'h000;
+            \$630  = \$591 ;
           end
     endcase
     if (unit_rst) begin
@@ -18620,133 +18575,134 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$631  = wbuf;
-    if (w_busy) begin
-      \$631 [95:0] = wbuf[191:96];
-      \$631 [191:96] = wbuf[287:192];
-      \$631 [287:192] = wbuf[383:288];
-    end
-    if (\$512 ) begin
-      \$631  = cbuf;
-    end
-    if (unit_rst) begin
-      \$631  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-    if (rst) begin
-      \$631  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$632  = w_row;
-    if (w_busy) begin
-      \$632  = \$499 [1:0];
-    end
-    if (\$512 ) begin
-      \$632  = 2'h0;
-    end
-    if (unit_rst) begin
-      \$632  = 2'h0;
-    end
-    if (rst) begin
-      \$632  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$633  = w_addr;
-    if (w_busy) begin
-      \$633  = \$500 [12:0];
-    end
-    if (\$512 ) begin
-      \$633  = g_addr;
-    end
-    if (unit_rst) begin
-      \$633  = 13'h0000;
-    end
-    if (rst) begin
-      \$633  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$634  = w_last;
-    if (w_busy) begin
-      \$634  = \$508 ;
-    end
-    if (\$512 ) begin
-      \$634  = \$516 ;
-    end
-    if (unit_rst) begin
-      \$634  = 1'h0;
-    end
-    if (rst) begin
-      \$634  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$635  = w_busy;
-    if (w_busy) begin
-      \$635  = \$509 ;
-    end
-    if (\$512 ) begin
-      \$635  = 1'h1;
+    \$631  = t_on;
+    if (\$491 ) begin
+      if (t_half) begin
+        \$631  = \$495 ;
+      end
     end
     if (\done$91 ) begin
-      \$635  = 1'h0;
+      \$631  = 1'h0;
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$635  = 1'h0;
+            \$631  = \$597 ;
           end
     endcase
     if (unit_rst) begin
-      \$635  = 1'h0;
+      \$631  = 1'h0;
     end
     if (rst) begin
-      \$635  = 1'h0;
+      \$631  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$636  = w_left;
-    if (\$512 ) begin
-      \$636  = g_left;
+    \$632  = t_mult;
+    if (\$498 ) begin
+      \$632  = spad__rd1__data[15:0];
     end
     if (unit_rst) begin
-      \$636  = 14'h0000;
+      \$632  = 16'h0000;
     end
     if (rst) begin
-      \$636  = 14'h0000;
+      \$632  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$637  = w_cols;
-    if (\$512 ) begin
-      \$637  = g_cols;
+    \$633  = t_col;
+    if (\$499 ) begin
+      \$633  = \$500 [8:0];
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$633  = 9'h000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$633  = 9'h000;
+    end
+    if (rst) begin
+      \$633  = 9'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$634  = wbuf;
+    if (w_busy) begin
+      \$634 [95:0] = wbuf[191:96];
+      \$634 [191:96] = wbuf[287:192];
+      \$634 [287:192] = wbuf[383:288];
+    end
+    if (\$514 ) begin
+      \$634  = cbuf;
     end
     if (unit_rst) begin
-      \$637  = 4'h0;
+      \$634  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$637  = 4'h0;
+      \$634  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$638  = gc_full;
-    if (\$512 ) begin
-      \$638  = 1'h0;
+    \$635  = w_row;
+    if (w_busy) begin
+      \$635  = \$501 [1:0];
     end
-    if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          \$638  = 1'h1;
-        end
-      end
+    if (\$514 ) begin
+      \$635  = 2'h0;
+    end
+    if (unit_rst) begin
+      \$635  = 2'h0;
+    end
+    if (rst) begin
+      \$635  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$636  = w_addr;
+    if (w_busy) begin
+      \$636  = \$502 [12:0];
+    end
+    if (\$514 ) begin
+      \$636  = g_addr;
+    end
+    if (unit_rst) begin
+      \$636  = 13'h0000;
+    end
+    if (rst) begin
+      \$636  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$637  = w_last;
+    if (w_busy) begin
+      \$637  = \$510 ;
+    end
+    if (\$514 ) begin
+      \$637  = \$518 ;
+    end
+    if (unit_rst) begin
+      \$637  = 1'h0;
+    end
+    if (rst) begin
+      \$637  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$638  = w_busy;
+    if (w_busy) begin
+      \$638  = \$511 ;
+    end
+    if (\$514 ) begin
+      \$638  = 1'h1;
     end
     if (\done$91 ) begin
       \$638  = 1'h0;
@@ -18766,43 +18722,52 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$639  = gm_cap;
-    if (running) begin
-      \$639  = 1'h0;
-      if (\$518 ) begin
-        \$639  = 1'h1;
-      end
+    \$639  = w_left;
+    if (\$514 ) begin
+      \$639  = g_left;
     end
     if (unit_rst) begin
-      \$639  = 1'h0;
+      \$639  = 14'h0000;
     end
     if (rst) begin
-      \$639  = 1'h0;
+      \$639  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$640  = gm_cap_row;
-    if (running) begin
-      if (\$518 ) begin
-        \$640  = gm_row;
-      end
+    \$640  = w_cols;
+    if (\$514 ) begin
+      \$640  = g_cols;
     end
     if (unit_rst) begin
-      \$640  = 2'h0;
+      \$640  = 4'h0;
     end
     if (rst) begin
-      \$640  = 2'h0;
+      \$640  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$641  = gm_cap_last;
+    \$641  = gc_full;
+    if (\$514 ) begin
+      \$641  = 1'h0;
+    end
     if (running) begin
-      if (\$518 ) begin
-        \$641  = \$524 ;
+      if (\$559 ) begin
+        if (\$569 ) begin
+          \$641  = 1'h1;
+        end
       end
     end
+    if (\done$91 ) begin
+      \$641  = 1'h0;
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$641  = 1'h0;
+          end
+    endcase
     if (unit_rst) begin
       \$641  = 1'h0;
     end
@@ -18812,114 +18777,77 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$642  = gm_cap_cols;
+    \$642  = gm_cap;
     if (running) begin
-      if (\$518 ) begin
-        \$642  = \$528 [2:0];
+      \$642  = 1'h0;
+      if (\$520 ) begin
+        \$642  = 1'h1;
       end
     end
     if (unit_rst) begin
-      \$642  = 3'h0;
+      \$642  = 1'h0;
     end
     if (rst) begin
-      \$642  = 3'h0;
+      \$642  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$643  = gm_addr;
+    \$643  = gm_cap_row;
     if (running) begin
-      if (\$518 ) begin
-        \$643  = \$529 [12:0];
-        if (\$535 ) begin
-          (* full_case = 32'd1 *)
-          if (\$537 ) begin
-            \$643  = \$540 [12:0];
-          end else begin
-            \$643  = \$543 [12:0];
-          end
-        end
+      if (\$520 ) begin
+        \$643  = gm_row;
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$643  = ins[34:22];
-          end
-    endcase
     if (unit_rst) begin
-      \$643  = 13'h0000;
+      \$643  = 2'h0;
     end
     if (rst) begin
-      \$643  = 13'h0000;
+      \$643  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$644  = gm_k0;
+    \$644  = gm_cap_last;
     if (running) begin
-      if (\$518 ) begin
-        if (\$535 ) begin
-          (* full_case = 32'd1 *)
-          if (\$537 ) begin
-            \$644  = \$538 [6:0];
-          end else begin
-            \$644  = 7'h00;
-          end
-        end
+      if (\$520 ) begin
+        \$644  = \$526 ;
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$644  = 7'h00;
-          end
-    endcase
     if (unit_rst) begin
-      \$644  = 7'h00;
+      \$644  = 1'h0;
     end
     if (rst) begin
-      \$644  = 7'h00;
+      \$644  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$645  = gm_gaddr;
+    \$645  = gm_cap_cols;
     if (running) begin
-      if (\$518 ) begin
-        if (\$535 ) begin
-          (* full_case = 32'd1 *)
-          if (\$537 ) begin
-            \$645  = \$539 [12:0];
-          end else begin
-            \$645  = \$542 [12:0];
-          end
-        end
+      if (\$520 ) begin
+        \$645  = \$530 [2:0];
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$645  = ins[34:22];
-          end
-    endcase
     if (unit_rst) begin
-      \$645  = 13'h0000;
+      \$645  = 3'h0;
     end
     if (rst) begin
-      \$645  = 13'h0000;
+      \$645  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$646  = gm_block;
+    \$646  = gm_addr;
     if (running) begin
-      if (\$518 ) begin
-        if (\$535 ) begin
+      if (\$520 ) begin
+        \$646  = \$531 [12:0];
+        if (\$537 ) begin
           (* full_case = 32'd1 *)
-          if (\$537 ) begin
+          if (\$539 ) begin
+            \$646  = \$542 [12:0];
           end else begin
-            \$646  = \$541 [12:0];
+            \$646  = \$545 [12:0];
           end
         end
       end
@@ -18939,69 +18867,152 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$647  = tbuf;
+    \$647  = gm_k0;
+    if (running) begin
+      if (\$520 ) begin
+        if (\$537 ) begin
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+            \$647  = \$540 [6:0];
+          end else begin
+            \$647  = 7'h00;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$647  = 7'h00;
+          end
+    endcase
+    if (unit_rst) begin
+      \$647  = 7'h00;
+    end
+    if (rst) begin
+      \$647  = 7'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$648  = gm_gaddr;
+    if (running) begin
+      if (\$520 ) begin
+        if (\$537 ) begin
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+            \$648  = \$541 [12:0];
+          end else begin
+            \$648  = \$544 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$648  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$648  = 13'h0000;
+    end
+    if (rst) begin
+      \$648  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$649  = gm_block;
+    if (running) begin
+      if (\$520 ) begin
+        if (\$537 ) begin
+          (* full_case = 32'd1 *)
+          if (\$539 ) begin
+          end else begin
+            \$649  = \$543 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$649  = ins[34:22];
+          end
+    endcase
+    if (unit_rst) begin
+      \$649  = 13'h0000;
+    end
+    if (rst) begin
+      \$649  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$650  = tbuf;
     if (running) begin
       if (gm_cap) begin
-        \$647 [31:0] = \$545 ;
-        \$647 [63:32] = \$547 ;
-        \$647 [95:64] = \$549 ;
-        \$647 [127:96] = \$551 ;
+        \$650 [31:0] = \$547 ;
+        \$650 [63:32] = \$549 ;
+        \$650 [95:64] = \$551 ;
+        \$650 [127:96] = \$553 ;
       end
     end
     if (unit_rst) begin
-      \$647  = 128'h00000000000000000000000000000000;
+      \$650  = 128'h00000000000000000000000000000000;
     end
     if (rst) begin
-      \$647  = 128'h00000000000000000000000000000000;
+      \$650  = 128'h00000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$648  = cbuf;
+    \$651  = cbuf;
     if (running) begin
-      if (\$557 ) begin
-        if (\$558 ) begin
-          \$648 [23:0] = c_out__payload[23:0];
-          \$648 [119:96] = c_out__payload[47:24];
-          \$648 [215:192] = c_out__payload[71:48];
-          \$648 [311:288] = c_out__payload[95:72];
-        end
-        if (\$559 ) begin
-          \$648 [47:24] = c_out__payload[23:0];
-          \$648 [143:120] = c_out__payload[47:24];
-          \$648 [239:216] = c_out__payload[71:48];
-          \$648 [335:312] = c_out__payload[95:72];
-        end
+      if (\$559 ) begin
         if (\$560 ) begin
-          \$648 [71:48] = c_out__payload[23:0];
-          \$648 [167:144] = c_out__payload[47:24];
-          \$648 [263:240] = c_out__payload[71:48];
-          \$648 [359:336] = c_out__payload[95:72];
+          \$651 [23:0] = c_out__payload[23:0];
+          \$651 [119:96] = c_out__payload[47:24];
+          \$651 [215:192] = c_out__payload[71:48];
+          \$651 [311:288] = c_out__payload[95:72];
         end
         if (\$561 ) begin
-          \$648 [95:72] = c_out__payload[23:0];
-          \$648 [191:168] = c_out__payload[47:24];
-          \$648 [287:264] = c_out__payload[71:48];
-          \$648 [383:360] = c_out__payload[95:72];
+          \$651 [47:24] = c_out__payload[23:0];
+          \$651 [143:120] = c_out__payload[47:24];
+          \$651 [239:216] = c_out__payload[71:48];
+          \$651 [335:312] = c_out__payload[95:72];
+        end
+        if (\$562 ) begin
+          \$651 [71:48] = c_out__payload[23:0];
+          \$651 [167:144] = c_out__payload[47:24];
+          \$651 [263:240] = c_out__payload[71:48];
+          \$651 [359:336] = c_out__payload[95:72];
+        end
+        if (\$563 ) begin
+          \$651 [95:72] = c_out__payload[23:0];
+          \$651 [191:168] = c_out__payload[47:24];
+          \$651 [287:264] = c_out__payload[71:48];
+          \$651 [383:360] = c_out__payload[95:72];
         end
       end
     end
     if (unit_rst) begin
-      \$648  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$651  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
     if (rst) begin
-      \$648  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
+      \$651  = 384'h000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$649  = gc_n;
+    \$652  = gc_n;
     if (running) begin
-      if (\$557 ) begin
-        \$649  = \$562 [8:0];
-        if (\$567 ) begin
-          if (\$573 ) begin
-            \$649  = 9'h000;
+      if (\$559 ) begin
+        \$652  = \$564 [8:0];
+        if (\$569 ) begin
+          if (\$575 ) begin
+            \$652  = 9'h000;
           end
         end
       end
@@ -19009,110 +19020,50 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$649  = 9'h000;
+            \$652  = 9'h000;
           end
     endcase
     if (unit_rst) begin
-      \$649  = 9'h000;
+      \$652  = 9'h000;
     end
     if (rst) begin
-      \$649  = 9'h000;
+      \$652  = 9'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$650  = gc_col;
+    \$653  = gc_col;
     if (running) begin
-      if (\$557 ) begin
-        \$650  = \$563 [1:0];
-        if (\$567 ) begin
-          \$650  = 2'h0;
+      if (\$559 ) begin
+        \$653  = \$565 [1:0];
+        if (\$569 ) begin
+          \$653  = 2'h0;
         end
       end
     end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$650  = 2'h0;
+            \$653  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$650  = 2'h0;
+      \$653  = 2'h0;
     end
     if (rst) begin
-      \$650  = 2'h0;
+      \$653  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$651  = g_addr;
+    \$654  = g_addr;
     if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          \$651  = gc_gaddr;
+      if (\$559 ) begin
+        if (\$569 ) begin
+          \$654  = gc_gaddr;
         end
       end
     end
-    if (unit_rst) begin
-      \$651  = 13'h0000;
-    end
-    if (rst) begin
-      \$651  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$652  = g_left;
-    if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          \$652  = gc_left;
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$652  = 14'h0000;
-    end
-    if (rst) begin
-      \$652  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$653  = g_cols;
-    if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          \$653  = { \$570 , \$569 , \$568 , 1'h1 };
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$653  = 4'h0;
-    end
-    if (rst) begin
-      \$653  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$654  = gc_gaddr;
-    if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          \$654  = \$571 [12:0];
-          if (\$573 ) begin
-            \$654  = \$576 [12:0];
-          end
-        end
-      end
-    end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$654  = ins[60:48];
-          end
-    endcase
     if (unit_rst) begin
       \$654  = 13'h0000;
     end
@@ -19122,22 +19073,14 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$655  = gc_left;
+    \$655  = g_left;
     if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          if (\$573 ) begin
-            \$655  = \$574 [13:0];
-          end
+      if (\$559 ) begin
+        if (\$569 ) begin
+          \$655  = gc_left;
         end
       end
     end
-    casez (fsm_state)
-      3'h0:
-          if (start) begin
-            \$655  = ins[74:61];
-          end
-    endcase
     if (unit_rst) begin
       \$655  = 14'h0000;
     end
@@ -19147,12 +19090,30 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$656  = gc_block;
+    \$656  = g_cols;
     if (running) begin
-      if (\$557 ) begin
-        if (\$567 ) begin
-          if (\$573 ) begin
-            \$656  = \$575 [12:0];
+      if (\$559 ) begin
+        if (\$569 ) begin
+          \$656  = { \$572 , \$571 , \$570 , 1'h1 };
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$656  = 4'h0;
+    end
+    if (rst) begin
+      \$656  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$657  = gc_gaddr;
+    if (running) begin
+      if (\$559 ) begin
+        if (\$569 ) begin
+          \$657  = \$573 [12:0];
+          if (\$575 ) begin
+            \$657  = \$578 [12:0];
           end
         end
       end
@@ -19160,23 +19121,73 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$656  = ins[60:48];
+            \$657  = ins[60:48];
           end
     endcase
     if (unit_rst) begin
-      \$656  = 13'h0000;
+      \$657  = 13'h0000;
     end
     if (rst) begin
-      \$656  = 13'h0000;
+      \$657  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$657  = busy;
+    \$658  = gc_left;
+    if (running) begin
+      if (\$559 ) begin
+        if (\$569 ) begin
+          if (\$575 ) begin
+            \$658  = \$576 [13:0];
+          end
+        end
+      end
+    end
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$657  = 1'h1;
+            \$658  = ins[74:61];
+          end
+    endcase
+    if (unit_rst) begin
+      \$658  = 14'h0000;
+    end
+    if (rst) begin
+      \$658  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$659  = gc_block;
+    if (running) begin
+      if (\$559 ) begin
+        if (\$569 ) begin
+          if (\$575 ) begin
+            \$659  = \$577 [12:0];
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$659  = ins[60:48];
+          end
+    endcase
+    if (unit_rst) begin
+      \$659  = 13'h0000;
+    end
+    if (rst) begin
+      \$659  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
+    \$660  = busy;
+    casez (fsm_state)
+      3'h0:
+          if (start) begin
+            \$660  = 1'h1;
           end
       3'h1:
           /* empty */;
@@ -19186,186 +19197,188 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
           /* empty */;
       3'h4:
           if (dma__error) begin
-            \$657  = 1'h0;
+            \$660  = 1'h0;
           end else if (done) begin
             if (\error$93 ) begin
-              \$657  = 1'h0;
+              \$660  = 1'h0;
             end
           end
       3'h5:
-          if (\$616 ) begin
-            \$657  = 1'h0;
+          if (\$619 ) begin
+            \$660  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$657  = 1'h0;
+      \$660  = 1'h0;
     end
     if (rst) begin
-      \$657  = 1'h0;
+      \$660  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$658  = width;
+    \$661  = width;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$658  = ins[21:16];
+            \$661  = ins[21:16];
           end
     endcase
     if (unit_rst) begin
-      \$658  = 6'h00;
+      \$661  = 6'h00;
     end
     if (rst) begin
-      \$658  = 6'h00;
+      \$661  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$659  = mult;
+    \$662  = mult;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$659  = ins[168:137];
+            \$662  = ins[168:137];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$659  = { 16'h0000, spad__rd0__lanes[15:0] };
+          \$662  = { 16'h0000, spad__rd0__lanes[15:0] };
     endcase
     if (unit_rst) begin
-      \$659  = 32'd0;
+      \$662  = 32'd0;
     end
     if (rst) begin
-      \$659  = 32'd0;
+      \$662  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$660  = shift;
+    \$663  = shift;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$660  = ins[174:169];
+            \$663  = ins[174:169];
           end
       3'h1:
           /* empty */;
       3'h3:
-          \$660  = spad__rd1__data[5:0];
+          \$663  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$660  = 6'h00;
+      \$663  = 6'h00;
     end
     if (rst) begin
-      \$660  = 6'h00;
+      \$663  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$661  = rk;
+    \$664  = rk;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$661  = { 2'h0, \$578  };
+            \$664  = { 2'h0, \$580  };
           end
     endcase
     if (unit_rst) begin
-      \$661  = 13'h0000;
+      \$664  = 13'h0000;
     end
     if (rst) begin
-      \$661  = 13'h0000;
+      \$664  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$662  = rn;
+    \$665  = rn;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$662  = \$580 ;
+            \$665  = \$582 ;
           end
     endcase
     if (unit_rst) begin
-      \$662  = 13'h0000;
+      \$665  = 13'h0000;
     end
     if (rst) begin
-      \$662  = 13'h0000;
+      \$665  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$663  = col_en;
+    \$666  = col_en;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$663  = \$584 ;
+            \$666  = \$586 ;
           end
     endcase
     if (unit_rst) begin
-      \$663  = 1'h0;
+      \$666  = 1'h0;
     end
     if (rst) begin
-      \$663  = 1'h0;
+      \$666  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$664  = t_step;
+    \$667  = t_step;
     casez (fsm_state)
       3'h0:
           if (start) begin
-            \$664  = \$603 ;
+            \$667  = \$605 ;
           end
     endcase
     if (unit_rst) begin
-      \$664  = 4'h0;
+      \$667  = 4'h0;
     end
     if (rst) begin
-      \$664  = 4'h0;
+      \$667  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$17 ) begin end
-    \$665  = fsm_state;
+    \$668  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$611 ) begin
-              \$665  = 3'h1;
+            if (\$613 ) begin
+              \$668  = 3'h1;
             end else begin
-              \$665  = 3'h2;
+              \$668  = 3'h2;
             end
           end
       3'h1:
-          \$665  = 3'h3;
+          if (\$614 ) begin
+            \$668  = 3'h3;
+          end
       3'h3:
-          \$665  = 3'h2;
+          \$668  = 3'h2;
       3'h2:
           if (cmd__ready) begin
-            \$665  = 3'h4;
+            \$668  = 3'h4;
           end
       3'h4:
           if (dma__error) begin
-            \$665  = 3'h0;
+            \$668  = 3'h0;
           end else if (done) begin
             (* full_case = 32'd1 *)
             if (\error$93 ) begin
-              \$665  = 3'h0;
+              \$668  = 3'h0;
             end else begin
-              \$665  = 3'h5;
+              \$668  = 3'h5;
             end
           end
       3'h5:
-          if (\$616 ) begin
-            \$665  = 3'h0;
+          if (\$619 ) begin
+            \$668  = 3'h0;
           end
     endcase
     if (unit_rst) begin
-      \$665  = 3'h0;
+      \$668  = 3'h0;
     end
     if (rst) begin
-      \$665  = 3'h0;
+      \$668  = 3'h0;
     end
   end
   assign col = col_en;
@@ -19515,35 +19528,38 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
   assign \$429  = 1'h1;
   assign \$430  = gm_go;
   assign \$464  = 1'h1;
-  assign \$488  = 1'h1;
-  assign \$489  = t_on;
-  assign \$516  = \$515 ;
-  assign \$517  = 1'h1;
-  assign \$518  = gm_go;
-  assign \$577  = { 1'h0, ins[99:93], 2'h0 };
-  assign \$579  = { 1'h0, ins[85:77], 2'h0 };
-  assign { \$581 [9:4], \$581 [2:0] } = 9'h000;
-  assign \$581 [3] = ins[9];
-  assign { \$585 [9:4], \$585 [2:0] } = 9'h000;
-  assign \$585 [3] = ins[9];
-  assign { \$590 [9:4], \$590 [2:0] } = 9'h000;
-  assign \$590 [3] = ins[9];
-  assign { \$596 [9:3], \$596 [1:0] } = 9'h000;
-  assign \$596 [2] = ins[8];
-  assign \$598  = { ins[190:175], 1'h0 };
-  assign { \$601 [9:3], \$601 [1:0] } = 9'h000;
-  assign \$601 [2] = ins[8];
-  assign { \$604 [9:3], \$604 [1:0] } = 9'h000;
-  assign \$604 [2] = ins[8];
-  assign { \$606 [9:4], \$606 [2:0] } = 9'h000;
-  assign \$606 [3] = ins[9];
-  assign \$582  = ins[9];
-  assign \$586  = ins[9];
-  assign \$591  = ins[9];
-  assign \$597  = ins[8];
-  assign \$602  = ins[8];
-  assign \$605  = ins[8];
-  assign \$607  = ins[9];
+  assign \$465  = 1'h1;
+  assign \$466  = 1'h1;
+  assign \$490  = 1'h1;
+  assign \$491  = t_on;
+  assign \$518  = \$517 ;
+  assign \$519  = 1'h1;
+  assign \$520  = gm_go;
+  assign \$579  = { 1'h0, ins[99:93], 2'h0 };
+  assign \$581  = { 1'h0, ins[85:77], 2'h0 };
+  assign { \$583 [9:4], \$583 [2:0] } = 9'h000;
+  assign \$583 [3] = ins[9];
+  assign { \$587 [9:4], \$587 [2:0] } = 9'h000;
+  assign \$587 [3] = ins[9];
+  assign { \$592 [9:4], \$592 [2:0] } = 9'h000;
+  assign \$592 [3] = ins[9];
+  assign { \$598 [9:3], \$598 [1:0] } = 9'h000;
+  assign \$598 [2] = ins[8];
+  assign \$600  = { ins[190:175], 1'h0 };
+  assign { \$603 [9:3], \$603 [1:0] } = 9'h000;
+  assign \$603 [2] = ins[8];
+  assign { \$606 [9:3], \$606 [1:0] } = 9'h000;
+  assign \$606 [2] = ins[8];
+  assign { \$608 [9:4], \$608 [2:0] } = 9'h000;
+  assign \$608 [3] = ins[9];
+  assign \$614  = 1'h1;
+  assign \$584  = ins[9];
+  assign \$588  = ins[9];
+  assign \$593  = ins[9];
+  assign \$599  = ins[8];
+  assign \$604  = ins[8];
+  assign \$607  = ins[8];
+  assign \$609  = ins[9];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29211,8 +29227,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1908$0 (mult),
-    .\port$1913$0 (i__payload),
+    .\port$1913$0 (mult),
+    .\port$1918$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30068,7 +30084,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30154,10 +30170,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1908$0 ;
-  wire [15:0] \port$1908$0 ;
-  input [95:0] \port$1913$0 ;
-  wire [95:0] \port$1913$0 ;
+  input [15:0] \port$1913$0 ;
+  wire [15:0] \port$1913$0 ;
+  input [95:0] \port$1918$0 ;
+  wire [95:0] \port$1918$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30222,7 +30238,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1913$0 [16:0] };
+      \$9  = { 1'h0, \port$1918$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30235,7 +30251,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1908$0  };
+      \$10  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30261,7 +30277,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23:17] };
+      \$12  = { \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30274,7 +30290,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1908$0  };
+      \$13  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30300,7 +30316,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1913$0 [40:24] };
+      \$15  = { 1'h0, \port$1918$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30313,7 +30329,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1908$0  };
+      \$16  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30339,7 +30355,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47:41] };
+      \$18  = { \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30352,7 +30368,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1908$0  };
+      \$19  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30378,7 +30394,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1913$0 [64:48] };
+      \$21  = { 1'h0, \port$1918$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30391,7 +30407,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1908$0  };
+      \$22  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30417,7 +30433,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71:65] };
+      \$24  = { \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30430,7 +30446,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1908$0  };
+      \$25  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30456,7 +30472,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1913$0 [88:72] };
+      \$27  = { 1'h0, \port$1918$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30469,7 +30485,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1908$0  };
+      \$28  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30495,7 +30511,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95:89] };
+      \$30  = { \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30508,7 +30524,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1908$0  };
+      \$31  = { 2'h0, \port$1913$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30530,22 +30546,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1908$0 , \port$1913$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1913$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1908$0  };
-  assign a__1 = { \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23], \port$1913$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1908$0  };
-  assign a__2 = { 1'h0, \port$1913$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1908$0  };
-  assign a__3 = { \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47], \port$1913$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1908$0  };
-  assign a__4 = { 1'h0, \port$1913$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1908$0  };
-  assign a__5 = { \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71], \port$1913$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1908$0  };
-  assign a__6 = { 1'h0, \port$1913$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1908$0  };
-  assign a__7 = { \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95], \port$1913$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1908$0  };
+  assign a__0 = { 1'h0, \port$1918$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1913$0  };
+  assign a__1 = { \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1913$0  };
+  assign a__2 = { 1'h0, \port$1918$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1913$0  };
+  assign a__3 = { \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1913$0  };
+  assign a__4 = { 1'h0, \port$1918$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1913$0  };
+  assign a__5 = { \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1913$0  };
+  assign a__6 = { 1'h0, \port$1918$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1913$0  };
+  assign a__7 = { \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1913$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35207,7 +35223,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6481$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6491$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35478,8 +35494,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6481$0 ;
-  wire [4:0] \port$6481$0 ;
+  input [4:0] \port$6491$0 ;
+  wire [4:0] \port$6491$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35503,81 +35519,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6481$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6491$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6481$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6491$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6481$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6491$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6481$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6491$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6481$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6491$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6481$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6491$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6481$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6491$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6481$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6491$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6481$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6481$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6491$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6491$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6481$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6491$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6481$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6491$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6481$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6491$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3], \port$6481$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6481$0 [0], \port$6481$0 [0], \port$6481$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6481$0 [1], \port$6481$0 [1], \port$6481$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6481$0 [2], \port$6481$0 [2], \port$6481$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6481$0 [4], \port$6481$0 [4], \port$6481$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35594,7 +35610,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6481$0 , \port$2$0  };
+  assign select = { \port$6491$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

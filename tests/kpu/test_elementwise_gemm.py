@@ -434,6 +434,29 @@ def _split_values(rng, size):
     return np.concatenate([edge, rng.integers(-(1 << 31), 1 << 31, size - len(edge))])
 
 
+@pytest.mark.parametrize("op", [Op.REQUANT, Op.GEMM], ids=["REQUANT", "GEMM"])
+def test_per_expert_entry_waits_for_its_reads(op):
+    """REQUANT and GEMM with F_RQ_EXPERT read expert e's entry (mult, shift at b + 2e) only in a
+    cycle the scratchpad serves reads: with reads blocked half the time, on 6 seeds each, the
+    result is FuncSim's (an entry taken from an unserved read holds the ports' stale words)."""
+    rng = np.random.default_rng(17)
+    E, m, n, k = CFG.n_experts, 3, 5, 4
+    table = np.stack([rng.integers(1 << 10, 1 << 16, E), rng.integers(10, 24, E)], axis=-1).ravel()
+    spad = {600 + i: int(v) for i, v in enumerate(table)}
+    host = b""
+    if op == Op.REQUANT:
+        spad |= {16 + i: int(v) for i, v in enumerate(rng.integers(-(1 << 24), 1 << 24, m * n))}
+        ins = Instr(op, flags=F_RQ_EXPERT, m=m, n=n, a=16, b=600, c=320, width=8)
+    else:
+        W = rng.integers(-128, 128, (n, k))
+        host = weight_panels(W, CFG).astype(np.int8).tobytes()
+        spad |= {16 + i: int(v) for i, v in enumerate(rng.integers(-128, 128, m * k))}
+        ins = Instr(op, flags=F_RQ_EXPERT, m=m, n=n, k=k, a=16, b=600, c=320, host=0, width=8)
+    for seed in range(6):
+        got, want, err, _ = _run(ins, spad, host, seed=seed, expert=seed % E, spad_stall=0.5)
+        assert got == want and err == Err.NONE, f"seed {seed}"
+
+
 @pytest.mark.parametrize("one_write_port, spad_stall", [(False, 0.0), (True, 0.0), (True, 0.3)])
 def test_split_matches_funcsim(one_write_port, spad_stall):
     """SPLIT: high digits, then low digits, 2 * len results (golden.intops.split_digits)."""

@@ -300,10 +300,11 @@ class Elementwise(wiring.Component):
                             m.next = "EPS"
                     with m.Else():
                         m.next = "RUN"
-            with m.State("RQ_TABLE"):
+            with m.State("RQ_TABLE"):     # F_RQ_EXPERT: the entry at b + 2*expert, once the reads are served
                 m.d.comb += [rd0.addr.eq(ins.b + (ins.expert << 1)), rd1.addr.eq(ins.b + (ins.expert << 1) + 1),
-                             rd0.en.eq(1), rd1.en.eq(1)]
-                m.next = "RQ_TABLE2"
+                             rd0.en.eq(~blocked), rd1.en.eq(~blocked)]
+                with m.If(~blocked):
+                    m.next = "RQ_TABLE2"
             with m.State("RQ_TABLE2"):
                 m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(rd1.data[:6])]
                 m.next = "RUN"

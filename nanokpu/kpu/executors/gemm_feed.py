@@ -363,9 +363,11 @@ class GemmFeed(wiring.Component):
                     with m.Else():
                         m.next = "CMD"
             with m.State("RQ_TABLE"):
-                # (t_addr: b + 2*expert)
-                m.d.comb += [rd0.addr.eq(t_addr), spad.rd1.addr.eq(t_addr + 1), rd0.en.eq(1), spad.rd1.en.eq(1)]
-                m.next = "RQ_TABLE2"
+                # (t_addr: b + 2*expert), once the reads are served
+                m.d.comb += [rd0.addr.eq(t_addr), spad.rd1.addr.eq(t_addr + 1), rd0.en.eq(~blocked),
+                             spad.rd1.en.eq(~blocked)]
+                with m.If(~blocked):
+                    m.next = "RQ_TABLE2"
             with m.State("RQ_TABLE2"):
                 m.d.sync += [mult.eq(rd0.data[:cfg.mult_width]), shift.eq(spad.rd1.data[:6])]
                 m.next = "CMD"
