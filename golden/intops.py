@@ -25,7 +25,7 @@ __all__ = [
     "sigmoid_q", "gate_q", "up_q", "situ_q", "exp_q", "topk_int", "route_weights_int", "quantize_bias",
     "route_int", "combine_int", "softmax_int", "NORM_GUARD", "norm_recip_bits", "rms_eps_q", "rmsnorm_int",
     "quantize_norm_weight", "rmsnorm_weight_int", "isqrt", "add_sat",
-    "silu_table", "silu_q", "decay_table", "decay_q", "l2_eps_q", "l2norm_int",
+    "silu_table", "silu_q", "decay_table", "decay_q", "short_conv_int", "l2_eps_q", "l2norm_int",
 ]
 
 
@@ -506,6 +506,22 @@ def decay_table(cfg: KpuConfig) -> PwlTable:
 def decay_q(z, cfg: KpuConfig) -> np.ndarray:
     """Fixed-point ``exp(kda_gate_min * sigmoid(z))`` of act-format ``z``; unsigned, ``score_frac`` bits."""
     return decay_table(cfg)(z)
+
+
+def short_conv_int(x, W, acc_width: int = 32) -> np.ndarray:
+    """Causal depthwise convolution over token rows: ``x [T + k - 1, C]`` (act format; the ``k - 1``
+    rows before the first output row are the history, the conv tail) and kernels ``W [C, k]``
+    (int8) -> ``[T, C]``, accumulated in a ``acc_width``-bit wrapping register like
+    :func:`matmul_int`::
+
+        y[t, c] = wrap(sum_j W[c, j] * x[t + j, c], acc_width)
+
+    No rounding; ``|sum| <= k * 2**(act_width + in_width - 2)`` (it wraps only beyond
+    ``acc_width``, e.g. 4 taps of -128 on -32768 at ``acc_width = 24``)."""
+    x, W = _i64(x), _i64(W)
+    k = W.shape[1]
+    T = x.shape[0] - k + 1
+    return wrap(sum(W[:, j] * x[j:j + T] for j in range(k)), acc_width)
 
 
 def l2_eps_q(cfg: KpuConfig) -> int:

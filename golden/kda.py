@@ -181,11 +181,9 @@ def quantize_kda(P: k3.KDAParams, x, cfg: KpuConfig, x_scale: float | None = Non
 
 def _short_conv_int(p, tail, conv: QuantWeight, cfg: KpuConfig):
     """Causal depthwise conv of act-format ``p [T, C]`` after ``tail [n-1, C]``: ``(a [T, C], new tail)``.
-    The sum of ``n`` products is exact (``act_width + in_width + ceil(log2 n)`` bits), then ``conv.rq``."""
+    The sum of ``n`` products in ``acc_width`` bits (:func:`golden.intops.short_conv_int`), then ``conv.rq``."""
     xp = np.concatenate([tail, p])
-    T, n = p.shape[0], conv.W.shape[1]
-    acc = sum(conv.W[:, j] * xp[j:j + T] for j in range(n))
-    return conv.rq(acc, cfg), xp[T:]
+    return conv.rq(I.short_conv_int(xp, conv.W, cfg.acc_width), cfg), xp[p.shape[0]:]
 
 
 def kda_head_step_int(S, decay, k, v, beta, q, cfg: KpuConfig):

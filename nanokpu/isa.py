@@ -94,6 +94,12 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   ``(P_hh << 2D) + ((P_lh + P_hl) << D) + P_ll``, the four digit GEMMs of a two-digit product,
                   ``[m, n]`` each), ``2 <= width <= acc_width``; ``mult``, ``shift`` as for ``GEMM`` (the
                   instruction's, :data:`F_RQ_EXPERT`, or with :data:`F_RQ_CHANNEL` column ``j = i mod n``'s).
+``CONV``          ``c[t*n:(t+1)*n] = short_conv_int(a, W)[t]``, ``t < m - k + 1``: the causal depthwise
+                  convolution (:func:`golden.intops.short_conv_int`) of the act-format rows ``a [m, n]``
+                  (the ``k - 1`` rows of history first: KDA's conv tail) with the kernels ``W [n, k]``
+                  (``W[ch, j] = b[ch*k + j]``, ``in_width`` bits), the sums raw in ``acc_width`` bits,
+                  wrapping as ``GEMM``'s (a ``REQUANT`` takes them to the act format); ``k <= m``
+                  (built with ``layer_ops``).
 ``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
 ``DECAY``         ``c[i] = decay_q(a[i])``: the KDA decay ``exp(kda_gate_min sigmoid(a[i]))`` of act-format
                   gate logits, unsigned, ``score_frac`` bits (built with ``layer_ops``).
@@ -116,7 +122,7 @@ element-wise ops ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``NORM``, ``SILU``
 checked as they are read: the rows before a bad one are written, inside the checked region.
 Operands enter units at the units' port widths (``act_width`` for activations, ``router_logit_width``
 (``logit_width``, the act format's width when None) for the logits of ``SIGMOID``, ``acc_width`` for
-``REQUANT`` and ``REQUANT_WIDE``, ``2 * in_width`` for ``SPLIT``, ``in_width`` for ``GEMM`` A,
+``REQUANT`` and ``REQUANT_WIDE``, ``2 * in_width`` for ``SPLIT``, ``in_width`` for ``GEMM`` A and ``CONV``'s kernels,
 unsigned ``score_width``/``weight_width`` for scores and routing weights): the upper bits of a
 wider word are ignored, in the RTL and in :class:`~nanokpu.host.funcsim.FuncSim` alike.
 
@@ -128,10 +134,11 @@ its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`
 ``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``,
 ``"rq"`` = ``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
 :data:`F_RQ_CHANNEL`, else ``"rq"``, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else
-``"rq_gemm"``, ``"eps"`` = 1 with :data:`F_EPS` else 0, ``"route"`` = ``4*m*top_k + 2*n_experts``;
-host ``"m*n*width"``, ``"panels"`` (0 with :data:`F_B_SPAD`: no host access)), whether it may run in
-place, its shape rules (the letters that must be ``>= 1``, ``n = n_experts``, ``k = top_k``, the
-allowed ``width`` values, the GEMM engine's limits), and whether it reads the scores, needs a
+``"rq_gemm"``, ``"eps"`` = 1 with :data:`F_EPS` else 0, ``"k*n"``, ``"(m-k+1)*n"``, ``"route"`` =
+``4*m*top_k + 2*n_experts``; host ``"m*n*width"``, ``"panels"`` (0 with :data:`F_B_SPAD`: no host
+access)), whether it may run in place, its shape rules (the letters that must be ``>= 1``, ``n =
+n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM engine's limits, ``CONV``'s
+taps), and whether it reads the scores, needs a
 ``ROUTE`` or a current expert, or jumps. For example::
 
     Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk",
@@ -185,12 +192,13 @@ class Op(enum.IntEnum):
     DECAY = 18
     SOFTMAX = 19
     MUL = 20
+    CONV = 21
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
 #: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
-LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL)
+LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL, Op.CONV)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
@@ -320,6 +328,8 @@ class OpRule:
     ``norm_flags``
         :data:`F_EPS` (the epsilon word at ``b``) and :data:`F_L2` (the l2norm) only where the
         config has ``layer_ops``, else ``BAD_SHAPE`` (:meth:`norm_flags_ok`).
+    ``taps``
+        ``k <= m`` (a result of ``m - k + 1`` rows).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -343,6 +353,7 @@ class OpRule:
     engine: bool = False
     b_spad: bool = False
     norm_flags: bool = False
+    taps: bool = False
     scores: bool = False
     route: bool = False
     expert: bool = False
@@ -391,6 +402,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.DECAY: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.SOFTMAX: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn", softmax_row=True),
     Op.MUL: OpRule("vector", a="m*n", b="n", c="m*n", in_place=True, positive="mn"),
+    Op.CONV: OpRule("vector", a="m*n", b="k*n", c="(m-k+1)*n", positive="mnk", taps=True),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())
@@ -440,6 +452,8 @@ SIZES = {
                           else SIZES["rq"](s)),                     # ... or per column (and expert)
     "gemm_b": lambda s: s.n * s.k if s.flags & F_B_SPAD else SIZES["rq_gemm"](s),   # GEMM's B, or its table
     "eps": lambda s: 1 if s.flags & F_EPS else 0,                   # NORM's epsilon word
+    "k*n": lambda s: s.k * s.n,                                     # CONV's kernels
+    "(m-k+1)*n": lambda s: max(s.m - s.k + 1, 0) * s.n,             # CONV's result rows
     "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
     "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
     "panels": lambda s: 0 if s.flags & F_B_SPAD else -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # GEMM's W

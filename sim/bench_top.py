@@ -355,16 +355,20 @@ async def test_layer_ops(dut):
     +-1, random values; random upper bits in each int32 word): loaded, SILU into one region, DECAY
     into another and SILU again in place over it, both stored; then NORM of the inputs' 8 rows with
     its epsilon word (``F_EPS``: the largest the word holds, loaded from host memory), the l2norm
-    (``F_L2``) of the inputs as heads of 8, and as heads of 16 with that epsilon word, stored: the
-    host memory equals FuncSim's byte for byte (under the bench's bus stalls). Every input of each
+    (``F_L2``) of the inputs as heads of 8, and as heads of 16 with that epsilon word, stored; then
+    the short convolution (``CONV``) of the 8 rows of 256 channels over ``kda_conv`` taps (kernels
+    loaded from host memory, with random upper bits; channel 0 at its largest products), requantised
+    in place and stored: the host memory equals FuncSim's byte for byte (under the bench's bus
+    stalls). Every input of each
     table: tests/units."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
-    act, rows, n = cfg.act_width, 8, 256
+    act, rows, n, taps = cfg.act_width, 8, 256, cfg.kda_conv
     size = rows * n
     x = rng.integers(-(1 << (act - 1)), 1 << (act - 1), size)
     x[:5] = [-(1 << (act - 1)), (1 << (act - 1)) - 1, 0, 1, -1]
+    x[::n] = -(1 << (act - 1))
     words = (x + (rng.integers(-(1 << (31 - act)), 1 << (31 - act), size) << act)).astype("<i4")
     prog = [Instr(Op.LOAD, m=rows, n=n, c=0, host=0, width=4),
             Instr(Op.SILU, m=rows, n=n, a=0, c=size),
@@ -376,9 +380,18 @@ async def test_layer_ops(dut):
             Instr(Op.STORE, m=rows, n=n, a=size, host=12 * size + 4, width=4),
             Instr(Op.NORM, flags=F_L2, m=size // 8, n=8, a=0, c=size),               # heads of 8
             Instr(Op.NORM, flags=F_L2 | F_EPS, m=size // 16, n=16, a=0, b=3 * size, c=2 * size),
-            Instr(Op.STORE, m=2 * rows, n=n, a=size, host=16 * size + 4, width=4), Instr(Op.HALT)]
+            Instr(Op.STORE, m=2 * rows, n=n, a=size, host=16 * size + 4, width=4),
+            Instr(Op.LOAD, m=1, n=taps * n, c=3 * size + 16, host=24 * size + 4, width=4),
+            Instr(Op.CONV, m=rows, n=n, k=taps, a=0, b=3 * size + 16, c=size),          # rows - 3 results
+            Instr(Op.REQUANT, m=rows - taps + 1, n=n, a=size, c=size, mult=23456, shift=21, width=act),
+            Instr(Op.STORE, m=rows - taps + 1, n=n, a=size, host=24 * size + 4 + 16 * n, width=4),
+            Instr(Op.HALT)]
     eps_word = np.array([(1 << 2 * act) - 1], dtype="<u4")
-    image = words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size)
+    kernels = rng.integers(-128, 128, taps * n)
+    kernels[:taps] = -128                               # channel 0: x[:, 0] = -2**(act-1) wraps at acc_width 24
+    kernel_words = (kernels + (rng.integers(-(1 << 23), 1 << 23, kernels.size) << 8)).astype("<i4")
+    image = (words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size) + kernel_words.tobytes()
+             + bytes(4 * (rows - taps + 1) * n))
     sim = FuncSim(cfg, image, 0, len(image))
     expected = sim.run(prog)
     assert expected.error == Err.NONE, expected
@@ -386,7 +399,7 @@ async def test_layer_ops(dut):
     err, pc, done = await tb.run(poll=2000)
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
-        f"seed {tb.seed}: SILU/DECAY/NORM/l2norm results differ from FuncSim's"
+        f"seed {tb.seed}: SILU/DECAY/NORM/l2norm/CONV results differ from FuncSim's"
 
 
 @cocotb.test()

@@ -38,6 +38,7 @@ class TB:
         if self.cfg.layer_ops:      # the ports an instruction holds: the plain NORM's by default
             self.dut.eps.value = I.rms_eps_q(self.cfg)
             self.dut.l2.value = 0
+            self.dut.dot.value = 0
         for _ in range(2):
             await RisingEdge(self.dut.clk)
         self.dut.rst.value = 0
@@ -165,3 +166,26 @@ async def test_l2norm(dut):
                 beats += [(int(x), 0, int(j == n - 1)) for j, x in enumerate(row)]
         got = await tb.run(VecOp.NORM, beats, u.size, n)
         _check(tb, VecOp.NORM, got, I.l2norm_int(u, cfg.kda_unit_frac, cfg, eps_q).ravel())
+
+
+@cocotb.test(skip=not bench_config().layer_ops)
+async def test_dot(dut):
+    """COMBINE with dot (layer_ops): CONV's taps, groups of 1 to 8 beats of act-format a times
+    signed in_width b, each group's sum raw in acc_width bits (the largest products wrap), against
+    short_conv_int."""
+    tb = TB(dut)
+    await tb.reset()
+    cfg = tb.cfg
+    lo = -(1 << (cfg.act_width - 1))
+    w_lo = -(1 << (cfg.in_width - 1))
+    dut.dot.value = 1
+    for k in (1, 4, 8):
+        x = tb.rng.integers(lo, -lo, (60, k)) >> tb.rng.integers(0, cfg.act_width, (60, 1))
+        w = tb.rng.integers(w_lo, -w_lo, (60, k))
+        x[0], w[0] = lo, w_lo
+        x[1], w[1] = -lo - 1, w_lo
+        w[2] = 0
+        beats = [(int(a), int(b), int(j == k - 1)) for row_x, row_w in zip(x, w, strict=True)
+                 for j, (a, b) in enumerate(zip(row_x, row_w, strict=True))]
+        got = await tb.run(VecOp.COMBINE, beats, len(x))
+        _check(tb, VecOp.COMBINE, got, I.short_conv_int(x.T, w, cfg.acc_width)[0])

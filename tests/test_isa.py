@@ -86,7 +86,7 @@ def test_sizes_are_the_semantics():
     s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
     assert {name: f(s) for name, f in SIZES.items()} == {
         "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0, "rq_gemm": 0,
-        "gemm_b": 0, "eps": 0,
+        "gemm_b": 0, "eps": 0, "k*n": 10, "(m-k+1)*n": 10,
         "2*m*n": 30, "4*m*n": 60, "route": route_table(0, 3, cfg)["end"],
         "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
     assert SIZES["route"](s) == 4 * 3 * K + 2 * E
@@ -102,6 +102,8 @@ def test_sizes_are_the_semantics():
     assert (SIZES["gemm_b"](s), SIZES["panels"](s)) == (20, 0)
     # NORM's epsilon word
     assert SIZES["eps"](SizeArgs.of(Instr(Op.NORM, flags=F_EPS, m=3, n=5), cfg)) == 1
+    # CONV: k taps over m rows give m - k + 1 result rows (none when k > m: BAD_SHAPE first)
+    assert [SIZES["(m-k+1)*n"](SizeArgs.of(Instr(Op.CONV, m=m, k=4, n=5), cfg)) for m in (3, 4, 9)] == [0, 5, 30]
 
 
 def test_op_rule_widths():

@@ -199,6 +199,7 @@ class FuncSim:
         check(rule.b_spad_ok(ins.flags, cfg), Err.BAD_SHAPE,
               f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT;"
               " F_B_T needs F_B_SPAD")
+        check(not rule.taps or k <= m, Err.BAD_SHAPE, f"{op.name} needs k <= m")
         check(rule.norm_flags_ok(ins.flags, cfg), Err.BAD_SHAPE, f"{op.name} with F_EPS or F_L2 needs layer_ops")
         if rule.engine:
             mb = -(-m // cfg.rows)
@@ -280,6 +281,9 @@ class FuncSim:
         elif op == Op.MUL:
             prod = self._read(a, ln, act).reshape(m, n) * self._read(b, n, cfg.mult_width)
             self._write(c, I.saturate(I.round_shift(prod, ins.shift, cfg.rounding), cfg.out_width))
+        elif op == Op.CONV:
+            W = self._read(b, n * k, cfg.in_width).reshape(n, k)
+            self._write(c, I.short_conv_int(self._read(a, ln, act).reshape(m, n), W, cfg.acc_width))
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
         elif op == Op.ADD:

@@ -122,8 +122,9 @@ class Decode(wiring.Component):
         # product: each step loads the lane and commits the previous step's product, saturated,
         # to its register. Steps, by the sizes OP_RULES names for the op (the engine rule: GEMM):
         #   ln = m*n (len, every op naming "m*n");
-        #   mk = m*k ("m*k"), count*n ("count*n"), 4*m*top_k ("route": the table is mk + 2*E);
-        #   p2 = k*n ("m*k*n"), ceil(m/rows)*k (engine), then row*n for each GATHER/SCATTER row;
+        #   mk = m*k ("m*k"), count*n ("count*n"), 4*m*top_k ("route": the table is mk + 2*E),
+        #   (m-k+1)*n ("(m-k+1)*n": CONV's result, k <= m checked);
+        #   p2 = k*n ("m*k*n", "k*n"), ceil(m/rows)*k (engine), then row*n for each GATHER/SCATTER row;
         #   p3 = m*(k*n) ("m*k*n": p2 as it is committed), ceil(m/rows)*n (engine);
         #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) ("panels"; n*k with F_B_SPAD), BW-1 + m*(n*width)
         #   ("m*n*width": rounded down to a beat), LBW bits; host_eff = host + expert*stride.
@@ -173,8 +174,9 @@ class Decode(wiring.Component):
             "host elements of 1, 2 or 4 bytes (width_log)"
         schedule = {
             0: {"m*n": (m_eff, ins.n, 0)},
-            1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0)},
-            2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0)},
+            1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0),
+                "(m-k+1)*n": (m_eff - ins.k + 1, ins.n, 0)},
+            2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0), "k*n": (ins.k, ins.n, 0)},
             3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0)},   # m*k*n: p2, committed now
             4: {"panels": (Mux(b_on, ins.n, ceil_div(ins.n, C)), Mux(b_on, ins.k, ins.k << BW_LOG), 0),   # or n*k
                 "m*n*width": (m_eff, ins.n << width_log, BW - 1)},
@@ -215,6 +217,8 @@ class Decode(wiring.Component):
                                    for w in r.widths)).any())
             if r.engine:
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
+            if r.taps:
+                terms.append(ins.k <= m_eff)
             if r.norm_flags:   # (OpRule.norm_flags_ok)
                 terms.append(Const(1) if cfg.layer_ops else (ins.flags & (F_EPS | F_L2)) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
@@ -234,7 +238,7 @@ class Decode(wiring.Component):
         wb = Signal(SW)
         wc = Signal(SW)
         sizes = {
-            "m*n": ln, "m*k": mk, "count*n": mk, "route": sat(mk + 2 * E), "m*k*n": p3,
+            "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "route": sat(mk + 2 * E), "m*k*n": p3,
             "n": sat(ins.n), "2*n": sat(ins.n << 1), "2*m*n": sat(ln << 1), "4*m*n": sat(ln << 2),
             "list": sat(offset + count),
             "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),

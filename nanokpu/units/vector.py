@@ -6,6 +6,9 @@ Three operations on one input stream (four with ``layer_ops``), bit-exact to :mo
 * ``COMBINE`` (:func:`~golden.intops.combine_int`): ``acc += a * b`` over a group of beats
   (``a`` an expert output in act format, ``b`` its unsigned routing weight); the beat flagged
   ``last`` ends the group and emits ``saturate(round_shift(acc, weight_frac), act_width)``.
+  With ``dot`` (``layer_ops``) the group is a dot product: ``b`` a signed factor (``CONV``'s kernel
+  taps, :func:`~golden.intops.short_conv_int`), the group's sum emitted whole, wrapped to
+  ``acc_width`` bits.
 * ``NORM`` (:func:`~golden.intops.rmsnorm_int`): a row of ``n`` values is sent **twice**, each
   pass ending with ``last``. Pass 0 sums the squares; then, once per row, ``ms = floor(sum / n)``
   (sequential divider; a shift when ``n`` is a power of two), ``r = isqrt(ms + eps_q)``
@@ -100,6 +103,8 @@ class VectorUnit(wiring.Component):
         Row length of ``NORM`` (the divisor of the mean of squares), ``>= 1``.
     l2 : In(1)
         ``NORM`` is the l2norm (``layer_ops`` only), held like ``op``.
+    dot : In(1)
+        ``COMBINE`` is a dot product (``layer_ops`` only), held like ``op``.
     shift : In(unsigned(6))
         The right shift of ``MUL`` (``layer_ops`` only), held like ``op``.
     eps : In(unsigned(2 * act_width))
@@ -108,6 +113,7 @@ class VectorUnit(wiring.Component):
         is :attr:`l2_eps_q`).
     i : In(stream.Signature(vector_in_layout(cfg)))
     o : Out(stream.Signature(signed(max(act_width, out_width))))
+        (``max(act_width, out_width, acc_width)`` bits with ``layer_ops``)
 
     Timing: ``ADD``, ``COMBINE`` and ``MUL`` take one beat per cycle (backpressure stalls the input);
     an ``ADD`` result comes 1 cycle after its beat, a ``MUL`` result 3 cycles after it, a ``COMBINE``
@@ -156,10 +162,11 @@ class VectorUnit(wiring.Component):
         super().__init__({
             "op": In(VecOp),
             "n": In(unsigned(N_WIDTH)),
-            **({"shift": In(unsigned(6)), "eps": In(unsigned(2 * cfg.act_width), init=self.eps_q), "l2": In(1)}
-               if cfg.layer_ops else {}),
+            **({"shift": In(unsigned(6)), "eps": In(unsigned(2 * cfg.act_width), init=self.eps_q), "l2": In(1),
+                "dot": In(1)} if cfg.layer_ops else {}),
             "i": In(stream.Signature(vector_in_layout(cfg))),
-            "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width)))),
+            "o": Out(stream.Signature(signed(max(cfg.act_width, cfg.out_width,
+                                                 cfg.acc_width if cfg.layer_ops else 0)))),
         })
 
     def norm_row_cycles(self, n: int, l2: bool = False) -> int:
@@ -203,22 +210,23 @@ class VectorUnit(wiring.Component):
         # act_width x act_width signed (one SB_MAC16 at act_width 16).
         hi = cfg.weight_width - 1
         scale_pass = Signal()               # NORM pass 1: multiply by the row's reciprocal
-        l2_on = cfg.layer_ops
-        recip_bits = max(self.recip_bits, self.l2_recip_bits if l2_on else 0)
+        layer_ops = cfg.layer_ops
+        recip_bits = max(self.recip_bits, self.l2_recip_bits if layer_ops else 0)
         recip = Signal(recip_bits + 1)
         q_a = Signal.like(beat.a)
-        q_b = Signal(signed(max(act, recip_bits + 2, hi + 1, cfg.mult_width if l2_on else 0)))
+        q_b = Signal(signed(max(act, recip_bits + 2, hi + 1, cfg.mult_width if layer_ops else 0)))
         q_top = Signal.like(beat.a)         # COMBINE: a when b's top bit is set; else 0
+        dot = self.dot if layer_ops else Const(0)    # COMBINE as a dot product: b a signed factor, as MUL's
         q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a),
-                       Mux(self.op == VecOp.MUL, beat.b, beat.b[:hi]) if cfg.layer_ops else beat.b[:hi])
-        q_top_next = Mux((self.op == VecOp.COMBINE) & beat.b[hi], beat.a, 0)
+                       Mux((self.op == VecOp.MUL) | dot, beat.b, beat.b[:hi]) if layer_ops else beat.b[:hi])
+        q_top_next = Mux((self.op == VecOp.COMBINE) & ~dot & beat.b[hi], beat.a, 0)
         mul = q_a * q_b
         combined = Cat(mul[:hi], mul[hi:].as_signed() + q_top).as_signed()   # mul, but COMBINE
         take = [q_a.eq(beat.a), q_b.eq(q_b_next), q_top.eq(q_top_next)]
 
         # -- NORM --------------------------------------------------------------------------
         # One divider serves the row's two divisions (the mean, then the reciprocal).
-        r_width = max(self.r_width, self.l2_r_width if l2_on else 0)
+        r_width = max(self.r_width, self.l2_r_width if layer_ops else 0)
         m.submodules.div = div = SeqDivider(self.div_width, max(N_WIDTH, r_width))
         sumsq = Signal(self.sum_width)
         rem = Signal(self.sq_width)         # isqrt: remainder
@@ -236,7 +244,7 @@ class VectorUnit(wiring.Component):
         prod_width = cfg.act_width + self.recip_bits + 1
         shifted = (prod[:prod_width].as_signed() << z)[:prod_width + self.r_width - 1].as_signed()
         scaled = _sat(round_shift(shifted, scale_shift, cfg.rounding), cfg.out_width)
-        if l2_on:
+        if layer_ops:
             l2 = self.l2
             eh = Signal(range(self.l2_p + 1))               # e / 2
             l2_shift = Signal(6)                            # p + M - frac - e/2 = C - z - e/2
@@ -263,9 +271,10 @@ class VectorUnit(wiring.Component):
                 total = acc + prod
                 with m.If(p_valid & free):
                     with m.If(p_last):
-                        m.d.sync += [acc.eq(0), o_valid.eq(1),
-                                     o_data.eq(_sat(round_shift(total, cfg.weight_frac, cfg.rounding),
-                                                    act))]
+                        combined_out = _sat(round_shift(total, cfg.weight_frac, cfg.rounding), act)
+                        if layer_ops:
+                            combined_out = Mux(dot, total[:cfg.acc_width].as_signed(), combined_out)
+                        m.d.sync += [acc.eq(0), o_valid.eq(1), o_data.eq(combined_out)]
                     with m.Else():
                         m.d.sync += acc.eq(total)
             if cfg.layer_ops:
@@ -302,7 +311,7 @@ class VectorUnit(wiring.Component):
 
                     with m.State("MEAN"):
                         with m.If(l2):
-                            if l2_on:   # the l2norm: ss = sumsq + eps_q, no mean
+                            if layer_ops:   # the l2norm: ss = sumsq + eps_q, no mean
                                 m.d.sync += [rem.eq(sumsq + self.eps), sumsq.eq(0)]
                                 m.next = "L2_E"
                         with m.Elif(n_pow2):
@@ -319,7 +328,7 @@ class VectorUnit(wiring.Component):
                         with m.If(~div.busy):
                             m.d.sync += sqrt_of(div.quot)
                             m.next = "SQRT"
-                    if l2_on:
+                    if layer_ops:
                         with m.State("L2_E"):
                             # e = max(0, 2P - bit_length(ss)) rounded up to even, as e / 2
                             d = _leading_zeros(rem[:self.l2_sq_width]) + (2 * self.l2_p - self.l2_sq_width)
@@ -340,7 +349,7 @@ class VectorUnit(wiring.Component):
                             m.next = "SQRT_DONE"
                     with m.State("SQRT_DONE"):
                         z_now = _leading_zeros(root[:self.r_width])
-                        if l2_on:
+                        if layer_ops:
                             z_now = Mux(l2, _leading_zeros(root[:self.l2_r_width]), z_now)
                         m.d.sync += [r.eq(root), z.eq(z_now), recip.eq(0)]
                         m.next = "NORMALISE"
@@ -354,7 +363,7 @@ class VectorUnit(wiring.Component):
                             m.d.comb += [div.start.eq(1), div.num.eq(0), div.bits.eq(q2),
                                          div.rem_in.eq(1 << (self.recip_num - q2)),
                                          div.den.eq((r << z)[:self.r_width])]
-                            if l2_on:
+                            if layer_ops:
                                 # the l2norm: 2**(R-1+M) // (r << z) in M + 1 steps
                                 q2 = self.l2_recip_bits + 1
                                 with m.If(l2):

@@ -82,6 +82,7 @@
 #define NANOKPU_OP_DECAY                         18
 #define NANOKPU_OP_SOFTMAX                       19
 #define NANOKPU_OP_MUL                           20
+#define NANOKPU_OP_CONV                          21
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0

@@ -42,48 +42,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$129 ;
   wire \$13 ;
   wire \$130 ;
-  wire [13:0] \$131 ;
-  wire [13:0] \$132 ;
-  wire [13:0] \$133 ;
-  wire \$134 ;
-  wire [4:0] \$135 ;
-  wire \$136 ;
+  wire \$131 ;
+  wire \$132 ;
+  wire \$133 ;
+  wire [13:0] \$134 ;
+  wire [13:0] \$135 ;
+  wire [13:0] \$136 ;
   wire \$137 ;
-  wire [13:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire [4:0] \$138 ;
+  wire \$139 ;
   wire \$14 ;
   wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
+  wire [13:0] \$141 ;
+  wire [13:0] \$142 ;
   wire \$143 ;
   wire \$144 ;
-  reg [1:0] \$145 ;
-  reg [31:0] \$146 ;
-  reg [31:0] \$147 ;
-  reg \$148 ;
-  reg \$149 ;
+  wire \$145 ;
+  wire \$146 ;
+  wire \$147 ;
+  reg [1:0] \$148 ;
+  reg [31:0] \$149 ;
   wire \$15 ;
-  reg [7:0] \$150 ;
-  reg [12:0] \$151 ;
+  reg [31:0] \$150 ;
+  reg \$151 ;
   reg \$152 ;
-  reg \$153 ;
-  reg \$154 ;
-  reg [3:0] \$155 ;
-  reg [7:0] \$156 ;
-  reg [5:0] \$157 ;
-  reg \$158 ;
-  reg [281:0] \$159 ;
+  reg [7:0] \$153 ;
+  reg [12:0] \$154 ;
+  reg \$155 ;
+  reg \$156 ;
+  reg \$157 ;
+  reg [3:0] \$158 ;
+  reg [7:0] \$159 ;
   wire [13:0] \$16 ;
-  reg [4:0] \$160 ;
-  reg [3:0] \$161 ;
-  reg [12:0] \$162 ;
-  reg [13:0] \$163 ;
+  reg [5:0] \$160 ;
+  reg \$161 ;
+  reg [281:0] \$162 ;
+  reg [4:0] \$163 ;
   reg [3:0] \$164 ;
-  reg [15:0] \$165 ;
+  reg [12:0] \$165 ;
   reg [13:0] \$166 ;
-  wire [5:0] \$167 ;
-  wire [5:0] \$168 ;
+  reg [3:0] \$167 ;
+  reg [15:0] \$168 ;
+  reg [13:0] \$169 ;
   wire \$17 ;
+  wire [5:0] \$170 ;
+  wire [5:0] \$171 ;
   wire \$18 ;
   wire \$19 ;
   wire \$2 ;
@@ -120,10 +123,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$48 ;
   wire \$49 ;
   wire \$5 ;
-  wire [13:0] \$50 ;
+  wire \$50 ;
   wire [13:0] \$51 ;
-  wire [14:0] \$52 ;
-  wire \$53 ;
+  wire [13:0] \$52 ;
+  wire [14:0] \$53 ;
   wire \$54 ;
   wire \$55 ;
   wire \$56 ;
@@ -138,8 +141,8 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$64 ;
   wire \$65 ;
   wire \$66 ;
-  wire [2:0] \$67 ;
-  wire \$68 ;
+  wire \$67 ;
+  wire [2:0] \$68 ;
   wire \$69 ;
   wire \$7 ;
   wire \$70 ;
@@ -914,151 +917,154 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$41  = ins[5:0] == 5'h12;
   assign \$42  = ins[5:0] == 5'h13;
   assign \$43  = ins[5:0] == 5'h14;
-  assign \$44  = ins[5:0] == 4'h8;
-  assign \$45  = ins[5:0] == 4'ha;
-  assign \$46  = ins[5:0] == 4'hb;
-  assign \$47  = | { \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$48  = \$28  & \$47 ;
-  assign \$49  = scan >= 4'h8;
-  assign \$50  = cur[34:22] + scan;
-  assign \$51  = cur[34:22] + 4'h8;
-  assign \$52  = \$51  + scan;
-  assign \$53  = | \$like ;
-  assign \$54  = ~ running;
-  assign \$55  = soft_reset & \$54 ;
-  assign \$56  = ! ctrl_state;
-  assign \$57  = ctrl_state == 1'h1;
-  assign \$58  = ctrl_state == 2'h2;
-  assign \$59  = ctrl_state == 2'h3;
-  assign \$60  = ctrl_state == 3'h4;
-  assign \$61  = ctrl_state == 3'h5;
-  assign \$62  = ctrl_state == 3'h6;
-  assign \$63  = ctrl_state == 3'h7;
-  assign \$64  = ctrl_state == 4'h8;
-  assign \$65  = ctrl_state == 4'h9;
-  assign \$66  = | settle;
-  assign \$67  = settle - 1'h1;
-  assign \$68  = pc >= 7'h40;
-  assign \$69  = \done$364  | pf_ready;
-  assign \$70  = ~ \$69 ;
-  assign \$71  = | settle;
-  assign \$72  = \$70  | \$71 ;
-  assign \$73  = ! ins[5:0];
-  assign \$74  = | \error$367 ;
-  assign \$75  = ins[5:0] == 4'he;
-  assign \$76  = ins[5:0] == 4'h9;
-  assign \$77  = \done$364  | pf_ready;
-  assign \$78  = cur[5:0] == 1'h1;
-  assign \$79  = cur[5:0] == 2'h2;
-  assign \$80  = cur[5:0] == 2'h3;
-  assign \$81  = cur[5:0] == 3'h4;
-  assign \$82  = cur[5:0] == 3'h5;
-  assign \$83  = cur[5:0] == 3'h6;
-  assign \$84  = cur[5:0] == 3'h7;
-  assign \$85  = cur[5:0] == 4'h8;
-  assign \$86  = cur[5:0] == 4'ha;
-  assign \$87  = cur[5:0] == 4'hb;
-  assign \$88  = cur[5:0] == 4'hc;
-  assign \$89  = cur[5:0] == 4'hd;
-  assign \$90  = cur[5:0] == 4'hf;
-  assign \$91  = cur[5:0] == 5'h10;
-  assign \$92  = cur[5:0] == 5'h11;
-  assign \$93  = cur[5:0] == 5'h12;
-  assign \$94  = cur[5:0] == 5'h13;
-  assign \$95  = cur[5:0] == 5'h14;
-  assign \$96  = cur[5:0] == 3'h5;
-  assign \$97  = cur[5:0] == 3'h5;
-  assign \$98  = running_exec[3] | \$97 ;
-  assign \$99  = | exec_error;
-  assign \$100  = pc >= 6'h3f;
-  assign \$101  = \done$364  | pf_ready;
-  assign \$102  = ! settle;
-  assign \$103  = \$101  & \$102 ;
-  assign \$104  = ~ running_exec[3];
+  assign \$44  = ins[5:0] == 5'h15;
+  assign \$45  = ins[5:0] == 4'h8;
+  assign \$46  = ins[5:0] == 4'ha;
+  assign \$47  = ins[5:0] == 4'hb;
+  assign \$48  = | { \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$49  = \$28  & \$48 ;
+  assign \$50  = scan >= 4'h8;
+  assign \$51  = cur[34:22] + scan;
+  assign \$52  = cur[34:22] + 4'h8;
+  assign \$53  = \$52  + scan;
+  assign \$54  = | \$like ;
+  assign \$55  = ~ running;
+  assign \$56  = soft_reset & \$55 ;
+  assign \$57  = ! ctrl_state;
+  assign \$58  = ctrl_state == 1'h1;
+  assign \$59  = ctrl_state == 2'h2;
+  assign \$60  = ctrl_state == 2'h3;
+  assign \$61  = ctrl_state == 3'h4;
+  assign \$62  = ctrl_state == 3'h5;
+  assign \$63  = ctrl_state == 3'h6;
+  assign \$64  = ctrl_state == 3'h7;
+  assign \$65  = ctrl_state == 4'h8;
+  assign \$66  = ctrl_state == 4'h9;
+  assign \$67  = | settle;
+  assign \$68  = settle - 1'h1;
+  assign \$69  = pc >= 7'h40;
+  assign \$70  = \done$364  | pf_ready;
+  assign \$71  = ~ \$70 ;
+  assign \$72  = | settle;
+  assign \$73  = \$71  | \$72 ;
+  assign \$74  = ! ins[5:0];
+  assign \$75  = | \error$367 ;
+  assign \$76  = ins[5:0] == 4'he;
+  assign \$77  = ins[5:0] == 4'h9;
+  assign \$78  = \done$364  | pf_ready;
+  assign \$79  = cur[5:0] == 1'h1;
+  assign \$80  = cur[5:0] == 2'h2;
+  assign \$81  = cur[5:0] == 2'h3;
+  assign \$82  = cur[5:0] == 3'h4;
+  assign \$83  = cur[5:0] == 3'h5;
+  assign \$84  = cur[5:0] == 3'h6;
+  assign \$85  = cur[5:0] == 3'h7;
+  assign \$86  = cur[5:0] == 4'h8;
+  assign \$87  = cur[5:0] == 4'ha;
+  assign \$88  = cur[5:0] == 4'hb;
+  assign \$89  = cur[5:0] == 4'hc;
+  assign \$90  = cur[5:0] == 4'hd;
+  assign \$91  = cur[5:0] == 4'hf;
+  assign \$92  = cur[5:0] == 5'h10;
+  assign \$93  = cur[5:0] == 5'h11;
+  assign \$94  = cur[5:0] == 5'h12;
+  assign \$95  = cur[5:0] == 5'h13;
+  assign \$96  = cur[5:0] == 5'h14;
+  assign \$97  = cur[5:0] == 5'h15;
+  assign \$98  = cur[5:0] == 3'h5;
+  assign \$99  = cur[5:0] == 3'h5;
+  assign \$100  = running_exec[3] | \$99 ;
+  assign \$101  = | exec_error;
+  assign \$102  = pc >= 6'h3f;
+  assign \$103  = \done$364  | pf_ready;
+  assign \$104  = ! settle;
   assign \$105  = \$103  & \$104 ;
-  assign \$106  = cur[5:0] == 3'h5;
-  assign \$107  = ~ \$106 ;
-  assign \$108  = \$105  & \$107 ;
-  assign \$109  = ! \error$367 ;
-  assign \$110  = \$108  & \$109 ;
-  assign \$111  = ins[5:0] == 1'h1;
-  assign \$112  = ins[5:0] == 2'h2;
-  assign \$113  = ins[5:0] == 2'h3;
-  assign \$114  = ins[5:0] == 3'h4;
-  assign \$115  = ins[5:0] == 3'h5;
-  assign \$116  = ins[5:0] == 3'h6;
-  assign \$117  = ins[5:0] == 3'h7;
-  assign \$118  = ins[5:0] == 4'hc;
-  assign \$119  = ins[5:0] == 4'hd;
-  assign \$120  = ins[5:0] == 4'hf;
-  assign \$121  = ins[5:0] == 5'h10;
-  assign \$122  = ins[5:0] == 5'h11;
-  assign \$123  = ins[5:0] == 5'h12;
-  assign \$124  = ins[5:0] == 5'h13;
-  assign \$125  = ins[5:0] == 5'h14;
-  assign \$126  = ins[5:0] == 4'h8;
-  assign \$127  = ins[5:0] == 4'ha;
-  assign \$128  = ins[5:0] == 4'hb;
-  assign \$129  = | { \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113 , \$112 , \$111  };
-  assign \$130  = \$110  & \$129 ;
-  assign \$131  = pc + 1'h1;
-  assign \$132  = pc + 1'h1;
-  assign \$133  = pc + 1'h1;
-  assign \$134  = scan >= 4'h8;
-  assign \$135  = scan + 1'h1;
-  assign \$136  = | \$like ;
-  assign \$137  = | rd1_q[23:14];
-  assign \$138  = \$137  ? 14'h3fff : rd1_q[13:0];
-  assign \$139  = pc + 1'h1;
-  assign \$140  = ~ dma__rd_busy;
-  assign \$141  = ~ dma__wr_busy;
-  assign \$142  = \$140  & \$141 ;
-  assign \$143  = ~ running;
-  assign \$144  = soft_reset & \$143 ;
+  assign \$106  = ~ running_exec[3];
+  assign \$107  = \$105  & \$106 ;
+  assign \$108  = cur[5:0] == 3'h5;
+  assign \$109  = ~ \$108 ;
+  assign \$110  = \$107  & \$109 ;
+  assign \$111  = ! \error$367 ;
+  assign \$112  = \$110  & \$111 ;
+  assign \$113  = ins[5:0] == 1'h1;
+  assign \$114  = ins[5:0] == 2'h2;
+  assign \$115  = ins[5:0] == 2'h3;
+  assign \$116  = ins[5:0] == 3'h4;
+  assign \$117  = ins[5:0] == 3'h5;
+  assign \$118  = ins[5:0] == 3'h6;
+  assign \$119  = ins[5:0] == 3'h7;
+  assign \$120  = ins[5:0] == 4'hc;
+  assign \$121  = ins[5:0] == 4'hd;
+  assign \$122  = ins[5:0] == 4'hf;
+  assign \$123  = ins[5:0] == 5'h10;
+  assign \$124  = ins[5:0] == 5'h11;
+  assign \$125  = ins[5:0] == 5'h12;
+  assign \$126  = ins[5:0] == 5'h13;
+  assign \$127  = ins[5:0] == 5'h14;
+  assign \$128  = ins[5:0] == 5'h15;
+  assign \$129  = ins[5:0] == 4'h8;
+  assign \$130  = ins[5:0] == 4'ha;
+  assign \$131  = ins[5:0] == 4'hb;
+  assign \$132  = | { \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115 , \$114 , \$113  };
+  assign \$133  = \$112  & \$132 ;
+  assign \$134  = pc + 1'h1;
+  assign \$135  = pc + 1'h1;
+  assign \$136  = pc + 1'h1;
+  assign \$137  = scan >= 4'h8;
+  assign \$138  = scan + 1'h1;
+  assign \$139  = | \$like ;
+  assign \$140  = | rd1_q[23:14];
+  assign \$141  = \$140  ? 14'h3fff : rd1_q[13:0];
+  assign \$142  = pc + 1'h1;
+  assign \$143  = ~ dma__rd_busy;
+  assign \$144  = ~ dma__wr_busy;
+  assign \$145  = \$143  & \$144 ;
+  assign \$146  = ~ running;
+  assign \$147  = soft_reset & \$146 ;
   always @(posedge clk)
-    settle <= \$145 ;
+    settle <= \$148 ;
   always @(posedge clk)
-    \$like  <= \$146 ;
+    \$like  <= \$149 ;
   always @(posedge clk)
-    rd1_q <= \$147 ;
+    rd1_q <= \$150 ;
   always @(posedge clk)
-    running <= \$148 ;
+    running <= \$151 ;
   always @(posedge clk)
-    done <= \$149 ;
+    done <= \$152 ;
   always @(posedge clk)
-    error <= \$150 ;
+    error <= \$153 ;
   always @(posedge clk)
-    pc <= \$151 ;
+    pc <= \$154 ;
   always @(posedge clk)
-    route_done <= \$152 ;
+    route_done <= \$155 ;
   always @(posedge clk)
-    exp_active <= \$153 ;
+    exp_active <= \$156 ;
   always @(posedge clk)
-    scores_ok <= \$154 ;
+    scores_ok <= \$157 ;
   always @(posedge clk)
-    ctrl_state <= \$155 ;
+    ctrl_state <= \$158 ;
   always @(posedge clk)
-    stop_code <= \$156 ;
+    stop_code <= \$159 ;
   always @(posedge clk)
-    executor <= \$157 ;
+    executor <= \$160 ;
   always @(posedge clk)
-    pf_ready <= \$158 ;
+    pf_ready <= \$161 ;
   always @(posedge clk)
-    cur <= \$159 ;
+    cur <= \$162 ;
   always @(posedge clk)
-    running_exec <= \$160 ;
+    running_exec <= \$163 ;
   always @(posedge clk)
-    scan <= \$161 ;
+    scan <= \$164 ;
   always @(posedge clk)
-    scores_a <= \$162 ;
+    scores_a <= \$165 ;
   always @(posedge clk)
-    scores_len <= \$163 ;
+    scores_len <= \$166 ;
   always @(posedge clk)
-    expert <= \$164 ;
+    expert <= \$167 ;
   always @(posedge clk)
-    count <= \$165 ;
+    count <= \$168 ;
   always @(posedge clk)
-    offset <= \$166 ;
+    offset <= \$169 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1087,7 +1093,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$671$0 (\load_data$288 ),
+    .\port$676$0 (\load_data$288 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -1128,9 +1134,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$411$0 (\$167 ),
-    .\port$429$0 (\$168 ),
-    .\port$6489$254 (cur[269:254]),
+    .\port$416$0 (\$170 ),
+    .\port$434$0 (\$171 ),
+    .\port$6512$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1354,7 +1360,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6491$0 (running_exec),
+    .\port$6514$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1464,20 +1470,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$48 ) begin
+            end else if (\$49 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$49 ) begin
+          if (\$50 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$53 ) begin
+          if (\$54 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1516,9 +1522,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$49 ) begin
+          if (\$50 ) begin
           end else begin
-            clients__0__rd0__addr = \$50 [12:0];
+            clients__0__rd0__addr = \$51 [12:0];
           end
     endcase
   end
@@ -1540,9 +1546,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$49 ) begin
+          if (\$50 ) begin
           end else begin
-            clients__0__rd1__addr = \$52 [12:0];
+            clients__0__rd1__addr = \$53 [12:0];
           end
     endcase
   end
@@ -1564,7 +1570,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$49 ) begin
+          if (\$50 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1588,7 +1594,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$49 ) begin
+          if (\$50 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1645,18 +1651,799 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$55 ) begin
+    if (\$56 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$145  = settle;
+    \$148  = settle;
     if (window_wr) begin
-      \$145  = 2'h2;
-    end else if (\$66 ) begin
-      \$145  = \$67 [1:0];
+      \$148  = 2'h2;
+    end else if (\$67 ) begin
+      \$148  = \$68 [1:0];
     end
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$100 ) begin
+              \$148  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$148  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$149  = spad__rd0__lanes[31:0];
+    if (rst) begin
+      \$149  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$150  = spad__rd1__data;
+    if (rst) begin
+      \$150  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$151  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$151  = 1'h1;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$151  = 1'h0;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$145 ) begin
+            \$151  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$151  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$152  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$152  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$152  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$145 ) begin
+            \$152  = 1'h0;
+          end
+    endcase
+    if (\$147 ) begin
+      \$152  = 1'h0;
+    end
+    if (rst) begin
+      \$152  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$153  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$153  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$145 ) begin
+            \$153  = stop_code;
+          end
+    endcase
+    if (\$147 ) begin
+      \$153  = 8'h00;
+    end
+    if (rst) begin
+      \$153  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$154  = pc;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$154  = 13'h0000;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else if (\$76 ) begin
+            \$154  = { 1'h0, ins[255:244] };
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$101 ) begin
+            end else if (\$102 ) begin
+              \$154  = \$134 [12:0];
+            end else if (\$133 ) begin
+              \$154  = \$135 [12:0];
+            end else begin
+              \$154  = \$136 [12:0];
+            end
+          end
+      4'h5:
+          if (\$137 ) begin
+            \$154  = { 1'h0, cur[281:270] };
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$139 ) begin
+            \$154  = \$142 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$154  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$155  = route_done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$155  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$155  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$155  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$156  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$156  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$156  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$137 ) begin
+            \$156  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$139 ) begin
+            \$156  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$156  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$157  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$157  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$98 ) begin
+              \$157  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$157  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$158  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$158  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$69 ) begin
+            \$158  = 4'h2;
+          end else begin
+            \$158  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$158  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+            \$158  = 4'h0;
+          end else if (\$75 ) begin
+            \$158  = 4'h2;
+          end else if (\$76 ) begin
+            \$158  = 4'h1;
+          end else if (\$77 ) begin
+            \$158  = 4'h5;
+          end else begin
+            \$158  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$158  = 4'h7;
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$101 ) begin
+              \$158  = 4'h2;
+            end else if (\$102 ) begin
+              \$158  = 4'h1;
+            end else if (\$133 ) begin
+              \$158  = 4'h6;
+            end else begin
+              \$158  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$137 ) begin
+            \$158  = 4'h1;
+          end else begin
+            \$158  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$158  = 4'h9;
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$139 ) begin
+            \$158  = 4'h1;
+          end else begin
+            \$158  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$158  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$145 ) begin
+            \$158  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$158  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$159  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$69 ) begin
+            \$159  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+            \$159  = \error$367 ;
+          end
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$101 ) begin
+              \$159  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$159  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$159  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$160  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$69 ) begin
+            \$160  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+            \$160  = 6'h00;
+          end else if (\$76 ) begin
+            \$160  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$79 ) begin
+            \$160  = 6'h01;
+          end
+          if (\$80 ) begin
+            \$160  = 6'h01;
+          end
+          if (\$81 ) begin
+            \$160  = 6'h02;
+          end
+          if (\$82 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$83 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$84 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$85 ) begin
+            \$160  = 6'h10;
+          end
+          if (\$86 ) begin
+            \$160  = 6'h08;
+          end
+          if (\$87 ) begin
+            \$160  = 6'h20;
+          end
+          if (\$88 ) begin
+            \$160  = 6'h20;
+          end
+          if (\$89 ) begin
+            \$160  = 6'h10;
+          end
+          if (\$90 ) begin
+            \$160  = 6'h10;
+          end
+          if (\$91 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$92 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$93 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$94 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$95 ) begin
+            \$160  = 6'h04;
+          end
+          if (\$96 ) begin
+            \$160  = 6'h10;
+          end
+          if (\$97 ) begin
+            \$160  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$101 ) begin
+              \$160  = 6'h00;
+            end else if (\$102 ) begin
+              \$160  = 6'h00;
+            end else if (\$133 ) begin
+              \$160  = 6'h00;
+            end else begin
+              \$160  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$137 ) begin
+            \$160  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$139 ) begin
+            \$160  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$160  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$160  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$161  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$69 ) begin
+          end else begin
+            \$161  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$161  = 1'h0;
+          if (\$73 ) begin
+            \$161  = \$78 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$364 ) begin
+            \$161  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$101 ) begin
+            end else if (\$102 ) begin
+            end else if (\$133 ) begin
+              \$161  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$161  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$162  = cur;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+            \$162 [220:0] = decoded;
+            \$162 [253:221] = host;
+            \$162 [269:254] = beats;
+            \$162 [281:270] = ins[255:244];
+          end else begin
+            \$162 [220:0] = decoded;
+            \$162 [253:221] = host;
+            \$162 [269:254] = beats;
+            \$162 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$101 ) begin
+            end else if (\$102 ) begin
+            end else if (\$133 ) begin
+              \$162 [220:0] = decoded;
+              \$162 [253:221] = host;
+              \$162 [269:254] = beats;
+              \$162 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$162  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$163  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$73 ) begin
+          end else if (\$74 ) begin
+          end else if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h01, 6'h02:
+                  \$163  = 5'h01;
+              6'h03:
+                  \$163  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15:
+                  \$163  = 5'h04;
+              6'h08:
+                  \$163  = 5'h08;
+              6'h0a, 6'h0b:
+                  \$163  = 5'h10;
+            endcase
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            \$163  = 5'h00;
+            if (\$101 ) begin
+            end else if (\$102 ) begin
+            end else if (\$133 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$163  = 5'h01;
+                6'h03:
+                    \$163  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15:
+                    \$163  = 5'h04;
+                6'h08:
+                    \$163  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$163  = 5'h10;
+              endcase
+            end
+          end
+    endcase
+    if (rst) begin
+      \$163  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$164  = scan;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$164  = 4'h0;
+            end
+          end
+      4'h5:
+          if (\$137 ) begin
+            \$164  = 4'h8;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$164  = \$138 [3:0];
+    endcase
+    if (rst) begin
+      \$164  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$165  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1671,737 +2458,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (\$98 ) begin
-              \$145  = 2'h2;
+              \$165  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$145  = 2'h0;
+      \$165  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$146  = spad__rd0__lanes[31:0];
-    if (rst) begin
-      \$146  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$147  = spad__rd1__data;
-    if (rst) begin
-      \$147  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$148  = running;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$148  = 1'h1;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$148  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$142 ) begin
-            \$148  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$148  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$149  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$149  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$149  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$142 ) begin
-            \$149  = 1'h0;
-          end
-    endcase
-    if (\$144 ) begin
-      \$149  = 1'h0;
-    end
-    if (rst) begin
-      \$149  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$150  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$150  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$142 ) begin
-            \$150  = stop_code;
-          end
-    endcase
-    if (\$144 ) begin
-      \$150  = 8'h00;
-    end
-    if (rst) begin
-      \$150  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$151  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else if (\$75 ) begin
-            \$151  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$99 ) begin
-            end else if (\$100 ) begin
-              \$151  = \$131 [12:0];
-            end else if (\$130 ) begin
-              \$151  = \$132 [12:0];
-            end else begin
-              \$151  = \$133 [12:0];
-            end
-          end
-      4'h5:
-          if (\$134 ) begin
-            \$151  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$136 ) begin
-            \$151  = \$139 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$151  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$152  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$152  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$152  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$153  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$153  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$134 ) begin
-            \$153  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$136 ) begin
-            \$153  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$153  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$154  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$96 ) begin
-              \$154  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$154  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$155  = ctrl_state;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$155  = 4'h1;
-          end
-      4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$68 ) begin
-            \$155  = 4'h2;
-          end else begin
-            \$155  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h3:
-        begin
-          if (start) begin
-            \$155  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-            \$155  = 4'h0;
-          end else if (\$74 ) begin
-            \$155  = 4'h2;
-          end else if (\$75 ) begin
-            \$155  = 4'h1;
-          end else if (\$76 ) begin
-            \$155  = 4'h5;
-          end else begin
-            \$155  = 4'h6;
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h6:
-        begin
-          \$155  = 4'h7;
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$99 ) begin
-              \$155  = 4'h2;
-            end else if (\$100 ) begin
-              \$155  = 4'h1;
-            end else if (\$130 ) begin
-              \$155  = 4'h6;
-            end else begin
-              \$155  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$134 ) begin
-            \$155  = 4'h1;
-          end else begin
-            \$155  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h8:
-        begin
-          \$155  = 4'h9;
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$136 ) begin
-            \$155  = 4'h1;
-          end else begin
-            \$155  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$155  = 4'h2;
-          end
-        end
-      4'h2:
-          if (\$142 ) begin
-            \$155  = 4'h0;
-          end
-    endcase
-    if (rst) begin
-      \$155  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$156  = stop_code;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$68 ) begin
-            \$156  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-      4'h4:
-        begin
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-            \$156  = \error$367 ;
-          end
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-        end
-      4'h6:
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-      4'h7:
-        begin
-          if (exec_done) begin
-            if (\$99 ) begin
-              \$156  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-        end
-      4'h5:
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-      4'h8:
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-      4'h9:
-          if (soft_reset) begin
-            \$156  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$156  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$157  = executor;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$68 ) begin
-            \$157  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-      4'h4:
-        begin
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-            \$157  = 6'h00;
-          end else if (\$75 ) begin
-            \$157  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-      4'h6:
-        begin
-          if (\$78 ) begin
-            \$157  = 6'h01;
-          end
-          if (\$79 ) begin
-            \$157  = 6'h01;
-          end
-          if (\$80 ) begin
-            \$157  = 6'h02;
-          end
-          if (\$81 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$82 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$83 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$84 ) begin
-            \$157  = 6'h10;
-          end
-          if (\$85 ) begin
-            \$157  = 6'h08;
-          end
-          if (\$86 ) begin
-            \$157  = 6'h20;
-          end
-          if (\$87 ) begin
-            \$157  = 6'h20;
-          end
-          if (\$88 ) begin
-            \$157  = 6'h10;
-          end
-          if (\$89 ) begin
-            \$157  = 6'h10;
-          end
-          if (\$90 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$91 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$92 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$93 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$94 ) begin
-            \$157  = 6'h04;
-          end
-          if (\$95 ) begin
-            \$157  = 6'h10;
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$99 ) begin
-              \$157  = 6'h00;
-            end else if (\$100 ) begin
-              \$157  = 6'h00;
-            end else if (\$130 ) begin
-              \$157  = 6'h00;
-            end else begin
-              \$157  = 6'h00;
-            end
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (\$134 ) begin
-            \$157  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-      4'h8:
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-      4'h9:
-        begin
-          if (\$136 ) begin
-            \$157  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$157  = 6'h00;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$157  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$158  = pf_ready;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$68 ) begin
-          end else begin
-            \$158  = 1'h0;
-          end
-      4'h3:
-          /* empty */;
-      4'h4:
-        begin
-          \$158  = 1'h0;
-          if (\$72 ) begin
-            \$158  = \$77 ;
-          end
-        end
-      4'h6:
-          /* empty */;
-      4'h7:
-        begin
-          if (\done$364 ) begin
-            \$158  = 1'h1;
-          end
-          if (exec_done) begin
-            if (\$99 ) begin
-            end else if (\$100 ) begin
-            end else if (\$130 ) begin
-              \$158  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$158  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$159  = cur;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-            \$159 [220:0] = decoded;
-            \$159 [253:221] = host;
-            \$159 [269:254] = beats;
-            \$159 [281:270] = ins[255:244];
-          end else begin
-            \$159 [220:0] = decoded;
-            \$159 [253:221] = host;
-            \$159 [269:254] = beats;
-            \$159 [281:270] = ins[255:244];
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$99 ) begin
-            end else if (\$100 ) begin
-            end else if (\$130 ) begin
-              \$159 [220:0] = decoded;
-              \$159 [253:221] = host;
-              \$159 [269:254] = beats;
-              \$159 [281:270] = ins[255:244];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$159  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$160  = running_exec;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$72 ) begin
-          end else if (\$73 ) begin
-          end else if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h01, 6'h02:
-                  \$160  = 5'h01;
-              6'h03:
-                  \$160  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14:
-                  \$160  = 5'h04;
-              6'h08:
-                  \$160  = 5'h08;
-              6'h0a, 6'h0b:
-                  \$160  = 5'h10;
-            endcase
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            \$160  = 5'h00;
-            if (\$99 ) begin
-            end else if (\$100 ) begin
-            end else if (\$130 ) begin
-              casez (ins[5:0])
-                6'h01, 6'h02:
-                    \$160  = 5'h01;
-                6'h03:
-                    \$160  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14:
-                    \$160  = 5'h04;
-                6'h08:
-                    \$160  = 5'h08;
-                6'h0a, 6'h0b:
-                    \$160  = 5'h10;
-              endcase
-            end
-          end
-    endcase
-    if (rst) begin
-      \$160  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$161  = scan;
+    \$166  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2415,158 +2482,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (running_exec[3]) begin
-              \$161  = 4'h0;
+            if (\$98 ) begin
+              \$166  = cur[122:109];
             end
-          end
-      4'h5:
-          if (\$134 ) begin
-            \$161  = 4'h8;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          \$161  = \$135 [3:0];
-    endcase
-    if (rst) begin
-      \$161  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$162  = scores_a;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$96 ) begin
-              \$162  = cur[60:48];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$162  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$163  = scores_len;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$96 ) begin
-              \$163  = cur[122:109];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$163  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$164  = expert;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$136 ) begin
-            \$164  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$164  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$165  = count;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$136 ) begin
-            \$165  = \$like [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$165  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$166  = offset;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$136 ) begin
-            \$166  = \$138 ;
           end
     endcase
     if (rst) begin
       \$166  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$167  = expert;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$139 ) begin
+            \$167  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$167  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$168  = count;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$139 ) begin
+            \$168  = \$like [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$168  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$169  = offset;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$139 ) begin
+            \$169  = \$141 ;
+          end
+    endcase
+    if (rst) begin
+      \$169  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2594,14 +2603,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$167 [5], \$167 [5], \$167  };
+  assign bus__arlen = { \$170 [5], \$170 [5], \$170  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$168 [5], \$168 [5], \$168  };
+  assign bus__awlen = { \$171 [5], \$171 [5], \$171  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2774,12 +2783,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$168 [5], \$168 [5], \$168  };
+  assign m_axi__awlen = { \$171 [5], \$171 [5], \$171  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$167 [5], \$167 [5], \$167  };
+  assign m_axi__arlen = { \$170 [5], \$170 [5], \$170  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -3047,7 +3056,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$671$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$676$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -3177,8 +3186,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$671$0 ;
-  wire [15:0] \port$671$0 ;
+  input [15:0] \port$676$0 ;
+  wire [15:0] \port$676$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3287,7 +3296,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$671$0  };
+      rd_data = { 16'h0000, \port$676$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3428,7 +3437,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$671$0  };
+  assign load_data = { 16'h0000, \port$676$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -5158,8 +5167,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$411$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$429$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6489$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$416$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$434$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6512$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5298,12 +5307,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$411$0 ;
-  wire [5:0] \port$411$0 ;
-  output [5:0] \port$429$0 ;
-  wire [5:0] \port$429$0 ;
-  input [15:0] \port$6489$254 ;
-  wire [15:0] \port$6489$254 ;
+  output [5:0] \port$416$0 ;
+  wire [5:0] \port$416$0 ;
+  output [5:0] \port$434$0 ;
+  wire [5:0] \port$434$0 ;
+  input [15:0] \port$6512$254 ;
+  wire [15:0] \port$6512$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5468,7 +5477,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6489$254  };
+      \$74  = { 8'h00, \port$6512$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5504,7 +5513,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6489$254  };
+      \$77  = { 8'h00, \port$6512$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5549,11 +5558,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6489$254  };
+  assign rd_beats = { 8'h00, \port$6512$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6489$254  };
-  assign \port$411$0  = \$9 ;
-  assign \port$429$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$6512$254  };
+  assign \port$416$0  = \$9 ;
+  assign \port$434$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -5605,7 +5614,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1027 ;
   wire \$1028 ;
   wire \$1029 ;
-  wire [14:0] \$103 ;
+  wire \$103 ;
   wire \$1030 ;
   wire \$1031 ;
   wire \$1032 ;
@@ -5614,9 +5623,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1035 ;
   wire \$1036 ;
   wire \$1037 ;
-  wire [23:0] \$1038 ;
+  wire \$1038 ;
   wire \$1039 ;
-  wire [14:0] \$104 ;
+  wire \$104 ;
   wire \$1040 ;
   wire \$1041 ;
   wire \$1042 ;
@@ -5627,8 +5636,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1047 ;
   wire \$1048 ;
   wire \$1049 ;
-  wire \$105 ;
-  wire \$1050 ;
+  wire [14:0] \$105 ;
+  wire [23:0] \$1050 ;
   wire \$1051 ;
   wire \$1052 ;
   wire \$1053 ;
@@ -5642,25 +5651,25 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1060 ;
   wire \$1061 ;
   wire \$1062 ;
-  wire [23:0] \$1063 ;
-  wire [23:0] \$1064 ;
-  wire [23:0] \$1065 ;
+  wire \$1063 ;
+  wire \$1064 ;
+  wire \$1065 ;
   wire \$1066 ;
   wire \$1067 ;
   wire \$1068 ;
   wire \$1069 ;
-  wire [1:0] \$107 ;
+  wire \$107 ;
   wire \$1070 ;
   wire \$1071 ;
   wire \$1072 ;
   wire \$1073 ;
   wire \$1074 ;
-  wire \$1075 ;
-  wire \$1076 ;
-  wire \$1077 ;
+  wire [23:0] \$1075 ;
+  wire [23:0] \$1076 ;
+  wire [23:0] \$1077 ;
   wire \$1078 ;
   wire \$1079 ;
-  wire [1:0] \$108 ;
+  wire [14:0] \$108 ;
   wire \$1080 ;
   wire \$1081 ;
   wire \$1082 ;
@@ -5671,7 +5680,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1087 ;
   wire \$1088 ;
   wire \$1089 ;
-  wire \$109 ;
+  wire [17:0] \$109 ;
   wire \$1090 ;
   wire \$1091 ;
   wire \$1092 ;
@@ -5683,7 +5692,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1098 ;
   wire \$1099 ;
   wire \$11 ;
-  wire \$110 ;
+  wire [17:0] \$110 ;
   wire \$1100 ;
   wire \$1101 ;
   wire \$1102 ;
@@ -5694,7 +5703,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1107 ;
   wire \$1108 ;
   wire \$1109 ;
-  wire \$111 ;
+  wire [17:0] \$111 ;
   wire \$1110 ;
   wire \$1111 ;
   wire \$1112 ;
@@ -5705,7 +5714,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1117 ;
   wire \$1118 ;
   wire \$1119 ;
-  wire [9:0] \$112 ;
+  wire \$112 ;
   wire \$1120 ;
   wire \$1121 ;
   wire \$1122 ;
@@ -5723,7 +5732,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1133 ;
   wire \$1134 ;
   wire \$1135 ;
-  wire [23:0] \$1136 ;
+  wire \$1136 ;
   wire \$1137 ;
   wire \$1138 ;
   wire \$1139 ;
@@ -5736,7 +5745,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1145 ;
   wire \$1146 ;
   wire \$1147 ;
-  wire \$1148 ;
+  wire [23:0] \$1148 ;
   wire \$1149 ;
   wire \$115 ;
   wire \$1150 ;
@@ -5749,29 +5758,29 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1157 ;
   wire \$1158 ;
   wire \$1159 ;
-  wire [14:0] \$116 ;
+  wire \$116 ;
   wire \$1160 ;
-  wire [23:0] \$1161 ;
-  wire [23:0] \$1162 ;
-  wire [23:0] \$1163 ;
+  wire \$1161 ;
+  wire \$1162 ;
+  wire \$1163 ;
   wire \$1164 ;
   wire \$1165 ;
   wire \$1166 ;
   wire \$1167 ;
   wire \$1168 ;
   wire \$1169 ;
-  wire \$117 ;
+  wire [1:0] \$117 ;
   wire \$1170 ;
   wire \$1171 ;
   wire \$1172 ;
-  wire \$1173 ;
-  wire \$1174 ;
-  wire \$1175 ;
+  wire [23:0] \$1173 ;
+  wire [23:0] \$1174 ;
+  wire [23:0] \$1175 ;
   wire \$1176 ;
   wire \$1177 ;
   wire \$1178 ;
   wire \$1179 ;
-  wire \$118 ;
+  wire [1:0] \$118 ;
   wire \$1180 ;
   wire \$1181 ;
   wire \$1182 ;
@@ -5816,7 +5825,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1217 ;
   wire \$1218 ;
   wire \$1219 ;
-  wire \$122 ;
+  wire [9:0] \$122 ;
   wire \$1220 ;
   wire \$1221 ;
   wire \$1222 ;
@@ -5832,7 +5841,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1231 ;
   wire \$1232 ;
   wire \$1233 ;
-  wire [23:0] \$1234 ;
+  wire \$1234 ;
   wire \$1235 ;
   wire \$1236 ;
   wire \$1237 ;
@@ -5845,7 +5854,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1243 ;
   wire \$1244 ;
   wire \$1245 ;
-  wire \$1246 ;
+  wire [23:0] \$1246 ;
   wire \$1247 ;
   wire \$1248 ;
   wire \$1249 ;
@@ -5859,10 +5868,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1256 ;
   wire \$1257 ;
   wire \$1258 ;
-  wire [23:0] \$1259 ;
-  wire [2:0] \$126 ;
-  wire [23:0] \$1260 ;
-  wire [23:0] \$1261 ;
+  wire \$1259 ;
+  wire [14:0] \$126 ;
+  wire \$1260 ;
+  wire \$1261 ;
   wire \$1262 ;
   wire \$1263 ;
   wire \$1264 ;
@@ -5871,11 +5880,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1267 ;
   wire \$1268 ;
   wire \$1269 ;
-  wire [3:0] \$127 ;
+  wire \$127 ;
   wire \$1270 ;
-  wire \$1271 ;
-  wire \$1272 ;
-  wire \$1273 ;
+  wire [23:0] \$1271 ;
+  wire [23:0] \$1272 ;
+  wire [23:0] \$1273 ;
   wire \$1274 ;
   wire \$1275 ;
   wire \$1276 ;
@@ -5927,7 +5936,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1317 ;
   wire \$1318 ;
   wire \$1319 ;
-  wire [2:0] \$132 ;
+  wire \$132 ;
   wire \$1320 ;
   wire \$1321 ;
   wire \$1322 ;
@@ -5938,10 +5947,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1327 ;
   wire \$1328 ;
   wire \$1329 ;
-  wire [3:0] \$133 ;
+  wire \$133 ;
   wire \$1330 ;
   wire \$1331 ;
-  wire [23:0] \$1332 ;
+  wire \$1332 ;
   wire \$1333 ;
   wire \$1334 ;
   wire \$1335 ;
@@ -5954,7 +5963,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1341 ;
   wire \$1342 ;
   wire \$1343 ;
-  wire \$1344 ;
+  wire [23:0] \$1344 ;
   wire \$1345 ;
   wire \$1346 ;
   wire \$1347 ;
@@ -5968,12 +5977,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1354 ;
   wire \$1355 ;
   wire \$1356 ;
-  wire [23:0] \$1357 ;
-  wire [23:0] \$1358 ;
-  wire [23:0] \$1359 ;
-  wire [3:0] \$136 ;
-  reg [23:0] \$1360 ;
-  wire [2:0] \$1361 ;
+  wire \$1357 ;
+  wire \$1358 ;
+  wire \$1359 ;
+  wire [2:0] \$136 ;
+  wire \$1360 ;
+  wire \$1361 ;
   wire \$1362 ;
   wire \$1363 ;
   wire \$1364 ;
@@ -5981,19 +5990,19 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1366 ;
   wire \$1367 ;
   wire \$1368 ;
-  wire \$1369 ;
-  wire \$137 ;
-  wire \$1370 ;
-  wire \$1371 ;
-  wire \$1372 ;
-  wire \$1373 ;
+  wire [23:0] \$1369 ;
+  wire [3:0] \$137 ;
+  wire [23:0] \$1370 ;
+  wire [23:0] \$1371 ;
+  reg [23:0] \$1372 ;
+  wire [2:0] \$1373 ;
   wire \$1374 ;
   wire \$1375 ;
   wire \$1376 ;
   wire \$1377 ;
   wire \$1378 ;
   wire \$1379 ;
-  wire [3:0] \$138 ;
+  wire \$138 ;
   wire \$1380 ;
   wire \$1381 ;
   wire \$1382 ;
@@ -6004,7 +6013,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1387 ;
   wire \$1388 ;
   wire \$1389 ;
-  wire [14:0] \$139 ;
+  wire \$139 ;
   wire \$1390 ;
   wire \$1391 ;
   wire \$1392 ;
@@ -6038,7 +6047,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1417 ;
   wire \$1418 ;
   wire \$1419 ;
-  wire [3:0] \$142 ;
+  wire [2:0] \$142 ;
   wire \$1420 ;
   wire \$1421 ;
   wire \$1422 ;
@@ -6049,10 +6058,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1427 ;
   wire \$1428 ;
   wire \$1429 ;
-  wire [14:0] \$143 ;
+  wire [3:0] \$143 ;
   wire \$1430 ;
   wire \$1431 ;
-  wire [23:0] \$1432 ;
+  wire \$1432 ;
   wire \$1433 ;
   wire \$1434 ;
   wire \$1435 ;
@@ -6065,13 +6074,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1441 ;
   wire \$1442 ;
   wire \$1443 ;
-  wire \$1444 ;
+  wire [23:0] \$1444 ;
   wire \$1445 ;
   wire \$1446 ;
   wire \$1447 ;
   wire \$1448 ;
   wire \$1449 ;
-  wire [14:0] \$145 ;
+  wire \$145 ;
   wire \$1450 ;
   wire \$1451 ;
   wire \$1452 ;
@@ -6079,10 +6088,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1454 ;
   wire \$1455 ;
   wire \$1456 ;
-  wire [23:0] \$1457 ;
-  wire [23:0] \$1458 ;
-  wire [23:0] \$1459 ;
-  wire [14:0] \$146 ;
+  wire \$1457 ;
+  wire \$1458 ;
+  wire \$1459 ;
+  wire [3:0] \$146 ;
   wire \$1460 ;
   wire \$1461 ;
   wire \$1462 ;
@@ -6092,10 +6101,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1466 ;
   wire \$1467 ;
   wire \$1468 ;
-  wire \$1469 ;
-  wire [14:0] \$147 ;
-  wire \$1470 ;
-  wire \$1471 ;
+  wire [23:0] \$1469 ;
+  wire \$147 ;
+  wire [23:0] \$1470 ;
+  wire [23:0] \$1471 ;
   wire \$1472 ;
   wire \$1473 ;
   wire \$1474 ;
@@ -6104,7 +6113,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1477 ;
   wire \$1478 ;
   wire \$1479 ;
-  wire \$148 ;
+  wire [3:0] \$148 ;
   wire \$1480 ;
   wire \$1481 ;
   wire \$1482 ;
@@ -6115,7 +6124,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1487 ;
   wire \$1488 ;
   wire \$1489 ;
-  wire [16:0] \$149 ;
+  wire [14:0] \$149 ;
   wire \$1490 ;
   wire \$1491 ;
   wire \$1492 ;
@@ -6149,7 +6158,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1517 ;
   wire \$1518 ;
   wire \$1519 ;
-  wire \$152 ;
+  wire [3:0] \$152 ;
   wire \$1520 ;
   wire \$1521 ;
   wire \$1522 ;
@@ -6160,8 +6169,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1527 ;
   wire \$1528 ;
   wire \$1529 ;
-  wire \$153 ;
-  wire [23:0] \$1530 ;
+  wire [14:0] \$153 ;
+  wire \$1530 ;
   wire \$1531 ;
   wire \$1532 ;
   wire \$1533 ;
@@ -6174,7 +6183,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$154 ;
   wire \$1540 ;
   wire \$1541 ;
-  wire \$1542 ;
+  wire [23:0] \$1542 ;
   wire \$1543 ;
   wire \$1544 ;
   wire \$1545 ;
@@ -6182,18 +6191,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1547 ;
   wire \$1548 ;
   wire \$1549 ;
-  wire \$155 ;
+  wire [14:0] \$155 ;
   wire \$1550 ;
   wire \$1551 ;
   wire \$1552 ;
   wire \$1553 ;
   wire \$1554 ;
-  wire [23:0] \$1555 ;
-  wire [23:0] \$1556 ;
-  wire [23:0] \$1557 ;
+  wire \$1555 ;
+  wire \$1556 ;
+  wire \$1557 ;
   wire \$1558 ;
   wire \$1559 ;
-  wire \$156 ;
+  wire [14:0] \$156 ;
   wire \$1560 ;
   wire \$1561 ;
   wire \$1562 ;
@@ -6201,10 +6210,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1564 ;
   wire \$1565 ;
   wire \$1566 ;
-  wire \$1567 ;
-  wire \$1568 ;
-  wire \$1569 ;
-  wire \$157 ;
+  wire [23:0] \$1567 ;
+  wire [23:0] \$1568 ;
+  wire [23:0] \$1569 ;
+  wire [14:0] \$157 ;
   wire \$1570 ;
   wire \$1571 ;
   wire \$1572 ;
@@ -6238,7 +6247,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1598 ;
   wire \$1599 ;
   wire \$16 ;
-  wire [3:0] \$160 ;
+  wire \$160 ;
   wire \$1600 ;
   wire \$1601 ;
   wire \$1602 ;
@@ -6249,7 +6258,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1607 ;
   wire \$1608 ;
   wire \$1609 ;
-  wire \$161 ;
+  wire [16:0] \$161 ;
   wire \$1610 ;
   wire \$1611 ;
   wire \$1612 ;
@@ -6260,7 +6269,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1617 ;
   wire \$1618 ;
   wire \$1619 ;
-  wire [3:0] \$162 ;
+  wire \$162 ;
   wire \$1620 ;
   wire \$1621 ;
   wire \$1622 ;
@@ -6269,9 +6278,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1625 ;
   wire \$1626 ;
   wire \$1627 ;
-  wire [23:0] \$1628 ;
+  wire \$1628 ;
   wire \$1629 ;
-  wire [14:0] \$163 ;
+  wire \$163 ;
   wire \$1630 ;
   wire \$1631 ;
   wire \$1632 ;
@@ -6283,7 +6292,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1638 ;
   wire \$1639 ;
   wire \$164 ;
-  wire \$1640 ;
+  wire [23:0] \$1640 ;
   wire \$1641 ;
   wire \$1642 ;
   wire \$1643 ;
@@ -6297,25 +6306,25 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1650 ;
   wire \$1651 ;
   wire \$1652 ;
-  wire [23:0] \$1653 ;
-  wire [23:0] \$1654 ;
-  wire [23:0] \$1655 ;
+  wire \$1653 ;
+  wire \$1654 ;
+  wire \$1655 ;
   wire \$1656 ;
   wire \$1657 ;
   wire \$1658 ;
   wire \$1659 ;
-  wire [3:0] \$166 ;
+  wire \$166 ;
   wire \$1660 ;
   wire \$1661 ;
   wire \$1662 ;
   wire \$1663 ;
   wire \$1664 ;
-  wire \$1665 ;
-  wire \$1666 ;
-  wire \$1667 ;
+  wire [23:0] \$1665 ;
+  wire [23:0] \$1666 ;
+  wire [23:0] \$1667 ;
   wire \$1668 ;
   wire \$1669 ;
-  wire [14:0] \$167 ;
+  wire \$167 ;
   wire \$1670 ;
   wire \$1671 ;
   wire \$1672 ;
@@ -6337,7 +6346,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1687 ;
   wire \$1688 ;
   wire \$1689 ;
-  wire [14:0] \$169 ;
+  wire \$169 ;
   wire \$1690 ;
   wire \$1691 ;
   wire \$1692 ;
@@ -6349,7 +6358,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1698 ;
   wire \$1699 ;
   wire \$17 ;
-  wire [14:0] \$170 ;
+  wire \$170 ;
   wire \$1700 ;
   wire \$1701 ;
   wire \$1702 ;
@@ -6360,7 +6369,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1707 ;
   wire \$1708 ;
   wire \$1709 ;
-  wire [14:0] \$171 ;
+  wire \$171 ;
   wire \$1710 ;
   wire \$1711 ;
   wire \$1712 ;
@@ -6378,7 +6387,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1723 ;
   wire \$1724 ;
   wire \$1725 ;
-  wire [23:0] \$1726 ;
+  wire \$1726 ;
   wire \$1727 ;
   wire \$1728 ;
   wire \$1729 ;
@@ -6391,9 +6400,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1735 ;
   wire \$1736 ;
   wire \$1737 ;
-  wire \$1738 ;
+  wire [23:0] \$1738 ;
   wire \$1739 ;
-  wire [14:0] \$174 ;
+  wire [3:0] \$174 ;
   wire \$1740 ;
   wire \$1741 ;
   wire \$1742 ;
@@ -6404,91 +6413,104 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1747 ;
   wire \$1748 ;
   wire \$1749 ;
-  wire \$175 ;
+  wire [14:0] \$175 ;
   wire \$1750 ;
-  wire [23:0] \$1751 ;
-  wire [23:0] \$1752 ;
-  wire [23:0] \$1753 ;
-  reg [23:0] \$1754 ;
+  wire \$1751 ;
+  wire \$1752 ;
+  wire \$1753 ;
+  wire \$1754 ;
   wire \$1755 ;
   wire \$1756 ;
   wire \$1757 ;
-  wire [16:0] \$1758 ;
-  wire [17:0] \$1759 ;
+  wire \$1758 ;
+  wire \$1759 ;
   wire \$176 ;
-  wire [16:0] \$1760 ;
-  wire [17:0] \$1761 ;
-  wire [18:0] \$1762 ;
-  wire \$1763 ;
-  wire \$1764 ;
-  wire [14:0] \$1765 ;
-  wire \$1766 ;
+  wire \$1760 ;
+  wire \$1761 ;
+  wire \$1762 ;
+  wire [23:0] \$1763 ;
+  wire [23:0] \$1764 ;
+  wire [23:0] \$1765 ;
+  reg [23:0] \$1766 ;
   wire \$1767 ;
   wire \$1768 ;
   wire \$1769 ;
   wire \$177 ;
-  wire \$1770 ;
-  reg [64:0] \$1771 ;
-  reg \$1772 ;
-  reg \$1773 ;
-  reg \$1774 ;
-  reg [13:0] \$1775 ;
-  reg [12:0] \$1776 ;
-  reg [12:0] \$1777 ;
-  reg [13:0] \$1778 ;
-  reg [12:0] \$1779 ;
-  wire \$178 ;
-  reg [12:0] \$1780 ;
-  reg [13:0] \$1781 ;
-  reg [12:0] \$1782 ;
-  reg [12:0] \$1783 ;
+  wire [16:0] \$1770 ;
+  wire [17:0] \$1771 ;
+  wire [16:0] \$1772 ;
+  wire [17:0] \$1773 ;
+  wire [18:0] \$1774 ;
+  wire \$1775 ;
+  wire \$1776 ;
+  wire [14:0] \$1777 ;
+  wire \$1778 ;
+  wire \$1779 ;
+  wire [3:0] \$178 ;
+  wire \$1780 ;
+  wire \$1781 ;
+  wire \$1782 ;
+  reg [64:0] \$1783 ;
   reg \$1784 ;
-  reg [13:0] \$1785 ;
+  reg \$1785 ;
   reg \$1786 ;
-  reg [1:0] \$1787 ;
-  reg [2:0] \$1788 ;
-  reg [1:0] \$1789 ;
+  reg [13:0] \$1787 ;
+  reg [12:0] \$1788 ;
+  reg [12:0] \$1789 ;
   wire [14:0] \$179 ;
-  reg \$1790 ;
-  reg [95:0] \$1791 ;
-  reg [13:0] \$1792 ;
-  reg [1:0] \$1793 ;
-  reg \$1794 ;
-  reg [95:0] \$1795 ;
+  reg [13:0] \$1790 ;
+  reg [12:0] \$1791 ;
+  reg [12:0] \$1792 ;
+  reg [13:0] \$1793 ;
+  reg [12:0] \$1794 ;
+  reg [12:0] \$1795 ;
   reg \$1796 ;
-  reg \$1797 ;
+  reg [13:0] \$1797 ;
   reg \$1798 ;
-  reg \$1799 ;
+  reg [1:0] \$1799 ;
   wire \$18 ;
   wire \$180 ;
-  reg \$1800 ;
-  reg \$1801 ;
-  reg [14:0] \$1802 ;
-  reg [1:0] \$1803 ;
-  reg [5:0] \$1804 ;
-  reg [15:0] \$1805 ;
-  reg [5:0] \$1806 ;
-  reg [13:0] \$1807 ;
-  reg [13:0] \$1808 ;
-  reg [12:0] \$1809 ;
-  wire \$181 ;
+  reg [2:0] \$1800 ;
+  reg [1:0] \$1801 ;
+  reg \$1802 ;
+  reg [95:0] \$1803 ;
+  reg [13:0] \$1804 ;
+  reg [1:0] \$1805 ;
+  reg \$1806 ;
+  reg [95:0] \$1807 ;
+  reg \$1808 ;
+  reg \$1809 ;
+  wire [14:0] \$181 ;
   reg \$1810 ;
-  reg [12:0] \$1811 ;
+  reg \$1811 ;
   reg \$1812 ;
   reg \$1813 ;
-  reg [12:0] \$1814 ;
-  reg [1:0] \$1815 ;
-  wire \$182 ;
-  wire \$183 ;
-  wire \$184 ;
+  reg \$1814 ;
+  reg [14:0] \$1815 ;
+  reg [1:0] \$1816 ;
+  reg [5:0] \$1817 ;
+  reg [15:0] \$1818 ;
+  reg [5:0] \$1819 ;
+  wire [14:0] \$182 ;
+  reg [13:0] \$1820 ;
+  reg [13:0] \$1821 ;
+  reg [12:0] \$1822 ;
+  reg \$1823 ;
+  reg [12:0] \$1824 ;
+  reg \$1825 ;
+  reg \$1826 ;
+  reg [12:0] \$1827 ;
+  reg [1:0] \$1828 ;
+  wire [14:0] \$183 ;
+  wire [3:0] \$184 ;
   wire \$185 ;
-  wire \$186 ;
+  wire [14:0] \$186 ;
   wire \$187 ;
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
   wire \$190 ;
-  wire \$191 ;
+  wire [14:0] \$191 ;
   wire \$192 ;
   wire \$193 ;
   wire \$194 ;
@@ -6554,7 +6576,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$248 ;
   wire \$249 ;
   wire [13:0] \$25 ;
-  wire [23:0] \$250 ;
+  wire \$250 ;
   wire \$251 ;
   wire \$252 ;
   wire \$253 ;
@@ -6567,7 +6589,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [13:0] \$26 ;
   wire \$260 ;
   wire \$261 ;
-  wire \$262 ;
+  wire [23:0] \$262 ;
   wire \$263 ;
   wire \$264 ;
   wire \$265 ;
@@ -6581,9 +6603,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
-  wire [23:0] \$275 ;
-  wire [23:0] \$276 ;
-  wire [23:0] \$277 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
   wire \$278 ;
   wire \$279 ;
   wire [14:0] \$28 ;
@@ -6594,9 +6616,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$284 ;
   wire \$285 ;
   wire \$286 ;
-  wire \$287 ;
-  wire \$288 ;
-  wire \$289 ;
+  wire [23:0] \$287 ;
+  wire [23:0] \$288 ;
+  wire [23:0] \$289 ;
   wire [13:0] \$29 ;
   wire \$290 ;
   wire \$291 ;
@@ -6662,7 +6684,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$345 ;
   wire \$346 ;
   wire \$347 ;
-  wire [23:0] \$348 ;
+  wire \$348 ;
   wire \$349 ;
   wire \$35 ;
   wire \$350 ;
@@ -6676,7 +6698,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$358 ;
   wire \$359 ;
   wire \$36 ;
-  wire \$360 ;
+  wire [23:0] \$360 ;
   wire \$361 ;
   wire \$362 ;
   wire \$363 ;
@@ -6690,9 +6712,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$370 ;
   wire \$371 ;
   wire \$372 ;
-  wire [23:0] \$373 ;
-  wire [23:0] \$374 ;
-  wire [23:0] \$375 ;
+  wire \$373 ;
+  wire \$374 ;
+  wire \$375 ;
   wire \$376 ;
   wire \$377 ;
   wire \$378 ;
@@ -6703,9 +6725,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$382 ;
   wire \$383 ;
   wire \$384 ;
-  wire \$385 ;
-  wire \$386 ;
-  wire \$387 ;
+  wire [23:0] \$385 ;
+  wire [23:0] \$386 ;
+  wire [23:0] \$387 ;
   wire \$388 ;
   wire \$389 ;
   wire \$39 ;
@@ -6771,7 +6793,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$443 ;
   wire \$444 ;
   wire \$445 ;
-  wire [23:0] \$446 ;
+  wire \$446 ;
   wire \$447 ;
   wire \$448 ;
   wire \$449 ;
@@ -6784,7 +6806,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$455 ;
   wire \$456 ;
   wire \$457 ;
-  wire \$458 ;
+  wire [23:0] \$458 ;
   wire \$459 ;
   wire \$46 ;
   wire \$460 ;
@@ -6799,9 +6821,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$469 ;
   wire \$47 ;
   wire \$470 ;
-  wire [23:0] \$471 ;
-  wire [23:0] \$472 ;
-  wire [23:0] \$473 ;
+  wire \$471 ;
+  wire \$472 ;
+  wire \$473 ;
   wire \$474 ;
   wire \$475 ;
   wire \$476 ;
@@ -6812,9 +6834,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$480 ;
   wire \$481 ;
   wire \$482 ;
-  wire \$483 ;
-  wire \$484 ;
-  wire \$485 ;
+  wire [23:0] \$483 ;
+  wire [23:0] \$484 ;
+  wire [23:0] \$485 ;
   wire \$486 ;
   wire \$487 ;
   wire \$488 ;
@@ -6880,7 +6902,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$541 ;
   wire \$542 ;
   wire \$543 ;
-  wire [23:0] \$544 ;
+  wire \$544 ;
   wire \$545 ;
   wire \$546 ;
   wire \$547 ;
@@ -6893,7 +6915,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$553 ;
   wire \$554 ;
   wire \$555 ;
-  wire \$556 ;
+  wire [23:0] \$556 ;
   wire \$557 ;
   wire \$558 ;
   wire \$559 ;
@@ -6907,12 +6929,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$566 ;
   wire \$567 ;
   wire \$568 ;
-  wire [23:0] \$569 ;
+  wire \$569 ;
   wire \$57 ;
-  wire [23:0] \$570 ;
-  wire [23:0] \$571 ;
-  reg [23:0] \$572 ;
-  wire [2:0] \$573 ;
+  wire \$570 ;
+  wire \$571 ;
+  wire \$572 ;
+  wire \$573 ;
   wire \$574 ;
   wire \$575 ;
   wire \$576 ;
@@ -6921,11 +6943,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire \$581 ;
-  wire \$582 ;
-  wire \$583 ;
-  wire \$584 ;
-  wire \$585 ;
+  wire [23:0] \$581 ;
+  wire [23:0] \$582 ;
+  wire [23:0] \$583 ;
+  reg [23:0] \$584 ;
+  wire [2:0] \$585 ;
   wire \$586 ;
   wire \$587 ;
   wire \$588 ;
@@ -6991,7 +7013,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$641 ;
   wire \$642 ;
   wire \$643 ;
-  wire [23:0] \$644 ;
+  wire \$644 ;
   wire \$645 ;
   wire \$646 ;
   wire \$647 ;
@@ -7004,7 +7026,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$653 ;
   wire \$654 ;
   wire \$655 ;
-  wire \$656 ;
+  wire [23:0] \$656 ;
   wire \$657 ;
   wire \$658 ;
   wire \$659 ;
@@ -7018,10 +7040,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$666 ;
   wire \$667 ;
   wire \$668 ;
-  wire [23:0] \$669 ;
+  wire \$669 ;
   reg [23:0] \$67 ;
-  wire [23:0] \$670 ;
-  wire [23:0] \$671 ;
+  wire \$670 ;
+  wire \$671 ;
   wire \$672 ;
   wire \$673 ;
   wire \$674 ;
@@ -7032,9 +7054,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$679 ;
   wire \$68 ;
   wire \$680 ;
-  wire \$681 ;
-  wire \$682 ;
-  wire \$683 ;
+  wire [23:0] \$681 ;
+  wire [23:0] \$682 ;
+  wire [23:0] \$683 ;
   wire \$684 ;
   wire \$685 ;
   wire \$686 ;
@@ -7100,7 +7122,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$74 ;
   wire \$740 ;
   wire \$741 ;
-  wire [23:0] \$742 ;
+  wire \$742 ;
   wire \$743 ;
   wire \$744 ;
   wire \$745 ;
@@ -7113,7 +7135,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$751 ;
   wire \$752 ;
   wire \$753 ;
-  wire \$754 ;
+  wire [23:0] \$754 ;
   wire \$755 ;
   wire \$756 ;
   wire \$757 ;
@@ -7127,9 +7149,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$764 ;
   wire \$765 ;
   wire \$766 ;
-  wire [23:0] \$767 ;
-  wire [23:0] \$768 ;
-  wire [23:0] \$769 ;
+  wire \$767 ;
+  wire \$768 ;
+  wire \$769 ;
   wire \$77 ;
   wire \$770 ;
   wire \$771 ;
@@ -7140,10 +7162,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$776 ;
   wire \$777 ;
   wire \$778 ;
-  wire \$779 ;
+  wire [23:0] \$779 ;
   wire [2:0] \$78 ;
-  wire \$780 ;
-  wire \$781 ;
+  wire [23:0] \$780 ;
+  wire [23:0] \$781 ;
   wire \$782 ;
   wire \$783 ;
   wire \$784 ;
@@ -7209,7 +7231,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$838 ;
   wire \$839 ;
   wire [2:0] \$84 ;
-  wire [23:0] \$840 ;
+  wire \$840 ;
   wire \$841 ;
   wire \$842 ;
   wire \$843 ;
@@ -7222,7 +7244,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [23:0] \$85 ;
   wire \$850 ;
   wire \$851 ;
-  wire \$852 ;
+  wire [23:0] \$852 ;
   wire \$853 ;
   wire \$854 ;
   wire \$855 ;
@@ -7236,9 +7258,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$862 ;
   wire \$863 ;
   wire \$864 ;
-  wire [23:0] \$865 ;
-  wire [23:0] \$866 ;
-  wire [23:0] \$867 ;
+  wire \$865 ;
+  wire \$866 ;
+  wire \$867 ;
   wire \$868 ;
   wire \$869 ;
   wire \$87 ;
@@ -7249,9 +7271,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$874 ;
   wire \$875 ;
   wire \$876 ;
-  wire \$877 ;
-  wire \$878 ;
-  wire \$879 ;
+  wire [23:0] \$877 ;
+  wire [23:0] \$878 ;
+  wire [23:0] \$879 ;
   wire \$88 ;
   wire \$880 ;
   wire \$881 ;
@@ -7317,7 +7339,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$935 ;
   wire \$936 ;
   wire \$937 ;
-  wire [23:0] \$938 ;
+  wire \$938 ;
   wire \$939 ;
   wire \$94 ;
   wire \$940 ;
@@ -7331,7 +7353,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$948 ;
   wire \$949 ;
   wire \$95 ;
-  wire \$950 ;
+  wire [23:0] \$950 ;
   wire \$951 ;
   wire \$952 ;
   wire \$953 ;
@@ -7345,11 +7367,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$960 ;
   wire \$961 ;
   wire \$962 ;
-  wire [23:0] \$963 ;
-  wire [23:0] \$964 ;
-  wire [23:0] \$965 ;
-  reg [23:0] \$966 ;
-  wire [2:0] \$967 ;
+  wire \$963 ;
+  wire \$964 ;
+  wire \$965 ;
+  wire \$966 ;
+  wire \$967 ;
   wire \$968 ;
   wire \$969 ;
   wire \$97 ;
@@ -7358,11 +7380,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$972 ;
   wire \$973 ;
   wire \$974 ;
-  wire \$975 ;
-  wire \$976 ;
-  wire \$977 ;
-  wire \$978 ;
-  wire \$979 ;
+  wire [23:0] \$975 ;
+  wire [23:0] \$976 ;
+  wire [23:0] \$977 ;
+  reg [23:0] \$978 ;
+  wire [2:0] \$979 ;
   wire \$98 ;
   wire \$980 ;
   wire \$981 ;
@@ -7403,6 +7425,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [1:0] \$signal$50  = 2'h0;
   reg \$signal$51 ;
   reg \$signal$58  = 1'h0;
+  reg \$signal$59  = 1'h0;
   reg [64:0] beat = 65'h00000000000000000;
   wire [31:0] \beat.a ;
   wire [31:0] \beat.b ;
@@ -7425,21 +7448,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$78 ;
-  wire [31:0] \i__payload$78[0] ;
-  wire [15:0] \i__payload$78[0].g ;
-  wire [15:0] \i__payload$78[0].u ;
-  wire [33:0] \i__payload$79 ;
-  wire [15:0] \i__payload$79.a ;
-  wire [16:0] \i__payload$79.b ;
-  wire \i__payload$79.last ;
+  wire [31:0] \i__payload$79 ;
+  wire [31:0] \i__payload$79[0] ;
+  wire [15:0] \i__payload$79[0].g ;
+  wire [15:0] \i__payload$79[0].u ;
+  wire [33:0] \i__payload$80 ;
+  wire [15:0] \i__payload$80.a ;
+  wire [16:0] \i__payload$80.b ;
+  wire \i__payload$80.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$101 ;
-  wire \i__ready$97 ;
+  wire \i__ready$102 ;
+  wire \i__ready$98 ;
   reg i__valid;
-  reg \i__valid$100 ;
-  reg \i__valid$96 ;
+  reg \i__valid$101 ;
+  reg \i__valid$97 ;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -7466,16 +7489,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$103 ;
-  wire [15:0] \o__payload$99 ;
-  wire [15:0] \o__payload$99[0] ;
+  wire [15:0] \o__payload$100 ;
+  wire [15:0] \o__payload$100[0] ;
+  wire [15:0] \o__payload$104 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$83 ;
   wire \o__ready$84 ;
+  wire \o__ready$85 ;
   wire o__valid;
-  wire \o__valid$102 ;
-  wire \o__valid$98 ;
+  wire \o__valid$103 ;
+  wire \o__valid$99 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -7626,11 +7649,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$48  = wvalid & rq__i__ready;
   assign \$49  = \$47  | \$48 ;
   assign \$50  = q_pend & \$49 ;
-  assign \$51  = \$signal$17  + \$147 [2:0];
-  assign \$52  = q_read + \$147 [2:0];
-  assign \$53  = \$signal$43  + \$147 [2:0];
+  assign \$51  = \$signal$17  + \$157 [2:0];
+  assign \$52  = q_read + \$157 [2:0];
+  assign \$53  = \$signal$43  + \$157 [2:0];
   assign \$54  = \$53  == 3'h4;
-  assign \$55  = \$signal$43  + \$147 [2:0];
+  assign \$55  = \$signal$43  + \$157 [2:0];
   assign \$56  = \$54  ? 4'h0 : \$55 ;
   assign \$57  = wvalid & rq__i__ready;
   assign \$58  = ~ wvalid;
@@ -7669,1748 +7692,1757 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$95  = ins[5:0] == 3'h5;
   assign \$96  = ins[5:0] == 3'h6;
   assign \$97  = ins[5:0] == 5'h13;
-  assign \$99  = ins[5:0] == 4'hf;
+  assign \$99  = ins[5:0] == 5'h15;
   assign \$101  = ins[5:0] == 4'hf;
-  assign \$105  = ins[5:0] == 4'hd;
-  assign \$106  = ins[5:0] == 4'hc;
-  assign \$107  = \$106  ? 2'h1 : 2'h0;
-  assign \$108  = \$105  ? 2'h2 : \$107 ;
-  assign \$109  = ins[5:0] == 5'h10;
-  assign \$111  = ins[5:0] == 3'h4;
-  assign \$114  = \$111  & \$113 ;
-  assign \$116  = el + 1'h1;
-  assign \$117  = el >= results;
-  assign \$118  = ~ h_valid;
-  assign r_en = \$118  | unit_ready;
-  assign \$119  = ~ h_valid;
-  assign \$120  = \$119  | unit_ready;
-  assign \$121  = ~ r_rdy;
-  assign \$122  = \$120  & \$121 ;
-  assign \$123  = ~ \$122 ;
-  assign w_en = \$signal$10  & \$123 ;
-  assign \$126  = \$signal$10  + level;
-  assign \$127  = \$126  + h_valid;
-  assign \$128  = \$127  < 2'h3;
-  assign \$129  = \$125  & \$128 ;
-  assign \$132  = \$signal$10  + level;
-  assign \$133  = \$132  + h_valid;
-  assign \$134  = \$133  < 2'h3;
-  assign \$135  = \$131  & \$134 ;
-  assign \$136  = 3'h4 - \$signal$43 ;
-  assign \$137  = $signed(\$136 ) < $signed(4'h4);
-  assign \$138  = 3'h4 - \$signal$43 ;
-  assign \$139  = ins[122:109] - q_read;
-  assign \$140  = $signed(\$138 ) < $signed(\$139 );
-  assign \$141  = \$137  & \$140 ;
-  assign \$142  = 3'h4 - \$signal$43 ;
-  assign \$143  = ins[122:109] - q_read;
-  assign \$144  = $signed(\$143 ) < $signed(4'h4);
-  assign \$145  = ins[122:109] - q_read;
-  assign \$146  = \$144  ? \$145  : 15'h0004;
-  assign \$147  = \$141  ? { \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142 [3], \$142  } : \$146 ;
-  assign \$148  = vec_op == 1'h1;
-  assign \$149  = \$148  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$150  = q_read < ins[122:109];
-  assign \$153  = ~ q_pend;
-  assign \$154  = ~ wvalid;
-  assign \$155  = wvalid & rq__i__ready;
-  assign \$156  = \$154  | \$155 ;
-  assign \$157  = q_pend & \$156 ;
-  assign \$158  = \$153  | \$157 ;
-  assign \$159  = \$152  & \$158 ;
-  assign \$160  = 3'h4 - \$signal$50 ;
-  assign \$161  = $signed(\$160 ) < $signed(4'h4);
-  assign \$162  = 3'h4 - \$signal$50 ;
-  assign \$163  = ins[122:109] - el;
-  assign \$164  = $signed(\$162 ) < $signed(\$163 );
-  assign \$165  = \$161  & \$164 ;
-  assign \$166  = 3'h4 - \$signal$50 ;
-  assign \$167  = ins[122:109] - el;
-  assign \$168  = $signed(\$167 ) < $signed(4'h4);
-  assign \$169  = ins[122:109] - el;
-  assign \$170  = \$168  ? \$169  : 15'h0004;
-  assign \$171  = \$165  ? { \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166 [3], \$166  } : \$170 ;
+  assign \$103  = ins[5:0] == 4'hf;
+  assign \$106  = ins[5:0] == 5'h15;
+  assign \$108  = ins[122:109] - ins[136:123];
+  assign \$109  = $signed(\$108 ) + $signed({ 1'h0, ins[92:77] });
+  assign \$112  = ins[5:0] == 4'hd;
+  assign \$113  = ins[5:0] == 4'hc;
+  assign \$114  = ins[5:0] == 5'h15;
+  assign \$117  = \$116  ? 2'h1 : 2'h0;
+  assign \$118  = \$112  ? 2'h2 : \$117 ;
+  assign \$119  = ins[5:0] == 5'h10;
+  assign \$121  = ins[5:0] == 3'h4;
+  assign \$124  = \$121  & \$123 ;
+  assign \$126  = el + 1'h1;
+  assign \$127  = el >= results;
+  assign \$128  = ~ h_valid;
+  assign r_en = \$128  | unit_ready;
+  assign \$129  = ~ h_valid;
+  assign \$130  = \$129  | unit_ready;
+  assign \$131  = ~ r_rdy;
+  assign \$132  = \$130  & \$131 ;
+  assign \$133  = ~ \$132 ;
+  assign w_en = \$signal$10  & \$133 ;
+  assign \$136  = \$signal$10  + level;
+  assign \$137  = \$136  + h_valid;
+  assign \$138  = \$137  < 2'h3;
+  assign \$139  = \$135  & \$138 ;
+  assign \$142  = \$signal$10  + level;
+  assign \$143  = \$142  + h_valid;
+  assign \$144  = \$143  < 2'h3;
+  assign \$145  = \$141  & \$144 ;
+  assign \$146  = 3'h4 - \$signal$43 ;
+  assign \$147  = $signed(\$146 ) < $signed(4'h4);
+  assign \$148  = 3'h4 - \$signal$43 ;
+  assign \$149  = ins[122:109] - q_read;
+  assign \$150  = $signed(\$148 ) < $signed(\$149 );
+  assign \$151  = \$147  & \$150 ;
+  assign \$152  = 3'h4 - \$signal$43 ;
+  assign \$153  = ins[122:109] - q_read;
+  assign \$154  = $signed(\$153 ) < $signed(4'h4);
+  assign \$155  = ins[122:109] - q_read;
+  assign \$156  = \$154  ? \$155  : 15'h0004;
+  assign \$157  = \$151  ? { \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152  } : \$156 ;
+  assign \$158  = vec_op == 1'h1;
+  assign \$159  = ~ \$signal$59 ;
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = \$160  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$162  = q_read < ins[122:109];
+  assign \$165  = ~ q_pend;
+  assign \$166  = ~ wvalid;
+  assign \$167  = wvalid & rq__i__ready;
+  assign \$168  = \$166  | \$167 ;
+  assign \$169  = q_pend & \$168 ;
+  assign \$170  = \$165  | \$169 ;
+  assign \$171  = \$164  & \$170 ;
   assign \$172  = 3'h4 - \$signal$50 ;
-  assign \$173  = $signed(\$172 ) <= $signed(4'h4);
-  assign \$174  = ins[122:109] - el;
-  assign \$175  = $signed(\$174 ) <= $signed(4'h4);
-  assign \$176  = \$173  | \$175 ;
-  assign \$177  = ~ hold_valid;
-  assign \$178  = \$177  | \$signal$51 ;
-  assign \$179  = ins[60:48] + el;
-  assign \$180  = width > 1'h1;
-  assign \$181  = width > 2'h2;
-  assign \$182  = width > 2'h3;
-  assign \$183  = width > 3'h4;
-  assign \$184  = width > 3'h5;
-  assign \$185  = width > 3'h6;
-  assign \$186  = width > 3'h7;
-  assign \$187  = width > 4'h8;
-  assign \$188  = width > 4'h9;
-  assign \$189  = width > 4'ha;
-  assign \$190  = width > 4'hb;
-  assign \$191  = width > 4'hc;
-  assign \$192  = width > 4'hd;
-  assign \$193  = width > 4'he;
-  assign \$194  = width > 4'hf;
-  assign \$195  = width > 5'h10;
-  assign \$196  = width > 5'h11;
-  assign \$197  = width > 5'h12;
-  assign \$198  = width > 5'h13;
-  assign \$199  = width > 5'h14;
-  assign \$200  = width > 5'h15;
-  assign \$201  = width > 5'h16;
-  assign \$202  = width > 5'h17;
-  assign \$203  = $signed(hold[23:0]) > $signed({ 1'h0, \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192 , \$191 , \$190 , \$189 , \$188 , \$187 , \$186 , \$185 , \$184 , \$183 , \$182 , \$181 , \$180  });
-  assign \$204  = width > 1'h1;
-  assign \$205  = width > 2'h2;
-  assign \$206  = width > 2'h3;
-  assign \$207  = width > 3'h4;
-  assign \$208  = width > 3'h5;
-  assign \$209  = width > 3'h6;
-  assign \$210  = width > 3'h7;
-  assign \$211  = width > 4'h8;
-  assign \$212  = width > 4'h9;
-  assign \$213  = width > 4'ha;
-  assign \$214  = width > 4'hb;
-  assign \$215  = width > 4'hc;
-  assign \$216  = width > 4'hd;
-  assign \$217  = width > 4'he;
-  assign \$218  = width > 4'hf;
-  assign \$219  = width > 5'h10;
-  assign \$220  = width > 5'h11;
-  assign \$221  = width > 5'h12;
-  assign \$222  = width > 5'h13;
-  assign \$223  = width > 5'h14;
-  assign \$224  = width > 5'h15;
-  assign \$225  = width > 5'h16;
-  assign \$226  = width > 5'h17;
-  assign \$227  = width > 1'h1;
-  assign \$228  = width > 2'h2;
-  assign \$229  = width > 2'h3;
-  assign \$230  = width > 3'h4;
-  assign \$231  = width > 3'h5;
-  assign \$232  = width > 3'h6;
-  assign \$233  = width > 3'h7;
-  assign \$234  = width > 4'h8;
-  assign \$235  = width > 4'h9;
-  assign \$236  = width > 4'ha;
-  assign \$237  = width > 4'hb;
-  assign \$238  = width > 4'hc;
-  assign \$239  = width > 4'hd;
-  assign \$240  = width > 4'he;
-  assign \$241  = width > 4'hf;
-  assign \$242  = width > 5'h10;
-  assign \$243  = width > 5'h11;
-  assign \$244  = width > 5'h12;
-  assign \$245  = width > 5'h13;
-  assign \$246  = width > 5'h14;
-  assign \$247  = width > 5'h15;
-  assign \$248  = width > 5'h16;
-  assign \$249  = width > 5'h17;
-  assign \$250  = ~ { 1'h0, \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227  };
-  assign \$251  = $signed(hold[23:0]) < $signed(\$250 );
-  assign \$252  = width > 1'h1;
-  assign \$253  = width > 2'h2;
-  assign \$254  = width > 2'h3;
-  assign \$255  = width > 3'h4;
-  assign \$256  = width > 3'h5;
-  assign \$257  = width > 3'h6;
-  assign \$258  = width > 3'h7;
-  assign \$259  = width > 4'h8;
-  assign \$260  = width > 4'h9;
-  assign \$261  = width > 4'ha;
-  assign \$262  = width > 4'hb;
-  assign \$263  = width > 4'hc;
-  assign \$264  = width > 4'hd;
-  assign \$265  = width > 4'he;
-  assign \$266  = width > 4'hf;
-  assign \$267  = width > 5'h10;
-  assign \$268  = width > 5'h11;
-  assign \$269  = width > 5'h12;
-  assign \$270  = width > 5'h13;
-  assign \$271  = width > 5'h14;
-  assign \$272  = width > 5'h15;
-  assign \$273  = width > 5'h16;
-  assign \$274  = width > 5'h17;
-  assign \$275  = ~ { 1'h0, \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252  };
-  assign \$276  = \$251  ? \$275  : hold[23:0];
-  assign \$277  = \$203  ? { 1'h0, \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204  } : \$276 ;
-  assign \$278  = width > 1'h1;
-  assign \$279  = width > 2'h2;
-  assign \$280  = width > 2'h3;
-  assign \$281  = width > 3'h4;
-  assign \$282  = width > 3'h5;
-  assign \$283  = width > 3'h6;
-  assign \$284  = width > 3'h7;
-  assign \$285  = width > 4'h8;
-  assign \$286  = width > 4'h9;
-  assign \$287  = width > 4'ha;
-  assign \$288  = width > 4'hb;
-  assign \$289  = width > 4'hc;
-  assign \$290  = width > 4'hd;
-  assign \$291  = width > 4'he;
-  assign \$292  = width > 4'hf;
-  assign \$293  = width > 5'h10;
-  assign \$294  = width > 5'h11;
-  assign \$295  = width > 5'h12;
-  assign \$296  = width > 5'h13;
-  assign \$297  = width > 5'h14;
-  assign \$298  = width > 5'h15;
-  assign \$299  = width > 5'h16;
-  assign \$300  = width > 5'h17;
-  assign \$301  = $signed(hold[47:24]) > $signed({ 1'h0, \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278  });
-  assign \$302  = width > 1'h1;
-  assign \$303  = width > 2'h2;
-  assign \$304  = width > 2'h3;
-  assign \$305  = width > 3'h4;
-  assign \$306  = width > 3'h5;
-  assign \$307  = width > 3'h6;
-  assign \$308  = width > 3'h7;
-  assign \$309  = width > 4'h8;
-  assign \$310  = width > 4'h9;
-  assign \$311  = width > 4'ha;
-  assign \$312  = width > 4'hb;
-  assign \$313  = width > 4'hc;
-  assign \$314  = width > 4'hd;
-  assign \$315  = width > 4'he;
-  assign \$316  = width > 4'hf;
-  assign \$317  = width > 5'h10;
-  assign \$318  = width > 5'h11;
-  assign \$319  = width > 5'h12;
-  assign \$320  = width > 5'h13;
-  assign \$321  = width > 5'h14;
-  assign \$322  = width > 5'h15;
-  assign \$323  = width > 5'h16;
-  assign \$324  = width > 5'h17;
-  assign \$325  = width > 1'h1;
-  assign \$326  = width > 2'h2;
-  assign \$327  = width > 2'h3;
-  assign \$328  = width > 3'h4;
-  assign \$329  = width > 3'h5;
-  assign \$330  = width > 3'h6;
-  assign \$331  = width > 3'h7;
-  assign \$332  = width > 4'h8;
-  assign \$333  = width > 4'h9;
-  assign \$334  = width > 4'ha;
-  assign \$335  = width > 4'hb;
-  assign \$336  = width > 4'hc;
-  assign \$337  = width > 4'hd;
-  assign \$338  = width > 4'he;
-  assign \$339  = width > 4'hf;
-  assign \$340  = width > 5'h10;
-  assign \$341  = width > 5'h11;
-  assign \$342  = width > 5'h12;
-  assign \$343  = width > 5'h13;
-  assign \$344  = width > 5'h14;
-  assign \$345  = width > 5'h15;
-  assign \$346  = width > 5'h16;
-  assign \$347  = width > 5'h17;
-  assign \$348  = ~ { 1'h0, \$347 , \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325  };
-  assign \$349  = $signed(hold[47:24]) < $signed(\$348 );
-  assign \$350  = width > 1'h1;
-  assign \$351  = width > 2'h2;
-  assign \$352  = width > 2'h3;
-  assign \$353  = width > 3'h4;
-  assign \$354  = width > 3'h5;
-  assign \$355  = width > 3'h6;
-  assign \$356  = width > 3'h7;
-  assign \$357  = width > 4'h8;
-  assign \$358  = width > 4'h9;
-  assign \$359  = width > 4'ha;
-  assign \$360  = width > 4'hb;
-  assign \$361  = width > 4'hc;
-  assign \$362  = width > 4'hd;
-  assign \$363  = width > 4'he;
-  assign \$364  = width > 4'hf;
-  assign \$365  = width > 5'h10;
-  assign \$366  = width > 5'h11;
-  assign \$367  = width > 5'h12;
-  assign \$368  = width > 5'h13;
-  assign \$369  = width > 5'h14;
-  assign \$370  = width > 5'h15;
-  assign \$371  = width > 5'h16;
-  assign \$372  = width > 5'h17;
-  assign \$373  = ~ { 1'h0, \$372 , \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350  };
-  assign \$374  = \$349  ? \$373  : hold[47:24];
-  assign \$375  = \$301  ? { 1'h0, \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302  } : \$374 ;
-  assign \$376  = width > 1'h1;
-  assign \$377  = width > 2'h2;
-  assign \$378  = width > 2'h3;
-  assign \$379  = width > 3'h4;
-  assign \$380  = width > 3'h5;
-  assign \$381  = width > 3'h6;
-  assign \$382  = width > 3'h7;
-  assign \$383  = width > 4'h8;
-  assign \$384  = width > 4'h9;
-  assign \$385  = width > 4'ha;
-  assign \$386  = width > 4'hb;
-  assign \$387  = width > 4'hc;
-  assign \$388  = width > 4'hd;
-  assign \$389  = width > 4'he;
-  assign \$390  = width > 4'hf;
-  assign \$391  = width > 5'h10;
-  assign \$392  = width > 5'h11;
-  assign \$393  = width > 5'h12;
-  assign \$394  = width > 5'h13;
-  assign \$395  = width > 5'h14;
-  assign \$396  = width > 5'h15;
-  assign \$397  = width > 5'h16;
-  assign \$398  = width > 5'h17;
-  assign \$399  = $signed(hold[71:48]) > $signed({ 1'h0, \$398 , \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376  });
-  assign \$400  = width > 1'h1;
-  assign \$401  = width > 2'h2;
-  assign \$402  = width > 2'h3;
-  assign \$403  = width > 3'h4;
-  assign \$404  = width > 3'h5;
-  assign \$405  = width > 3'h6;
-  assign \$406  = width > 3'h7;
-  assign \$407  = width > 4'h8;
-  assign \$408  = width > 4'h9;
-  assign \$409  = width > 4'ha;
-  assign \$410  = width > 4'hb;
-  assign \$411  = width > 4'hc;
-  assign \$412  = width > 4'hd;
-  assign \$413  = width > 4'he;
-  assign \$414  = width > 4'hf;
-  assign \$415  = width > 5'h10;
-  assign \$416  = width > 5'h11;
-  assign \$417  = width > 5'h12;
-  assign \$418  = width > 5'h13;
-  assign \$419  = width > 5'h14;
-  assign \$420  = width > 5'h15;
-  assign \$421  = width > 5'h16;
-  assign \$422  = width > 5'h17;
-  assign \$423  = width > 1'h1;
-  assign \$424  = width > 2'h2;
-  assign \$425  = width > 2'h3;
-  assign \$426  = width > 3'h4;
-  assign \$427  = width > 3'h5;
-  assign \$428  = width > 3'h6;
-  assign \$429  = width > 3'h7;
-  assign \$430  = width > 4'h8;
-  assign \$431  = width > 4'h9;
-  assign \$432  = width > 4'ha;
-  assign \$433  = width > 4'hb;
-  assign \$434  = width > 4'hc;
-  assign \$435  = width > 4'hd;
-  assign \$436  = width > 4'he;
-  assign \$437  = width > 4'hf;
-  assign \$438  = width > 5'h10;
-  assign \$439  = width > 5'h11;
-  assign \$440  = width > 5'h12;
-  assign \$441  = width > 5'h13;
-  assign \$442  = width > 5'h14;
-  assign \$443  = width > 5'h15;
-  assign \$444  = width > 5'h16;
-  assign \$445  = width > 5'h17;
-  assign \$446  = ~ { 1'h0, \$445 , \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423  };
-  assign \$447  = $signed(hold[71:48]) < $signed(\$446 );
-  assign \$448  = width > 1'h1;
-  assign \$449  = width > 2'h2;
-  assign \$450  = width > 2'h3;
-  assign \$451  = width > 3'h4;
-  assign \$452  = width > 3'h5;
-  assign \$453  = width > 3'h6;
-  assign \$454  = width > 3'h7;
-  assign \$455  = width > 4'h8;
-  assign \$456  = width > 4'h9;
-  assign \$457  = width > 4'ha;
-  assign \$458  = width > 4'hb;
-  assign \$459  = width > 4'hc;
-  assign \$460  = width > 4'hd;
-  assign \$461  = width > 4'he;
-  assign \$462  = width > 4'hf;
-  assign \$463  = width > 5'h10;
-  assign \$464  = width > 5'h11;
-  assign \$465  = width > 5'h12;
-  assign \$466  = width > 5'h13;
-  assign \$467  = width > 5'h14;
-  assign \$468  = width > 5'h15;
-  assign \$469  = width > 5'h16;
-  assign \$470  = width > 5'h17;
-  assign \$471  = ~ { 1'h0, \$470 , \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448  };
-  assign \$472  = \$447  ? \$471  : hold[71:48];
-  assign \$473  = \$399  ? { 1'h0, \$422 , \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400  } : \$472 ;
-  assign \$474  = width > 1'h1;
-  assign \$475  = width > 2'h2;
-  assign \$476  = width > 2'h3;
-  assign \$477  = width > 3'h4;
-  assign \$478  = width > 3'h5;
-  assign \$479  = width > 3'h6;
-  assign \$480  = width > 3'h7;
-  assign \$481  = width > 4'h8;
-  assign \$482  = width > 4'h9;
-  assign \$483  = width > 4'ha;
-  assign \$484  = width > 4'hb;
-  assign \$485  = width > 4'hc;
-  assign \$486  = width > 4'hd;
-  assign \$487  = width > 4'he;
-  assign \$488  = width > 4'hf;
-  assign \$489  = width > 5'h10;
-  assign \$490  = width > 5'h11;
-  assign \$491  = width > 5'h12;
-  assign \$492  = width > 5'h13;
-  assign \$493  = width > 5'h14;
-  assign \$494  = width > 5'h15;
-  assign \$495  = width > 5'h16;
-  assign \$496  = width > 5'h17;
-  assign \$497  = $signed(hold[95:72]) > $signed({ 1'h0, \$496 , \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474  });
-  assign \$498  = width > 1'h1;
-  assign \$499  = width > 2'h2;
-  assign \$500  = width > 2'h3;
-  assign \$501  = width > 3'h4;
-  assign \$502  = width > 3'h5;
-  assign \$503  = width > 3'h6;
-  assign \$504  = width > 3'h7;
-  assign \$505  = width > 4'h8;
-  assign \$506  = width > 4'h9;
-  assign \$507  = width > 4'ha;
-  assign \$508  = width > 4'hb;
-  assign \$509  = width > 4'hc;
-  assign \$510  = width > 4'hd;
-  assign \$511  = width > 4'he;
-  assign \$512  = width > 4'hf;
-  assign \$513  = width > 5'h10;
-  assign \$514  = width > 5'h11;
-  assign \$515  = width > 5'h12;
-  assign \$516  = width > 5'h13;
-  assign \$517  = width > 5'h14;
-  assign \$518  = width > 5'h15;
-  assign \$519  = width > 5'h16;
-  assign \$520  = width > 5'h17;
-  assign \$521  = width > 1'h1;
-  assign \$522  = width > 2'h2;
-  assign \$523  = width > 2'h3;
-  assign \$524  = width > 3'h4;
-  assign \$525  = width > 3'h5;
-  assign \$526  = width > 3'h6;
-  assign \$527  = width > 3'h7;
-  assign \$528  = width > 4'h8;
-  assign \$529  = width > 4'h9;
-  assign \$530  = width > 4'ha;
-  assign \$531  = width > 4'hb;
-  assign \$532  = width > 4'hc;
-  assign \$533  = width > 4'hd;
-  assign \$534  = width > 4'he;
-  assign \$535  = width > 4'hf;
-  assign \$536  = width > 5'h10;
-  assign \$537  = width > 5'h11;
-  assign \$538  = width > 5'h12;
-  assign \$539  = width > 5'h13;
-  assign \$540  = width > 5'h14;
-  assign \$541  = width > 5'h15;
-  assign \$542  = width > 5'h16;
-  assign \$543  = width > 5'h17;
-  assign \$544  = ~ { 1'h0, \$543 , \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521  };
-  assign \$545  = $signed(hold[95:72]) < $signed(\$544 );
-  assign \$546  = width > 1'h1;
-  assign \$547  = width > 2'h2;
-  assign \$548  = width > 2'h3;
-  assign \$549  = width > 3'h4;
-  assign \$550  = width > 3'h5;
-  assign \$551  = width > 3'h6;
-  assign \$552  = width > 3'h7;
-  assign \$553  = width > 4'h8;
-  assign \$554  = width > 4'h9;
-  assign \$555  = width > 4'ha;
-  assign \$556  = width > 4'hb;
-  assign \$557  = width > 4'hc;
-  assign \$558  = width > 4'hd;
-  assign \$559  = width > 4'he;
-  assign \$560  = width > 4'hf;
-  assign \$561  = width > 5'h10;
-  assign \$562  = width > 5'h11;
-  assign \$563  = width > 5'h12;
-  assign \$564  = width > 5'h13;
-  assign \$565  = width > 5'h14;
-  assign \$566  = width > 5'h15;
-  assign \$567  = width > 5'h16;
-  assign \$568  = width > 5'h17;
-  assign \$569  = ~ { 1'h0, \$568 , \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546  };
-  assign \$570  = \$545  ? \$569  : hold[95:72];
-  assign \$571  = \$497  ? { 1'h0, \$520 , \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498  } : \$570 ;
-  assign \$573  = \$signal$50  + 1'h1;
-  assign \$574  = width > 1'h1;
-  assign \$575  = width > 2'h2;
-  assign \$576  = width > 2'h3;
-  assign \$577  = width > 3'h4;
-  assign \$578  = width > 3'h5;
-  assign \$579  = width > 3'h6;
-  assign \$580  = width > 3'h7;
-  assign \$581  = width > 4'h8;
-  assign \$582  = width > 4'h9;
-  assign \$583  = width > 4'ha;
-  assign \$584  = width > 4'hb;
-  assign \$585  = width > 4'hc;
-  assign \$586  = width > 4'hd;
-  assign \$587  = width > 4'he;
-  assign \$588  = width > 4'hf;
-  assign \$589  = width > 5'h10;
-  assign \$590  = width > 5'h11;
-  assign \$591  = width > 5'h12;
-  assign \$592  = width > 5'h13;
-  assign \$593  = width > 5'h14;
-  assign \$594  = width > 5'h15;
-  assign \$595  = width > 5'h16;
-  assign \$596  = width > 5'h17;
-  assign \$597  = $signed(hold[23:0]) > $signed({ 1'h0, \$596 , \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574  });
-  assign \$598  = width > 1'h1;
-  assign \$599  = width > 2'h2;
-  assign \$600  = width > 2'h3;
-  assign \$601  = width > 3'h4;
-  assign \$602  = width > 3'h5;
-  assign \$603  = width > 3'h6;
-  assign \$604  = width > 3'h7;
-  assign \$605  = width > 4'h8;
-  assign \$606  = width > 4'h9;
-  assign \$607  = width > 4'ha;
-  assign \$608  = width > 4'hb;
-  assign \$609  = width > 4'hc;
-  assign \$610  = width > 4'hd;
-  assign \$611  = width > 4'he;
-  assign \$612  = width > 4'hf;
-  assign \$613  = width > 5'h10;
-  assign \$614  = width > 5'h11;
-  assign \$615  = width > 5'h12;
-  assign \$616  = width > 5'h13;
-  assign \$617  = width > 5'h14;
-  assign \$618  = width > 5'h15;
-  assign \$619  = width > 5'h16;
-  assign \$620  = width > 5'h17;
-  assign \$621  = width > 1'h1;
-  assign \$622  = width > 2'h2;
-  assign \$623  = width > 2'h3;
-  assign \$624  = width > 3'h4;
-  assign \$625  = width > 3'h5;
-  assign \$626  = width > 3'h6;
-  assign \$627  = width > 3'h7;
-  assign \$628  = width > 4'h8;
-  assign \$629  = width > 4'h9;
-  assign \$630  = width > 4'ha;
-  assign \$631  = width > 4'hb;
-  assign \$632  = width > 4'hc;
-  assign \$633  = width > 4'hd;
-  assign \$634  = width > 4'he;
-  assign \$635  = width > 4'hf;
-  assign \$636  = width > 5'h10;
-  assign \$637  = width > 5'h11;
-  assign \$638  = width > 5'h12;
-  assign \$639  = width > 5'h13;
-  assign \$640  = width > 5'h14;
-  assign \$641  = width > 5'h15;
-  assign \$642  = width > 5'h16;
-  assign \$643  = width > 5'h17;
-  assign \$644  = ~ { 1'h0, \$643 , \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621  };
-  assign \$645  = $signed(hold[23:0]) < $signed(\$644 );
-  assign \$646  = width > 1'h1;
-  assign \$647  = width > 2'h2;
-  assign \$648  = width > 2'h3;
-  assign \$649  = width > 3'h4;
-  assign \$650  = width > 3'h5;
-  assign \$651  = width > 3'h6;
-  assign \$652  = width > 3'h7;
-  assign \$653  = width > 4'h8;
-  assign \$654  = width > 4'h9;
-  assign \$655  = width > 4'ha;
-  assign \$656  = width > 4'hb;
-  assign \$657  = width > 4'hc;
-  assign \$658  = width > 4'hd;
-  assign \$659  = width > 4'he;
-  assign \$660  = width > 4'hf;
-  assign \$661  = width > 5'h10;
-  assign \$662  = width > 5'h11;
-  assign \$663  = width > 5'h12;
-  assign \$664  = width > 5'h13;
-  assign \$665  = width > 5'h14;
-  assign \$666  = width > 5'h15;
-  assign \$667  = width > 5'h16;
-  assign \$668  = width > 5'h17;
-  assign \$669  = ~ { 1'h0, \$668 , \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646  };
-  assign \$670  = \$645  ? \$669  : hold[23:0];
-  assign \$671  = \$597  ? { 1'h0, \$620 , \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598  } : \$670 ;
-  assign \$672  = width > 1'h1;
-  assign \$673  = width > 2'h2;
-  assign \$674  = width > 2'h3;
-  assign \$675  = width > 3'h4;
-  assign \$676  = width > 3'h5;
-  assign \$677  = width > 3'h6;
-  assign \$678  = width > 3'h7;
-  assign \$679  = width > 4'h8;
-  assign \$680  = width > 4'h9;
-  assign \$681  = width > 4'ha;
-  assign \$682  = width > 4'hb;
-  assign \$683  = width > 4'hc;
-  assign \$684  = width > 4'hd;
-  assign \$685  = width > 4'he;
-  assign \$686  = width > 4'hf;
-  assign \$687  = width > 5'h10;
-  assign \$688  = width > 5'h11;
-  assign \$689  = width > 5'h12;
-  assign \$690  = width > 5'h13;
-  assign \$691  = width > 5'h14;
-  assign \$692  = width > 5'h15;
-  assign \$693  = width > 5'h16;
-  assign \$694  = width > 5'h17;
-  assign \$695  = $signed(hold[47:24]) > $signed({ 1'h0, \$694 , \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672  });
-  assign \$696  = width > 1'h1;
-  assign \$697  = width > 2'h2;
-  assign \$698  = width > 2'h3;
-  assign \$699  = width > 3'h4;
-  assign \$700  = width > 3'h5;
-  assign \$701  = width > 3'h6;
-  assign \$702  = width > 3'h7;
-  assign \$703  = width > 4'h8;
-  assign \$704  = width > 4'h9;
-  assign \$705  = width > 4'ha;
-  assign \$706  = width > 4'hb;
-  assign \$707  = width > 4'hc;
-  assign \$708  = width > 4'hd;
-  assign \$709  = width > 4'he;
-  assign \$710  = width > 4'hf;
-  assign \$711  = width > 5'h10;
-  assign \$712  = width > 5'h11;
-  assign \$713  = width > 5'h12;
-  assign \$714  = width > 5'h13;
-  assign \$715  = width > 5'h14;
-  assign \$716  = width > 5'h15;
-  assign \$717  = width > 5'h16;
-  assign \$718  = width > 5'h17;
-  assign \$719  = width > 1'h1;
-  assign \$720  = width > 2'h2;
-  assign \$721  = width > 2'h3;
-  assign \$722  = width > 3'h4;
-  assign \$723  = width > 3'h5;
-  assign \$724  = width > 3'h6;
-  assign \$725  = width > 3'h7;
-  assign \$726  = width > 4'h8;
-  assign \$727  = width > 4'h9;
-  assign \$728  = width > 4'ha;
-  assign \$729  = width > 4'hb;
-  assign \$730  = width > 4'hc;
-  assign \$731  = width > 4'hd;
-  assign \$732  = width > 4'he;
-  assign \$733  = width > 4'hf;
-  assign \$734  = width > 5'h10;
-  assign \$735  = width > 5'h11;
-  assign \$736  = width > 5'h12;
-  assign \$737  = width > 5'h13;
-  assign \$738  = width > 5'h14;
-  assign \$739  = width > 5'h15;
-  assign \$740  = width > 5'h16;
-  assign \$741  = width > 5'h17;
-  assign \$742  = ~ { 1'h0, \$741 , \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719  };
-  assign \$743  = $signed(hold[47:24]) < $signed(\$742 );
-  assign \$744  = width > 1'h1;
-  assign \$745  = width > 2'h2;
-  assign \$746  = width > 2'h3;
-  assign \$747  = width > 3'h4;
-  assign \$748  = width > 3'h5;
-  assign \$749  = width > 3'h6;
-  assign \$750  = width > 3'h7;
-  assign \$751  = width > 4'h8;
-  assign \$752  = width > 4'h9;
-  assign \$753  = width > 4'ha;
-  assign \$754  = width > 4'hb;
-  assign \$755  = width > 4'hc;
-  assign \$756  = width > 4'hd;
-  assign \$757  = width > 4'he;
-  assign \$758  = width > 4'hf;
-  assign \$759  = width > 5'h10;
-  assign \$760  = width > 5'h11;
-  assign \$761  = width > 5'h12;
-  assign \$762  = width > 5'h13;
-  assign \$763  = width > 5'h14;
-  assign \$764  = width > 5'h15;
-  assign \$765  = width > 5'h16;
-  assign \$766  = width > 5'h17;
-  assign \$767  = ~ { 1'h0, \$766 , \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744  };
-  assign \$768  = \$743  ? \$767  : hold[47:24];
-  assign \$769  = \$695  ? { 1'h0, \$718 , \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696  } : \$768 ;
-  assign \$770  = width > 1'h1;
-  assign \$771  = width > 2'h2;
-  assign \$772  = width > 2'h3;
-  assign \$773  = width > 3'h4;
-  assign \$774  = width > 3'h5;
-  assign \$775  = width > 3'h6;
-  assign \$776  = width > 3'h7;
-  assign \$777  = width > 4'h8;
-  assign \$778  = width > 4'h9;
-  assign \$779  = width > 4'ha;
-  assign \$780  = width > 4'hb;
-  assign \$781  = width > 4'hc;
-  assign \$782  = width > 4'hd;
-  assign \$783  = width > 4'he;
-  assign \$784  = width > 4'hf;
-  assign \$785  = width > 5'h10;
-  assign \$786  = width > 5'h11;
-  assign \$787  = width > 5'h12;
-  assign \$788  = width > 5'h13;
-  assign \$789  = width > 5'h14;
-  assign \$790  = width > 5'h15;
-  assign \$791  = width > 5'h16;
-  assign \$792  = width > 5'h17;
-  assign \$793  = $signed(hold[71:48]) > $signed({ 1'h0, \$792 , \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770  });
-  assign \$794  = width > 1'h1;
-  assign \$795  = width > 2'h2;
-  assign \$796  = width > 2'h3;
-  assign \$797  = width > 3'h4;
-  assign \$798  = width > 3'h5;
-  assign \$799  = width > 3'h6;
-  assign \$800  = width > 3'h7;
-  assign \$801  = width > 4'h8;
-  assign \$802  = width > 4'h9;
-  assign \$803  = width > 4'ha;
-  assign \$804  = width > 4'hb;
-  assign \$805  = width > 4'hc;
-  assign \$806  = width > 4'hd;
-  assign \$807  = width > 4'he;
-  assign \$808  = width > 4'hf;
-  assign \$809  = width > 5'h10;
-  assign \$810  = width > 5'h11;
-  assign \$811  = width > 5'h12;
-  assign \$812  = width > 5'h13;
-  assign \$813  = width > 5'h14;
-  assign \$814  = width > 5'h15;
-  assign \$815  = width > 5'h16;
-  assign \$816  = width > 5'h17;
-  assign \$817  = width > 1'h1;
-  assign \$818  = width > 2'h2;
-  assign \$819  = width > 2'h3;
-  assign \$820  = width > 3'h4;
-  assign \$821  = width > 3'h5;
-  assign \$822  = width > 3'h6;
-  assign \$823  = width > 3'h7;
-  assign \$824  = width > 4'h8;
-  assign \$825  = width > 4'h9;
-  assign \$826  = width > 4'ha;
-  assign \$827  = width > 4'hb;
-  assign \$828  = width > 4'hc;
-  assign \$829  = width > 4'hd;
-  assign \$830  = width > 4'he;
-  assign \$831  = width > 4'hf;
-  assign \$832  = width > 5'h10;
-  assign \$833  = width > 5'h11;
-  assign \$834  = width > 5'h12;
-  assign \$835  = width > 5'h13;
-  assign \$836  = width > 5'h14;
-  assign \$837  = width > 5'h15;
-  assign \$838  = width > 5'h16;
-  assign \$839  = width > 5'h17;
-  assign \$840  = ~ { 1'h0, \$839 , \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817  };
-  assign \$841  = $signed(hold[71:48]) < $signed(\$840 );
-  assign \$842  = width > 1'h1;
-  assign \$843  = width > 2'h2;
-  assign \$844  = width > 2'h3;
-  assign \$845  = width > 3'h4;
-  assign \$846  = width > 3'h5;
-  assign \$847  = width > 3'h6;
-  assign \$848  = width > 3'h7;
-  assign \$849  = width > 4'h8;
-  assign \$850  = width > 4'h9;
-  assign \$851  = width > 4'ha;
-  assign \$852  = width > 4'hb;
-  assign \$853  = width > 4'hc;
-  assign \$854  = width > 4'hd;
-  assign \$855  = width > 4'he;
-  assign \$856  = width > 4'hf;
-  assign \$857  = width > 5'h10;
-  assign \$858  = width > 5'h11;
-  assign \$859  = width > 5'h12;
-  assign \$860  = width > 5'h13;
-  assign \$861  = width > 5'h14;
-  assign \$862  = width > 5'h15;
-  assign \$863  = width > 5'h16;
-  assign \$864  = width > 5'h17;
-  assign \$865  = ~ { 1'h0, \$864 , \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842  };
-  assign \$866  = \$841  ? \$865  : hold[71:48];
-  assign \$867  = \$793  ? { 1'h0, \$816 , \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794  } : \$866 ;
-  assign \$868  = width > 1'h1;
-  assign \$869  = width > 2'h2;
-  assign \$870  = width > 2'h3;
-  assign \$871  = width > 3'h4;
-  assign \$872  = width > 3'h5;
-  assign \$873  = width > 3'h6;
-  assign \$874  = width > 3'h7;
-  assign \$875  = width > 4'h8;
-  assign \$876  = width > 4'h9;
-  assign \$877  = width > 4'ha;
-  assign \$878  = width > 4'hb;
-  assign \$879  = width > 4'hc;
-  assign \$880  = width > 4'hd;
-  assign \$881  = width > 4'he;
-  assign \$882  = width > 4'hf;
-  assign \$883  = width > 5'h10;
-  assign \$884  = width > 5'h11;
-  assign \$885  = width > 5'h12;
-  assign \$886  = width > 5'h13;
-  assign \$887  = width > 5'h14;
-  assign \$888  = width > 5'h15;
-  assign \$889  = width > 5'h16;
-  assign \$890  = width > 5'h17;
-  assign \$891  = $signed(hold[95:72]) > $signed({ 1'h0, \$890 , \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868  });
-  assign \$892  = width > 1'h1;
-  assign \$893  = width > 2'h2;
-  assign \$894  = width > 2'h3;
-  assign \$895  = width > 3'h4;
-  assign \$896  = width > 3'h5;
-  assign \$897  = width > 3'h6;
-  assign \$898  = width > 3'h7;
-  assign \$899  = width > 4'h8;
-  assign \$900  = width > 4'h9;
-  assign \$901  = width > 4'ha;
-  assign \$902  = width > 4'hb;
-  assign \$903  = width > 4'hc;
-  assign \$904  = width > 4'hd;
-  assign \$905  = width > 4'he;
-  assign \$906  = width > 4'hf;
-  assign \$907  = width > 5'h10;
-  assign \$908  = width > 5'h11;
-  assign \$909  = width > 5'h12;
-  assign \$910  = width > 5'h13;
-  assign \$911  = width > 5'h14;
-  assign \$912  = width > 5'h15;
-  assign \$913  = width > 5'h16;
-  assign \$914  = width > 5'h17;
-  assign \$915  = width > 1'h1;
-  assign \$916  = width > 2'h2;
-  assign \$917  = width > 2'h3;
-  assign \$918  = width > 3'h4;
-  assign \$919  = width > 3'h5;
-  assign \$920  = width > 3'h6;
-  assign \$921  = width > 3'h7;
-  assign \$922  = width > 4'h8;
-  assign \$923  = width > 4'h9;
-  assign \$924  = width > 4'ha;
-  assign \$925  = width > 4'hb;
-  assign \$926  = width > 4'hc;
-  assign \$927  = width > 4'hd;
-  assign \$928  = width > 4'he;
-  assign \$929  = width > 4'hf;
-  assign \$930  = width > 5'h10;
-  assign \$931  = width > 5'h11;
-  assign \$932  = width > 5'h12;
-  assign \$933  = width > 5'h13;
-  assign \$934  = width > 5'h14;
-  assign \$935  = width > 5'h15;
-  assign \$936  = width > 5'h16;
-  assign \$937  = width > 5'h17;
-  assign \$938  = ~ { 1'h0, \$937 , \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915  };
-  assign \$939  = $signed(hold[95:72]) < $signed(\$938 );
-  assign \$940  = width > 1'h1;
-  assign \$941  = width > 2'h2;
-  assign \$942  = width > 2'h3;
-  assign \$943  = width > 3'h4;
-  assign \$944  = width > 3'h5;
-  assign \$945  = width > 3'h6;
-  assign \$946  = width > 3'h7;
-  assign \$947  = width > 4'h8;
-  assign \$948  = width > 4'h9;
-  assign \$949  = width > 4'ha;
-  assign \$950  = width > 4'hb;
-  assign \$951  = width > 4'hc;
-  assign \$952  = width > 4'hd;
-  assign \$953  = width > 4'he;
-  assign \$954  = width > 4'hf;
-  assign \$955  = width > 5'h10;
-  assign \$956  = width > 5'h11;
-  assign \$957  = width > 5'h12;
-  assign \$958  = width > 5'h13;
-  assign \$959  = width > 5'h14;
-  assign \$960  = width > 5'h15;
-  assign \$961  = width > 5'h16;
-  assign \$962  = width > 5'h17;
-  assign \$963  = ~ { 1'h0, \$962 , \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940  };
-  assign \$964  = \$939  ? \$963  : hold[95:72];
-  assign \$965  = \$891  ? { 1'h0, \$914 , \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892  } : \$964 ;
-  assign \$967  = \$signal$50  + 2'h2;
-  assign \$968  = width > 1'h1;
-  assign \$969  = width > 2'h2;
-  assign \$970  = width > 2'h3;
-  assign \$971  = width > 3'h4;
-  assign \$972  = width > 3'h5;
-  assign \$973  = width > 3'h6;
-  assign \$974  = width > 3'h7;
-  assign \$975  = width > 4'h8;
-  assign \$976  = width > 4'h9;
-  assign \$977  = width > 4'ha;
-  assign \$978  = width > 4'hb;
-  assign \$979  = width > 4'hc;
-  assign \$980  = width > 4'hd;
-  assign \$981  = width > 4'he;
-  assign \$982  = width > 4'hf;
-  assign \$983  = width > 5'h10;
-  assign \$984  = width > 5'h11;
-  assign \$985  = width > 5'h12;
-  assign \$986  = width > 5'h13;
-  assign \$987  = width > 5'h14;
-  assign \$988  = width > 5'h15;
-  assign \$989  = width > 5'h16;
-  assign \$990  = width > 5'h17;
-  assign \$991  = $signed(hold[23:0]) > $signed({ 1'h0, \$990 , \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968  });
-  assign \$992  = width > 1'h1;
-  assign \$993  = width > 2'h2;
-  assign \$994  = width > 2'h3;
-  assign \$995  = width > 3'h4;
-  assign \$996  = width > 3'h5;
-  assign \$997  = width > 3'h6;
-  assign \$998  = width > 3'h7;
-  assign \$999  = width > 4'h8;
-  assign \$1000  = width > 4'h9;
-  assign \$1001  = width > 4'ha;
-  assign \$1002  = width > 4'hb;
-  assign \$1003  = width > 4'hc;
-  assign \$1004  = width > 4'hd;
-  assign \$1005  = width > 4'he;
-  assign \$1006  = width > 4'hf;
-  assign \$1007  = width > 5'h10;
-  assign \$1008  = width > 5'h11;
-  assign \$1009  = width > 5'h12;
-  assign \$1010  = width > 5'h13;
-  assign \$1011  = width > 5'h14;
-  assign \$1012  = width > 5'h15;
-  assign \$1013  = width > 5'h16;
-  assign \$1014  = width > 5'h17;
-  assign \$1015  = width > 1'h1;
-  assign \$1016  = width > 2'h2;
-  assign \$1017  = width > 2'h3;
-  assign \$1018  = width > 3'h4;
-  assign \$1019  = width > 3'h5;
-  assign \$1020  = width > 3'h6;
-  assign \$1021  = width > 3'h7;
-  assign \$1022  = width > 4'h8;
-  assign \$1023  = width > 4'h9;
-  assign \$1024  = width > 4'ha;
-  assign \$1025  = width > 4'hb;
-  assign \$1026  = width > 4'hc;
-  assign \$1027  = width > 4'hd;
-  assign \$1028  = width > 4'he;
-  assign \$1029  = width > 4'hf;
-  assign \$1030  = width > 5'h10;
-  assign \$1031  = width > 5'h11;
-  assign \$1032  = width > 5'h12;
-  assign \$1033  = width > 5'h13;
-  assign \$1034  = width > 5'h14;
-  assign \$1035  = width > 5'h15;
-  assign \$1036  = width > 5'h16;
-  assign \$1037  = width > 5'h17;
-  assign \$1038  = ~ { 1'h0, \$1037 , \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015  };
-  assign \$1039  = $signed(hold[23:0]) < $signed(\$1038 );
-  assign \$1040  = width > 1'h1;
-  assign \$1041  = width > 2'h2;
-  assign \$1042  = width > 2'h3;
-  assign \$1043  = width > 3'h4;
-  assign \$1044  = width > 3'h5;
-  assign \$1045  = width > 3'h6;
-  assign \$1046  = width > 3'h7;
-  assign \$1047  = width > 4'h8;
-  assign \$1048  = width > 4'h9;
-  assign \$1049  = width > 4'ha;
-  assign \$1050  = width > 4'hb;
-  assign \$1051  = width > 4'hc;
-  assign \$1052  = width > 4'hd;
-  assign \$1053  = width > 4'he;
-  assign \$1054  = width > 4'hf;
-  assign \$1055  = width > 5'h10;
-  assign \$1056  = width > 5'h11;
-  assign \$1057  = width > 5'h12;
-  assign \$1058  = width > 5'h13;
-  assign \$1059  = width > 5'h14;
-  assign \$1060  = width > 5'h15;
-  assign \$1061  = width > 5'h16;
-  assign \$1062  = width > 5'h17;
-  assign \$1063  = ~ { 1'h0, \$1062 , \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040  };
-  assign \$1064  = \$1039  ? \$1063  : hold[23:0];
-  assign \$1065  = \$991  ? { 1'h0, \$1014 , \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992  } : \$1064 ;
-  assign \$1066  = width > 1'h1;
-  assign \$1067  = width > 2'h2;
-  assign \$1068  = width > 2'h3;
-  assign \$1069  = width > 3'h4;
-  assign \$1070  = width > 3'h5;
-  assign \$1071  = width > 3'h6;
-  assign \$1072  = width > 3'h7;
-  assign \$1073  = width > 4'h8;
-  assign \$1074  = width > 4'h9;
-  assign \$1075  = width > 4'ha;
-  assign \$1076  = width > 4'hb;
-  assign \$1077  = width > 4'hc;
-  assign \$1078  = width > 4'hd;
-  assign \$1079  = width > 4'he;
-  assign \$1080  = width > 4'hf;
-  assign \$1081  = width > 5'h10;
-  assign \$1082  = width > 5'h11;
-  assign \$1083  = width > 5'h12;
-  assign \$1084  = width > 5'h13;
-  assign \$1085  = width > 5'h14;
-  assign \$1086  = width > 5'h15;
-  assign \$1087  = width > 5'h16;
-  assign \$1088  = width > 5'h17;
-  assign \$1089  = $signed(hold[47:24]) > $signed({ 1'h0, \$1088 , \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066  });
-  assign \$1090  = width > 1'h1;
-  assign \$1091  = width > 2'h2;
-  assign \$1092  = width > 2'h3;
-  assign \$1093  = width > 3'h4;
-  assign \$1094  = width > 3'h5;
-  assign \$1095  = width > 3'h6;
-  assign \$1096  = width > 3'h7;
-  assign \$1097  = width > 4'h8;
-  assign \$1098  = width > 4'h9;
-  assign \$1099  = width > 4'ha;
-  assign \$1100  = width > 4'hb;
-  assign \$1101  = width > 4'hc;
-  assign \$1102  = width > 4'hd;
-  assign \$1103  = width > 4'he;
-  assign \$1104  = width > 4'hf;
-  assign \$1105  = width > 5'h10;
-  assign \$1106  = width > 5'h11;
-  assign \$1107  = width > 5'h12;
-  assign \$1108  = width > 5'h13;
-  assign \$1109  = width > 5'h14;
-  assign \$1110  = width > 5'h15;
-  assign \$1111  = width > 5'h16;
-  assign \$1112  = width > 5'h17;
-  assign \$1113  = width > 1'h1;
-  assign \$1114  = width > 2'h2;
-  assign \$1115  = width > 2'h3;
-  assign \$1116  = width > 3'h4;
-  assign \$1117  = width > 3'h5;
-  assign \$1118  = width > 3'h6;
-  assign \$1119  = width > 3'h7;
-  assign \$1120  = width > 4'h8;
-  assign \$1121  = width > 4'h9;
-  assign \$1122  = width > 4'ha;
-  assign \$1123  = width > 4'hb;
-  assign \$1124  = width > 4'hc;
-  assign \$1125  = width > 4'hd;
-  assign \$1126  = width > 4'he;
-  assign \$1127  = width > 4'hf;
-  assign \$1128  = width > 5'h10;
-  assign \$1129  = width > 5'h11;
-  assign \$1130  = width > 5'h12;
-  assign \$1131  = width > 5'h13;
-  assign \$1132  = width > 5'h14;
-  assign \$1133  = width > 5'h15;
-  assign \$1134  = width > 5'h16;
-  assign \$1135  = width > 5'h17;
-  assign \$1136  = ~ { 1'h0, \$1135 , \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113  };
-  assign \$1137  = $signed(hold[47:24]) < $signed(\$1136 );
-  assign \$1138  = width > 1'h1;
-  assign \$1139  = width > 2'h2;
-  assign \$1140  = width > 2'h3;
-  assign \$1141  = width > 3'h4;
-  assign \$1142  = width > 3'h5;
-  assign \$1143  = width > 3'h6;
-  assign \$1144  = width > 3'h7;
-  assign \$1145  = width > 4'h8;
-  assign \$1146  = width > 4'h9;
-  assign \$1147  = width > 4'ha;
-  assign \$1148  = width > 4'hb;
-  assign \$1149  = width > 4'hc;
-  assign \$1150  = width > 4'hd;
-  assign \$1151  = width > 4'he;
-  assign \$1152  = width > 4'hf;
-  assign \$1153  = width > 5'h10;
-  assign \$1154  = width > 5'h11;
-  assign \$1155  = width > 5'h12;
-  assign \$1156  = width > 5'h13;
-  assign \$1157  = width > 5'h14;
-  assign \$1158  = width > 5'h15;
-  assign \$1159  = width > 5'h16;
-  assign \$1160  = width > 5'h17;
-  assign \$1161  = ~ { 1'h0, \$1160 , \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138  };
-  assign \$1162  = \$1137  ? \$1161  : hold[47:24];
-  assign \$1163  = \$1089  ? { 1'h0, \$1112 , \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090  } : \$1162 ;
-  assign \$1164  = width > 1'h1;
-  assign \$1165  = width > 2'h2;
-  assign \$1166  = width > 2'h3;
-  assign \$1167  = width > 3'h4;
-  assign \$1168  = width > 3'h5;
-  assign \$1169  = width > 3'h6;
-  assign \$1170  = width > 3'h7;
-  assign \$1171  = width > 4'h8;
-  assign \$1172  = width > 4'h9;
-  assign \$1173  = width > 4'ha;
-  assign \$1174  = width > 4'hb;
-  assign \$1175  = width > 4'hc;
-  assign \$1176  = width > 4'hd;
-  assign \$1177  = width > 4'he;
-  assign \$1178  = width > 4'hf;
-  assign \$1179  = width > 5'h10;
-  assign \$1180  = width > 5'h11;
-  assign \$1181  = width > 5'h12;
-  assign \$1182  = width > 5'h13;
-  assign \$1183  = width > 5'h14;
-  assign \$1184  = width > 5'h15;
-  assign \$1185  = width > 5'h16;
-  assign \$1186  = width > 5'h17;
-  assign \$1187  = $signed(hold[71:48]) > $signed({ 1'h0, \$1186 , \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164  });
-  assign \$1188  = width > 1'h1;
-  assign \$1189  = width > 2'h2;
-  assign \$1190  = width > 2'h3;
-  assign \$1191  = width > 3'h4;
-  assign \$1192  = width > 3'h5;
-  assign \$1193  = width > 3'h6;
-  assign \$1194  = width > 3'h7;
-  assign \$1195  = width > 4'h8;
-  assign \$1196  = width > 4'h9;
-  assign \$1197  = width > 4'ha;
-  assign \$1198  = width > 4'hb;
-  assign \$1199  = width > 4'hc;
-  assign \$1200  = width > 4'hd;
-  assign \$1201  = width > 4'he;
-  assign \$1202  = width > 4'hf;
-  assign \$1203  = width > 5'h10;
-  assign \$1204  = width > 5'h11;
-  assign \$1205  = width > 5'h12;
-  assign \$1206  = width > 5'h13;
-  assign \$1207  = width > 5'h14;
-  assign \$1208  = width > 5'h15;
-  assign \$1209  = width > 5'h16;
-  assign \$1210  = width > 5'h17;
-  assign \$1211  = width > 1'h1;
-  assign \$1212  = width > 2'h2;
-  assign \$1213  = width > 2'h3;
-  assign \$1214  = width > 3'h4;
-  assign \$1215  = width > 3'h5;
-  assign \$1216  = width > 3'h6;
-  assign \$1217  = width > 3'h7;
-  assign \$1218  = width > 4'h8;
-  assign \$1219  = width > 4'h9;
-  assign \$1220  = width > 4'ha;
-  assign \$1221  = width > 4'hb;
-  assign \$1222  = width > 4'hc;
-  assign \$1223  = width > 4'hd;
-  assign \$1224  = width > 4'he;
-  assign \$1225  = width > 4'hf;
-  assign \$1226  = width > 5'h10;
-  assign \$1227  = width > 5'h11;
-  assign \$1228  = width > 5'h12;
-  assign \$1229  = width > 5'h13;
-  assign \$1230  = width > 5'h14;
-  assign \$1231  = width > 5'h15;
-  assign \$1232  = width > 5'h16;
-  assign \$1233  = width > 5'h17;
-  assign \$1234  = ~ { 1'h0, \$1233 , \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211  };
-  assign \$1235  = $signed(hold[71:48]) < $signed(\$1234 );
-  assign \$1236  = width > 1'h1;
-  assign \$1237  = width > 2'h2;
-  assign \$1238  = width > 2'h3;
-  assign \$1239  = width > 3'h4;
-  assign \$1240  = width > 3'h5;
-  assign \$1241  = width > 3'h6;
-  assign \$1242  = width > 3'h7;
-  assign \$1243  = width > 4'h8;
-  assign \$1244  = width > 4'h9;
-  assign \$1245  = width > 4'ha;
-  assign \$1246  = width > 4'hb;
-  assign \$1247  = width > 4'hc;
-  assign \$1248  = width > 4'hd;
-  assign \$1249  = width > 4'he;
-  assign \$1250  = width > 4'hf;
-  assign \$1251  = width > 5'h10;
-  assign \$1252  = width > 5'h11;
-  assign \$1253  = width > 5'h12;
-  assign \$1254  = width > 5'h13;
-  assign \$1255  = width > 5'h14;
-  assign \$1256  = width > 5'h15;
-  assign \$1257  = width > 5'h16;
-  assign \$1258  = width > 5'h17;
-  assign \$1259  = ~ { 1'h0, \$1258 , \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236  };
-  assign \$1260  = \$1235  ? \$1259  : hold[71:48];
-  assign \$1261  = \$1187  ? { 1'h0, \$1210 , \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188  } : \$1260 ;
-  assign \$1262  = width > 1'h1;
-  assign \$1263  = width > 2'h2;
-  assign \$1264  = width > 2'h3;
-  assign \$1265  = width > 3'h4;
-  assign \$1266  = width > 3'h5;
-  assign \$1267  = width > 3'h6;
-  assign \$1268  = width > 3'h7;
-  assign \$1269  = width > 4'h8;
-  assign \$1270  = width > 4'h9;
-  assign \$1271  = width > 4'ha;
-  assign \$1272  = width > 4'hb;
-  assign \$1273  = width > 4'hc;
-  assign \$1274  = width > 4'hd;
-  assign \$1275  = width > 4'he;
-  assign \$1276  = width > 4'hf;
-  assign \$1277  = width > 5'h10;
-  assign \$1278  = width > 5'h11;
-  assign \$1279  = width > 5'h12;
-  assign \$1280  = width > 5'h13;
-  assign \$1281  = width > 5'h14;
-  assign \$1282  = width > 5'h15;
-  assign \$1283  = width > 5'h16;
-  assign \$1284  = width > 5'h17;
-  assign \$1285  = $signed(hold[95:72]) > $signed({ 1'h0, \$1284 , \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262  });
-  assign \$1286  = width > 1'h1;
-  assign \$1287  = width > 2'h2;
-  assign \$1288  = width > 2'h3;
-  assign \$1289  = width > 3'h4;
-  assign \$1290  = width > 3'h5;
-  assign \$1291  = width > 3'h6;
-  assign \$1292  = width > 3'h7;
-  assign \$1293  = width > 4'h8;
-  assign \$1294  = width > 4'h9;
-  assign \$1295  = width > 4'ha;
-  assign \$1296  = width > 4'hb;
-  assign \$1297  = width > 4'hc;
-  assign \$1298  = width > 4'hd;
-  assign \$1299  = width > 4'he;
-  assign \$1300  = width > 4'hf;
-  assign \$1301  = width > 5'h10;
-  assign \$1302  = width > 5'h11;
-  assign \$1303  = width > 5'h12;
-  assign \$1304  = width > 5'h13;
-  assign \$1305  = width > 5'h14;
-  assign \$1306  = width > 5'h15;
-  assign \$1307  = width > 5'h16;
-  assign \$1308  = width > 5'h17;
-  assign \$1309  = width > 1'h1;
-  assign \$1310  = width > 2'h2;
-  assign \$1311  = width > 2'h3;
-  assign \$1312  = width > 3'h4;
-  assign \$1313  = width > 3'h5;
-  assign \$1314  = width > 3'h6;
-  assign \$1315  = width > 3'h7;
-  assign \$1316  = width > 4'h8;
-  assign \$1317  = width > 4'h9;
-  assign \$1318  = width > 4'ha;
-  assign \$1319  = width > 4'hb;
-  assign \$1320  = width > 4'hc;
-  assign \$1321  = width > 4'hd;
-  assign \$1322  = width > 4'he;
-  assign \$1323  = width > 4'hf;
-  assign \$1324  = width > 5'h10;
-  assign \$1325  = width > 5'h11;
-  assign \$1326  = width > 5'h12;
-  assign \$1327  = width > 5'h13;
-  assign \$1328  = width > 5'h14;
-  assign \$1329  = width > 5'h15;
-  assign \$1330  = width > 5'h16;
-  assign \$1331  = width > 5'h17;
-  assign \$1332  = ~ { 1'h0, \$1331 , \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309  };
-  assign \$1333  = $signed(hold[95:72]) < $signed(\$1332 );
-  assign \$1334  = width > 1'h1;
-  assign \$1335  = width > 2'h2;
-  assign \$1336  = width > 2'h3;
-  assign \$1337  = width > 3'h4;
-  assign \$1338  = width > 3'h5;
-  assign \$1339  = width > 3'h6;
-  assign \$1340  = width > 3'h7;
-  assign \$1341  = width > 4'h8;
-  assign \$1342  = width > 4'h9;
-  assign \$1343  = width > 4'ha;
-  assign \$1344  = width > 4'hb;
-  assign \$1345  = width > 4'hc;
-  assign \$1346  = width > 4'hd;
-  assign \$1347  = width > 4'he;
-  assign \$1348  = width > 4'hf;
-  assign \$1349  = width > 5'h10;
-  assign \$1350  = width > 5'h11;
-  assign \$1351  = width > 5'h12;
-  assign \$1352  = width > 5'h13;
-  assign \$1353  = width > 5'h14;
-  assign \$1354  = width > 5'h15;
-  assign \$1355  = width > 5'h16;
-  assign \$1356  = width > 5'h17;
-  assign \$1357  = ~ { 1'h0, \$1356 , \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334  };
-  assign \$1358  = \$1333  ? \$1357  : hold[95:72];
-  assign \$1359  = \$1285  ? { 1'h0, \$1308 , \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286  } : \$1358 ;
-  assign \$1361  = \$signal$50  + 2'h3;
-  assign \$1362  = width > 1'h1;
-  assign \$1363  = width > 2'h2;
-  assign \$1364  = width > 2'h3;
-  assign \$1365  = width > 3'h4;
-  assign \$1366  = width > 3'h5;
-  assign \$1367  = width > 3'h6;
-  assign \$1368  = width > 3'h7;
-  assign \$1369  = width > 4'h8;
-  assign \$1370  = width > 4'h9;
-  assign \$1371  = width > 4'ha;
-  assign \$1372  = width > 4'hb;
-  assign \$1373  = width > 4'hc;
-  assign \$1374  = width > 4'hd;
-  assign \$1375  = width > 4'he;
-  assign \$1376  = width > 4'hf;
-  assign \$1377  = width > 5'h10;
-  assign \$1378  = width > 5'h11;
-  assign \$1379  = width > 5'h12;
-  assign \$1380  = width > 5'h13;
-  assign \$1381  = width > 5'h14;
-  assign \$1382  = width > 5'h15;
-  assign \$1383  = width > 5'h16;
-  assign \$1384  = width > 5'h17;
-  assign \$1385  = $signed(hold[23:0]) > $signed({ 1'h0, \$1384 , \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362  });
-  assign \$1386  = width > 1'h1;
-  assign \$1387  = width > 2'h2;
-  assign \$1388  = width > 2'h3;
-  assign \$1389  = width > 3'h4;
-  assign \$1390  = width > 3'h5;
-  assign \$1391  = width > 3'h6;
-  assign \$1392  = width > 3'h7;
-  assign \$1393  = width > 4'h8;
-  assign \$1394  = width > 4'h9;
-  assign \$1395  = width > 4'ha;
-  assign \$1396  = width > 4'hb;
-  assign \$1397  = width > 4'hc;
-  assign \$1398  = width > 4'hd;
-  assign \$1399  = width > 4'he;
-  assign \$1400  = width > 4'hf;
-  assign \$1401  = width > 5'h10;
-  assign \$1402  = width > 5'h11;
-  assign \$1403  = width > 5'h12;
-  assign \$1404  = width > 5'h13;
-  assign \$1405  = width > 5'h14;
-  assign \$1406  = width > 5'h15;
-  assign \$1407  = width > 5'h16;
-  assign \$1408  = width > 5'h17;
-  assign \$1409  = width > 1'h1;
-  assign \$1410  = width > 2'h2;
-  assign \$1411  = width > 2'h3;
-  assign \$1412  = width > 3'h4;
-  assign \$1413  = width > 3'h5;
-  assign \$1414  = width > 3'h6;
-  assign \$1415  = width > 3'h7;
-  assign \$1416  = width > 4'h8;
-  assign \$1417  = width > 4'h9;
-  assign \$1418  = width > 4'ha;
-  assign \$1419  = width > 4'hb;
-  assign \$1420  = width > 4'hc;
-  assign \$1421  = width > 4'hd;
-  assign \$1422  = width > 4'he;
-  assign \$1423  = width > 4'hf;
-  assign \$1424  = width > 5'h10;
-  assign \$1425  = width > 5'h11;
-  assign \$1426  = width > 5'h12;
-  assign \$1427  = width > 5'h13;
-  assign \$1428  = width > 5'h14;
-  assign \$1429  = width > 5'h15;
-  assign \$1430  = width > 5'h16;
-  assign \$1431  = width > 5'h17;
-  assign \$1432  = ~ { 1'h0, \$1431 , \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409  };
-  assign \$1433  = $signed(hold[23:0]) < $signed(\$1432 );
-  assign \$1434  = width > 1'h1;
-  assign \$1435  = width > 2'h2;
-  assign \$1436  = width > 2'h3;
-  assign \$1437  = width > 3'h4;
-  assign \$1438  = width > 3'h5;
-  assign \$1439  = width > 3'h6;
-  assign \$1440  = width > 3'h7;
-  assign \$1441  = width > 4'h8;
-  assign \$1442  = width > 4'h9;
-  assign \$1443  = width > 4'ha;
-  assign \$1444  = width > 4'hb;
-  assign \$1445  = width > 4'hc;
-  assign \$1446  = width > 4'hd;
-  assign \$1447  = width > 4'he;
-  assign \$1448  = width > 4'hf;
-  assign \$1449  = width > 5'h10;
-  assign \$1450  = width > 5'h11;
-  assign \$1451  = width > 5'h12;
-  assign \$1452  = width > 5'h13;
-  assign \$1453  = width > 5'h14;
-  assign \$1454  = width > 5'h15;
-  assign \$1455  = width > 5'h16;
-  assign \$1456  = width > 5'h17;
-  assign \$1457  = ~ { 1'h0, \$1456 , \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434  };
-  assign \$1458  = \$1433  ? \$1457  : hold[23:0];
-  assign \$1459  = \$1385  ? { 1'h0, \$1408 , \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386  } : \$1458 ;
-  assign \$1460  = width > 1'h1;
-  assign \$1461  = width > 2'h2;
-  assign \$1462  = width > 2'h3;
-  assign \$1463  = width > 3'h4;
-  assign \$1464  = width > 3'h5;
-  assign \$1465  = width > 3'h6;
-  assign \$1466  = width > 3'h7;
-  assign \$1467  = width > 4'h8;
-  assign \$1468  = width > 4'h9;
-  assign \$1469  = width > 4'ha;
-  assign \$1470  = width > 4'hb;
-  assign \$1471  = width > 4'hc;
-  assign \$1472  = width > 4'hd;
-  assign \$1473  = width > 4'he;
-  assign \$1474  = width > 4'hf;
-  assign \$1475  = width > 5'h10;
-  assign \$1476  = width > 5'h11;
-  assign \$1477  = width > 5'h12;
-  assign \$1478  = width > 5'h13;
-  assign \$1479  = width > 5'h14;
-  assign \$1480  = width > 5'h15;
-  assign \$1481  = width > 5'h16;
-  assign \$1482  = width > 5'h17;
-  assign \$1483  = $signed(hold[47:24]) > $signed({ 1'h0, \$1482 , \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460  });
-  assign \$1484  = width > 1'h1;
-  assign \$1485  = width > 2'h2;
-  assign \$1486  = width > 2'h3;
-  assign \$1487  = width > 3'h4;
-  assign \$1488  = width > 3'h5;
-  assign \$1489  = width > 3'h6;
-  assign \$1490  = width > 3'h7;
-  assign \$1491  = width > 4'h8;
-  assign \$1492  = width > 4'h9;
-  assign \$1493  = width > 4'ha;
-  assign \$1494  = width > 4'hb;
-  assign \$1495  = width > 4'hc;
-  assign \$1496  = width > 4'hd;
-  assign \$1497  = width > 4'he;
-  assign \$1498  = width > 4'hf;
-  assign \$1499  = width > 5'h10;
-  assign \$1500  = width > 5'h11;
-  assign \$1501  = width > 5'h12;
-  assign \$1502  = width > 5'h13;
-  assign \$1503  = width > 5'h14;
-  assign \$1504  = width > 5'h15;
-  assign \$1505  = width > 5'h16;
-  assign \$1506  = width > 5'h17;
-  assign \$1507  = width > 1'h1;
-  assign \$1508  = width > 2'h2;
-  assign \$1509  = width > 2'h3;
-  assign \$1510  = width > 3'h4;
-  assign \$1511  = width > 3'h5;
-  assign \$1512  = width > 3'h6;
-  assign \$1513  = width > 3'h7;
-  assign \$1514  = width > 4'h8;
-  assign \$1515  = width > 4'h9;
-  assign \$1516  = width > 4'ha;
-  assign \$1517  = width > 4'hb;
-  assign \$1518  = width > 4'hc;
-  assign \$1519  = width > 4'hd;
-  assign \$1520  = width > 4'he;
-  assign \$1521  = width > 4'hf;
-  assign \$1522  = width > 5'h10;
-  assign \$1523  = width > 5'h11;
-  assign \$1524  = width > 5'h12;
-  assign \$1525  = width > 5'h13;
-  assign \$1526  = width > 5'h14;
-  assign \$1527  = width > 5'h15;
-  assign \$1528  = width > 5'h16;
-  assign \$1529  = width > 5'h17;
-  assign \$1530  = ~ { 1'h0, \$1529 , \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507  };
-  assign \$1531  = $signed(hold[47:24]) < $signed(\$1530 );
-  assign \$1532  = width > 1'h1;
-  assign \$1533  = width > 2'h2;
-  assign \$1534  = width > 2'h3;
-  assign \$1535  = width > 3'h4;
-  assign \$1536  = width > 3'h5;
-  assign \$1537  = width > 3'h6;
-  assign \$1538  = width > 3'h7;
-  assign \$1539  = width > 4'h8;
-  assign \$1540  = width > 4'h9;
-  assign \$1541  = width > 4'ha;
-  assign \$1542  = width > 4'hb;
-  assign \$1543  = width > 4'hc;
-  assign \$1544  = width > 4'hd;
-  assign \$1545  = width > 4'he;
-  assign \$1546  = width > 4'hf;
-  assign \$1547  = width > 5'h10;
-  assign \$1548  = width > 5'h11;
-  assign \$1549  = width > 5'h12;
-  assign \$1550  = width > 5'h13;
-  assign \$1551  = width > 5'h14;
-  assign \$1552  = width > 5'h15;
-  assign \$1553  = width > 5'h16;
-  assign \$1554  = width > 5'h17;
-  assign \$1555  = ~ { 1'h0, \$1554 , \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532  };
-  assign \$1556  = \$1531  ? \$1555  : hold[47:24];
-  assign \$1557  = \$1483  ? { 1'h0, \$1506 , \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484  } : \$1556 ;
-  assign \$1558  = width > 1'h1;
-  assign \$1559  = width > 2'h2;
-  assign \$1560  = width > 2'h3;
-  assign \$1561  = width > 3'h4;
-  assign \$1562  = width > 3'h5;
-  assign \$1563  = width > 3'h6;
-  assign \$1564  = width > 3'h7;
-  assign \$1565  = width > 4'h8;
-  assign \$1566  = width > 4'h9;
-  assign \$1567  = width > 4'ha;
-  assign \$1568  = width > 4'hb;
-  assign \$1569  = width > 4'hc;
-  assign \$1570  = width > 4'hd;
-  assign \$1571  = width > 4'he;
-  assign \$1572  = width > 4'hf;
-  assign \$1573  = width > 5'h10;
-  assign \$1574  = width > 5'h11;
-  assign \$1575  = width > 5'h12;
-  assign \$1576  = width > 5'h13;
-  assign \$1577  = width > 5'h14;
-  assign \$1578  = width > 5'h15;
-  assign \$1579  = width > 5'h16;
-  assign \$1580  = width > 5'h17;
-  assign \$1581  = $signed(hold[71:48]) > $signed({ 1'h0, \$1580 , \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558  });
-  assign \$1582  = width > 1'h1;
-  assign \$1583  = width > 2'h2;
-  assign \$1584  = width > 2'h3;
-  assign \$1585  = width > 3'h4;
-  assign \$1586  = width > 3'h5;
-  assign \$1587  = width > 3'h6;
-  assign \$1588  = width > 3'h7;
-  assign \$1589  = width > 4'h8;
-  assign \$1590  = width > 4'h9;
-  assign \$1591  = width > 4'ha;
-  assign \$1592  = width > 4'hb;
-  assign \$1593  = width > 4'hc;
-  assign \$1594  = width > 4'hd;
-  assign \$1595  = width > 4'he;
-  assign \$1596  = width > 4'hf;
-  assign \$1597  = width > 5'h10;
-  assign \$1598  = width > 5'h11;
-  assign \$1599  = width > 5'h12;
-  assign \$1600  = width > 5'h13;
-  assign \$1601  = width > 5'h14;
-  assign \$1602  = width > 5'h15;
-  assign \$1603  = width > 5'h16;
-  assign \$1604  = width > 5'h17;
-  assign \$1605  = width > 1'h1;
-  assign \$1606  = width > 2'h2;
-  assign \$1607  = width > 2'h3;
-  assign \$1608  = width > 3'h4;
-  assign \$1609  = width > 3'h5;
-  assign \$1610  = width > 3'h6;
-  assign \$1611  = width > 3'h7;
-  assign \$1612  = width > 4'h8;
-  assign \$1613  = width > 4'h9;
-  assign \$1614  = width > 4'ha;
-  assign \$1615  = width > 4'hb;
-  assign \$1616  = width > 4'hc;
-  assign \$1617  = width > 4'hd;
-  assign \$1618  = width > 4'he;
-  assign \$1619  = width > 4'hf;
-  assign \$1620  = width > 5'h10;
-  assign \$1621  = width > 5'h11;
-  assign \$1622  = width > 5'h12;
-  assign \$1623  = width > 5'h13;
-  assign \$1624  = width > 5'h14;
-  assign \$1625  = width > 5'h15;
-  assign \$1626  = width > 5'h16;
-  assign \$1627  = width > 5'h17;
-  assign \$1628  = ~ { 1'h0, \$1627 , \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605  };
-  assign \$1629  = $signed(hold[71:48]) < $signed(\$1628 );
-  assign \$1630  = width > 1'h1;
-  assign \$1631  = width > 2'h2;
-  assign \$1632  = width > 2'h3;
-  assign \$1633  = width > 3'h4;
-  assign \$1634  = width > 3'h5;
-  assign \$1635  = width > 3'h6;
-  assign \$1636  = width > 3'h7;
-  assign \$1637  = width > 4'h8;
-  assign \$1638  = width > 4'h9;
-  assign \$1639  = width > 4'ha;
-  assign \$1640  = width > 4'hb;
-  assign \$1641  = width > 4'hc;
-  assign \$1642  = width > 4'hd;
-  assign \$1643  = width > 4'he;
-  assign \$1644  = width > 4'hf;
-  assign \$1645  = width > 5'h10;
-  assign \$1646  = width > 5'h11;
-  assign \$1647  = width > 5'h12;
-  assign \$1648  = width > 5'h13;
-  assign \$1649  = width > 5'h14;
-  assign \$1650  = width > 5'h15;
-  assign \$1651  = width > 5'h16;
-  assign \$1652  = width > 5'h17;
-  assign \$1653  = ~ { 1'h0, \$1652 , \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630  };
-  assign \$1654  = \$1629  ? \$1653  : hold[71:48];
-  assign \$1655  = \$1581  ? { 1'h0, \$1604 , \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582  } : \$1654 ;
-  assign \$1656  = width > 1'h1;
-  assign \$1657  = width > 2'h2;
-  assign \$1658  = width > 2'h3;
-  assign \$1659  = width > 3'h4;
-  assign \$1660  = width > 3'h5;
-  assign \$1661  = width > 3'h6;
-  assign \$1662  = width > 3'h7;
-  assign \$1663  = width > 4'h8;
-  assign \$1664  = width > 4'h9;
-  assign \$1665  = width > 4'ha;
-  assign \$1666  = width > 4'hb;
-  assign \$1667  = width > 4'hc;
-  assign \$1668  = width > 4'hd;
-  assign \$1669  = width > 4'he;
-  assign \$1670  = width > 4'hf;
-  assign \$1671  = width > 5'h10;
-  assign \$1672  = width > 5'h11;
-  assign \$1673  = width > 5'h12;
-  assign \$1674  = width > 5'h13;
-  assign \$1675  = width > 5'h14;
-  assign \$1676  = width > 5'h15;
-  assign \$1677  = width > 5'h16;
-  assign \$1678  = width > 5'h17;
-  assign \$1679  = $signed(hold[95:72]) > $signed({ 1'h0, \$1678 , \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656  });
-  assign \$1680  = width > 1'h1;
-  assign \$1681  = width > 2'h2;
-  assign \$1682  = width > 2'h3;
-  assign \$1683  = width > 3'h4;
-  assign \$1684  = width > 3'h5;
-  assign \$1685  = width > 3'h6;
-  assign \$1686  = width > 3'h7;
-  assign \$1687  = width > 4'h8;
-  assign \$1688  = width > 4'h9;
-  assign \$1689  = width > 4'ha;
-  assign \$1690  = width > 4'hb;
-  assign \$1691  = width > 4'hc;
-  assign \$1692  = width > 4'hd;
-  assign \$1693  = width > 4'he;
-  assign \$1694  = width > 4'hf;
-  assign \$1695  = width > 5'h10;
-  assign \$1696  = width > 5'h11;
-  assign \$1697  = width > 5'h12;
-  assign \$1698  = width > 5'h13;
-  assign \$1699  = width > 5'h14;
-  assign \$1700  = width > 5'h15;
-  assign \$1701  = width > 5'h16;
-  assign \$1702  = width > 5'h17;
-  assign \$1703  = width > 1'h1;
-  assign \$1704  = width > 2'h2;
-  assign \$1705  = width > 2'h3;
-  assign \$1706  = width > 3'h4;
-  assign \$1707  = width > 3'h5;
-  assign \$1708  = width > 3'h6;
-  assign \$1709  = width > 3'h7;
-  assign \$1710  = width > 4'h8;
-  assign \$1711  = width > 4'h9;
-  assign \$1712  = width > 4'ha;
-  assign \$1713  = width > 4'hb;
-  assign \$1714  = width > 4'hc;
-  assign \$1715  = width > 4'hd;
-  assign \$1716  = width > 4'he;
-  assign \$1717  = width > 4'hf;
-  assign \$1718  = width > 5'h10;
-  assign \$1719  = width > 5'h11;
-  assign \$1720  = width > 5'h12;
-  assign \$1721  = width > 5'h13;
-  assign \$1722  = width > 5'h14;
-  assign \$1723  = width > 5'h15;
-  assign \$1724  = width > 5'h16;
-  assign \$1725  = width > 5'h17;
-  assign \$1726  = ~ { 1'h0, \$1725 , \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703  };
-  assign \$1727  = $signed(hold[95:72]) < $signed(\$1726 );
-  assign \$1728  = width > 1'h1;
-  assign \$1729  = width > 2'h2;
-  assign \$1730  = width > 2'h3;
-  assign \$1731  = width > 3'h4;
-  assign \$1732  = width > 3'h5;
-  assign \$1733  = width > 3'h6;
-  assign \$1734  = width > 3'h7;
-  assign \$1735  = width > 4'h8;
-  assign \$1736  = width > 4'h9;
-  assign \$1737  = width > 4'ha;
-  assign \$1738  = width > 4'hb;
-  assign \$1739  = width > 4'hc;
-  assign \$1740  = width > 4'hd;
-  assign \$1741  = width > 4'he;
-  assign \$1742  = width > 4'hf;
-  assign \$1743  = width > 5'h10;
-  assign \$1744  = width > 5'h11;
-  assign \$1745  = width > 5'h12;
-  assign \$1746  = width > 5'h13;
-  assign \$1747  = width > 5'h14;
-  assign \$1748  = width > 5'h15;
-  assign \$1749  = width > 5'h16;
-  assign \$1750  = width > 5'h17;
-  assign \$1751  = ~ { 1'h0, \$1750 , \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728  };
-  assign \$1752  = \$1727  ? \$1751  : hold[95:72];
-  assign \$1753  = \$1679  ? { 1'h0, \$1702 , \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680  } : \$1752 ;
-  assign \$1755  = \$signal$49  > 1'h1;
-  assign \$1756  = \$signal$49  > 2'h2;
-  assign \$1757  = \$signal$49  > 2'h3;
-  assign \$1759  = ins[47:35] + \$1758 ;
-  assign \$1761  = ins[47:35] + \$1760 ;
-  assign \$1762  = \$1761  + 1'h1;
-  assign \$1765  = ins[60:48] + el;
-  assign \$1766  = el >= results;
-  assign \$1767  = ! fsm_state;
-  assign \$1768  = fsm_state == 1'h1;
-  assign \$1769  = fsm_state == 2'h2;
-  assign \$1770  = fsm_state == 2'h3;
+  assign \$173  = $signed(\$172 ) < $signed(4'h4);
+  assign \$174  = 3'h4 - \$signal$50 ;
+  assign \$175  = ins[122:109] - el;
+  assign \$176  = $signed(\$174 ) < $signed(\$175 );
+  assign \$177  = \$173  & \$176 ;
+  assign \$178  = 3'h4 - \$signal$50 ;
+  assign \$179  = ins[122:109] - el;
+  assign \$180  = $signed(\$179 ) < $signed(4'h4);
+  assign \$181  = ins[122:109] - el;
+  assign \$182  = \$180  ? \$181  : 15'h0004;
+  assign \$183  = \$177  ? { \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178  } : \$182 ;
+  assign \$184  = 3'h4 - \$signal$50 ;
+  assign \$185  = $signed(\$184 ) <= $signed(4'h4);
+  assign \$186  = ins[122:109] - el;
+  assign \$187  = $signed(\$186 ) <= $signed(4'h4);
+  assign \$188  = \$185  | \$187 ;
+  assign \$189  = ~ hold_valid;
+  assign \$190  = \$189  | \$signal$51 ;
+  assign \$191  = ins[60:48] + el;
+  assign \$192  = width > 1'h1;
+  assign \$193  = width > 2'h2;
+  assign \$194  = width > 2'h3;
+  assign \$195  = width > 3'h4;
+  assign \$196  = width > 3'h5;
+  assign \$197  = width > 3'h6;
+  assign \$198  = width > 3'h7;
+  assign \$199  = width > 4'h8;
+  assign \$200  = width > 4'h9;
+  assign \$201  = width > 4'ha;
+  assign \$202  = width > 4'hb;
+  assign \$203  = width > 4'hc;
+  assign \$204  = width > 4'hd;
+  assign \$205  = width > 4'he;
+  assign \$206  = width > 4'hf;
+  assign \$207  = width > 5'h10;
+  assign \$208  = width > 5'h11;
+  assign \$209  = width > 5'h12;
+  assign \$210  = width > 5'h13;
+  assign \$211  = width > 5'h14;
+  assign \$212  = width > 5'h15;
+  assign \$213  = width > 5'h16;
+  assign \$214  = width > 5'h17;
+  assign \$215  = $signed(hold[23:0]) > $signed({ 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192  });
+  assign \$216  = width > 1'h1;
+  assign \$217  = width > 2'h2;
+  assign \$218  = width > 2'h3;
+  assign \$219  = width > 3'h4;
+  assign \$220  = width > 3'h5;
+  assign \$221  = width > 3'h6;
+  assign \$222  = width > 3'h7;
+  assign \$223  = width > 4'h8;
+  assign \$224  = width > 4'h9;
+  assign \$225  = width > 4'ha;
+  assign \$226  = width > 4'hb;
+  assign \$227  = width > 4'hc;
+  assign \$228  = width > 4'hd;
+  assign \$229  = width > 4'he;
+  assign \$230  = width > 4'hf;
+  assign \$231  = width > 5'h10;
+  assign \$232  = width > 5'h11;
+  assign \$233  = width > 5'h12;
+  assign \$234  = width > 5'h13;
+  assign \$235  = width > 5'h14;
+  assign \$236  = width > 5'h15;
+  assign \$237  = width > 5'h16;
+  assign \$238  = width > 5'h17;
+  assign \$239  = width > 1'h1;
+  assign \$240  = width > 2'h2;
+  assign \$241  = width > 2'h3;
+  assign \$242  = width > 3'h4;
+  assign \$243  = width > 3'h5;
+  assign \$244  = width > 3'h6;
+  assign \$245  = width > 3'h7;
+  assign \$246  = width > 4'h8;
+  assign \$247  = width > 4'h9;
+  assign \$248  = width > 4'ha;
+  assign \$249  = width > 4'hb;
+  assign \$250  = width > 4'hc;
+  assign \$251  = width > 4'hd;
+  assign \$252  = width > 4'he;
+  assign \$253  = width > 4'hf;
+  assign \$254  = width > 5'h10;
+  assign \$255  = width > 5'h11;
+  assign \$256  = width > 5'h12;
+  assign \$257  = width > 5'h13;
+  assign \$258  = width > 5'h14;
+  assign \$259  = width > 5'h15;
+  assign \$260  = width > 5'h16;
+  assign \$261  = width > 5'h17;
+  assign \$262  = ~ { 1'h0, \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239  };
+  assign \$263  = $signed(hold[23:0]) < $signed(\$262 );
+  assign \$264  = width > 1'h1;
+  assign \$265  = width > 2'h2;
+  assign \$266  = width > 2'h3;
+  assign \$267  = width > 3'h4;
+  assign \$268  = width > 3'h5;
+  assign \$269  = width > 3'h6;
+  assign \$270  = width > 3'h7;
+  assign \$271  = width > 4'h8;
+  assign \$272  = width > 4'h9;
+  assign \$273  = width > 4'ha;
+  assign \$274  = width > 4'hb;
+  assign \$275  = width > 4'hc;
+  assign \$276  = width > 4'hd;
+  assign \$277  = width > 4'he;
+  assign \$278  = width > 4'hf;
+  assign \$279  = width > 5'h10;
+  assign \$280  = width > 5'h11;
+  assign \$281  = width > 5'h12;
+  assign \$282  = width > 5'h13;
+  assign \$283  = width > 5'h14;
+  assign \$284  = width > 5'h15;
+  assign \$285  = width > 5'h16;
+  assign \$286  = width > 5'h17;
+  assign \$287  = ~ { 1'h0, \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264  };
+  assign \$288  = \$263  ? \$287  : hold[23:0];
+  assign \$289  = \$215  ? { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216  } : \$288 ;
+  assign \$290  = width > 1'h1;
+  assign \$291  = width > 2'h2;
+  assign \$292  = width > 2'h3;
+  assign \$293  = width > 3'h4;
+  assign \$294  = width > 3'h5;
+  assign \$295  = width > 3'h6;
+  assign \$296  = width > 3'h7;
+  assign \$297  = width > 4'h8;
+  assign \$298  = width > 4'h9;
+  assign \$299  = width > 4'ha;
+  assign \$300  = width > 4'hb;
+  assign \$301  = width > 4'hc;
+  assign \$302  = width > 4'hd;
+  assign \$303  = width > 4'he;
+  assign \$304  = width > 4'hf;
+  assign \$305  = width > 5'h10;
+  assign \$306  = width > 5'h11;
+  assign \$307  = width > 5'h12;
+  assign \$308  = width > 5'h13;
+  assign \$309  = width > 5'h14;
+  assign \$310  = width > 5'h15;
+  assign \$311  = width > 5'h16;
+  assign \$312  = width > 5'h17;
+  assign \$313  = $signed(hold[47:24]) > $signed({ 1'h0, \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290  });
+  assign \$314  = width > 1'h1;
+  assign \$315  = width > 2'h2;
+  assign \$316  = width > 2'h3;
+  assign \$317  = width > 3'h4;
+  assign \$318  = width > 3'h5;
+  assign \$319  = width > 3'h6;
+  assign \$320  = width > 3'h7;
+  assign \$321  = width > 4'h8;
+  assign \$322  = width > 4'h9;
+  assign \$323  = width > 4'ha;
+  assign \$324  = width > 4'hb;
+  assign \$325  = width > 4'hc;
+  assign \$326  = width > 4'hd;
+  assign \$327  = width > 4'he;
+  assign \$328  = width > 4'hf;
+  assign \$329  = width > 5'h10;
+  assign \$330  = width > 5'h11;
+  assign \$331  = width > 5'h12;
+  assign \$332  = width > 5'h13;
+  assign \$333  = width > 5'h14;
+  assign \$334  = width > 5'h15;
+  assign \$335  = width > 5'h16;
+  assign \$336  = width > 5'h17;
+  assign \$337  = width > 1'h1;
+  assign \$338  = width > 2'h2;
+  assign \$339  = width > 2'h3;
+  assign \$340  = width > 3'h4;
+  assign \$341  = width > 3'h5;
+  assign \$342  = width > 3'h6;
+  assign \$343  = width > 3'h7;
+  assign \$344  = width > 4'h8;
+  assign \$345  = width > 4'h9;
+  assign \$346  = width > 4'ha;
+  assign \$347  = width > 4'hb;
+  assign \$348  = width > 4'hc;
+  assign \$349  = width > 4'hd;
+  assign \$350  = width > 4'he;
+  assign \$351  = width > 4'hf;
+  assign \$352  = width > 5'h10;
+  assign \$353  = width > 5'h11;
+  assign \$354  = width > 5'h12;
+  assign \$355  = width > 5'h13;
+  assign \$356  = width > 5'h14;
+  assign \$357  = width > 5'h15;
+  assign \$358  = width > 5'h16;
+  assign \$359  = width > 5'h17;
+  assign \$360  = ~ { 1'h0, \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337  };
+  assign \$361  = $signed(hold[47:24]) < $signed(\$360 );
+  assign \$362  = width > 1'h1;
+  assign \$363  = width > 2'h2;
+  assign \$364  = width > 2'h3;
+  assign \$365  = width > 3'h4;
+  assign \$366  = width > 3'h5;
+  assign \$367  = width > 3'h6;
+  assign \$368  = width > 3'h7;
+  assign \$369  = width > 4'h8;
+  assign \$370  = width > 4'h9;
+  assign \$371  = width > 4'ha;
+  assign \$372  = width > 4'hb;
+  assign \$373  = width > 4'hc;
+  assign \$374  = width > 4'hd;
+  assign \$375  = width > 4'he;
+  assign \$376  = width > 4'hf;
+  assign \$377  = width > 5'h10;
+  assign \$378  = width > 5'h11;
+  assign \$379  = width > 5'h12;
+  assign \$380  = width > 5'h13;
+  assign \$381  = width > 5'h14;
+  assign \$382  = width > 5'h15;
+  assign \$383  = width > 5'h16;
+  assign \$384  = width > 5'h17;
+  assign \$385  = ~ { 1'h0, \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362  };
+  assign \$386  = \$361  ? \$385  : hold[47:24];
+  assign \$387  = \$313  ? { 1'h0, \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314  } : \$386 ;
+  assign \$388  = width > 1'h1;
+  assign \$389  = width > 2'h2;
+  assign \$390  = width > 2'h3;
+  assign \$391  = width > 3'h4;
+  assign \$392  = width > 3'h5;
+  assign \$393  = width > 3'h6;
+  assign \$394  = width > 3'h7;
+  assign \$395  = width > 4'h8;
+  assign \$396  = width > 4'h9;
+  assign \$397  = width > 4'ha;
+  assign \$398  = width > 4'hb;
+  assign \$399  = width > 4'hc;
+  assign \$400  = width > 4'hd;
+  assign \$401  = width > 4'he;
+  assign \$402  = width > 4'hf;
+  assign \$403  = width > 5'h10;
+  assign \$404  = width > 5'h11;
+  assign \$405  = width > 5'h12;
+  assign \$406  = width > 5'h13;
+  assign \$407  = width > 5'h14;
+  assign \$408  = width > 5'h15;
+  assign \$409  = width > 5'h16;
+  assign \$410  = width > 5'h17;
+  assign \$411  = $signed(hold[71:48]) > $signed({ 1'h0, \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388  });
+  assign \$412  = width > 1'h1;
+  assign \$413  = width > 2'h2;
+  assign \$414  = width > 2'h3;
+  assign \$415  = width > 3'h4;
+  assign \$416  = width > 3'h5;
+  assign \$417  = width > 3'h6;
+  assign \$418  = width > 3'h7;
+  assign \$419  = width > 4'h8;
+  assign \$420  = width > 4'h9;
+  assign \$421  = width > 4'ha;
+  assign \$422  = width > 4'hb;
+  assign \$423  = width > 4'hc;
+  assign \$424  = width > 4'hd;
+  assign \$425  = width > 4'he;
+  assign \$426  = width > 4'hf;
+  assign \$427  = width > 5'h10;
+  assign \$428  = width > 5'h11;
+  assign \$429  = width > 5'h12;
+  assign \$430  = width > 5'h13;
+  assign \$431  = width > 5'h14;
+  assign \$432  = width > 5'h15;
+  assign \$433  = width > 5'h16;
+  assign \$434  = width > 5'h17;
+  assign \$435  = width > 1'h1;
+  assign \$436  = width > 2'h2;
+  assign \$437  = width > 2'h3;
+  assign \$438  = width > 3'h4;
+  assign \$439  = width > 3'h5;
+  assign \$440  = width > 3'h6;
+  assign \$441  = width > 3'h7;
+  assign \$442  = width > 4'h8;
+  assign \$443  = width > 4'h9;
+  assign \$444  = width > 4'ha;
+  assign \$445  = width > 4'hb;
+  assign \$446  = width > 4'hc;
+  assign \$447  = width > 4'hd;
+  assign \$448  = width > 4'he;
+  assign \$449  = width > 4'hf;
+  assign \$450  = width > 5'h10;
+  assign \$451  = width > 5'h11;
+  assign \$452  = width > 5'h12;
+  assign \$453  = width > 5'h13;
+  assign \$454  = width > 5'h14;
+  assign \$455  = width > 5'h15;
+  assign \$456  = width > 5'h16;
+  assign \$457  = width > 5'h17;
+  assign \$458  = ~ { 1'h0, \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445 , \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435  };
+  assign \$459  = $signed(hold[71:48]) < $signed(\$458 );
+  assign \$460  = width > 1'h1;
+  assign \$461  = width > 2'h2;
+  assign \$462  = width > 2'h3;
+  assign \$463  = width > 3'h4;
+  assign \$464  = width > 3'h5;
+  assign \$465  = width > 3'h6;
+  assign \$466  = width > 3'h7;
+  assign \$467  = width > 4'h8;
+  assign \$468  = width > 4'h9;
+  assign \$469  = width > 4'ha;
+  assign \$470  = width > 4'hb;
+  assign \$471  = width > 4'hc;
+  assign \$472  = width > 4'hd;
+  assign \$473  = width > 4'he;
+  assign \$474  = width > 4'hf;
+  assign \$475  = width > 5'h10;
+  assign \$476  = width > 5'h11;
+  assign \$477  = width > 5'h12;
+  assign \$478  = width > 5'h13;
+  assign \$479  = width > 5'h14;
+  assign \$480  = width > 5'h15;
+  assign \$481  = width > 5'h16;
+  assign \$482  = width > 5'h17;
+  assign \$483  = ~ { 1'h0, \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471 , \$470 , \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460  };
+  assign \$484  = \$459  ? \$483  : hold[71:48];
+  assign \$485  = \$411  ? { 1'h0, \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412  } : \$484 ;
+  assign \$486  = width > 1'h1;
+  assign \$487  = width > 2'h2;
+  assign \$488  = width > 2'h3;
+  assign \$489  = width > 3'h4;
+  assign \$490  = width > 3'h5;
+  assign \$491  = width > 3'h6;
+  assign \$492  = width > 3'h7;
+  assign \$493  = width > 4'h8;
+  assign \$494  = width > 4'h9;
+  assign \$495  = width > 4'ha;
+  assign \$496  = width > 4'hb;
+  assign \$497  = width > 4'hc;
+  assign \$498  = width > 4'hd;
+  assign \$499  = width > 4'he;
+  assign \$500  = width > 4'hf;
+  assign \$501  = width > 5'h10;
+  assign \$502  = width > 5'h11;
+  assign \$503  = width > 5'h12;
+  assign \$504  = width > 5'h13;
+  assign \$505  = width > 5'h14;
+  assign \$506  = width > 5'h15;
+  assign \$507  = width > 5'h16;
+  assign \$508  = width > 5'h17;
+  assign \$509  = $signed(hold[95:72]) > $signed({ 1'h0, \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486  });
+  assign \$510  = width > 1'h1;
+  assign \$511  = width > 2'h2;
+  assign \$512  = width > 2'h3;
+  assign \$513  = width > 3'h4;
+  assign \$514  = width > 3'h5;
+  assign \$515  = width > 3'h6;
+  assign \$516  = width > 3'h7;
+  assign \$517  = width > 4'h8;
+  assign \$518  = width > 4'h9;
+  assign \$519  = width > 4'ha;
+  assign \$520  = width > 4'hb;
+  assign \$521  = width > 4'hc;
+  assign \$522  = width > 4'hd;
+  assign \$523  = width > 4'he;
+  assign \$524  = width > 4'hf;
+  assign \$525  = width > 5'h10;
+  assign \$526  = width > 5'h11;
+  assign \$527  = width > 5'h12;
+  assign \$528  = width > 5'h13;
+  assign \$529  = width > 5'h14;
+  assign \$530  = width > 5'h15;
+  assign \$531  = width > 5'h16;
+  assign \$532  = width > 5'h17;
+  assign \$533  = width > 1'h1;
+  assign \$534  = width > 2'h2;
+  assign \$535  = width > 2'h3;
+  assign \$536  = width > 3'h4;
+  assign \$537  = width > 3'h5;
+  assign \$538  = width > 3'h6;
+  assign \$539  = width > 3'h7;
+  assign \$540  = width > 4'h8;
+  assign \$541  = width > 4'h9;
+  assign \$542  = width > 4'ha;
+  assign \$543  = width > 4'hb;
+  assign \$544  = width > 4'hc;
+  assign \$545  = width > 4'hd;
+  assign \$546  = width > 4'he;
+  assign \$547  = width > 4'hf;
+  assign \$548  = width > 5'h10;
+  assign \$549  = width > 5'h11;
+  assign \$550  = width > 5'h12;
+  assign \$551  = width > 5'h13;
+  assign \$552  = width > 5'h14;
+  assign \$553  = width > 5'h15;
+  assign \$554  = width > 5'h16;
+  assign \$555  = width > 5'h17;
+  assign \$556  = ~ { 1'h0, \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543 , \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533  };
+  assign \$557  = $signed(hold[95:72]) < $signed(\$556 );
+  assign \$558  = width > 1'h1;
+  assign \$559  = width > 2'h2;
+  assign \$560  = width > 2'h3;
+  assign \$561  = width > 3'h4;
+  assign \$562  = width > 3'h5;
+  assign \$563  = width > 3'h6;
+  assign \$564  = width > 3'h7;
+  assign \$565  = width > 4'h8;
+  assign \$566  = width > 4'h9;
+  assign \$567  = width > 4'ha;
+  assign \$568  = width > 4'hb;
+  assign \$569  = width > 4'hc;
+  assign \$570  = width > 4'hd;
+  assign \$571  = width > 4'he;
+  assign \$572  = width > 4'hf;
+  assign \$573  = width > 5'h10;
+  assign \$574  = width > 5'h11;
+  assign \$575  = width > 5'h12;
+  assign \$576  = width > 5'h13;
+  assign \$577  = width > 5'h14;
+  assign \$578  = width > 5'h15;
+  assign \$579  = width > 5'h16;
+  assign \$580  = width > 5'h17;
+  assign \$581  = ~ { 1'h0, \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571 , \$570 , \$569 , \$568 , \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558  };
+  assign \$582  = \$557  ? \$581  : hold[95:72];
+  assign \$583  = \$509  ? { 1'h0, \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510  } : \$582 ;
+  assign \$585  = \$signal$50  + 1'h1;
+  assign \$586  = width > 1'h1;
+  assign \$587  = width > 2'h2;
+  assign \$588  = width > 2'h3;
+  assign \$589  = width > 3'h4;
+  assign \$590  = width > 3'h5;
+  assign \$591  = width > 3'h6;
+  assign \$592  = width > 3'h7;
+  assign \$593  = width > 4'h8;
+  assign \$594  = width > 4'h9;
+  assign \$595  = width > 4'ha;
+  assign \$596  = width > 4'hb;
+  assign \$597  = width > 4'hc;
+  assign \$598  = width > 4'hd;
+  assign \$599  = width > 4'he;
+  assign \$600  = width > 4'hf;
+  assign \$601  = width > 5'h10;
+  assign \$602  = width > 5'h11;
+  assign \$603  = width > 5'h12;
+  assign \$604  = width > 5'h13;
+  assign \$605  = width > 5'h14;
+  assign \$606  = width > 5'h15;
+  assign \$607  = width > 5'h16;
+  assign \$608  = width > 5'h17;
+  assign \$609  = $signed(hold[23:0]) > $signed({ 1'h0, \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586  });
+  assign \$610  = width > 1'h1;
+  assign \$611  = width > 2'h2;
+  assign \$612  = width > 2'h3;
+  assign \$613  = width > 3'h4;
+  assign \$614  = width > 3'h5;
+  assign \$615  = width > 3'h6;
+  assign \$616  = width > 3'h7;
+  assign \$617  = width > 4'h8;
+  assign \$618  = width > 4'h9;
+  assign \$619  = width > 4'ha;
+  assign \$620  = width > 4'hb;
+  assign \$621  = width > 4'hc;
+  assign \$622  = width > 4'hd;
+  assign \$623  = width > 4'he;
+  assign \$624  = width > 4'hf;
+  assign \$625  = width > 5'h10;
+  assign \$626  = width > 5'h11;
+  assign \$627  = width > 5'h12;
+  assign \$628  = width > 5'h13;
+  assign \$629  = width > 5'h14;
+  assign \$630  = width > 5'h15;
+  assign \$631  = width > 5'h16;
+  assign \$632  = width > 5'h17;
+  assign \$633  = width > 1'h1;
+  assign \$634  = width > 2'h2;
+  assign \$635  = width > 2'h3;
+  assign \$636  = width > 3'h4;
+  assign \$637  = width > 3'h5;
+  assign \$638  = width > 3'h6;
+  assign \$639  = width > 3'h7;
+  assign \$640  = width > 4'h8;
+  assign \$641  = width > 4'h9;
+  assign \$642  = width > 4'ha;
+  assign \$643  = width > 4'hb;
+  assign \$644  = width > 4'hc;
+  assign \$645  = width > 4'hd;
+  assign \$646  = width > 4'he;
+  assign \$647  = width > 4'hf;
+  assign \$648  = width > 5'h10;
+  assign \$649  = width > 5'h11;
+  assign \$650  = width > 5'h12;
+  assign \$651  = width > 5'h13;
+  assign \$652  = width > 5'h14;
+  assign \$653  = width > 5'h15;
+  assign \$654  = width > 5'h16;
+  assign \$655  = width > 5'h17;
+  assign \$656  = ~ { 1'h0, \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643 , \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633  };
+  assign \$657  = $signed(hold[23:0]) < $signed(\$656 );
+  assign \$658  = width > 1'h1;
+  assign \$659  = width > 2'h2;
+  assign \$660  = width > 2'h3;
+  assign \$661  = width > 3'h4;
+  assign \$662  = width > 3'h5;
+  assign \$663  = width > 3'h6;
+  assign \$664  = width > 3'h7;
+  assign \$665  = width > 4'h8;
+  assign \$666  = width > 4'h9;
+  assign \$667  = width > 4'ha;
+  assign \$668  = width > 4'hb;
+  assign \$669  = width > 4'hc;
+  assign \$670  = width > 4'hd;
+  assign \$671  = width > 4'he;
+  assign \$672  = width > 4'hf;
+  assign \$673  = width > 5'h10;
+  assign \$674  = width > 5'h11;
+  assign \$675  = width > 5'h12;
+  assign \$676  = width > 5'h13;
+  assign \$677  = width > 5'h14;
+  assign \$678  = width > 5'h15;
+  assign \$679  = width > 5'h16;
+  assign \$680  = width > 5'h17;
+  assign \$681  = ~ { 1'h0, \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669 , \$668 , \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658  };
+  assign \$682  = \$657  ? \$681  : hold[23:0];
+  assign \$683  = \$609  ? { 1'h0, \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610  } : \$682 ;
+  assign \$684  = width > 1'h1;
+  assign \$685  = width > 2'h2;
+  assign \$686  = width > 2'h3;
+  assign \$687  = width > 3'h4;
+  assign \$688  = width > 3'h5;
+  assign \$689  = width > 3'h6;
+  assign \$690  = width > 3'h7;
+  assign \$691  = width > 4'h8;
+  assign \$692  = width > 4'h9;
+  assign \$693  = width > 4'ha;
+  assign \$694  = width > 4'hb;
+  assign \$695  = width > 4'hc;
+  assign \$696  = width > 4'hd;
+  assign \$697  = width > 4'he;
+  assign \$698  = width > 4'hf;
+  assign \$699  = width > 5'h10;
+  assign \$700  = width > 5'h11;
+  assign \$701  = width > 5'h12;
+  assign \$702  = width > 5'h13;
+  assign \$703  = width > 5'h14;
+  assign \$704  = width > 5'h15;
+  assign \$705  = width > 5'h16;
+  assign \$706  = width > 5'h17;
+  assign \$707  = $signed(hold[47:24]) > $signed({ 1'h0, \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684  });
+  assign \$708  = width > 1'h1;
+  assign \$709  = width > 2'h2;
+  assign \$710  = width > 2'h3;
+  assign \$711  = width > 3'h4;
+  assign \$712  = width > 3'h5;
+  assign \$713  = width > 3'h6;
+  assign \$714  = width > 3'h7;
+  assign \$715  = width > 4'h8;
+  assign \$716  = width > 4'h9;
+  assign \$717  = width > 4'ha;
+  assign \$718  = width > 4'hb;
+  assign \$719  = width > 4'hc;
+  assign \$720  = width > 4'hd;
+  assign \$721  = width > 4'he;
+  assign \$722  = width > 4'hf;
+  assign \$723  = width > 5'h10;
+  assign \$724  = width > 5'h11;
+  assign \$725  = width > 5'h12;
+  assign \$726  = width > 5'h13;
+  assign \$727  = width > 5'h14;
+  assign \$728  = width > 5'h15;
+  assign \$729  = width > 5'h16;
+  assign \$730  = width > 5'h17;
+  assign \$731  = width > 1'h1;
+  assign \$732  = width > 2'h2;
+  assign \$733  = width > 2'h3;
+  assign \$734  = width > 3'h4;
+  assign \$735  = width > 3'h5;
+  assign \$736  = width > 3'h6;
+  assign \$737  = width > 3'h7;
+  assign \$738  = width > 4'h8;
+  assign \$739  = width > 4'h9;
+  assign \$740  = width > 4'ha;
+  assign \$741  = width > 4'hb;
+  assign \$742  = width > 4'hc;
+  assign \$743  = width > 4'hd;
+  assign \$744  = width > 4'he;
+  assign \$745  = width > 4'hf;
+  assign \$746  = width > 5'h10;
+  assign \$747  = width > 5'h11;
+  assign \$748  = width > 5'h12;
+  assign \$749  = width > 5'h13;
+  assign \$750  = width > 5'h14;
+  assign \$751  = width > 5'h15;
+  assign \$752  = width > 5'h16;
+  assign \$753  = width > 5'h17;
+  assign \$754  = ~ { 1'h0, \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741 , \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731  };
+  assign \$755  = $signed(hold[47:24]) < $signed(\$754 );
+  assign \$756  = width > 1'h1;
+  assign \$757  = width > 2'h2;
+  assign \$758  = width > 2'h3;
+  assign \$759  = width > 3'h4;
+  assign \$760  = width > 3'h5;
+  assign \$761  = width > 3'h6;
+  assign \$762  = width > 3'h7;
+  assign \$763  = width > 4'h8;
+  assign \$764  = width > 4'h9;
+  assign \$765  = width > 4'ha;
+  assign \$766  = width > 4'hb;
+  assign \$767  = width > 4'hc;
+  assign \$768  = width > 4'hd;
+  assign \$769  = width > 4'he;
+  assign \$770  = width > 4'hf;
+  assign \$771  = width > 5'h10;
+  assign \$772  = width > 5'h11;
+  assign \$773  = width > 5'h12;
+  assign \$774  = width > 5'h13;
+  assign \$775  = width > 5'h14;
+  assign \$776  = width > 5'h15;
+  assign \$777  = width > 5'h16;
+  assign \$778  = width > 5'h17;
+  assign \$779  = ~ { 1'h0, \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767 , \$766 , \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756  };
+  assign \$780  = \$755  ? \$779  : hold[47:24];
+  assign \$781  = \$707  ? { 1'h0, \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708  } : \$780 ;
+  assign \$782  = width > 1'h1;
+  assign \$783  = width > 2'h2;
+  assign \$784  = width > 2'h3;
+  assign \$785  = width > 3'h4;
+  assign \$786  = width > 3'h5;
+  assign \$787  = width > 3'h6;
+  assign \$788  = width > 3'h7;
+  assign \$789  = width > 4'h8;
+  assign \$790  = width > 4'h9;
+  assign \$791  = width > 4'ha;
+  assign \$792  = width > 4'hb;
+  assign \$793  = width > 4'hc;
+  assign \$794  = width > 4'hd;
+  assign \$795  = width > 4'he;
+  assign \$796  = width > 4'hf;
+  assign \$797  = width > 5'h10;
+  assign \$798  = width > 5'h11;
+  assign \$799  = width > 5'h12;
+  assign \$800  = width > 5'h13;
+  assign \$801  = width > 5'h14;
+  assign \$802  = width > 5'h15;
+  assign \$803  = width > 5'h16;
+  assign \$804  = width > 5'h17;
+  assign \$805  = $signed(hold[71:48]) > $signed({ 1'h0, \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782  });
+  assign \$806  = width > 1'h1;
+  assign \$807  = width > 2'h2;
+  assign \$808  = width > 2'h3;
+  assign \$809  = width > 3'h4;
+  assign \$810  = width > 3'h5;
+  assign \$811  = width > 3'h6;
+  assign \$812  = width > 3'h7;
+  assign \$813  = width > 4'h8;
+  assign \$814  = width > 4'h9;
+  assign \$815  = width > 4'ha;
+  assign \$816  = width > 4'hb;
+  assign \$817  = width > 4'hc;
+  assign \$818  = width > 4'hd;
+  assign \$819  = width > 4'he;
+  assign \$820  = width > 4'hf;
+  assign \$821  = width > 5'h10;
+  assign \$822  = width > 5'h11;
+  assign \$823  = width > 5'h12;
+  assign \$824  = width > 5'h13;
+  assign \$825  = width > 5'h14;
+  assign \$826  = width > 5'h15;
+  assign \$827  = width > 5'h16;
+  assign \$828  = width > 5'h17;
+  assign \$829  = width > 1'h1;
+  assign \$830  = width > 2'h2;
+  assign \$831  = width > 2'h3;
+  assign \$832  = width > 3'h4;
+  assign \$833  = width > 3'h5;
+  assign \$834  = width > 3'h6;
+  assign \$835  = width > 3'h7;
+  assign \$836  = width > 4'h8;
+  assign \$837  = width > 4'h9;
+  assign \$838  = width > 4'ha;
+  assign \$839  = width > 4'hb;
+  assign \$840  = width > 4'hc;
+  assign \$841  = width > 4'hd;
+  assign \$842  = width > 4'he;
+  assign \$843  = width > 4'hf;
+  assign \$844  = width > 5'h10;
+  assign \$845  = width > 5'h11;
+  assign \$846  = width > 5'h12;
+  assign \$847  = width > 5'h13;
+  assign \$848  = width > 5'h14;
+  assign \$849  = width > 5'h15;
+  assign \$850  = width > 5'h16;
+  assign \$851  = width > 5'h17;
+  assign \$852  = ~ { 1'h0, \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839 , \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829  };
+  assign \$853  = $signed(hold[71:48]) < $signed(\$852 );
+  assign \$854  = width > 1'h1;
+  assign \$855  = width > 2'h2;
+  assign \$856  = width > 2'h3;
+  assign \$857  = width > 3'h4;
+  assign \$858  = width > 3'h5;
+  assign \$859  = width > 3'h6;
+  assign \$860  = width > 3'h7;
+  assign \$861  = width > 4'h8;
+  assign \$862  = width > 4'h9;
+  assign \$863  = width > 4'ha;
+  assign \$864  = width > 4'hb;
+  assign \$865  = width > 4'hc;
+  assign \$866  = width > 4'hd;
+  assign \$867  = width > 4'he;
+  assign \$868  = width > 4'hf;
+  assign \$869  = width > 5'h10;
+  assign \$870  = width > 5'h11;
+  assign \$871  = width > 5'h12;
+  assign \$872  = width > 5'h13;
+  assign \$873  = width > 5'h14;
+  assign \$874  = width > 5'h15;
+  assign \$875  = width > 5'h16;
+  assign \$876  = width > 5'h17;
+  assign \$877  = ~ { 1'h0, \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865 , \$864 , \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854  };
+  assign \$878  = \$853  ? \$877  : hold[71:48];
+  assign \$879  = \$805  ? { 1'h0, \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806  } : \$878 ;
+  assign \$880  = width > 1'h1;
+  assign \$881  = width > 2'h2;
+  assign \$882  = width > 2'h3;
+  assign \$883  = width > 3'h4;
+  assign \$884  = width > 3'h5;
+  assign \$885  = width > 3'h6;
+  assign \$886  = width > 3'h7;
+  assign \$887  = width > 4'h8;
+  assign \$888  = width > 4'h9;
+  assign \$889  = width > 4'ha;
+  assign \$890  = width > 4'hb;
+  assign \$891  = width > 4'hc;
+  assign \$892  = width > 4'hd;
+  assign \$893  = width > 4'he;
+  assign \$894  = width > 4'hf;
+  assign \$895  = width > 5'h10;
+  assign \$896  = width > 5'h11;
+  assign \$897  = width > 5'h12;
+  assign \$898  = width > 5'h13;
+  assign \$899  = width > 5'h14;
+  assign \$900  = width > 5'h15;
+  assign \$901  = width > 5'h16;
+  assign \$902  = width > 5'h17;
+  assign \$903  = $signed(hold[95:72]) > $signed({ 1'h0, \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880  });
+  assign \$904  = width > 1'h1;
+  assign \$905  = width > 2'h2;
+  assign \$906  = width > 2'h3;
+  assign \$907  = width > 3'h4;
+  assign \$908  = width > 3'h5;
+  assign \$909  = width > 3'h6;
+  assign \$910  = width > 3'h7;
+  assign \$911  = width > 4'h8;
+  assign \$912  = width > 4'h9;
+  assign \$913  = width > 4'ha;
+  assign \$914  = width > 4'hb;
+  assign \$915  = width > 4'hc;
+  assign \$916  = width > 4'hd;
+  assign \$917  = width > 4'he;
+  assign \$918  = width > 4'hf;
+  assign \$919  = width > 5'h10;
+  assign \$920  = width > 5'h11;
+  assign \$921  = width > 5'h12;
+  assign \$922  = width > 5'h13;
+  assign \$923  = width > 5'h14;
+  assign \$924  = width > 5'h15;
+  assign \$925  = width > 5'h16;
+  assign \$926  = width > 5'h17;
+  assign \$927  = width > 1'h1;
+  assign \$928  = width > 2'h2;
+  assign \$929  = width > 2'h3;
+  assign \$930  = width > 3'h4;
+  assign \$931  = width > 3'h5;
+  assign \$932  = width > 3'h6;
+  assign \$933  = width > 3'h7;
+  assign \$934  = width > 4'h8;
+  assign \$935  = width > 4'h9;
+  assign \$936  = width > 4'ha;
+  assign \$937  = width > 4'hb;
+  assign \$938  = width > 4'hc;
+  assign \$939  = width > 4'hd;
+  assign \$940  = width > 4'he;
+  assign \$941  = width > 4'hf;
+  assign \$942  = width > 5'h10;
+  assign \$943  = width > 5'h11;
+  assign \$944  = width > 5'h12;
+  assign \$945  = width > 5'h13;
+  assign \$946  = width > 5'h14;
+  assign \$947  = width > 5'h15;
+  assign \$948  = width > 5'h16;
+  assign \$949  = width > 5'h17;
+  assign \$950  = ~ { 1'h0, \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937 , \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927  };
+  assign \$951  = $signed(hold[95:72]) < $signed(\$950 );
+  assign \$952  = width > 1'h1;
+  assign \$953  = width > 2'h2;
+  assign \$954  = width > 2'h3;
+  assign \$955  = width > 3'h4;
+  assign \$956  = width > 3'h5;
+  assign \$957  = width > 3'h6;
+  assign \$958  = width > 3'h7;
+  assign \$959  = width > 4'h8;
+  assign \$960  = width > 4'h9;
+  assign \$961  = width > 4'ha;
+  assign \$962  = width > 4'hb;
+  assign \$963  = width > 4'hc;
+  assign \$964  = width > 4'hd;
+  assign \$965  = width > 4'he;
+  assign \$966  = width > 4'hf;
+  assign \$967  = width > 5'h10;
+  assign \$968  = width > 5'h11;
+  assign \$969  = width > 5'h12;
+  assign \$970  = width > 5'h13;
+  assign \$971  = width > 5'h14;
+  assign \$972  = width > 5'h15;
+  assign \$973  = width > 5'h16;
+  assign \$974  = width > 5'h17;
+  assign \$975  = ~ { 1'h0, \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965 , \$964 , \$963 , \$962 , \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952  };
+  assign \$976  = \$951  ? \$975  : hold[95:72];
+  assign \$977  = \$903  ? { 1'h0, \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904  } : \$976 ;
+  assign \$979  = \$signal$50  + 2'h2;
+  assign \$980  = width > 1'h1;
+  assign \$981  = width > 2'h2;
+  assign \$982  = width > 2'h3;
+  assign \$983  = width > 3'h4;
+  assign \$984  = width > 3'h5;
+  assign \$985  = width > 3'h6;
+  assign \$986  = width > 3'h7;
+  assign \$987  = width > 4'h8;
+  assign \$988  = width > 4'h9;
+  assign \$989  = width > 4'ha;
+  assign \$990  = width > 4'hb;
+  assign \$991  = width > 4'hc;
+  assign \$992  = width > 4'hd;
+  assign \$993  = width > 4'he;
+  assign \$994  = width > 4'hf;
+  assign \$995  = width > 5'h10;
+  assign \$996  = width > 5'h11;
+  assign \$997  = width > 5'h12;
+  assign \$998  = width > 5'h13;
+  assign \$999  = width > 5'h14;
+  assign \$1000  = width > 5'h15;
+  assign \$1001  = width > 5'h16;
+  assign \$1002  = width > 5'h17;
+  assign \$1003  = $signed(hold[23:0]) > $signed({ 1'h0, \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980  });
+  assign \$1004  = width > 1'h1;
+  assign \$1005  = width > 2'h2;
+  assign \$1006  = width > 2'h3;
+  assign \$1007  = width > 3'h4;
+  assign \$1008  = width > 3'h5;
+  assign \$1009  = width > 3'h6;
+  assign \$1010  = width > 3'h7;
+  assign \$1011  = width > 4'h8;
+  assign \$1012  = width > 4'h9;
+  assign \$1013  = width > 4'ha;
+  assign \$1014  = width > 4'hb;
+  assign \$1015  = width > 4'hc;
+  assign \$1016  = width > 4'hd;
+  assign \$1017  = width > 4'he;
+  assign \$1018  = width > 4'hf;
+  assign \$1019  = width > 5'h10;
+  assign \$1020  = width > 5'h11;
+  assign \$1021  = width > 5'h12;
+  assign \$1022  = width > 5'h13;
+  assign \$1023  = width > 5'h14;
+  assign \$1024  = width > 5'h15;
+  assign \$1025  = width > 5'h16;
+  assign \$1026  = width > 5'h17;
+  assign \$1027  = width > 1'h1;
+  assign \$1028  = width > 2'h2;
+  assign \$1029  = width > 2'h3;
+  assign \$1030  = width > 3'h4;
+  assign \$1031  = width > 3'h5;
+  assign \$1032  = width > 3'h6;
+  assign \$1033  = width > 3'h7;
+  assign \$1034  = width > 4'h8;
+  assign \$1035  = width > 4'h9;
+  assign \$1036  = width > 4'ha;
+  assign \$1037  = width > 4'hb;
+  assign \$1038  = width > 4'hc;
+  assign \$1039  = width > 4'hd;
+  assign \$1040  = width > 4'he;
+  assign \$1041  = width > 4'hf;
+  assign \$1042  = width > 5'h10;
+  assign \$1043  = width > 5'h11;
+  assign \$1044  = width > 5'h12;
+  assign \$1045  = width > 5'h13;
+  assign \$1046  = width > 5'h14;
+  assign \$1047  = width > 5'h15;
+  assign \$1048  = width > 5'h16;
+  assign \$1049  = width > 5'h17;
+  assign \$1050  = ~ { 1'h0, \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037 , \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027  };
+  assign \$1051  = $signed(hold[23:0]) < $signed(\$1050 );
+  assign \$1052  = width > 1'h1;
+  assign \$1053  = width > 2'h2;
+  assign \$1054  = width > 2'h3;
+  assign \$1055  = width > 3'h4;
+  assign \$1056  = width > 3'h5;
+  assign \$1057  = width > 3'h6;
+  assign \$1058  = width > 3'h7;
+  assign \$1059  = width > 4'h8;
+  assign \$1060  = width > 4'h9;
+  assign \$1061  = width > 4'ha;
+  assign \$1062  = width > 4'hb;
+  assign \$1063  = width > 4'hc;
+  assign \$1064  = width > 4'hd;
+  assign \$1065  = width > 4'he;
+  assign \$1066  = width > 4'hf;
+  assign \$1067  = width > 5'h10;
+  assign \$1068  = width > 5'h11;
+  assign \$1069  = width > 5'h12;
+  assign \$1070  = width > 5'h13;
+  assign \$1071  = width > 5'h14;
+  assign \$1072  = width > 5'h15;
+  assign \$1073  = width > 5'h16;
+  assign \$1074  = width > 5'h17;
+  assign \$1075  = ~ { 1'h0, \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063 , \$1062 , \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052  };
+  assign \$1076  = \$1051  ? \$1075  : hold[23:0];
+  assign \$1077  = \$1003  ? { 1'h0, \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004  } : \$1076 ;
+  assign \$1078  = width > 1'h1;
+  assign \$1079  = width > 2'h2;
+  assign \$1080  = width > 2'h3;
+  assign \$1081  = width > 3'h4;
+  assign \$1082  = width > 3'h5;
+  assign \$1083  = width > 3'h6;
+  assign \$1084  = width > 3'h7;
+  assign \$1085  = width > 4'h8;
+  assign \$1086  = width > 4'h9;
+  assign \$1087  = width > 4'ha;
+  assign \$1088  = width > 4'hb;
+  assign \$1089  = width > 4'hc;
+  assign \$1090  = width > 4'hd;
+  assign \$1091  = width > 4'he;
+  assign \$1092  = width > 4'hf;
+  assign \$1093  = width > 5'h10;
+  assign \$1094  = width > 5'h11;
+  assign \$1095  = width > 5'h12;
+  assign \$1096  = width > 5'h13;
+  assign \$1097  = width > 5'h14;
+  assign \$1098  = width > 5'h15;
+  assign \$1099  = width > 5'h16;
+  assign \$1100  = width > 5'h17;
+  assign \$1101  = $signed(hold[47:24]) > $signed({ 1'h0, \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078  });
+  assign \$1102  = width > 1'h1;
+  assign \$1103  = width > 2'h2;
+  assign \$1104  = width > 2'h3;
+  assign \$1105  = width > 3'h4;
+  assign \$1106  = width > 3'h5;
+  assign \$1107  = width > 3'h6;
+  assign \$1108  = width > 3'h7;
+  assign \$1109  = width > 4'h8;
+  assign \$1110  = width > 4'h9;
+  assign \$1111  = width > 4'ha;
+  assign \$1112  = width > 4'hb;
+  assign \$1113  = width > 4'hc;
+  assign \$1114  = width > 4'hd;
+  assign \$1115  = width > 4'he;
+  assign \$1116  = width > 4'hf;
+  assign \$1117  = width > 5'h10;
+  assign \$1118  = width > 5'h11;
+  assign \$1119  = width > 5'h12;
+  assign \$1120  = width > 5'h13;
+  assign \$1121  = width > 5'h14;
+  assign \$1122  = width > 5'h15;
+  assign \$1123  = width > 5'h16;
+  assign \$1124  = width > 5'h17;
+  assign \$1125  = width > 1'h1;
+  assign \$1126  = width > 2'h2;
+  assign \$1127  = width > 2'h3;
+  assign \$1128  = width > 3'h4;
+  assign \$1129  = width > 3'h5;
+  assign \$1130  = width > 3'h6;
+  assign \$1131  = width > 3'h7;
+  assign \$1132  = width > 4'h8;
+  assign \$1133  = width > 4'h9;
+  assign \$1134  = width > 4'ha;
+  assign \$1135  = width > 4'hb;
+  assign \$1136  = width > 4'hc;
+  assign \$1137  = width > 4'hd;
+  assign \$1138  = width > 4'he;
+  assign \$1139  = width > 4'hf;
+  assign \$1140  = width > 5'h10;
+  assign \$1141  = width > 5'h11;
+  assign \$1142  = width > 5'h12;
+  assign \$1143  = width > 5'h13;
+  assign \$1144  = width > 5'h14;
+  assign \$1145  = width > 5'h15;
+  assign \$1146  = width > 5'h16;
+  assign \$1147  = width > 5'h17;
+  assign \$1148  = ~ { 1'h0, \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135 , \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125  };
+  assign \$1149  = $signed(hold[47:24]) < $signed(\$1148 );
+  assign \$1150  = width > 1'h1;
+  assign \$1151  = width > 2'h2;
+  assign \$1152  = width > 2'h3;
+  assign \$1153  = width > 3'h4;
+  assign \$1154  = width > 3'h5;
+  assign \$1155  = width > 3'h6;
+  assign \$1156  = width > 3'h7;
+  assign \$1157  = width > 4'h8;
+  assign \$1158  = width > 4'h9;
+  assign \$1159  = width > 4'ha;
+  assign \$1160  = width > 4'hb;
+  assign \$1161  = width > 4'hc;
+  assign \$1162  = width > 4'hd;
+  assign \$1163  = width > 4'he;
+  assign \$1164  = width > 4'hf;
+  assign \$1165  = width > 5'h10;
+  assign \$1166  = width > 5'h11;
+  assign \$1167  = width > 5'h12;
+  assign \$1168  = width > 5'h13;
+  assign \$1169  = width > 5'h14;
+  assign \$1170  = width > 5'h15;
+  assign \$1171  = width > 5'h16;
+  assign \$1172  = width > 5'h17;
+  assign \$1173  = ~ { 1'h0, \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161 , \$1160 , \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150  };
+  assign \$1174  = \$1149  ? \$1173  : hold[47:24];
+  assign \$1175  = \$1101  ? { 1'h0, \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102  } : \$1174 ;
+  assign \$1176  = width > 1'h1;
+  assign \$1177  = width > 2'h2;
+  assign \$1178  = width > 2'h3;
+  assign \$1179  = width > 3'h4;
+  assign \$1180  = width > 3'h5;
+  assign \$1181  = width > 3'h6;
+  assign \$1182  = width > 3'h7;
+  assign \$1183  = width > 4'h8;
+  assign \$1184  = width > 4'h9;
+  assign \$1185  = width > 4'ha;
+  assign \$1186  = width > 4'hb;
+  assign \$1187  = width > 4'hc;
+  assign \$1188  = width > 4'hd;
+  assign \$1189  = width > 4'he;
+  assign \$1190  = width > 4'hf;
+  assign \$1191  = width > 5'h10;
+  assign \$1192  = width > 5'h11;
+  assign \$1193  = width > 5'h12;
+  assign \$1194  = width > 5'h13;
+  assign \$1195  = width > 5'h14;
+  assign \$1196  = width > 5'h15;
+  assign \$1197  = width > 5'h16;
+  assign \$1198  = width > 5'h17;
+  assign \$1199  = $signed(hold[71:48]) > $signed({ 1'h0, \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176  });
+  assign \$1200  = width > 1'h1;
+  assign \$1201  = width > 2'h2;
+  assign \$1202  = width > 2'h3;
+  assign \$1203  = width > 3'h4;
+  assign \$1204  = width > 3'h5;
+  assign \$1205  = width > 3'h6;
+  assign \$1206  = width > 3'h7;
+  assign \$1207  = width > 4'h8;
+  assign \$1208  = width > 4'h9;
+  assign \$1209  = width > 4'ha;
+  assign \$1210  = width > 4'hb;
+  assign \$1211  = width > 4'hc;
+  assign \$1212  = width > 4'hd;
+  assign \$1213  = width > 4'he;
+  assign \$1214  = width > 4'hf;
+  assign \$1215  = width > 5'h10;
+  assign \$1216  = width > 5'h11;
+  assign \$1217  = width > 5'h12;
+  assign \$1218  = width > 5'h13;
+  assign \$1219  = width > 5'h14;
+  assign \$1220  = width > 5'h15;
+  assign \$1221  = width > 5'h16;
+  assign \$1222  = width > 5'h17;
+  assign \$1223  = width > 1'h1;
+  assign \$1224  = width > 2'h2;
+  assign \$1225  = width > 2'h3;
+  assign \$1226  = width > 3'h4;
+  assign \$1227  = width > 3'h5;
+  assign \$1228  = width > 3'h6;
+  assign \$1229  = width > 3'h7;
+  assign \$1230  = width > 4'h8;
+  assign \$1231  = width > 4'h9;
+  assign \$1232  = width > 4'ha;
+  assign \$1233  = width > 4'hb;
+  assign \$1234  = width > 4'hc;
+  assign \$1235  = width > 4'hd;
+  assign \$1236  = width > 4'he;
+  assign \$1237  = width > 4'hf;
+  assign \$1238  = width > 5'h10;
+  assign \$1239  = width > 5'h11;
+  assign \$1240  = width > 5'h12;
+  assign \$1241  = width > 5'h13;
+  assign \$1242  = width > 5'h14;
+  assign \$1243  = width > 5'h15;
+  assign \$1244  = width > 5'h16;
+  assign \$1245  = width > 5'h17;
+  assign \$1246  = ~ { 1'h0, \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233 , \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223  };
+  assign \$1247  = $signed(hold[71:48]) < $signed(\$1246 );
+  assign \$1248  = width > 1'h1;
+  assign \$1249  = width > 2'h2;
+  assign \$1250  = width > 2'h3;
+  assign \$1251  = width > 3'h4;
+  assign \$1252  = width > 3'h5;
+  assign \$1253  = width > 3'h6;
+  assign \$1254  = width > 3'h7;
+  assign \$1255  = width > 4'h8;
+  assign \$1256  = width > 4'h9;
+  assign \$1257  = width > 4'ha;
+  assign \$1258  = width > 4'hb;
+  assign \$1259  = width > 4'hc;
+  assign \$1260  = width > 4'hd;
+  assign \$1261  = width > 4'he;
+  assign \$1262  = width > 4'hf;
+  assign \$1263  = width > 5'h10;
+  assign \$1264  = width > 5'h11;
+  assign \$1265  = width > 5'h12;
+  assign \$1266  = width > 5'h13;
+  assign \$1267  = width > 5'h14;
+  assign \$1268  = width > 5'h15;
+  assign \$1269  = width > 5'h16;
+  assign \$1270  = width > 5'h17;
+  assign \$1271  = ~ { 1'h0, \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259 , \$1258 , \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248  };
+  assign \$1272  = \$1247  ? \$1271  : hold[71:48];
+  assign \$1273  = \$1199  ? { 1'h0, \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200  } : \$1272 ;
+  assign \$1274  = width > 1'h1;
+  assign \$1275  = width > 2'h2;
+  assign \$1276  = width > 2'h3;
+  assign \$1277  = width > 3'h4;
+  assign \$1278  = width > 3'h5;
+  assign \$1279  = width > 3'h6;
+  assign \$1280  = width > 3'h7;
+  assign \$1281  = width > 4'h8;
+  assign \$1282  = width > 4'h9;
+  assign \$1283  = width > 4'ha;
+  assign \$1284  = width > 4'hb;
+  assign \$1285  = width > 4'hc;
+  assign \$1286  = width > 4'hd;
+  assign \$1287  = width > 4'he;
+  assign \$1288  = width > 4'hf;
+  assign \$1289  = width > 5'h10;
+  assign \$1290  = width > 5'h11;
+  assign \$1291  = width > 5'h12;
+  assign \$1292  = width > 5'h13;
+  assign \$1293  = width > 5'h14;
+  assign \$1294  = width > 5'h15;
+  assign \$1295  = width > 5'h16;
+  assign \$1296  = width > 5'h17;
+  assign \$1297  = $signed(hold[95:72]) > $signed({ 1'h0, \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274  });
+  assign \$1298  = width > 1'h1;
+  assign \$1299  = width > 2'h2;
+  assign \$1300  = width > 2'h3;
+  assign \$1301  = width > 3'h4;
+  assign \$1302  = width > 3'h5;
+  assign \$1303  = width > 3'h6;
+  assign \$1304  = width > 3'h7;
+  assign \$1305  = width > 4'h8;
+  assign \$1306  = width > 4'h9;
+  assign \$1307  = width > 4'ha;
+  assign \$1308  = width > 4'hb;
+  assign \$1309  = width > 4'hc;
+  assign \$1310  = width > 4'hd;
+  assign \$1311  = width > 4'he;
+  assign \$1312  = width > 4'hf;
+  assign \$1313  = width > 5'h10;
+  assign \$1314  = width > 5'h11;
+  assign \$1315  = width > 5'h12;
+  assign \$1316  = width > 5'h13;
+  assign \$1317  = width > 5'h14;
+  assign \$1318  = width > 5'h15;
+  assign \$1319  = width > 5'h16;
+  assign \$1320  = width > 5'h17;
+  assign \$1321  = width > 1'h1;
+  assign \$1322  = width > 2'h2;
+  assign \$1323  = width > 2'h3;
+  assign \$1324  = width > 3'h4;
+  assign \$1325  = width > 3'h5;
+  assign \$1326  = width > 3'h6;
+  assign \$1327  = width > 3'h7;
+  assign \$1328  = width > 4'h8;
+  assign \$1329  = width > 4'h9;
+  assign \$1330  = width > 4'ha;
+  assign \$1331  = width > 4'hb;
+  assign \$1332  = width > 4'hc;
+  assign \$1333  = width > 4'hd;
+  assign \$1334  = width > 4'he;
+  assign \$1335  = width > 4'hf;
+  assign \$1336  = width > 5'h10;
+  assign \$1337  = width > 5'h11;
+  assign \$1338  = width > 5'h12;
+  assign \$1339  = width > 5'h13;
+  assign \$1340  = width > 5'h14;
+  assign \$1341  = width > 5'h15;
+  assign \$1342  = width > 5'h16;
+  assign \$1343  = width > 5'h17;
+  assign \$1344  = ~ { 1'h0, \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331 , \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321  };
+  assign \$1345  = $signed(hold[95:72]) < $signed(\$1344 );
+  assign \$1346  = width > 1'h1;
+  assign \$1347  = width > 2'h2;
+  assign \$1348  = width > 2'h3;
+  assign \$1349  = width > 3'h4;
+  assign \$1350  = width > 3'h5;
+  assign \$1351  = width > 3'h6;
+  assign \$1352  = width > 3'h7;
+  assign \$1353  = width > 4'h8;
+  assign \$1354  = width > 4'h9;
+  assign \$1355  = width > 4'ha;
+  assign \$1356  = width > 4'hb;
+  assign \$1357  = width > 4'hc;
+  assign \$1358  = width > 4'hd;
+  assign \$1359  = width > 4'he;
+  assign \$1360  = width > 4'hf;
+  assign \$1361  = width > 5'h10;
+  assign \$1362  = width > 5'h11;
+  assign \$1363  = width > 5'h12;
+  assign \$1364  = width > 5'h13;
+  assign \$1365  = width > 5'h14;
+  assign \$1366  = width > 5'h15;
+  assign \$1367  = width > 5'h16;
+  assign \$1368  = width > 5'h17;
+  assign \$1369  = ~ { 1'h0, \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359 , \$1358 , \$1357 , \$1356 , \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346  };
+  assign \$1370  = \$1345  ? \$1369  : hold[95:72];
+  assign \$1371  = \$1297  ? { 1'h0, \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298  } : \$1370 ;
+  assign \$1373  = \$signal$50  + 2'h3;
+  assign \$1374  = width > 1'h1;
+  assign \$1375  = width > 2'h2;
+  assign \$1376  = width > 2'h3;
+  assign \$1377  = width > 3'h4;
+  assign \$1378  = width > 3'h5;
+  assign \$1379  = width > 3'h6;
+  assign \$1380  = width > 3'h7;
+  assign \$1381  = width > 4'h8;
+  assign \$1382  = width > 4'h9;
+  assign \$1383  = width > 4'ha;
+  assign \$1384  = width > 4'hb;
+  assign \$1385  = width > 4'hc;
+  assign \$1386  = width > 4'hd;
+  assign \$1387  = width > 4'he;
+  assign \$1388  = width > 4'hf;
+  assign \$1389  = width > 5'h10;
+  assign \$1390  = width > 5'h11;
+  assign \$1391  = width > 5'h12;
+  assign \$1392  = width > 5'h13;
+  assign \$1393  = width > 5'h14;
+  assign \$1394  = width > 5'h15;
+  assign \$1395  = width > 5'h16;
+  assign \$1396  = width > 5'h17;
+  assign \$1397  = $signed(hold[23:0]) > $signed({ 1'h0, \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374  });
+  assign \$1398  = width > 1'h1;
+  assign \$1399  = width > 2'h2;
+  assign \$1400  = width > 2'h3;
+  assign \$1401  = width > 3'h4;
+  assign \$1402  = width > 3'h5;
+  assign \$1403  = width > 3'h6;
+  assign \$1404  = width > 3'h7;
+  assign \$1405  = width > 4'h8;
+  assign \$1406  = width > 4'h9;
+  assign \$1407  = width > 4'ha;
+  assign \$1408  = width > 4'hb;
+  assign \$1409  = width > 4'hc;
+  assign \$1410  = width > 4'hd;
+  assign \$1411  = width > 4'he;
+  assign \$1412  = width > 4'hf;
+  assign \$1413  = width > 5'h10;
+  assign \$1414  = width > 5'h11;
+  assign \$1415  = width > 5'h12;
+  assign \$1416  = width > 5'h13;
+  assign \$1417  = width > 5'h14;
+  assign \$1418  = width > 5'h15;
+  assign \$1419  = width > 5'h16;
+  assign \$1420  = width > 5'h17;
+  assign \$1421  = width > 1'h1;
+  assign \$1422  = width > 2'h2;
+  assign \$1423  = width > 2'h3;
+  assign \$1424  = width > 3'h4;
+  assign \$1425  = width > 3'h5;
+  assign \$1426  = width > 3'h6;
+  assign \$1427  = width > 3'h7;
+  assign \$1428  = width > 4'h8;
+  assign \$1429  = width > 4'h9;
+  assign \$1430  = width > 4'ha;
+  assign \$1431  = width > 4'hb;
+  assign \$1432  = width > 4'hc;
+  assign \$1433  = width > 4'hd;
+  assign \$1434  = width > 4'he;
+  assign \$1435  = width > 4'hf;
+  assign \$1436  = width > 5'h10;
+  assign \$1437  = width > 5'h11;
+  assign \$1438  = width > 5'h12;
+  assign \$1439  = width > 5'h13;
+  assign \$1440  = width > 5'h14;
+  assign \$1441  = width > 5'h15;
+  assign \$1442  = width > 5'h16;
+  assign \$1443  = width > 5'h17;
+  assign \$1444  = ~ { 1'h0, \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431 , \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421  };
+  assign \$1445  = $signed(hold[23:0]) < $signed(\$1444 );
+  assign \$1446  = width > 1'h1;
+  assign \$1447  = width > 2'h2;
+  assign \$1448  = width > 2'h3;
+  assign \$1449  = width > 3'h4;
+  assign \$1450  = width > 3'h5;
+  assign \$1451  = width > 3'h6;
+  assign \$1452  = width > 3'h7;
+  assign \$1453  = width > 4'h8;
+  assign \$1454  = width > 4'h9;
+  assign \$1455  = width > 4'ha;
+  assign \$1456  = width > 4'hb;
+  assign \$1457  = width > 4'hc;
+  assign \$1458  = width > 4'hd;
+  assign \$1459  = width > 4'he;
+  assign \$1460  = width > 4'hf;
+  assign \$1461  = width > 5'h10;
+  assign \$1462  = width > 5'h11;
+  assign \$1463  = width > 5'h12;
+  assign \$1464  = width > 5'h13;
+  assign \$1465  = width > 5'h14;
+  assign \$1466  = width > 5'h15;
+  assign \$1467  = width > 5'h16;
+  assign \$1468  = width > 5'h17;
+  assign \$1469  = ~ { 1'h0, \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457 , \$1456 , \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446  };
+  assign \$1470  = \$1445  ? \$1469  : hold[23:0];
+  assign \$1471  = \$1397  ? { 1'h0, \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398  } : \$1470 ;
+  assign \$1472  = width > 1'h1;
+  assign \$1473  = width > 2'h2;
+  assign \$1474  = width > 2'h3;
+  assign \$1475  = width > 3'h4;
+  assign \$1476  = width > 3'h5;
+  assign \$1477  = width > 3'h6;
+  assign \$1478  = width > 3'h7;
+  assign \$1479  = width > 4'h8;
+  assign \$1480  = width > 4'h9;
+  assign \$1481  = width > 4'ha;
+  assign \$1482  = width > 4'hb;
+  assign \$1483  = width > 4'hc;
+  assign \$1484  = width > 4'hd;
+  assign \$1485  = width > 4'he;
+  assign \$1486  = width > 4'hf;
+  assign \$1487  = width > 5'h10;
+  assign \$1488  = width > 5'h11;
+  assign \$1489  = width > 5'h12;
+  assign \$1490  = width > 5'h13;
+  assign \$1491  = width > 5'h14;
+  assign \$1492  = width > 5'h15;
+  assign \$1493  = width > 5'h16;
+  assign \$1494  = width > 5'h17;
+  assign \$1495  = $signed(hold[47:24]) > $signed({ 1'h0, \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472  });
+  assign \$1496  = width > 1'h1;
+  assign \$1497  = width > 2'h2;
+  assign \$1498  = width > 2'h3;
+  assign \$1499  = width > 3'h4;
+  assign \$1500  = width > 3'h5;
+  assign \$1501  = width > 3'h6;
+  assign \$1502  = width > 3'h7;
+  assign \$1503  = width > 4'h8;
+  assign \$1504  = width > 4'h9;
+  assign \$1505  = width > 4'ha;
+  assign \$1506  = width > 4'hb;
+  assign \$1507  = width > 4'hc;
+  assign \$1508  = width > 4'hd;
+  assign \$1509  = width > 4'he;
+  assign \$1510  = width > 4'hf;
+  assign \$1511  = width > 5'h10;
+  assign \$1512  = width > 5'h11;
+  assign \$1513  = width > 5'h12;
+  assign \$1514  = width > 5'h13;
+  assign \$1515  = width > 5'h14;
+  assign \$1516  = width > 5'h15;
+  assign \$1517  = width > 5'h16;
+  assign \$1518  = width > 5'h17;
+  assign \$1519  = width > 1'h1;
+  assign \$1520  = width > 2'h2;
+  assign \$1521  = width > 2'h3;
+  assign \$1522  = width > 3'h4;
+  assign \$1523  = width > 3'h5;
+  assign \$1524  = width > 3'h6;
+  assign \$1525  = width > 3'h7;
+  assign \$1526  = width > 4'h8;
+  assign \$1527  = width > 4'h9;
+  assign \$1528  = width > 4'ha;
+  assign \$1529  = width > 4'hb;
+  assign \$1530  = width > 4'hc;
+  assign \$1531  = width > 4'hd;
+  assign \$1532  = width > 4'he;
+  assign \$1533  = width > 4'hf;
+  assign \$1534  = width > 5'h10;
+  assign \$1535  = width > 5'h11;
+  assign \$1536  = width > 5'h12;
+  assign \$1537  = width > 5'h13;
+  assign \$1538  = width > 5'h14;
+  assign \$1539  = width > 5'h15;
+  assign \$1540  = width > 5'h16;
+  assign \$1541  = width > 5'h17;
+  assign \$1542  = ~ { 1'h0, \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529 , \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519  };
+  assign \$1543  = $signed(hold[47:24]) < $signed(\$1542 );
+  assign \$1544  = width > 1'h1;
+  assign \$1545  = width > 2'h2;
+  assign \$1546  = width > 2'h3;
+  assign \$1547  = width > 3'h4;
+  assign \$1548  = width > 3'h5;
+  assign \$1549  = width > 3'h6;
+  assign \$1550  = width > 3'h7;
+  assign \$1551  = width > 4'h8;
+  assign \$1552  = width > 4'h9;
+  assign \$1553  = width > 4'ha;
+  assign \$1554  = width > 4'hb;
+  assign \$1555  = width > 4'hc;
+  assign \$1556  = width > 4'hd;
+  assign \$1557  = width > 4'he;
+  assign \$1558  = width > 4'hf;
+  assign \$1559  = width > 5'h10;
+  assign \$1560  = width > 5'h11;
+  assign \$1561  = width > 5'h12;
+  assign \$1562  = width > 5'h13;
+  assign \$1563  = width > 5'h14;
+  assign \$1564  = width > 5'h15;
+  assign \$1565  = width > 5'h16;
+  assign \$1566  = width > 5'h17;
+  assign \$1567  = ~ { 1'h0, \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555 , \$1554 , \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544  };
+  assign \$1568  = \$1543  ? \$1567  : hold[47:24];
+  assign \$1569  = \$1495  ? { 1'h0, \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496  } : \$1568 ;
+  assign \$1570  = width > 1'h1;
+  assign \$1571  = width > 2'h2;
+  assign \$1572  = width > 2'h3;
+  assign \$1573  = width > 3'h4;
+  assign \$1574  = width > 3'h5;
+  assign \$1575  = width > 3'h6;
+  assign \$1576  = width > 3'h7;
+  assign \$1577  = width > 4'h8;
+  assign \$1578  = width > 4'h9;
+  assign \$1579  = width > 4'ha;
+  assign \$1580  = width > 4'hb;
+  assign \$1581  = width > 4'hc;
+  assign \$1582  = width > 4'hd;
+  assign \$1583  = width > 4'he;
+  assign \$1584  = width > 4'hf;
+  assign \$1585  = width > 5'h10;
+  assign \$1586  = width > 5'h11;
+  assign \$1587  = width > 5'h12;
+  assign \$1588  = width > 5'h13;
+  assign \$1589  = width > 5'h14;
+  assign \$1590  = width > 5'h15;
+  assign \$1591  = width > 5'h16;
+  assign \$1592  = width > 5'h17;
+  assign \$1593  = $signed(hold[71:48]) > $signed({ 1'h0, \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570  });
+  assign \$1594  = width > 1'h1;
+  assign \$1595  = width > 2'h2;
+  assign \$1596  = width > 2'h3;
+  assign \$1597  = width > 3'h4;
+  assign \$1598  = width > 3'h5;
+  assign \$1599  = width > 3'h6;
+  assign \$1600  = width > 3'h7;
+  assign \$1601  = width > 4'h8;
+  assign \$1602  = width > 4'h9;
+  assign \$1603  = width > 4'ha;
+  assign \$1604  = width > 4'hb;
+  assign \$1605  = width > 4'hc;
+  assign \$1606  = width > 4'hd;
+  assign \$1607  = width > 4'he;
+  assign \$1608  = width > 4'hf;
+  assign \$1609  = width > 5'h10;
+  assign \$1610  = width > 5'h11;
+  assign \$1611  = width > 5'h12;
+  assign \$1612  = width > 5'h13;
+  assign \$1613  = width > 5'h14;
+  assign \$1614  = width > 5'h15;
+  assign \$1615  = width > 5'h16;
+  assign \$1616  = width > 5'h17;
+  assign \$1617  = width > 1'h1;
+  assign \$1618  = width > 2'h2;
+  assign \$1619  = width > 2'h3;
+  assign \$1620  = width > 3'h4;
+  assign \$1621  = width > 3'h5;
+  assign \$1622  = width > 3'h6;
+  assign \$1623  = width > 3'h7;
+  assign \$1624  = width > 4'h8;
+  assign \$1625  = width > 4'h9;
+  assign \$1626  = width > 4'ha;
+  assign \$1627  = width > 4'hb;
+  assign \$1628  = width > 4'hc;
+  assign \$1629  = width > 4'hd;
+  assign \$1630  = width > 4'he;
+  assign \$1631  = width > 4'hf;
+  assign \$1632  = width > 5'h10;
+  assign \$1633  = width > 5'h11;
+  assign \$1634  = width > 5'h12;
+  assign \$1635  = width > 5'h13;
+  assign \$1636  = width > 5'h14;
+  assign \$1637  = width > 5'h15;
+  assign \$1638  = width > 5'h16;
+  assign \$1639  = width > 5'h17;
+  assign \$1640  = ~ { 1'h0, \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627 , \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617  };
+  assign \$1641  = $signed(hold[71:48]) < $signed(\$1640 );
+  assign \$1642  = width > 1'h1;
+  assign \$1643  = width > 2'h2;
+  assign \$1644  = width > 2'h3;
+  assign \$1645  = width > 3'h4;
+  assign \$1646  = width > 3'h5;
+  assign \$1647  = width > 3'h6;
+  assign \$1648  = width > 3'h7;
+  assign \$1649  = width > 4'h8;
+  assign \$1650  = width > 4'h9;
+  assign \$1651  = width > 4'ha;
+  assign \$1652  = width > 4'hb;
+  assign \$1653  = width > 4'hc;
+  assign \$1654  = width > 4'hd;
+  assign \$1655  = width > 4'he;
+  assign \$1656  = width > 4'hf;
+  assign \$1657  = width > 5'h10;
+  assign \$1658  = width > 5'h11;
+  assign \$1659  = width > 5'h12;
+  assign \$1660  = width > 5'h13;
+  assign \$1661  = width > 5'h14;
+  assign \$1662  = width > 5'h15;
+  assign \$1663  = width > 5'h16;
+  assign \$1664  = width > 5'h17;
+  assign \$1665  = ~ { 1'h0, \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653 , \$1652 , \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642  };
+  assign \$1666  = \$1641  ? \$1665  : hold[71:48];
+  assign \$1667  = \$1593  ? { 1'h0, \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594  } : \$1666 ;
+  assign \$1668  = width > 1'h1;
+  assign \$1669  = width > 2'h2;
+  assign \$1670  = width > 2'h3;
+  assign \$1671  = width > 3'h4;
+  assign \$1672  = width > 3'h5;
+  assign \$1673  = width > 3'h6;
+  assign \$1674  = width > 3'h7;
+  assign \$1675  = width > 4'h8;
+  assign \$1676  = width > 4'h9;
+  assign \$1677  = width > 4'ha;
+  assign \$1678  = width > 4'hb;
+  assign \$1679  = width > 4'hc;
+  assign \$1680  = width > 4'hd;
+  assign \$1681  = width > 4'he;
+  assign \$1682  = width > 4'hf;
+  assign \$1683  = width > 5'h10;
+  assign \$1684  = width > 5'h11;
+  assign \$1685  = width > 5'h12;
+  assign \$1686  = width > 5'h13;
+  assign \$1687  = width > 5'h14;
+  assign \$1688  = width > 5'h15;
+  assign \$1689  = width > 5'h16;
+  assign \$1690  = width > 5'h17;
+  assign \$1691  = $signed(hold[95:72]) > $signed({ 1'h0, \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668  });
+  assign \$1692  = width > 1'h1;
+  assign \$1693  = width > 2'h2;
+  assign \$1694  = width > 2'h3;
+  assign \$1695  = width > 3'h4;
+  assign \$1696  = width > 3'h5;
+  assign \$1697  = width > 3'h6;
+  assign \$1698  = width > 3'h7;
+  assign \$1699  = width > 4'h8;
+  assign \$1700  = width > 4'h9;
+  assign \$1701  = width > 4'ha;
+  assign \$1702  = width > 4'hb;
+  assign \$1703  = width > 4'hc;
+  assign \$1704  = width > 4'hd;
+  assign \$1705  = width > 4'he;
+  assign \$1706  = width > 4'hf;
+  assign \$1707  = width > 5'h10;
+  assign \$1708  = width > 5'h11;
+  assign \$1709  = width > 5'h12;
+  assign \$1710  = width > 5'h13;
+  assign \$1711  = width > 5'h14;
+  assign \$1712  = width > 5'h15;
+  assign \$1713  = width > 5'h16;
+  assign \$1714  = width > 5'h17;
+  assign \$1715  = width > 1'h1;
+  assign \$1716  = width > 2'h2;
+  assign \$1717  = width > 2'h3;
+  assign \$1718  = width > 3'h4;
+  assign \$1719  = width > 3'h5;
+  assign \$1720  = width > 3'h6;
+  assign \$1721  = width > 3'h7;
+  assign \$1722  = width > 4'h8;
+  assign \$1723  = width > 4'h9;
+  assign \$1724  = width > 4'ha;
+  assign \$1725  = width > 4'hb;
+  assign \$1726  = width > 4'hc;
+  assign \$1727  = width > 4'hd;
+  assign \$1728  = width > 4'he;
+  assign \$1729  = width > 4'hf;
+  assign \$1730  = width > 5'h10;
+  assign \$1731  = width > 5'h11;
+  assign \$1732  = width > 5'h12;
+  assign \$1733  = width > 5'h13;
+  assign \$1734  = width > 5'h14;
+  assign \$1735  = width > 5'h15;
+  assign \$1736  = width > 5'h16;
+  assign \$1737  = width > 5'h17;
+  assign \$1738  = ~ { 1'h0, \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725 , \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715  };
+  assign \$1739  = $signed(hold[95:72]) < $signed(\$1738 );
+  assign \$1740  = width > 1'h1;
+  assign \$1741  = width > 2'h2;
+  assign \$1742  = width > 2'h3;
+  assign \$1743  = width > 3'h4;
+  assign \$1744  = width > 3'h5;
+  assign \$1745  = width > 3'h6;
+  assign \$1746  = width > 3'h7;
+  assign \$1747  = width > 4'h8;
+  assign \$1748  = width > 4'h9;
+  assign \$1749  = width > 4'ha;
+  assign \$1750  = width > 4'hb;
+  assign \$1751  = width > 4'hc;
+  assign \$1752  = width > 4'hd;
+  assign \$1753  = width > 4'he;
+  assign \$1754  = width > 4'hf;
+  assign \$1755  = width > 5'h10;
+  assign \$1756  = width > 5'h11;
+  assign \$1757  = width > 5'h12;
+  assign \$1758  = width > 5'h13;
+  assign \$1759  = width > 5'h14;
+  assign \$1760  = width > 5'h15;
+  assign \$1761  = width > 5'h16;
+  assign \$1762  = width > 5'h17;
+  assign \$1763  = ~ { 1'h0, \$1762 , \$1761 , \$1760 , \$1759 , \$1758 , \$1757 , \$1756 , \$1755 , \$1754 , \$1753 , \$1752 , \$1751 , \$1750 , \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740  };
+  assign \$1764  = \$1739  ? \$1763  : hold[95:72];
+  assign \$1765  = \$1691  ? { 1'h0, \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692  } : \$1764 ;
+  assign \$1767  = \$signal$49  > 1'h1;
+  assign \$1768  = \$signal$49  > 2'h2;
+  assign \$1769  = \$signal$49  > 2'h3;
+  assign \$1771  = ins[47:35] + \$1770 ;
+  assign \$1773  = ins[47:35] + \$1772 ;
+  assign \$1774  = \$1773  + 1'h1;
+  assign \$1777  = ins[60:48] + el;
+  assign \$1778  = el >= results;
+  assign \$1779  = ! fsm_state;
+  assign \$1780  = fsm_state == 1'h1;
+  assign \$1781  = fsm_state == 2'h2;
+  assign \$1782  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$1771 ;
+    beat <= \$1783 ;
   always @(posedge clk)
-    h_valid <= \$1772 ;
+    h_valid <= \$1784 ;
   always @(posedge clk)
-    \$signal$10  <= \$1773 ;
+    \$signal$10  <= \$1785 ;
   always @(posedge clk)
-    \$signal  <= \$1774 ;
+    \$signal  <= \$1786 ;
   always @(posedge clk)
-    rem0 <= \$1775 ;
+    rem0 <= \$1787 ;
   always @(posedge clk)
-    \$signal$17  <= \$1776 ;
+    \$signal$17  <= \$1788 ;
   always @(posedge clk)
-    \$signal$19  <= \$1777 ;
+    \$signal$19  <= \$1789 ;
   always @(posedge clk)
-    rem1 <= \$1778 ;
+    rem1 <= \$1790 ;
   always @(posedge clk)
-    \$signal$22  <= \$1779 ;
+    \$signal$22  <= \$1791 ;
   always @(posedge clk)
-    \$signal$24  <= \$1780 ;
+    \$signal$24  <= \$1792 ;
   always @(posedge clk)
-    rem2 <= \$1781 ;
+    rem2 <= \$1793 ;
   always @(posedge clk)
-    \$signal$28  <= \$1782 ;
+    \$signal$28  <= \$1794 ;
   always @(posedge clk)
-    \$signal$30  <= \$1783 ;
+    \$signal$30  <= \$1795 ;
   always @(posedge clk)
-    issuing <= \$1784 ;
+    issuing <= \$1796 ;
   always @(posedge clk)
-    q_read <= \$1785 ;
+    q_read <= \$1797 ;
   always @(posedge clk)
-    q_pend <= \$1786 ;
+    q_pend <= \$1798 ;
   always @(posedge clk)
-    \$signal$42  <= \$1787 ;
+    \$signal$42  <= \$1799 ;
   always @(posedge clk)
-    q_k <= \$1788 ;
+    q_k <= \$1800 ;
   always @(posedge clk)
-    \$signal$43  <= \$1789 ;
+    \$signal$43  <= \$1801 ;
   always @(posedge clk)
-    wvalid <= \$1790 ;
+    wvalid <= \$1802 ;
   always @(posedge clk)
-    pack <= \$1791 ;
+    pack <= \$1803 ;
   always @(posedge clk)
-    el <= \$1792 ;
+    el <= \$1804 ;
   always @(posedge clk)
-    \$signal$50  <= \$1793 ;
+    \$signal$50  <= \$1805 ;
   always @(posedge clk)
-    hold_valid <= \$1794 ;
+    hold_valid <= \$1806 ;
   always @(posedge clk)
-    hold <= \$1795 ;
+    hold <= \$1807 ;
   always @(posedge clk)
-    \$signal$32  <= \$1796 ;
+    \$signal$32  <= \$1808 ;
   always @(posedge clk)
-    is_sigmoid <= \$1797 ;
+    is_sigmoid <= \$1809 ;
   always @(posedge clk)
-    \$signal$34  <= \$1798 ;
+    \$signal$34  <= \$1810 ;
   always @(posedge clk)
-    \$signal$58  <= \$1799 ;
+    \$signal$58  <= \$1811 ;
   always @(posedge clk)
-    \$signal$35  <= \$1800 ;
+    \$signal$59  <= \$1812 ;
   always @(posedge clk)
-    low <= \$1801 ;
+    \$signal$35  <= \$1813 ;
   always @(posedge clk)
-    results <= \$1802 ;
+    low <= \$1814 ;
   always @(posedge clk)
-    vec_op <= \$1803 ;
+    results <= \$1815 ;
   always @(posedge clk)
-    width <= \$1804 ;
+    vec_op <= \$1816 ;
   always @(posedge clk)
-    mult <= \$1805 ;
+    width <= \$1817 ;
   always @(posedge clk)
-    shift <= \$1806 ;
+    mult <= \$1818 ;
   always @(posedge clk)
-    cnt0 <= \$1807 ;
+    shift <= \$1819 ;
   always @(posedge clk)
-    cnt1 <= \$1808 ;
+    cnt0 <= \$1820 ;
   always @(posedge clk)
-    sa0 <= \$1809 ;
+    cnt1 <= \$1821 ;
   always @(posedge clk)
-    sa1 <= \$1810 ;
+    sa0 <= \$1822 ;
   always @(posedge clk)
-    sa2 <= \$1811 ;
+    sa1 <= \$1823 ;
   always @(posedge clk)
-    sb0 <= \$1812 ;
+    sa2 <= \$1824 ;
   always @(posedge clk)
-    sb1 <= \$1813 ;
+    sb0 <= \$1825 ;
   always @(posedge clk)
-    sb2 <= \$1814 ;
+    sb1 <= \$1826 ;
   always @(posedge clk)
-    fsm_state <= \$1815 ;
+    sb2 <= \$1827 ;
+  always @(posedge clk)
+    fsm_state <= \$1828 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -9422,21 +9454,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$97 ),
+    .advance(\i__ready$98 ),
     .clk(clk),
-    .i__payload(\i__payload$78 ),
-    .i__valid(\i__valid$96 ),
-    .o__payload(\o__payload$99 ),
-    .o__valid(\o__valid$98 ),
+    .i__payload(\i__payload$79 ),
+    .i__valid(\i__valid$97 ),
+    .o__payload(\o__payload$100 ),
+    .o__valid(\o__valid$99 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6029$0 (spad__rd1__data),
-    .\port$7584$0 (\$signal ),
-    .\port$7975$0 (spad__rd0__lanes[31:0]),
+    .\port$6052$0 (spad__rd1__data),
+    .\port$7607$0 (\$signal ),
+    .\port$8000$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9446,12 +9478,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$79 ),
-    .i__ready(\i__ready$101 ),
-    .i__valid(\i__valid$100 ),
+    .i__payload(\i__payload$80 ),
+    .i__ready(\i__ready$102 ),
+    .i__valid(\i__valid$101 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$103 ),
-    .o__valid(\o__valid$102 ),
+    .o__payload(\o__payload$104 ),
+    .o__valid(\o__valid$103 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -9517,528 +9549,75 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     (* full_case = 32'd1 *)
     casez (\$signal$50 )
       2'h0:
-          \$572  = \$277 ;
+          \$584  = \$289 ;
       2'h1:
-          \$572  = \$375 ;
+          \$584  = \$387 ;
       2'h2:
-          \$572  = \$473 ;
+          \$584  = \$485 ;
       2'h3:
-          \$572  = \$571 ;
+          \$584  = \$583 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$966  = 24'h000000;
-    casez (\$573 )
+    \$978  = 24'h000000;
+    casez (\$585 )
       3'h0:
-          \$966  = \$671 ;
+          \$978  = \$683 ;
       3'h1:
-          \$966  = \$769 ;
+          \$978  = \$781 ;
       3'h2:
-          \$966  = \$867 ;
+          \$978  = \$879 ;
       3'h3:
-          \$966  = \$965 ;
+          \$978  = \$977 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1360  = 24'h000000;
-    casez (\$967 )
+    \$1372  = 24'h000000;
+    casez (\$979 )
       3'h0:
-          \$1360  = \$1065 ;
+          \$1372  = \$1077 ;
       3'h1:
-          \$1360  = \$1163 ;
+          \$1372  = \$1175 ;
       3'h2:
-          \$1360  = \$1261 ;
+          \$1372  = \$1273 ;
       3'h3:
-          \$1360  = \$1359 ;
+          \$1372  = \$1371 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1754  = 24'h000000;
-    casez (\$1361 )
+    \$1766  = 24'h000000;
+    casez (\$1373 )
       3'h0:
-          \$1754  = \$1459 ;
+          \$1766  = \$1471 ;
       3'h1:
-          \$1754  = \$1557 ;
+          \$1766  = \$1569 ;
       3'h2:
-          \$1754  = \$1655 ;
+          \$1766  = \$1667 ;
       3'h3:
-          \$1754  = \$1753 ;
+          \$1766  = \$1765 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1771  = beat;
+    \$1783  = beat;
     if (\$2 ) begin
-      \$1771  = \$3 ;
+      \$1783  = \$3 ;
     end
     if (unit_rst) begin
-      \$1771  = 65'h00000000000000000;
+      \$1783  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$1771  = 65'h00000000000000000;
+      \$1783  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1772  = h_valid;
+    \$1784  = h_valid;
     if (\$2 ) begin
-      \$1772  = \$4 ;
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1772  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1772  = 1'h0;
-              6'h0c:
-                  \$1772  = 1'h0;
-              6'h0d:
-                  \$1772  = 1'h0;
-              6'h13:
-                  \$1772  = 1'h0;
-              6'h0f:
-                  \$1772  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1772  = 1'h0;
-    end
-    if (rst) begin
-      \$1772  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1773  = \$signal$10 ;
-    if (run) begin
-      \$1773  = \$10 ;
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1773  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1773  = 1'h0;
-              6'h0c:
-                  \$1773  = 1'h0;
-              6'h0d:
-                  \$1773  = 1'h0;
-              6'h13:
-                  \$1773  = 1'h0;
-              6'h0f:
-                  \$1773  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1773  = 1'h0;
-    end
-    if (rst) begin
-      \$1773  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1774  = \$signal ;
-    if (run) begin
-      \$1774  = \$11 ;
-    end
-    if (unit_rst) begin
-      \$1774  = 1'h0;
-    end
-    if (rst) begin
-      \$1774  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1775  = rem0;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-          \$1775  = \$20 [13:0];
-        end else if (\$19 ) begin
-          \$1775  = cnt0;
-        end else begin
-          \$1775  = cnt0;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1775  = ins[122:109];
-              6'h06, 6'h07, 6'h05:
-                  \$1775  = ins[122:109];
-              6'h0c:
-                  \$1775  = ins[106:93];
-              6'h0d:
-                  \$1775  = ins[90:77];
-              6'h13:
-                  \$1775  = ins[90:77];
-              6'h0f:
-                  \$1775  = ins[122:109];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1775  = 14'h0000;
-    end
-    if (rst) begin
-      \$1775  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1776  = \$signal$17 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-          \$1776  = \$21 [12:0];
-        end else if (\$19 ) begin
-          \$1776  = \$25 [12:0];
-        end else begin
-          \$1776  = \$31 [12:0];
-        end
-      end
-    end
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1776  = \$51 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1776  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1776  = ins[34:22];
-              6'h0c:
-                  \$1776  = ins[34:22];
-              6'h0d:
-                  \$1776  = ins[34:22];
-              6'h13:
-                  \$1776  = ins[34:22];
-              6'h0f:
-                  \$1776  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1776  = 13'h0000;
-    end
-    if (rst) begin
-      \$1776  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1777  = \$signal$19 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-          \$1777  = \$22 [12:0];
-        end else if (\$19 ) begin
-          \$1777  = \$27 [12:0];
-        end else begin
-          \$1777  = \$34 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1777  = ins[47:35];
-              6'h06, 6'h07, 6'h05:
-                  \$1777  = ins[47:35];
-              6'h0c:
-                  \$1777  = ins[47:35];
-              6'h0d:
-                  \$1777  = ins[47:35];
-              6'h13:
-                  \$1777  = ins[47:35];
-              6'h0f:
-                  \$1777  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1777  = 13'h0000;
-    end
-    if (rst) begin
-      \$1777  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1778  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1778  = \$23 [13:0];
-        end else begin
-          \$1778  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1778  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1778  = 14'h0001;
-              6'h0c:
-                  \$1778  = ins[90:77];
-              6'h0d:
-                  \$1778  = 14'h0002;
-              6'h13:
-                  \$1778  = 14'h0001;
-              6'h0f:
-                  \$1778  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1778  = 14'h0000;
-    end
-    if (rst) begin
-      \$1778  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1779  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1779  = \$24 [12:0];
-        end else begin
-          \$1779  = \$30 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1779  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1779  = ins[34:22];
-              6'h0c:
-                  \$1779  = ins[34:22];
-              6'h0d:
-                  \$1779  = ins[34:22];
-              6'h13:
-                  \$1779  = ins[34:22];
-              6'h0f:
-                  \$1779  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1779  = 13'h0000;
-    end
-    if (rst) begin
-      \$1779  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1780  = \$signal$24 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1780  = \$26 [12:0];
-        end else begin
-          \$1780  = \$33 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1780  = ins[47:35];
-              6'h06, 6'h07, 6'h05:
-                  \$1780  = ins[47:35];
-              6'h0c:
-                  \$1780  = ins[47:35];
-              6'h0d:
-                  \$1780  = ins[47:35];
-              6'h13:
-                  \$1780  = ins[47:35];
-              6'h0f:
-                  \$1780  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1780  = 13'h0000;
-    end
-    if (rst) begin
-      \$1780  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1781  = rem2;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$1781  = \$28 [13:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1781  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1781  = 14'h0001;
-              6'h0c:
-                  \$1781  = ins[74:61];
-              6'h0d:
-                  \$1781  = ins[74:61];
-              6'h13:
-                  \$1781  = ins[74:61];
-              6'h0f:
-                  \$1781  = 14'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1781  = 14'h0000;
-    end
-    if (rst) begin
-      \$1781  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1782  = \$signal$28 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$1782  = \$29 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1782  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1782  = ins[34:22];
-              6'h0c:
-                  \$1782  = ins[34:22];
-              6'h0d:
-                  \$1782  = ins[34:22];
-              6'h13:
-                  \$1782  = ins[34:22];
-              6'h0f:
-                  \$1782  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1782  = 13'h0000;
-    end
-    if (rst) begin
-      \$1782  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1783  = \$signal$30 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$1783  = \$32 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1783  = ins[47:35];
-              6'h06, 6'h07, 6'h05:
-                  \$1783  = ins[47:35];
-              6'h0c:
-                  \$1783  = ins[47:35];
-              6'h0d:
-                  \$1783  = ins[47:35];
-              6'h13:
-                  \$1783  = ins[47:35];
-              6'h0f:
-                  \$1783  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1783  = 13'h0000;
-    end
-    if (rst) begin
-      \$1783  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1784  = issuing;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          if (\$36 ) begin
-            \$1784  = 1'h0;
-          end
-        end
-      end
+      \$1784  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
@@ -10047,15 +9626,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h04:
                   \$1784  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1784  = 1'h1;
+                  \$1784  = 1'h0;
               6'h0c:
-                  \$1784  = 1'h1;
+                  \$1784  = 1'h0;
               6'h0d:
-                  \$1784  = 1'h1;
+                  \$1784  = 1'h0;
               6'h13:
-                  \$1784  = 1'h1;
+                  \$1784  = 1'h0;
               6'h0f:
-                  \$1784  = 1'h1;
+                  \$1784  = 1'h0;
             endcase
           end
     endcase
@@ -10068,170 +9647,623 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1785  = q_read;
+    \$1785  = \$signal$10 ;
     if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1785  = \$52 [13:0];
+      \$1785  = \$10 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1785  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1785  = 1'h0;
+              6'h0c:
+                  \$1785  = 1'h0;
+              6'h0d:
+                  \$1785  = 1'h0;
+              6'h13:
+                  \$1785  = 1'h0;
+              6'h0f:
+                  \$1785  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1785  = 1'h0;
+    end
+    if (rst) begin
+      \$1785  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1786  = \$signal ;
+    if (run) begin
+      \$1786  = \$11 ;
+    end
+    if (unit_rst) begin
+      \$1786  = 1'h0;
+    end
+    if (rst) begin
+      \$1786  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1787  = rem0;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$1787  = \$20 [13:0];
+        end else if (\$19 ) begin
+          \$1787  = cnt0;
+        end else begin
+          \$1787  = cnt0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1785  = 14'h0000;
+            casez (ins[5:0])
+              6'h04:
+                  \$1787  = ins[122:109];
+              6'h06, 6'h07, 6'h05:
+                  \$1787  = ins[122:109];
+              6'h0c:
+                  \$1787  = ins[106:93];
+              6'h0d:
+                  \$1787  = ins[90:77];
+              6'h13:
+                  \$1787  = ins[90:77];
+              6'h0f:
+                  \$1787  = ins[122:109];
+            endcase
           end
     endcase
     if (unit_rst) begin
-      \$1785  = 14'h0000;
+      \$1787  = 14'h0000;
     end
     if (rst) begin
-      \$1785  = 14'h0000;
+      \$1787  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1786  = q_pend;
+    \$1788  = \$signal$17 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$1788  = \$21 [12:0];
+        end else if (\$19 ) begin
+          \$1788  = \$25 [12:0];
+        end else begin
+          \$1788  = \$31 [12:0];
+        end
+      end
+    end
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1786  = 1'h1;
+          \$1788  = \$51 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1788  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1788  = ins[34:22];
+              6'h0c:
+                  \$1788  = ins[34:22];
+              6'h0d:
+                  \$1788  = ins[34:22];
+              6'h13:
+                  \$1788  = ins[34:22];
+              6'h0f:
+                  \$1788  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1788  = 13'h0000;
+    end
+    if (rst) begin
+      \$1788  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1789  = \$signal$19 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+          \$1789  = \$22 [12:0];
+        end else if (\$19 ) begin
+          \$1789  = \$27 [12:0];
+        end else begin
+          \$1789  = \$34 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1789  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1789  = ins[47:35];
+              6'h0c:
+                  \$1789  = ins[47:35];
+              6'h0d:
+                  \$1789  = ins[47:35];
+              6'h13:
+                  \$1789  = ins[47:35];
+              6'h0f:
+                  \$1789  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1789  = 13'h0000;
+    end
+    if (rst) begin
+      \$1789  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1790  = rem1;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$1790  = \$23 [13:0];
+        end else begin
+          \$1790  = cnt1;
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1790  = 14'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1790  = 14'h0001;
+              6'h0c:
+                  \$1790  = ins[90:77];
+              6'h0d:
+                  \$1790  = 14'h0002;
+              6'h13:
+                  \$1790  = 14'h0001;
+              6'h0f:
+                  \$1790  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1790  = 14'h0000;
+    end
+    if (rst) begin
+      \$1790  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1791  = \$signal$22 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$1791  = \$24 [12:0];
+        end else begin
+          \$1791  = \$30 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1791  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1791  = ins[34:22];
+              6'h0c:
+                  \$1791  = ins[34:22];
+              6'h0d:
+                  \$1791  = ins[34:22];
+              6'h13:
+                  \$1791  = ins[34:22];
+              6'h0f:
+                  \$1791  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1791  = 13'h0000;
+    end
+    if (rst) begin
+      \$1791  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1792  = \$signal$24 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$1792  = \$26 [12:0];
+        end else begin
+          \$1792  = \$33 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1792  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1792  = ins[47:35];
+              6'h0c:
+                  \$1792  = ins[47:35];
+              6'h0d:
+                  \$1792  = ins[47:35];
+              6'h13:
+                  \$1792  = ins[47:35];
+              6'h0f:
+                  \$1792  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1792  = 13'h0000;
+    end
+    if (rst) begin
+      \$1792  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1793  = rem2;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1793  = \$28 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1793  = 14'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1793  = 14'h0001;
+              6'h0c:
+                  \$1793  = ins[74:61];
+              6'h0d:
+                  \$1793  = ins[74:61];
+              6'h13:
+                  \$1793  = ins[74:61];
+              6'h0f:
+                  \$1793  = 14'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1793  = 14'h0000;
+    end
+    if (rst) begin
+      \$1793  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1794  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1794  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1794  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1794  = ins[34:22];
+              6'h0c:
+                  \$1794  = ins[34:22];
+              6'h0d:
+                  \$1794  = ins[34:22];
+              6'h13:
+                  \$1794  = ins[34:22];
+              6'h0f:
+                  \$1794  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1794  = 13'h0000;
+    end
+    if (rst) begin
+      \$1794  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1795  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1795  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1795  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1795  = ins[47:35];
+              6'h0c:
+                  \$1795  = ins[47:35];
+              6'h0d:
+                  \$1795  = ins[47:35];
+              6'h13:
+                  \$1795  = ins[47:35];
+              6'h0f:
+                  \$1795  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1795  = 13'h0000;
+    end
+    if (rst) begin
+      \$1795  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1796  = issuing;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          if (\$36 ) begin
+            \$1796  = 1'h0;
+          end
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1796  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1796  = 1'h1;
+              6'h0c:
+                  \$1796  = 1'h1;
+              6'h0d:
+                  \$1796  = 1'h1;
+              6'h13:
+                  \$1796  = 1'h1;
+              6'h0f:
+                  \$1796  = 1'h1;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1796  = 1'h0;
+    end
+    if (rst) begin
+      \$1796  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1797  = q_read;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1797  = \$52 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1797  = 14'h0000;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1797  = 14'h0000;
+    end
+    if (rst) begin
+      \$1797  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1798  = q_pend;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1798  = 1'h1;
         end else if (\$50 ) begin
-          \$1786  = 1'h0;
+          \$1798  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1786  = 1'h0;
+            \$1798  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1786  = 1'h0;
+      \$1798  = 1'h0;
     end
     if (rst) begin
-      \$1786  = 1'h0;
+      \$1798  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1787  = \$signal$42 ;
+    \$1799  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1787  = \$signal$43 ;
+          \$1799  = \$signal$43 ;
         end
       end
     end
     if (unit_rst) begin
-      \$1787  = 2'h0;
+      \$1799  = 2'h0;
     end
     if (rst) begin
-      \$1787  = 2'h0;
+      \$1799  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1788  = q_k;
+    \$1800  = q_k;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1788  = \$147 [2:0];
+          \$1800  = \$157 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$1788  = 3'h0;
+      \$1800  = 3'h0;
     end
     if (rst) begin
-      \$1788  = 3'h0;
+      \$1800  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1789  = \$signal$43 ;
+    \$1801  = \$signal$43 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1789  = \$56 [1:0];
+          \$1801  = \$56 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1789  = 2'h0;
+            \$1801  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1789  = 2'h0;
+      \$1801  = 2'h0;
     end
     if (rst) begin
-      \$1789  = 2'h0;
+      \$1801  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1790  = wvalid;
+    \$1802  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$57 ) begin
-          \$1790  = 1'h0;
+          \$1802  = 1'h0;
         end
         if (\$61 ) begin
-          \$1790  = \$89 ;
+          \$1802  = \$89 ;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1790  = 1'h0;
+            \$1802  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1790  = 1'h0;
+      \$1802  = 1'h0;
     end
     if (rst) begin
-      \$1790  = 1'h0;
+      \$1802  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1791  = pack;
+    \$1803  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$61 ) begin
           if (\$65 ) begin
-            \$1791 [23:0] = \$67 ;
+            \$1803 [23:0] = \$67 ;
           end
           if (\$71 ) begin
-            \$1791 [47:24] = \$73 ;
+            \$1803 [47:24] = \$73 ;
           end
           if (\$77 ) begin
-            \$1791 [71:48] = \$79 ;
+            \$1803 [71:48] = \$79 ;
           end
           if (\$83 ) begin
-            \$1791 [95:72] = \$85 ;
+            \$1803 [95:72] = \$85 ;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$1791  = 96'h000000000000000000000000;
+      \$1803  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1791  = 96'h000000000000000000000000;
+      \$1803  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = el;
+    \$1804  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1792  = \$90 [13:0];
+          \$1804  = \$90 [13:0];
         end
       end
     end
@@ -10241,17 +10273,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
               6'h0c:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
               6'h0d:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
               6'h13:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
               6'h0f:
-                  \$1792  = 14'h0000;
+                  \$1804  = 14'h0000;
             endcase
           end
       2'h1:
@@ -10260,375 +10292,123 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$1792  = \$116 [13:0];
+            \$1804  = \$126 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$1792  = 14'h0000;
+      \$1804  = 14'h0000;
     end
     if (rst) begin
-      \$1792  = 14'h0000;
+      \$1804  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1793  = \$signal$50 ;
+    \$1805  = \$signal$50 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1793  = \$92 [1:0];
+          \$1805  = \$92 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1793  = 2'h0;
+            \$1805  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1793  = 2'h0;
+      \$1805  = 2'h0;
     end
     if (rst) begin
-      \$1793  = 2'h0;
+      \$1805  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = hold_valid;
+    \$1806  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$signal$51 ) begin
-            \$1794  = 1'h0;
+            \$1806  = 1'h0;
           end
         end
         if (\$93 ) begin
-          \$1794  = 1'h1;
+          \$1806  = 1'h1;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1794  = 1'h0;
+            \$1806  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1794  = 1'h0;
+      \$1806  = 1'h0;
     end
     if (rst) begin
-      \$1794  = 1'h0;
+      \$1806  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1795  = hold;
+    \$1807  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$93 ) begin
-          \$1795  = rq__o__payload;
+          \$1807  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$1795  = 96'h000000000000000000000000;
+      \$1807  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1795  = 96'h000000000000000000000000;
+      \$1807  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1796  = \$signal$32 ;
+    \$1808  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1796  = \$94 ;
+            \$1808  = \$94 ;
           end
     endcase
     if (unit_rst) begin
-      \$1796  = 1'h0;
+      \$1808  = 1'h0;
     end
     if (rst) begin
-      \$1796  = 1'h0;
+      \$1808  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1797  = is_sigmoid;
+    \$1809  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1797  = \$95 ;
+            \$1809  = \$95 ;
           end
     endcase
     if (unit_rst) begin
-      \$1797  = 1'h0;
+      \$1809  = 1'h0;
     end
     if (rst) begin
-      \$1797  = 1'h0;
+      \$1809  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1798  = \$signal$34 ;
+    \$1810  = \$signal$34 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1798  = \$96 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1798  = 1'h0;
-    end
-    if (rst) begin
-      \$1798  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1799  = \$signal$58 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1799  = \$98 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1799  = 1'h0;
-    end
-    if (rst) begin
-      \$1799  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1800  = \$signal$35 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1800  = \$100 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1800  = 1'h0;
-    end
-    if (rst) begin
-      \$1800  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1801  = low;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1801  = 1'h0;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1801  = 1'h0;
-    end
-    if (rst) begin
-      \$1801  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1802  = results;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1802  = \$104 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1802  = 15'h0000;
-    end
-    if (rst) begin
-      \$1802  = 15'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1803  = vec_op;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1803  = \$108 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1803  = 2'h0;
-    end
-    if (rst) begin
-      \$1803  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1804  = width;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1804  = ins[21:16];
-          end
-    endcase
-    if (unit_rst) begin
-      \$1804  = 6'h00;
-    end
-    if (rst) begin
-      \$1804  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1805  = mult;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1805  = ins[152:137];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$1805  = spad__rd0__lanes[15:0];
-    endcase
-    if (unit_rst) begin
-      \$1805  = 16'h0000;
-    end
-    if (rst) begin
-      \$1805  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1806  = shift;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1806  = ins[174:169];
-          end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$1806  = spad__rd1__data[5:0];
-    endcase
-    if (unit_rst) begin
-      \$1806  = 6'h00;
-    end
-    if (rst) begin
-      \$1806  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1807  = cnt0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1807  = ins[122:109];
-              6'h06, 6'h07, 6'h05:
-                  \$1807  = ins[122:109];
-              6'h0c:
-                  \$1807  = ins[106:93];
-              6'h0d:
-                  \$1807  = ins[90:77];
-              6'h13:
-                  \$1807  = ins[90:77];
-              6'h0f:
-                  \$1807  = ins[122:109];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1807  = 14'h0000;
-    end
-    if (rst) begin
-      \$1807  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1808  = cnt1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1808  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1808  = 14'h0001;
-              6'h0c:
-                  \$1808  = ins[90:77];
-              6'h0d:
-                  \$1808  = 14'h0002;
-              6'h13:
-                  \$1808  = 14'h0001;
-              6'h0f:
-                  \$1808  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1808  = 14'h0000;
-    end
-    if (rst) begin
-      \$1808  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1809  = sa0;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1809  = 13'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1809  = 13'h0001;
-              6'h0c:
-                  \$1809  = ins[89:77];
-              6'h0d:
-                  \$1809  = 13'h0001;
-              6'h13:
-                  \$1809  = 13'h0001;
-              6'h0f:
-                  \$1809  = 13'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1809  = 13'h0000;
-    end
-    if (rst) begin
-      \$1809  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1810  = sa1;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1810  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1810  = 1'h0;
-              6'h0c:
-                  \$1810  = 1'h1;
-              6'h0d:
-                  \$1810  = 1'h0;
-              6'h13:
-                  \$1810  = 1'h0;
-              6'h0f:
-                  \$1810  = 1'h0;
-            endcase
+            \$1810  = \$96 ;
           end
     endcase
     if (unit_rst) begin
@@ -10640,53 +10420,27 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1811  = sa2;
+    \$1811  = \$signal$58 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1811  = 13'h0000;
-              6'h06, 6'h07, 6'h05:
-                  \$1811  = 13'h0000;
-              6'h0c:
-                  \$1811  = ins[135:123];
-              6'h0d:
-                  \$1811  = ins[89:77];
-              6'h13:
-                  \$1811  = ins[89:77];
-              6'h0f:
-                  \$1811  = 13'h0000;
-            endcase
+            \$1811  = \$98 ;
           end
     endcase
     if (unit_rst) begin
-      \$1811  = 13'h0000;
+      \$1811  = 1'h0;
     end
     if (rst) begin
-      \$1811  = 13'h0000;
+      \$1811  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1812  = sb0;
+    \$1812  = \$signal$59 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1812  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1812  = 1'h1;
-              6'h0c:
-                  \$1812  = 1'h1;
-              6'h0d:
-                  \$1812  = 1'h0;
-              6'h13:
-                  \$1812  = 1'h0;
-              6'h0f:
-                  \$1812  = 1'h0;
-            endcase
+            \$1812  = \$100 ;
           end
     endcase
     if (unit_rst) begin
@@ -10698,24 +10452,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1813  = sb1;
+    \$1813  = \$signal$35 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1813  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1813  = 1'h0;
-              6'h0c:
-                  \$1813  = 1'h0;
-              6'h0d:
-                  \$1813  = 1'h0;
-              6'h13:
-                  \$1813  = 1'h0;
-              6'h0f:
-                  \$1813  = 1'h0;
-            endcase
+            \$1813  = \$102 ;
           end
     endcase
     if (unit_rst) begin
@@ -10727,64 +10468,371 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1814  = sb2;
+    \$1814  = low;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1814  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1814  = 1'h0;
+    end
+    if (rst) begin
+      \$1814  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1815  = results;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1815  = \$111 [14:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1815  = 15'h0000;
+    end
+    if (rst) begin
+      \$1815  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1816  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1816  = \$118 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1816  = 2'h0;
+    end
+    if (rst) begin
+      \$1816  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1817  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1817  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1817  = 6'h00;
+    end
+    if (rst) begin
+      \$1817  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1818  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1818  = ins[152:137];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1818  = spad__rd0__lanes[15:0];
+    endcase
+    if (unit_rst) begin
+      \$1818  = 16'h0000;
+    end
+    if (rst) begin
+      \$1818  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1819  = shift;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1819  = ins[174:169];
+          end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1819  = spad__rd1__data[5:0];
+    endcase
+    if (unit_rst) begin
+      \$1819  = 6'h00;
+    end
+    if (rst) begin
+      \$1819  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1820  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1814  = 13'h0000;
+                  \$1820  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1814  = 13'h0000;
+                  \$1820  = ins[122:109];
               6'h0c:
-                  \$1814  = ins[105:93];
+                  \$1820  = ins[106:93];
               6'h0d:
-                  \$1814  = 13'h0000;
+                  \$1820  = ins[90:77];
               6'h13:
-                  \$1814  = 13'h0000;
+                  \$1820  = ins[90:77];
               6'h0f:
-                  \$1814  = 13'h0000;
+                  \$1820  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1814  = 13'h0000;
+      \$1820  = 14'h0000;
     end
     if (rst) begin
-      \$1814  = 13'h0000;
+      \$1820  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1815  = fsm_state;
+    \$1821  = cnt1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1821  = 14'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1821  = 14'h0001;
+              6'h0c:
+                  \$1821  = ins[90:77];
+              6'h0d:
+                  \$1821  = 14'h0002;
+              6'h13:
+                  \$1821  = 14'h0001;
+              6'h0f:
+                  \$1821  = 14'h0002;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1821  = 14'h0000;
+    end
+    if (rst) begin
+      \$1821  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1822  = sa0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1822  = 13'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1822  = 13'h0001;
+              6'h0c:
+                  \$1822  = ins[89:77];
+              6'h0d:
+                  \$1822  = 13'h0001;
+              6'h13:
+                  \$1822  = 13'h0001;
+              6'h0f:
+                  \$1822  = 13'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1822  = 13'h0000;
+    end
+    if (rst) begin
+      \$1822  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1823  = sa1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1823  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1823  = 1'h0;
+              6'h0c:
+                  \$1823  = 1'h1;
+              6'h0d:
+                  \$1823  = 1'h0;
+              6'h13:
+                  \$1823  = 1'h0;
+              6'h0f:
+                  \$1823  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1823  = 1'h0;
+    end
+    if (rst) begin
+      \$1823  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1824  = sa2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1824  = 13'h0000;
+              6'h06, 6'h07, 6'h05:
+                  \$1824  = 13'h0000;
+              6'h0c:
+                  \$1824  = ins[135:123];
+              6'h0d:
+                  \$1824  = ins[89:77];
+              6'h13:
+                  \$1824  = ins[89:77];
+              6'h0f:
+                  \$1824  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1824  = 13'h0000;
+    end
+    if (rst) begin
+      \$1824  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1825  = sb0;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1825  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1825  = 1'h1;
+              6'h0c:
+                  \$1825  = 1'h1;
+              6'h0d:
+                  \$1825  = 1'h0;
+              6'h13:
+                  \$1825  = 1'h0;
+              6'h0f:
+                  \$1825  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1825  = 1'h0;
+    end
+    if (rst) begin
+      \$1825  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1826  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1826  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1826  = 1'h0;
+              6'h0c:
+                  \$1826  = 1'h0;
+              6'h0d:
+                  \$1826  = 1'h0;
+              6'h13:
+                  \$1826  = 1'h0;
+              6'h0f:
+                  \$1826  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1826  = 1'h0;
+    end
+    if (rst) begin
+      \$1826  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1827  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1827  = 13'h0000;
+              6'h06, 6'h07, 6'h05:
+                  \$1827  = 13'h0000;
+              6'h0c:
+                  \$1827  = ins[105:93];
+              6'h0d:
+                  \$1827  = 13'h0000;
+              6'h13:
+                  \$1827  = 13'h0000;
+              6'h0f:
+                  \$1827  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1827  = 13'h0000;
+    end
+    if (rst) begin
+      \$1827  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1828  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$110 ) begin
-            end else if (\$114 ) begin
-              \$1815  = 2'h1;
+            if (\$120 ) begin
+            end else if (\$124 ) begin
+              \$1828  = 2'h1;
             end else begin
-              \$1815  = 2'h2;
+              \$1828  = 2'h2;
             end
           end
       2'h1:
-          if (\$115 ) begin
-            \$1815  = 2'h3;
+          if (\$125 ) begin
+            \$1828  = 2'h3;
           end
       2'h3:
-          \$1815  = 2'h2;
+          \$1828  = 2'h2;
       2'h2:
-          if (\$117 ) begin
-            \$1815  = 2'h0;
+          if (\$127 ) begin
+            \$1828  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1815  = 2'h0;
+      \$1828  = 2'h0;
     end
     if (rst) begin
-      \$1815  = 2'h0;
+      \$1828  = 2'h0;
     end
   end
   always @* begin
@@ -10802,7 +10850,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$1759 [12:0];
+          spad__rd0__addr = \$1771 [12:0];
     endcase
   end
   always @* begin
@@ -10815,38 +10863,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$1762 [12:0];
+          spad__rd1__addr = \$1774 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$129 ;
+      spad__rd0__en = \$139 ;
     end
     if (run) begin
       if (\$signal$32 ) begin
-        spad__rd0__en = \$159 ;
+        spad__rd0__en = \$171 ;
       end
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__en = \$1763 ;
+          spad__rd0__en = \$1775 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$135 ;
+      spad__rd1__en = \$145 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__en = \$1764 ;
+          spad__rd1__en = \$1776 ;
     endcase
   end
   always @* begin
@@ -10863,7 +10911,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$49  = 3'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$49  = \$171 [2:0];
+        \$signal$49  = \$183 [2:0];
       end
     end
   end
@@ -10872,7 +10920,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$51  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$51  = \$176 ;
+        \$signal$51  = \$188 ;
       end
     end
   end
@@ -10881,7 +10929,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$178 ;
+        rq__o__ready = \$190 ;
       end
     end
   end
@@ -10891,7 +10939,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__addr = \$179 [12:0];
+          spad__wr__addr = \$191 [12:0];
         end
       end
     end
@@ -10905,7 +10953,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$1765 [12:0];
+            spad__wr__addr = \$1777 [12:0];
           end
     endcase
   end
@@ -10915,7 +10963,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__data = { \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572 [23], \$572  };
+          spad__wr__data = { \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584  };
         end
       end
     end
@@ -10963,9 +11011,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper[31:0] = { \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966 [23], \$966  };
-          spad__wr__upper[63:32] = { \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360 [23], \$1360  };
-          spad__wr__upper[95:64] = { \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754 [23], \$1754  };
+          spad__wr__upper[31:0] = { \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978  };
+          spad__wr__upper[63:32] = { \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372  };
+          spad__wr__upper[95:64] = { \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766  };
         end
       end
     end
@@ -10976,9 +11024,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper_en[0] = \$1755 ;
-          spad__wr__upper_en[1] = \$1756 ;
-          spad__wr__upper_en[2] = \$1757 ;
+          spad__wr__upper_en[0] = \$1767 ;
+          spad__wr__upper_en[1] = \$1768 ;
+          spad__wr__upper_en[2] = \$1769 ;
         end
       end
     end
@@ -11002,10 +11050,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         unit_ready = i__ready;
       end else if (\$signal$34 ) begin
-        unit_ready = \i__ready$97 ;
+        unit_ready = \i__ready$98 ;
       end else if (\$signal$35 ) begin
       end else begin
-        unit_ready = \i__ready$101 ;
+        unit_ready = \i__ready$102 ;
       end
     end
   end
@@ -11018,10 +11066,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_valid = o__valid;
       end else if (\$signal$34 ) begin
-        out_valid = \o__valid$98 ;
+        out_valid = \o__valid$99 ;
       end else if (\$signal$35 ) begin
       end else begin
-        out_valid = \o__valid$102 ;
+        out_valid = \o__valid$103 ;
       end
     end
   end
@@ -11034,27 +11082,27 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (\$signal$34 ) begin
-        out_data = { \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99 [15], \o__payload$99  };
+        out_data = { \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100  };
       end else if (\$signal$35 ) begin
       end else begin
-        out_data = { \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103 [15], \o__payload$103  };
+        out_data = { \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104  };
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$96  = 1'h0;
+    \i__valid$97  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
       end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
-        \i__valid$96  = h_valid;
+        \i__valid$97  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$100  = 1'h0;
+    \i__valid$101  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
@@ -11062,7 +11110,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (\$signal$34 ) begin
       end else if (\$signal$35 ) begin
       end else begin
-        \i__valid$100  = h_valid;
+        \i__valid$101  = h_valid;
       end
     end
   end
@@ -11093,7 +11141,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1766 ) begin
+          if (\$1778 ) begin
             done = 1'h1;
           end
     endcase
@@ -11110,14 +11158,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1766 ) begin
+          if (\$1778 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign \$signal$41  = \$147 [2:0];
+  assign \$signal$41  = \$157 [2:0];
   assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
@@ -11126,8 +11174,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$83  = 1'h1;
   assign \o__ready$84  = 1'h1;
+  assign \o__ready$85  = 1'h1;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
@@ -11168,22 +11216,22 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$78[0]  = \i__payload$78 ;
-  assign \i__payload$78[0].g  = \i__payload$78 [15:0];
-  assign \i__payload$78[0].u  = \i__payload$78 [31:16];
-  assign \i__payload$79.a  = \i__payload$79 [15:0];
-  assign \i__payload$79.b  = \i__payload$79 [32:16];
-  assign \i__payload$79.last  = \i__payload$79 [33];
+  assign \i__payload$79[0]  = \i__payload$79 ;
+  assign \i__payload$79[0].g  = \i__payload$79 [15:0];
+  assign \i__payload$79[0].u  = \i__payload$79 [31:16];
+  assign \i__payload$80.a  = \i__payload$80 [15:0];
+  assign \i__payload$80.b  = \i__payload$80 [32:16];
+  assign \i__payload$80.last  = \i__payload$80 [33];
   assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
   assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
   assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$99[0]  = \o__payload$99 ;
-  assign \i__payload$79 [33] = beat[64];
-  assign \i__payload$79 [32:16] = \$149 ;
+  assign \o__payload$100[0]  = \o__payload$100 ;
+  assign \i__payload$80 [33] = beat[64];
+  assign \i__payload$80 [32:16] = \$161 ;
+  assign \i__payload$80 [15:0] = beat[15:0];
+  assign \i__payload$79 [31:16] = beat[47:32];
   assign \i__payload$79 [15:0] = beat[15:0];
-  assign \i__payload$78 [31:16] = beat[47:32];
-  assign \i__payload$78 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
@@ -11193,23 +11241,28 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$98  = 1'h0;
   assign \$100  = 1'h0;
   assign \$102  = 1'h0;
-  assign \$103  = { ins[122:109], 1'h0 };
-  assign \$104  = { 1'h0, ins[122:109] };
-  assign \$110  = 1'h0;
-  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
-  assign \$112 [2] = ins[8];
-  assign \$115  = 1'h1;
-  assign \$124  = 1'h1;
-  assign \$125  = issuing;
-  assign \$130  = 1'h1;
-  assign \$131  = issuing;
-  assign \$151  = 1'h1;
-  assign \$152  = \$150 ;
-  assign \$1758  = { ins[190:175], 1'h0 };
-  assign \$1760  = { ins[190:175], 1'h0 };
-  assign \$1763  = 1'h1;
-  assign \$1764  = 1'h1;
-  assign \$113  = ins[8];
+  assign \$104  = 1'h0;
+  assign \$105  = { ins[122:109], 1'h0 };
+  assign \$107  = 1'h0;
+  assign \$110  = { 4'h0, ins[122:109] };
+  assign \$111  = \$110 ;
+  assign \$115  = 1'h0;
+  assign \$116  = \$113 ;
+  assign \$120  = 1'h0;
+  assign { \$122 [9:3], \$122 [1:0] } = 9'h000;
+  assign \$122 [2] = ins[8];
+  assign \$125  = 1'h1;
+  assign \$134  = 1'h1;
+  assign \$135  = issuing;
+  assign \$140  = 1'h1;
+  assign \$141  = issuing;
+  assign \$163  = 1'h1;
+  assign \$164  = \$162 ;
+  assign \$1770  = { ins[190:175], 1'h0 };
+  assign \$1772  = { ins[190:175], 1'h0 };
+  assign \$1775  = 1'h1;
+  assign \$1776  = 1'h1;
+  assign \$123  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -13634,7 +13687,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6029$0 , unit_rst, \port$7584$0 , level, \port$7975$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6052$0 , unit_rst, \port$7607$0 , level, \port$8000$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13659,12 +13712,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6029
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6029$0 ;
-  wire [31:0] \port$6029$0 ;
-  input \port$7584$0 ;
-  wire \port$7584$0 ;
-  input [31:0] \port$7975$0 ;
-  wire [31:0] \port$7975$0 ;
+  input [31:0] \port$6052$0 ;
+  wire [31:0] \port$6052$0 ;
+  input \port$7607$0 ;
+  wire \port$7607$0 ;
+  input [31:0] \port$8000$0 ;
+  wire [31:0] \port$8000$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13697,7 +13750,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6029
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7584$0 , \port$6029$0 , \port$7975$0  };
+      storage[w_port__addr] <= { \port$7607$0 , \port$6052$0 , \port$8000$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13768,8 +13821,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6029
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7584$0 , \port$6029$0 , \port$7975$0  };
-  assign w_data = { \port$7584$0 , \port$6029$0 , \port$7975$0  };
+  assign w_port__data = { \port$7607$0 , \port$6052$0 , \port$8000$0  };
+  assign w_data = { \port$7607$0 , \port$6052$0 , \port$8000$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -13779,156 +13832,156 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   reg \$auto$verilog_backend.cc:2355:dump_module$14  = 0;
   wire \$1 ;
   wire \$10 ;
-  wire [50:0] \$100 ;
+  wire \$100 ;
   wire \$101 ;
-  wire [49:0] \$102 ;
-  wire [49:0] \$103 ;
+  wire [50:0] \$102 ;
+  wire \$103 ;
   wire [49:0] \$104 ;
   wire [49:0] \$105 ;
-  wire \$106 ;
+  wire [49:0] \$106 ;
   wire [49:0] \$107 ;
-  wire [49:0] \$108 ;
-  wire \$109 ;
+  wire \$108 ;
+  wire [49:0] \$109 ;
   wire \$11 ;
-  wire \$110 ;
-  wire [50:0] \$111 ;
+  wire [49:0] \$110 ;
+  wire \$111 ;
   wire \$112 ;
-  wire \$113 ;
+  wire [50:0] \$113 ;
   wire \$114 ;
-  wire [49:0] \$115 ;
-  wire [49:0] \$116 ;
+  wire \$115 ;
+  wire \$116 ;
   wire [49:0] \$117 ;
   wire [49:0] \$118 ;
-  wire \$119 ;
+  wire [49:0] \$119 ;
   wire \$12 ;
   wire [49:0] \$120 ;
-  wire [49:0] \$121 ;
-  wire \$122 ;
-  wire \$123 ;
-  wire [50:0] \$124 ;
-  wire [49:0] \$125 ;
-  wire [49:0] \$126 ;
+  wire \$121 ;
+  wire [49:0] \$122 ;
+  wire [49:0] \$123 ;
+  wire \$124 ;
+  wire \$125 ;
+  wire [50:0] \$126 ;
   wire [49:0] \$127 ;
   wire [49:0] \$128 ;
-  wire \$129 ;
+  wire [49:0] \$129 ;
   wire [61:0] \$13 ;
   wire [49:0] \$130 ;
-  wire [49:0] \$131 ;
-  wire \$132 ;
-  wire \$133 ;
-  wire [50:0] \$134 ;
-  wire [15:0] \$135 ;
-  wire [15:0] \$136 ;
-  wire [49:0] \$137 ;
-  wire \$138 ;
-  wire \$139 ;
+  wire \$131 ;
+  wire [49:0] \$132 ;
+  wire [49:0] \$133 ;
+  wire \$134 ;
+  wire \$135 ;
+  wire [50:0] \$136 ;
+  wire [15:0] \$137 ;
+  wire [15:0] \$138 ;
+  wire [49:0] \$139 ;
   wire \$14 ;
   wire \$140 ;
   wire \$141 ;
   wire \$142 ;
-  wire [31:0] \$143 ;
-  wire [31:0] \$144 ;
-  wire [17:0] \$145 ;
-  wire \$146 ;
-  wire [15:0] \$147 ;
-  wire [15:0] \$148 ;
-  wire \$149 ;
+  wire \$143 ;
+  wire \$144 ;
+  wire [31:0] \$145 ;
+  wire [31:0] \$146 ;
+  wire [17:0] \$147 ;
+  wire \$148 ;
+  wire [15:0] \$149 ;
   wire [47:0] \$15 ;
-  wire \$150 ;
-  wire [15:0] \$151 ;
-  wire [49:0] \$152 ;
+  wire [15:0] \$150 ;
+  wire \$151 ;
+  wire \$152 ;
   wire \$153 ;
-  wire [47:0] \$154 ;
-  wire [33:0] \$155 ;
-  wire \$156 ;
-  wire [48:0] \$157 ;
-  wire [33:0] \$158 ;
-  wire \$159 ;
+  wire \$154 ;
+  wire [15:0] \$155 ;
+  wire [49:0] \$156 ;
+  wire \$157 ;
+  wire [47:0] \$158 ;
+  wire [33:0] \$159 ;
   wire \$16 ;
-  wire [33:0] \$160 ;
-  wire [34:0] \$161 ;
-  wire [32:0] \$162 ;
-  wire [33:0] \$163 ;
-  wire [32:0] \$164 ;
-  wire [32:0] \$165 ;
-  wire \$166 ;
-  wire \$167 ;
-  wire \$168 ;
-  wire \$169 ;
+  wire \$160 ;
+  wire [48:0] \$161 ;
+  wire [33:0] \$162 ;
+  wire \$163 ;
+  wire [33:0] \$164 ;
+  wire [34:0] \$165 ;
+  wire [32:0] \$166 ;
+  wire [33:0] \$167 ;
+  wire [32:0] \$168 ;
+  wire [32:0] \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
   wire \$172 ;
   wire \$173 ;
-  wire [1:0] \$174 ;
-  wire [1:0] \$175 ;
+  wire \$174 ;
+  wire \$175 ;
   wire \$176 ;
-  wire [2:0] \$177 ;
-  wire [2:0] \$178 ;
-  wire \$179 ;
+  wire \$177 ;
+  wire [1:0] \$178 ;
+  wire [1:0] \$179 ;
   wire \$18 ;
   wire \$180 ;
-  wire \$181 ;
-  wire [1:0] \$182 ;
-  wire [1:0] \$183 ;
-  wire [2:0] \$184 ;
-  wire [2:0] \$185 ;
-  wire \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [2:0] \$181 ;
+  wire [2:0] \$182 ;
+  wire \$183 ;
+  wire \$184 ;
+  wire \$185 ;
+  wire [1:0] \$186 ;
+  wire [1:0] \$187 ;
+  wire [2:0] \$188 ;
+  wire [2:0] \$189 ;
   wire \$19 ;
-  wire [1:0] \$190 ;
-  wire [1:0] \$191 ;
+  wire \$190 ;
+  wire \$191 ;
   wire \$192 ;
   wire \$193 ;
-  wire \$194 ;
+  wire [1:0] \$194 ;
   wire [1:0] \$195 ;
-  wire [1:0] \$196 ;
-  wire [2:0] \$197 ;
-  wire [2:0] \$198 ;
-  wire [3:0] \$199 ;
+  wire \$196 ;
+  wire \$197 ;
+  wire \$198 ;
+  wire [1:0] \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire [3:0] \$200 ;
-  wire \$201 ;
-  wire \$202 ;
-  wire \$203 ;
-  wire \$204 ;
+  wire [1:0] \$200 ;
+  wire [2:0] \$201 ;
+  wire [2:0] \$202 ;
+  wire [3:0] \$203 ;
+  wire [3:0] \$204 ;
   wire \$205 ;
-  wire [1:0] \$206 ;
-  wire [1:0] \$207 ;
+  wire \$206 ;
+  wire \$207 ;
   wire \$208 ;
   wire \$209 ;
   wire \$21 ;
-  wire \$210 ;
+  wire [1:0] \$210 ;
   wire [1:0] \$211 ;
-  wire [1:0] \$212 ;
-  wire [2:0] \$213 ;
-  wire [2:0] \$214 ;
-  wire \$215 ;
-  wire \$216 ;
-  wire \$217 ;
-  wire \$218 ;
-  wire [1:0] \$219 ;
+  wire \$212 ;
+  wire \$213 ;
+  wire \$214 ;
+  wire [1:0] \$215 ;
+  wire [1:0] \$216 ;
+  wire [2:0] \$217 ;
+  wire [2:0] \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  wire [1:0] \$220 ;
+  wire \$220 ;
   wire \$221 ;
   wire \$222 ;
-  wire \$223 ;
+  wire [1:0] \$223 ;
   wire [1:0] \$224 ;
-  wire [1:0] \$225 ;
-  wire [2:0] \$226 ;
-  wire [2:0] \$227 ;
-  wire [3:0] \$228 ;
-  wire [3:0] \$229 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire [1:0] \$228 ;
+  wire [1:0] \$229 ;
   wire \$23 ;
-  wire [4:0] \$230 ;
-  wire [4:0] \$231 ;
-  wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
-  wire \$235 ;
+  wire [2:0] \$230 ;
+  wire [2:0] \$231 ;
+  wire [3:0] \$232 ;
+  wire [3:0] \$233 ;
+  wire [4:0] \$234 ;
+  wire [4:0] \$235 ;
   wire \$236 ;
   wire \$237 ;
   wire \$238 ;
@@ -13940,98 +13993,104 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire \$243 ;
   wire \$244 ;
   wire \$245 ;
-  wire [15:0] \$246 ;
-  wire [15:0] \$247 ;
+  wire \$246 ;
+  wire \$247 ;
   wire \$248 ;
   wire \$249 ;
   wire \$25 ;
   wire [15:0] \$250 ;
-  wire \$251 ;
+  wire [15:0] \$251 ;
   wire \$252 ;
   wire \$253 ;
   wire \$254 ;
-  wire [31:0] \$255 ;
-  wire [31:0] \$256 ;
-  wire [17:0] \$257 ;
+  wire \$255 ;
+  wire [15:0] \$256 ;
+  wire \$257 ;
   wire \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire [59:0] \$261 ;
-  wire [44:0] \$262 ;
-  wire [59:0] \$263 ;
-  wire [59:0] \$264 ;
+  wire [31:0] \$261 ;
+  wire [31:0] \$262 ;
+  wire [17:0] \$263 ;
+  wire \$264 ;
   wire \$265 ;
-  wire [59:0] \$266 ;
-  wire [44:0] \$267 ;
-  wire \$268 ;
-  wire \$269 ;
+  wire \$266 ;
+  wire [59:0] \$267 ;
+  wire [44:0] \$268 ;
+  wire [59:0] \$269 ;
   wire \$27 ;
-  wire [45:0] \$270 ;
+  wire [59:0] \$270 ;
   wire \$271 ;
   wire [59:0] \$272 ;
   wire [44:0] \$273 ;
-  wire [59:0] \$274 ;
-  wire [59:0] \$275 ;
-  wire \$276 ;
-  wire [59:0] \$277 ;
-  wire [44:0] \$278 ;
-  wire \$279 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire [45:0] \$276 ;
+  wire \$277 ;
+  wire [59:0] \$278 ;
+  wire [44:0] \$279 ;
   wire \$28 ;
-  wire \$280 ;
-  wire [45:0] \$281 ;
+  wire [59:0] \$280 ;
+  wire [59:0] \$281 ;
   wire \$282 ;
-  wire \$283 ;
-  wire \$284 ;
-  wire [59:0] \$285 ;
-  wire [44:0] \$286 ;
-  wire [59:0] \$287 ;
-  wire [59:0] \$288 ;
+  wire [59:0] \$283 ;
+  wire [44:0] \$284 ;
+  wire \$285 ;
+  wire \$286 ;
+  wire [45:0] \$287 ;
+  wire \$288 ;
   wire \$289 ;
   wire \$29 ;
-  wire [59:0] \$290 ;
-  wire [44:0] \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire [45:0] \$294 ;
-  wire [59:0] \$295 ;
-  wire [44:0] \$296 ;
-  wire [59:0] \$297 ;
-  wire [59:0] \$298 ;
+  wire \$290 ;
+  wire [59:0] \$291 ;
+  wire [44:0] \$292 ;
+  wire [59:0] \$293 ;
+  wire [59:0] \$294 ;
+  wire \$295 ;
+  wire [59:0] \$296 ;
+  wire [44:0] \$297 ;
+  wire \$298 ;
   wire \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [59:0] \$300 ;
-  wire [44:0] \$301 ;
-  wire \$302 ;
-  wire \$303 ;
-  wire [45:0] \$304 ;
-  wire [7:0] \$305 ;
-  wire [7:0] \$306 ;
-  reg \$307 ;
-  reg \$308 ;
-  reg [3:0] \$309 ;
+  wire [45:0] \$300 ;
+  wire [59:0] \$301 ;
+  wire [44:0] \$302 ;
+  wire [59:0] \$303 ;
+  wire [59:0] \$304 ;
+  wire \$305 ;
+  wire [59:0] \$306 ;
+  wire [44:0] \$307 ;
+  wire \$308 ;
+  wire \$309 ;
   wire \$31 ;
-  reg [15:0] \$310 ;
-  reg \$311 ;
-  reg \$312 ;
-  reg [15:0] \$313 ;
-  reg [15:0] \$314 ;
-  reg [15:0] \$315 ;
-  reg \$316 ;
-  reg [32:0] \$317 ;
+  wire [45:0] \$310 ;
+  wire [7:0] \$311 ;
+  wire [7:0] \$312 ;
+  reg \$313 ;
+  reg \$314 ;
+  reg [3:0] \$315 ;
+  reg [15:0] \$316 ;
+  reg \$317 ;
   reg \$318 ;
-  reg [48:0] \$319 ;
+  reg [15:0] \$319 ;
   wire \$32 ;
-  reg [47:0] \$320 ;
-  reg [2:0] \$321 ;
-  reg [32:0] \$322 ;
+  reg [15:0] \$320 ;
+  reg [15:0] \$321 ;
+  reg \$322 ;
   reg [32:0] \$323 ;
-  reg [32:0] \$324 ;
-  reg [16:0] \$325 ;
-  reg [4:0] \$326 ;
-  reg [12:0] \$327 ;
+  reg \$324 ;
+  reg [48:0] \$325 ;
+  reg [47:0] \$326 ;
+  reg [2:0] \$327 ;
+  reg [32:0] \$328 ;
+  reg [32:0] \$329 ;
   wire \$33 ;
+  reg [32:0] \$330 ;
+  reg [16:0] \$331 ;
+  reg [4:0] \$332 ;
+  reg [12:0] \$333 ;
   wire \$34 ;
   wire \$35 ;
   wire [16:0] \$36 ;
@@ -14083,27 +14142,27 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   wire \$78 ;
   wire \$79 ;
   wire \$8 ;
-  wire [15:0] \$80 ;
+  wire \$80 ;
   wire \$81 ;
-  wire \$82 ;
+  wire [15:0] \$82 ;
   wire \$83 ;
   wire \$84 ;
-  wire [31:0] \$85 ;
-  wire [31:0] \$86 ;
-  wire [17:0] \$87 ;
-  wire \$88 ;
-  wire \$89 ;
+  wire \$85 ;
+  wire \$86 ;
+  wire [31:0] \$87 ;
+  wire [31:0] \$88 ;
+  wire [17:0] \$89 ;
   wire \$9 ;
   wire \$90 ;
-  wire [49:0] \$91 ;
-  wire [49:0] \$92 ;
+  wire \$91 ;
+  wire \$92 ;
   wire [49:0] \$93 ;
   wire [49:0] \$94 ;
-  wire \$95 ;
+  wire [49:0] \$95 ;
   wire [49:0] \$96 ;
-  wire [49:0] \$97 ;
-  wire \$98 ;
-  wire \$99 ;
+  wire \$97 ;
+  wire [49:0] \$98 ;
+  wire [49:0] \$99 ;
   reg [48:0] acc = 49'h0000000000000;
   reg [32:0] \bit  = 33'h000000000;
   reg [5:0] bits;
@@ -14228,238 +14287,238 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$76  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
   assign \$77  = \$75  ? \$76  : { 1'h0, i__payload[30:16] };
   assign \$78  = op == 1'h1;
-  assign \$79  = \$78  & i__payload[31];
-  assign \$80  = \$79  ? i__payload[15:0] : 16'h0000;
-  assign \$81  = ~ p_valid;
-  assign \$82  = ~ o__valid;
-  assign \$85  = $signed(q_a) * $signed(q_b);
-  assign \$86  = $signed(q_a) * $signed(q_b);
-  assign \$87  = $signed(\$86 [31:15]) + $signed(q_top);
-  assign \$88  = ~ o__valid;
-  assign \$91  = $signed(acc) + $signed(prod);
+  assign \$81  = \$80  & i__payload[31];
+  assign \$82  = \$81  ? i__payload[15:0] : 16'h0000;
+  assign \$83  = ~ p_valid;
+  assign \$84  = ~ o__valid;
+  assign \$87  = $signed(q_a) * $signed(q_b);
+  assign \$88  = $signed(q_a) * $signed(q_b);
+  assign \$89  = $signed(\$88 [31:15]) + $signed(q_top);
+  assign \$90  = ~ o__valid;
   assign \$93  = $signed(acc) + $signed(prod);
-  assign \$94  = $signed(acc) + $signed(prod);
-  assign \$95  = | \$94 [13:0];
+  assign \$95  = $signed(acc) + $signed(prod);
   assign \$96  = $signed(acc) + $signed(prod);
-  assign \$98  = \$95  | \$97 [0];
-  assign \$99  = \$93 [14] & \$98 ;
-  assign \$100  = $signed(\$92 ) + $signed({ 1'h0, \$99  });
-  assign \$101  = & \$100 [50:15];
-  assign \$102  = $signed(acc) + $signed(prod);
+  assign \$97  = | \$96 [13:0];
+  assign \$98  = $signed(acc) + $signed(prod);
+  assign \$100  = \$97  | \$99 [0];
+  assign \$101  = \$95 [14] & \$100 ;
+  assign \$102  = $signed(\$94 ) + $signed({ 1'h0, \$101  });
+  assign \$103  = & \$102 [50:15];
   assign \$104  = $signed(acc) + $signed(prod);
-  assign \$105  = $signed(acc) + $signed(prod);
-  assign \$106  = | \$105 [13:0];
+  assign \$106  = $signed(acc) + $signed(prod);
   assign \$107  = $signed(acc) + $signed(prod);
-  assign \$109  = \$106  | \$108 [0];
-  assign \$110  = \$104 [14] & \$109 ;
-  assign \$111  = $signed(\$103 ) + $signed({ 1'h0, \$110  });
-  assign \$112  = | \$111 [50:15];
-  assign \$113  = ~ \$112 ;
-  assign \$114  = \$101  | \$113 ;
-  assign \$115  = $signed(acc) + $signed(prod);
+  assign \$108  = | \$107 [13:0];
+  assign \$109  = $signed(acc) + $signed(prod);
+  assign \$111  = \$108  | \$110 [0];
+  assign \$112  = \$106 [14] & \$111 ;
+  assign \$113  = $signed(\$105 ) + $signed({ 1'h0, \$112  });
+  assign \$114  = | \$113 [50:15];
+  assign \$115  = ~ \$114 ;
+  assign \$116  = \$103  | \$115 ;
   assign \$117  = $signed(acc) + $signed(prod);
-  assign \$118  = $signed(acc) + $signed(prod);
-  assign \$119  = | \$118 [13:0];
+  assign \$119  = $signed(acc) + $signed(prod);
   assign \$120  = $signed(acc) + $signed(prod);
-  assign \$122  = \$119  | \$121 [0];
-  assign \$123  = \$117 [14] & \$122 ;
-  assign \$124  = $signed(\$116 ) + $signed({ 1'h0, \$123  });
-  assign \$125  = $signed(acc) + $signed(prod);
+  assign \$121  = | \$120 [13:0];
+  assign \$122  = $signed(acc) + $signed(prod);
+  assign \$124  = \$121  | \$123 [0];
+  assign \$125  = \$119 [14] & \$124 ;
+  assign \$126  = $signed(\$118 ) + $signed({ 1'h0, \$125  });
   assign \$127  = $signed(acc) + $signed(prod);
-  assign \$128  = $signed(acc) + $signed(prod);
-  assign \$129  = | \$128 [13:0];
+  assign \$129  = $signed(acc) + $signed(prod);
   assign \$130  = $signed(acc) + $signed(prod);
-  assign \$132  = \$129  | \$131 [0];
-  assign \$133  = \$127 [14] & \$132 ;
-  assign \$134  = $signed(\$126 ) + $signed({ 1'h0, \$133  });
-  assign \$135  = \$134 [50] ? 16'h8000 : 16'h7fff;
-  assign \$136  = \$114  ? \$124 [15:0] : \$135 ;
-  assign \$137  = $signed(acc) + $signed(prod);
-  assign \$138  = q_valid & q_last;
-  assign \$139  = p_valid & p_last;
-  assign \$140  = \$138  | \$139 ;
-  assign \$141  = ~ \$140 ;
-  assign \$142  = i__valid & \$141 ;
-  assign \$143  = $signed(q_a) * $signed(q_b);
-  assign \$144  = $signed(q_a) * $signed(q_b);
-  assign \$145  = $signed(\$144 [31:15]) + $signed(q_top);
-  assign \$146  = op == 2'h2;
-  assign \$147  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$148  = \$146  ? \$147  : { 1'h0, i__payload[30:16] };
-  assign \$149  = op == 1'h1;
-  assign \$150  = \$149  & i__payload[31];
-  assign \$151  = \$150  ? i__payload[15:0] : 16'h0000;
-  assign \$152  = $signed({ 1'h0, sumsq }) + $signed(prod);
-  assign \$153  = p_valid & p_last;
-  assign \$154  = sumsq >> n_log2;
-  assign \$155  = \$154 [32:0] + 1'h1;
-  assign \$156  = ~ busy;
-  assign \$157  = quot + 1'h1;
-  assign \$158  = root + \bit ;
-  assign \$159  = rem >= \$158 ;
-  assign \$160  = root + \bit ;
-  assign \$161  = rem - \$160 ;
-  assign \$163  = \$162  + \bit ;
-  assign \$166  = \bit  == 1'h1;
-  assign \$167  = | root[16:8];
-  assign \$168  = | root[16:12];
-  assign \$169  = | root[16:14];
-  assign \$170  = | root[16:15];
-  assign \$172  = ~ root[16];
-  assign \$173  = ~ root[15];
-  assign \$174  = 1'h1 + \$173 ;
-  assign \$175  = \$171  ? { 1'h0, \$172  } : \$174 ;
-  assign \$176  = ~ root[14];
-  assign \$177  = 2'h2 + \$176 ;
-  assign \$178  = \$170  ? { 1'h0, \$175  } : \$177 ;
-  assign \$180  = ~ root[13];
-  assign \$181  = ~ root[12];
-  assign \$182  = 1'h1 + \$181 ;
-  assign \$183  = \$179  ? { 1'h0, \$180  } : \$182 ;
-  assign \$184  = 2'h3 + \$183 ;
-  assign \$185  = \$169  ? \$178  : \$184 ;
-  assign \$186  = | root[11:10];
-  assign \$188  = ~ root[11];
-  assign \$189  = ~ root[10];
-  assign \$190  = 1'h1 + \$189 ;
-  assign \$191  = \$187  ? { 1'h0, \$188  } : \$190 ;
-  assign \$193  = ~ root[9];
-  assign \$194  = ~ root[8];
-  assign \$195  = 1'h1 + \$194 ;
-  assign \$196  = \$192  ? { 1'h0, \$193  } : \$195 ;
-  assign \$197  = 2'h2 + \$196 ;
-  assign \$198  = \$186  ? { 1'h0, \$191  } : \$197 ;
-  assign \$199  = 3'h5 + \$198 ;
-  assign \$200  = \$168  ? { 1'h0, \$185  } : \$199 ;
-  assign \$201  = | root[7:4];
-  assign \$202  = | root[7:6];
-  assign \$204  = ~ root[7];
-  assign \$205  = ~ root[6];
-  assign \$206  = 1'h1 + \$205 ;
-  assign \$207  = \$203  ? { 1'h0, \$204  } : \$206 ;
-  assign \$209  = ~ root[5];
-  assign \$210  = ~ root[4];
-  assign \$211  = 1'h1 + \$210 ;
-  assign \$212  = \$208  ? { 1'h0, \$209  } : \$211 ;
-  assign \$213  = 2'h2 + \$212 ;
-  assign \$214  = \$202  ? { 1'h0, \$207  } : \$213 ;
-  assign \$215  = | root[3:2];
-  assign \$217  = ~ root[3];
-  assign \$218  = ~ root[2];
-  assign \$219  = 1'h1 + \$218 ;
-  assign \$220  = \$216  ? { 1'h0, \$217  } : \$219 ;
-  assign \$222  = ~ root[1];
-  assign \$223  = ~ root[0];
-  assign \$224  = 1'h1 + \$223 ;
-  assign \$225  = \$221  ? { 1'h0, \$222  } : \$224 ;
-  assign \$226  = 2'h2 + \$225 ;
-  assign \$227  = \$215  ? { 1'h0, \$220  } : \$226 ;
-  assign \$228  = 3'h4 + \$227 ;
-  assign \$229  = \$201  ? { 1'h0, \$214  } : \$228 ;
-  assign \$230  = 4'h9 + \$229 ;
-  assign \$231  = \$167  ? { 1'h0, \$200  } : \$230 ;
-  assign \$232  = ! r;
-  assign \$233  = ~ busy;
-  assign \$234  = ~ q_valid;
-  assign \$235  = ~ p_valid;
-  assign \$236  = ~ o__valid;
-  assign \$240  = q_valid & q_last;
-  assign \$241  = p_valid & p_last;
-  assign \$242  = \$240  | \$241 ;
-  assign \$243  = ~ \$242 ;
-  assign \$244  = i__valid & \$243 ;
-  assign \$245  = op == 2'h2;
-  assign \$246  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
-  assign \$247  = \$245  ? \$246  : { 1'h0, i__payload[30:16] };
-  assign \$248  = op == 1'h1;
-  assign \$249  = \$248  & i__payload[31];
-  assign \$250  = \$249  ? i__payload[15:0] : 16'h0000;
-  assign \$251  = ~ p_valid;
-  assign \$252  = ~ o__valid;
-  assign \$255  = $signed(q_a) * $signed(q_b);
-  assign \$256  = $signed(q_a) * $signed(q_b);
-  assign \$257  = $signed(\$256 [31:15]) + $signed(q_top);
+  assign \$131  = | \$130 [13:0];
+  assign \$132  = $signed(acc) + $signed(prod);
+  assign \$134  = \$131  | \$133 [0];
+  assign \$135  = \$129 [14] & \$134 ;
+  assign \$136  = $signed(\$128 ) + $signed({ 1'h0, \$135  });
+  assign \$137  = \$136 [50] ? 16'h8000 : 16'h7fff;
+  assign \$138  = \$116  ? \$126 [15:0] : \$137 ;
+  assign \$139  = $signed(acc) + $signed(prod);
+  assign \$140  = q_valid & q_last;
+  assign \$141  = p_valid & p_last;
+  assign \$142  = \$140  | \$141 ;
+  assign \$143  = ~ \$142 ;
+  assign \$144  = i__valid & \$143 ;
+  assign \$145  = $signed(q_a) * $signed(q_b);
+  assign \$146  = $signed(q_a) * $signed(q_b);
+  assign \$147  = $signed(\$146 [31:15]) + $signed(q_top);
+  assign \$148  = op == 2'h2;
+  assign \$149  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$150  = \$148  ? \$149  : { 1'h0, i__payload[30:16] };
+  assign \$151  = op == 1'h1;
+  assign \$154  = \$153  & i__payload[31];
+  assign \$155  = \$154  ? i__payload[15:0] : 16'h0000;
+  assign \$156  = $signed({ 1'h0, sumsq }) + $signed(prod);
+  assign \$157  = p_valid & p_last;
+  assign \$158  = sumsq >> n_log2;
+  assign \$159  = \$158 [32:0] + 1'h1;
+  assign \$160  = ~ busy;
+  assign \$161  = quot + 1'h1;
+  assign \$162  = root + \bit ;
+  assign \$163  = rem >= \$162 ;
+  assign \$164  = root + \bit ;
+  assign \$165  = rem - \$164 ;
+  assign \$167  = \$166  + \bit ;
+  assign \$170  = \bit  == 1'h1;
+  assign \$171  = | root[16:8];
+  assign \$172  = | root[16:12];
+  assign \$173  = | root[16:14];
+  assign \$174  = | root[16:15];
+  assign \$176  = ~ root[16];
+  assign \$177  = ~ root[15];
+  assign \$178  = 1'h1 + \$177 ;
+  assign \$179  = \$175  ? { 1'h0, \$176  } : \$178 ;
+  assign \$180  = ~ root[14];
+  assign \$181  = 2'h2 + \$180 ;
+  assign \$182  = \$174  ? { 1'h0, \$179  } : \$181 ;
+  assign \$184  = ~ root[13];
+  assign \$185  = ~ root[12];
+  assign \$186  = 1'h1 + \$185 ;
+  assign \$187  = \$183  ? { 1'h0, \$184  } : \$186 ;
+  assign \$188  = 2'h3 + \$187 ;
+  assign \$189  = \$173  ? \$182  : \$188 ;
+  assign \$190  = | root[11:10];
+  assign \$192  = ~ root[11];
+  assign \$193  = ~ root[10];
+  assign \$194  = 1'h1 + \$193 ;
+  assign \$195  = \$191  ? { 1'h0, \$192  } : \$194 ;
+  assign \$197  = ~ root[9];
+  assign \$198  = ~ root[8];
+  assign \$199  = 1'h1 + \$198 ;
+  assign \$200  = \$196  ? { 1'h0, \$197  } : \$199 ;
+  assign \$201  = 2'h2 + \$200 ;
+  assign \$202  = \$190  ? { 1'h0, \$195  } : \$201 ;
+  assign \$203  = 3'h5 + \$202 ;
+  assign \$204  = \$172  ? { 1'h0, \$189  } : \$203 ;
+  assign \$205  = | root[7:4];
+  assign \$206  = | root[7:6];
+  assign \$208  = ~ root[7];
+  assign \$209  = ~ root[6];
+  assign \$210  = 1'h1 + \$209 ;
+  assign \$211  = \$207  ? { 1'h0, \$208  } : \$210 ;
+  assign \$213  = ~ root[5];
+  assign \$214  = ~ root[4];
+  assign \$215  = 1'h1 + \$214 ;
+  assign \$216  = \$212  ? { 1'h0, \$213  } : \$215 ;
+  assign \$217  = 2'h2 + \$216 ;
+  assign \$218  = \$206  ? { 1'h0, \$211  } : \$217 ;
+  assign \$219  = | root[3:2];
+  assign \$221  = ~ root[3];
+  assign \$222  = ~ root[2];
+  assign \$223  = 1'h1 + \$222 ;
+  assign \$224  = \$220  ? { 1'h0, \$221  } : \$223 ;
+  assign \$226  = ~ root[1];
+  assign \$227  = ~ root[0];
+  assign \$228  = 1'h1 + \$227 ;
+  assign \$229  = \$225  ? { 1'h0, \$226  } : \$228 ;
+  assign \$230  = 2'h2 + \$229 ;
+  assign \$231  = \$219  ? { 1'h0, \$224  } : \$230 ;
+  assign \$232  = 3'h4 + \$231 ;
+  assign \$233  = \$205  ? { 1'h0, \$218  } : \$232 ;
+  assign \$234  = 4'h9 + \$233 ;
+  assign \$235  = \$171  ? { 1'h0, \$204  } : \$234 ;
+  assign \$236  = ! r;
+  assign \$237  = ~ busy;
+  assign \$238  = ~ q_valid;
+  assign \$239  = ~ p_valid;
+  assign \$240  = ~ o__valid;
+  assign \$244  = q_valid & q_last;
+  assign \$245  = p_valid & p_last;
+  assign \$246  = \$244  | \$245 ;
+  assign \$247  = ~ \$246 ;
+  assign \$248  = i__valid & \$247 ;
+  assign \$249  = op == 2'h2;
+  assign \$250  = scale_pass ? { 3'h0, recip } : i__payload[15:0];
+  assign \$251  = \$249  ? \$250  : { 1'h0, i__payload[30:16] };
+  assign \$252  = op == 1'h1;
+  assign \$255  = \$254  & i__payload[31];
+  assign \$256  = \$255  ? i__payload[15:0] : 16'h0000;
+  assign \$257  = ~ p_valid;
   assign \$258  = ~ o__valid;
-  assign \$261  = $signed(prod[28:0]) << z;
-  assign \$263  = $signed(prod[28:0]) << z;
-  assign \$264  = $signed(prod[28:0]) << z;
-  assign \$265  = | \$264 [21:0];
-  assign \$266  = $signed(prod[28:0]) << z;
-  assign \$268  = \$265  | \$267 [0];
-  assign \$269  = \$263 [22] & \$268 ;
-  assign \$270  = $signed(\$262 ) + $signed({ 1'h0, \$269  });
-  assign \$271  = & \$270 [45:7];
+  assign \$261  = $signed(q_a) * $signed(q_b);
+  assign \$262  = $signed(q_a) * $signed(q_b);
+  assign \$263  = $signed(\$262 [31:15]) + $signed(q_top);
+  assign \$264  = ~ o__valid;
+  assign \$267  = $signed(prod[28:0]) << z;
+  assign \$269  = $signed(prod[28:0]) << z;
+  assign \$270  = $signed(prod[28:0]) << z;
+  assign \$271  = | \$270 [21:0];
   assign \$272  = $signed(prod[28:0]) << z;
-  assign \$274  = $signed(prod[28:0]) << z;
-  assign \$275  = $signed(prod[28:0]) << z;
-  assign \$276  = | \$275 [21:0];
-  assign \$277  = $signed(prod[28:0]) << z;
-  assign \$279  = \$276  | \$278 [0];
-  assign \$280  = \$274 [22] & \$279 ;
-  assign \$281  = $signed(\$273 ) + $signed({ 1'h0, \$280  });
-  assign \$282  = | \$281 [45:7];
-  assign \$283  = ~ \$282 ;
-  assign \$284  = \$271  | \$283 ;
-  assign \$285  = $signed(prod[28:0]) << z;
-  assign \$287  = $signed(prod[28:0]) << z;
-  assign \$288  = $signed(prod[28:0]) << z;
-  assign \$289  = | \$288 [21:0];
-  assign \$290  = $signed(prod[28:0]) << z;
-  assign \$292  = \$289  | \$291 [0];
-  assign \$293  = \$287 [22] & \$292 ;
-  assign \$294  = $signed(\$286 ) + $signed({ 1'h0, \$293  });
-  assign \$295  = $signed(prod[28:0]) << z;
-  assign \$297  = $signed(prod[28:0]) << z;
-  assign \$298  = $signed(prod[28:0]) << z;
-  assign \$299  = | \$298 [21:0];
-  assign \$300  = $signed(prod[28:0]) << z;
-  assign \$302  = \$299  | \$301 [0];
-  assign \$303  = \$297 [22] & \$302 ;
-  assign \$304  = $signed(\$296 ) + $signed({ 1'h0, \$303  });
-  assign \$305  = \$304 [45] ? 8'h80 : 8'h7f;
-  assign \$306  = \$284  ? \$294 [7:0] : \$305 ;
+  assign \$274  = \$271  | \$273 [0];
+  assign \$275  = \$269 [22] & \$274 ;
+  assign \$276  = $signed(\$268 ) + $signed({ 1'h0, \$275  });
+  assign \$277  = & \$276 [45:7];
+  assign \$278  = $signed(prod[28:0]) << z;
+  assign \$280  = $signed(prod[28:0]) << z;
+  assign \$281  = $signed(prod[28:0]) << z;
+  assign \$282  = | \$281 [21:0];
+  assign \$283  = $signed(prod[28:0]) << z;
+  assign \$285  = \$282  | \$284 [0];
+  assign \$286  = \$280 [22] & \$285 ;
+  assign \$287  = $signed(\$279 ) + $signed({ 1'h0, \$286  });
+  assign \$288  = | \$287 [45:7];
+  assign \$289  = ~ \$288 ;
+  assign \$290  = \$277  | \$289 ;
+  assign \$291  = $signed(prod[28:0]) << z;
+  assign \$293  = $signed(prod[28:0]) << z;
+  assign \$294  = $signed(prod[28:0]) << z;
+  assign \$295  = | \$294 [21:0];
+  assign \$296  = $signed(prod[28:0]) << z;
+  assign \$298  = \$295  | \$297 [0];
+  assign \$299  = \$293 [22] & \$298 ;
+  assign \$300  = $signed(\$292 ) + $signed({ 1'h0, \$299  });
+  assign \$301  = $signed(prod[28:0]) << z;
+  assign \$303  = $signed(prod[28:0]) << z;
+  assign \$304  = $signed(prod[28:0]) << z;
+  assign \$305  = | \$304 [21:0];
+  assign \$306  = $signed(prod[28:0]) << z;
+  assign \$308  = \$305  | \$307 [0];
+  assign \$309  = \$303 [22] & \$308 ;
+  assign \$310  = $signed(\$302 ) + $signed({ 1'h0, \$309  });
+  assign \$311  = \$310 [45] ? 8'h80 : 8'h7f;
+  assign \$312  = \$290  ? \$300 [7:0] : \$311 ;
   always @(posedge clk)
-    o__valid <= \$307 ;
+    o__valid <= \$313 ;
   always @(posedge clk)
-    n_pow2 <= \$308 ;
+    n_pow2 <= \$314 ;
   always @(posedge clk)
-    n_log2 <= \$309 ;
+    n_log2 <= \$315 ;
   always @(posedge clk)
-    o__payload <= \$310 ;
+    o__payload <= \$316 ;
   always @(posedge clk)
-    q_valid <= \$311 ;
+    q_valid <= \$317 ;
   always @(posedge clk)
-    q_last <= \$312 ;
+    q_last <= \$318 ;
   always @(posedge clk)
-    q_a <= \$313 ;
+    q_a <= \$319 ;
   always @(posedge clk)
-    q_b <= \$314 ;
+    q_b <= \$320 ;
   always @(posedge clk)
-    q_top <= \$315 ;
+    q_top <= \$321 ;
   always @(posedge clk)
-    p_valid <= \$316 ;
+    p_valid <= \$322 ;
   always @(posedge clk)
-    prod <= \$317 ;
+    prod <= \$323 ;
   always @(posedge clk)
-    p_last <= \$318 ;
+    p_last <= \$324 ;
   always @(posedge clk)
-    acc <= \$319 ;
+    acc <= \$325 ;
   always @(posedge clk)
-    sumsq <= \$320 ;
+    sumsq <= \$326 ;
   always @(posedge clk)
-    fsm_state <= \$321 ;
+    fsm_state <= \$327 ;
   always @(posedge clk)
-    rem <= \$322 ;
+    rem <= \$328 ;
   always @(posedge clk)
-    root <= \$323 ;
+    root <= \$329 ;
   always @(posedge clk)
-    \bit  <= \$324 ;
+    \bit  <= \$330 ;
   always @(posedge clk)
-    r <= \$325 ;
+    r <= \$331 ;
   always @(posedge clk)
-    z <= \$326 ;
+    z <= \$332 ;
   always @(posedge clk)
-    recip <= \$327 ;
+    recip <= \$333 ;
   \nanokpu_kpu.elementwise.vector.div  div (
     .bits(bits),
     .busy(busy),
@@ -14709,16 +14768,16 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$307  = 1'h0;
+    \$313  = 1'h0;
     casez (op)
       2'h0:
           if (\$58 ) begin
-            \$307  = 1'h1;
+            \$313  = 1'h1;
           end
       2'h1:
-          if (\$90 ) begin
+          if (\$92 ) begin
             if (p_last) begin
-              \$307  = 1'h1;
+              \$313  = 1'h1;
             end
           end
       2'h2:
@@ -14739,50 +14798,50 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$260 ) begin
-                  \$307  = 1'h1;
+                if (\$266 ) begin
+                  \$313  = 1'h1;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$307  = 1'h0;
+      \$313  = 1'h0;
     end
     if (rst) begin
-      \$307  = 1'h0;
+      \$313  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$308  = \$39 ;
+    \$314  = \$39 ;
     if (unit_rst) begin
-      \$308  = 1'h0;
+      \$314  = 1'h0;
     end
     if (rst) begin
-      \$308  = 1'h0;
+      \$314  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$309  = \$55 ;
+    \$315  = \$55 ;
     if (unit_rst) begin
-      \$309  = 4'h0;
+      \$315  = 4'h0;
     end
     if (rst) begin
-      \$309  = 4'h0;
+      \$315  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$310  = o__payload;
+    \$316  = o__payload;
     casez (op)
       2'h0:
           if (\$58 ) begin
-            \$310  = \$68 ;
+            \$316  = \$68 ;
           end
       2'h1:
-          if (\$90 ) begin
+          if (\$92 ) begin
             if (p_last) begin
-              \$310  = \$136 ;
+              \$316  = \$138 ;
             end
           end
       2'h2:
@@ -14803,33 +14862,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$260 ) begin
-                  \$310  = { \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306 [7], \$306  };
+                if (\$266 ) begin
+                  \$316  = { \$312 [7], \$312 [7], \$312 [7], \$312 [7], \$312 [7], \$312 [7], \$312 [7], \$312 [7], \$312  };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$310  = 16'h0000;
+      \$316  = 16'h0000;
     end
     if (rst) begin
-      \$310  = 16'h0000;
+      \$316  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$311  = q_valid;
+    \$317  = q_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$311  = i__valid;
+            \$317  = i__valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$311  = \$142 ;
+                \$317  = \$144 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14843,33 +14902,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$239 ) begin
-                  \$311  = \$244 ;
+                if (\$243 ) begin
+                  \$317  = \$248 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$311  = 1'h0;
+      \$317  = 1'h0;
     end
     if (rst) begin
-      \$311  = 1'h0;
+      \$317  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$312  = q_last;
+    \$318  = q_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$312  = i__payload[33];
+            \$318  = i__payload[33];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$312  = i__payload[33];
+                \$318  = i__payload[33];
             3'h1:
                 /* empty */;
             3'h3:
@@ -14883,33 +14942,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$239 ) begin
-                  \$312  = i__payload[33];
+                if (\$243 ) begin
+                  \$318  = i__payload[33];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$312  = 1'h0;
+      \$318  = 1'h0;
     end
     if (rst) begin
-      \$312  = 1'h0;
+      \$318  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$313  = q_a;
+    \$319  = q_a;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$313  = i__payload[15:0];
+            \$319  = i__payload[15:0];
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$313  = i__payload[15:0];
+                \$319  = i__payload[15:0];
             3'h1:
                 /* empty */;
             3'h3:
@@ -14923,33 +14982,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$239 ) begin
-                  \$313  = i__payload[15:0];
+                if (\$243 ) begin
+                  \$319  = i__payload[15:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$313  = 16'h0000;
+      \$319  = 16'h0000;
     end
     if (rst) begin
-      \$313  = 16'h0000;
+      \$319  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$314  = q_b;
+    \$320  = q_b;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$314  = \$77 ;
+            \$320  = \$77 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$314  = \$148 ;
+                \$320  = \$150 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -14963,33 +15022,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$239 ) begin
-                  \$314  = \$247 ;
+                if (\$243 ) begin
+                  \$320  = \$251 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$314  = 16'h0000;
+      \$320  = 16'h0000;
     end
     if (rst) begin
-      \$314  = 16'h0000;
+      \$320  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$315  = q_top;
+    \$321  = q_top;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
           if (\$74 ) begin
-            \$315  = \$80 ;
+            \$321  = \$82 ;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$315  = \$151 ;
+                \$321  = \$155 ;
             3'h1:
                 /* empty */;
             3'h3:
@@ -15003,33 +15062,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$239 ) begin
-                  \$315  = \$250 ;
+                if (\$243 ) begin
+                  \$321  = \$256 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$315  = 16'h0000;
+      \$321  = 16'h0000;
     end
     if (rst) begin
-      \$315  = 16'h0000;
+      \$321  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$316  = p_valid;
+    \$322  = p_valid;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$84 ) begin
-            \$316  = q_valid;
+          if (\$86 ) begin
+            \$322  = q_valid;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$316  = q_valid;
+                \$322  = q_valid;
             3'h1:
                 /* empty */;
             3'h3:
@@ -15044,39 +15103,39 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
                 /* empty */;
             3'h6:
               begin
-                if (\$254 ) begin
-                  \$316  = q_valid;
-                end
                 if (\$260 ) begin
+                  \$322  = q_valid;
+                end
+                if (\$266 ) begin
                   if (p_last) begin
-                    \$316  = 1'h0;
+                    \$322  = 1'h0;
                   end
                 end
               end
           endcase
     endcase
     if (unit_rst) begin
-      \$316  = 1'h0;
+      \$322  = 1'h0;
     end
     if (rst) begin
-      \$316  = 1'h0;
+      \$322  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$317  = prod;
+    \$323  = prod;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$84 ) begin
-            \$317  = { \$87 , \$85 [14:0] };
+          if (\$86 ) begin
+            \$323  = { \$89 , \$87 [14:0] };
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$317  = { \$145 , \$143 [14:0] };
+                \$323  = { \$147 , \$145 [14:0] };
             3'h1:
                 /* empty */;
             3'h3:
@@ -15090,33 +15149,33 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$254 ) begin
-                  \$317  = { \$257 , \$255 [14:0] };
+                if (\$260 ) begin
+                  \$323  = { \$263 , \$261 [14:0] };
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$317  = 33'h000000000;
+      \$323  = 33'h000000000;
     end
     if (rst) begin
-      \$317  = 33'h000000000;
+      \$323  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$318  = p_last;
+    \$324  = p_last;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$84 ) begin
-            \$318  = q_last;
+          if (\$86 ) begin
+            \$324  = q_last;
           end
       2'h2:
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                \$318  = q_last;
+                \$324  = q_last;
             3'h1:
                 /* empty */;
             3'h3:
@@ -15130,44 +15189,44 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h7:
                 /* empty */;
             3'h6:
-                if (\$254 ) begin
-                  \$318  = q_last;
+                if (\$260 ) begin
+                  \$324  = q_last;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$318  = 1'h0;
+      \$324  = 1'h0;
     end
     if (rst) begin
-      \$318  = 1'h0;
+      \$324  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$319  = acc;
+    \$325  = acc;
     casez (op)
       2'h0:
           /* empty */;
       2'h1:
-          if (\$90 ) begin
+          if (\$92 ) begin
             (* full_case = 32'd1 *)
             if (p_last) begin
-              \$319  = 49'h0000000000000;
+              \$325  = 49'h0000000000000;
             end else begin
-              \$319  = \$137 [48:0];
+              \$325  = \$139 [48:0];
             end
           end
     endcase
     if (unit_rst) begin
-      \$319  = 49'h0000000000000;
+      \$325  = 49'h0000000000000;
     end
     if (rst) begin
-      \$319  = 49'h0000000000000;
+      \$325  = 49'h0000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$320  = sumsq;
+    \$326  = sumsq;
     casez (op)
       2'h0:
           /* empty */;
@@ -15177,29 +15236,29 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           casez (fsm_state)
             3'h0:
                 if (p_valid) begin
-                  \$320  = \$152 [47:0];
+                  \$326  = \$156 [47:0];
                 end
             3'h1:
                 casez ({ n_pow2, 1'h0 })
                   2'b1?:
-                      \$320  = 48'h000000000000;
+                      \$326  = 48'h000000000000;
                 endcase
             3'h3:
-                if (\$156 ) begin
-                  \$320  = 48'h000000000000;
+                if (\$160 ) begin
+                  \$326  = 48'h000000000000;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$320  = 48'h000000000000;
+      \$326  = 48'h000000000000;
     end
     if (rst) begin
-      \$320  = 48'h000000000000;
+      \$326  = 48'h000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$321  = fsm_state;
+    \$327  = fsm_state;
     casez (op)
       2'h0:
           /* empty */;
@@ -15209,56 +15268,56 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
           (* full_case = 32'd1 *)
           casez (fsm_state)
             3'h0:
-                if (\$153 ) begin
-                  \$321  = 3'h1;
+                if (\$157 ) begin
+                  \$327  = 3'h1;
                 end
             3'h1:
                 (* full_case = 32'd1 *)
                 casez ({ n_pow2, 1'h0 })
                   2'b1?:
-                      \$321  = 3'h2;
+                      \$327  = 3'h2;
                   default:
-                      \$321  = 3'h3;
+                      \$327  = 3'h3;
                 endcase
             3'h3:
-                if (\$156 ) begin
-                  \$321  = 3'h2;
+                if (\$160 ) begin
+                  \$327  = 3'h2;
                 end
             3'h2:
-                if (\$166 ) begin
-                  \$321  = 3'h4;
+                if (\$170 ) begin
+                  \$327  = 3'h4;
                 end
             3'h4:
-                \$321  = 3'h5;
+                \$327  = 3'h5;
             3'h5:
                 (* full_case = 32'd1 *)
-                if (\$232 ) begin
-                  \$321  = 3'h6;
+                if (\$236 ) begin
+                  \$327  = 3'h6;
                 end else begin
-                  \$321  = 3'h7;
+                  \$327  = 3'h7;
                 end
             3'h7:
-                if (\$233 ) begin
-                  \$321  = 3'h6;
+                if (\$237 ) begin
+                  \$327  = 3'h6;
                 end
             3'h6:
-                if (\$260 ) begin
+                if (\$266 ) begin
                   if (p_last) begin
-                    \$321  = 3'h0;
+                    \$327  = 3'h0;
                   end
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$321  = 3'h0;
+      \$327  = 3'h0;
     end
     if (rst) begin
-      \$321  = 3'h0;
+      \$327  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$322  = rem;
+    \$328  = rem;
     casez (op)
       2'h0:
           /* empty */;
@@ -15271,28 +15330,28 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 casez ({ n_pow2, 1'h0 })
                   2'b1?:
-                      \$322  = \$155 [32:0];
+                      \$328  = \$159 [32:0];
                 endcase
             3'h3:
-                if (\$156 ) begin
-                  \$322  = \$157 [32:0];
+                if (\$160 ) begin
+                  \$328  = \$161 [32:0];
                 end
             3'h2:
-                if (\$159 ) begin
-                  \$322  = \$161 [32:0];
+                if (\$163 ) begin
+                  \$328  = \$165 [32:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$322  = 33'h000000000;
+      \$328  = 33'h000000000;
     end
     if (rst) begin
-      \$322  = 33'h000000000;
+      \$328  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$323  = root;
+    \$329  = root;
     casez (op)
       2'h0:
           /* empty */;
@@ -15305,31 +15364,31 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 casez ({ n_pow2, 1'h0 })
                   2'b1?:
-                      \$323  = 33'h000000000;
+                      \$329  = 33'h000000000;
                 endcase
             3'h3:
-                if (\$156 ) begin
-                  \$323  = 33'h000000000;
+                if (\$160 ) begin
+                  \$329  = 33'h000000000;
                 end
             3'h2:
                 (* full_case = 32'd1 *)
-                if (\$159 ) begin
-                  \$323  = \$163 [32:0];
+                if (\$163 ) begin
+                  \$329  = \$167 [32:0];
                 end else begin
-                  \$323  = \$164 ;
+                  \$329  = \$168 ;
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$323  = 33'h000000000;
+      \$329  = 33'h000000000;
     end
     if (rst) begin
-      \$323  = 33'h000000000;
+      \$329  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$324  = \bit ;
+    \$330  = \bit ;
     casez (op)
       2'h0:
           /* empty */;
@@ -15342,26 +15401,26 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h1:
                 casez ({ n_pow2, 1'h0 })
                   2'b1?:
-                      \$324  = 33'h100000000;
+                      \$330  = 33'h100000000;
                 endcase
             3'h3:
-                if (\$156 ) begin
-                  \$324  = 33'h100000000;
+                if (\$160 ) begin
+                  \$330  = 33'h100000000;
                 end
             3'h2:
-                \$324  = \$165 ;
+                \$330  = \$169 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$324  = 33'h000000000;
+      \$330  = 33'h000000000;
     end
     if (rst) begin
-      \$324  = 33'h000000000;
+      \$330  = 33'h000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$325  = r;
+    \$331  = r;
     casez (op)
       2'h0:
           /* empty */;
@@ -15378,19 +15437,19 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$325  = root[16:0];
+                \$331  = root[16:0];
           endcase
     endcase
     if (unit_rst) begin
-      \$325  = 17'h00000;
+      \$331  = 17'h00000;
     end
     if (rst) begin
-      \$325  = 17'h00000;
+      \$331  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$326  = z;
+    \$332  = z;
     casez (op)
       2'h0:
           /* empty */;
@@ -15407,19 +15466,19 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$326  = \$231 ;
+                \$332  = \$235 ;
           endcase
     endcase
     if (unit_rst) begin
-      \$326  = 5'h00;
+      \$332  = 5'h00;
     end
     if (rst) begin
-      \$326  = 5'h00;
+      \$332  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$14 ) begin end
-    \$327  = recip;
+    \$333  = recip;
     casez (op)
       2'h0:
           /* empty */;
@@ -15436,20 +15495,20 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
             3'h2:
                 /* empty */;
             3'h4:
-                \$327  = 13'h0000;
+                \$333  = 13'h0000;
             3'h5:
                 /* empty */;
             3'h7:
-                if (\$233 ) begin
-                  \$327  = quot[12:0];
+                if (\$237 ) begin
+                  \$333  = quot[12:0];
                 end
           endcase
     endcase
     if (unit_rst) begin
-      \$327  = 13'h0000;
+      \$333  = 13'h0000;
     end
     if (rst) begin
-      \$327  = 13'h0000;
+      \$333  = 13'h0000;
     end
   end
   assign o_valid = o__valid;
@@ -15472,44 +15531,50 @@ module \nanokpu_kpu.elementwise.vector (rst, unit_rst, n, op, i__payload, i__val
   assign \$72  = 1'h1;
   assign \$73  = 1'h1;
   assign \$74  = 1'h1;
-  assign \$83  = 1'h1;
-  assign \$84  = 1'h1;
-  assign \$89  = 1'h1;
-  assign \$90  = p_valid;
-  assign \$92  = { \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49], \$91 [49:15] };
-  assign \$97  = { \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49], \$96 [49:15] };
-  assign \$103  = { \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49], \$102 [49:15] };
-  assign \$108  = { \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49], \$107 [49:15] };
-  assign \$116  = { \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49], \$115 [49:15] };
-  assign \$121  = { \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49], \$120 [49:15] };
-  assign \$126  = { \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49], \$125 [49:15] };
-  assign \$131  = { \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49], \$130 [49:15] };
-  assign \$162  = { 1'h0, root[32:1] };
-  assign \$164  = { 1'h0, root[32:1] };
-  assign \$165  = { 2'h0, \bit [32:2] };
-  assign \$171  = root[16];
-  assign \$179  = root[13];
-  assign \$187  = root[11];
-  assign \$192  = root[9];
-  assign \$203  = root[7];
-  assign \$208  = root[5];
-  assign \$216  = root[3];
-  assign \$221  = root[1];
-  assign \$237  = 1'h1;
-  assign \$238  = 1'h1;
-  assign \$239  = 1'h1;
+  assign \$79  = 1'h1;
+  assign \$80  = \$78 ;
+  assign \$85  = 1'h1;
+  assign \$86  = 1'h1;
+  assign \$91  = 1'h1;
+  assign \$92  = p_valid;
+  assign \$94  = { \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49], \$93 [49:15] };
+  assign \$99  = { \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49], \$98 [49:15] };
+  assign \$105  = { \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49], \$104 [49:15] };
+  assign \$110  = { \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49], \$109 [49:15] };
+  assign \$118  = { \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49], \$117 [49:15] };
+  assign \$123  = { \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49], \$122 [49:15] };
+  assign \$128  = { \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49], \$127 [49:15] };
+  assign \$133  = { \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49], \$132 [49:15] };
+  assign \$152  = 1'h1;
+  assign \$153  = \$151 ;
+  assign \$166  = { 1'h0, root[32:1] };
+  assign \$168  = { 1'h0, root[32:1] };
+  assign \$169  = { 2'h0, \bit [32:2] };
+  assign \$175  = root[16];
+  assign \$183  = root[13];
+  assign \$191  = root[11];
+  assign \$196  = root[9];
+  assign \$207  = root[7];
+  assign \$212  = root[5];
+  assign \$220  = root[3];
+  assign \$225  = root[1];
+  assign \$241  = 1'h1;
+  assign \$242  = 1'h1;
+  assign \$243  = 1'h1;
   assign \$253  = 1'h1;
-  assign \$254  = 1'h1;
+  assign \$254  = \$252 ;
   assign \$259  = 1'h1;
-  assign \$260  = p_valid;
-  assign \$262  = { \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44], \$261 [44:23] };
-  assign \$267  = { \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44], \$266 [44:23] };
+  assign \$260  = 1'h1;
+  assign \$265  = 1'h1;
+  assign \$266  = p_valid;
+  assign \$268  = { \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44], \$267 [44:23] };
   assign \$273  = { \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44], \$272 [44:23] };
-  assign \$278  = { \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44], \$277 [44:23] };
-  assign \$286  = { \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44], \$285 [44:23] };
-  assign \$291  = { \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44], \$290 [44:23] };
-  assign \$296  = { \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44], \$295 [44:23] };
-  assign \$301  = { \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44], \$300 [44:23] };
+  assign \$279  = { \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44], \$278 [44:23] };
+  assign \$284  = { \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44], \$283 [44:23] };
+  assign \$292  = { \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44], \$291 [44:23] };
+  assign \$297  = { \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44], \$296 [44:23] };
+  assign \$302  = { \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44], \$301 [44:23] };
+  assign \$307  = { \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44], \$306 [44:23] };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -17956,10 +18021,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$93 ),
-    .\port$1342$0 (\$412 ),
-    .\port$1343$0 (\$413 ),
-    .\port$1344$0 (\$414 ),
-    .\port$1345$0 (\$415 ),
+    .\port$1347$0 (\$412 ),
+    .\port$1348$0 (\$413 ),
+    .\port$1349$0 (\$414 ),
+    .\port$1350$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -19717,7 +19782,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0 , \port$1344$0 , \port$1345$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1347$0 , \port$1348$0 , \port$1349$0 , \port$1350$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
 , col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
@@ -20219,14 +20284,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$1342$0 ;
-  wire [7:0] \port$1342$0 ;
-  input [7:0] \port$1343$0 ;
-  wire [7:0] \port$1343$0 ;
-  input [7:0] \port$1344$0 ;
-  wire [7:0] \port$1344$0 ;
-  input [7:0] \port$1345$0 ;
-  wire [7:0] \port$1345$0 ;
+  input [7:0] \port$1347$0 ;
+  wire [7:0] \port$1347$0 ;
+  input [7:0] \port$1348$0 ;
+  wire [7:0] \port$1348$0 ;
+  input [7:0] \port$1349$0 ;
+  wire [7:0] \port$1349$0 ;
+  input [7:0] \port$1350$0 ;
+  wire [7:0] \port$1350$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -20849,7 +20914,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
+      spad_a[a_wptr[7:0]] <= { \port$1350$0 , \port$1349$0 , \port$1348$0 , \port$1347$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -22902,8 +22967,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
-  assign a_in__payload = { \port$1345$0 , \port$1344$0 , \port$1343$0 , \port$1342$0  };
+  assign \$signature__data  = { \port$1350$0 , \port$1349$0 , \port$1348$0 , \port$1347$0  };
+  assign a_in__payload = { \port$1350$0 , \port$1349$0 , \port$1348$0 , \port$1347$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -22999,14 +23064,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1342$0 , \port$1343$0
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$1342$0 ;
-  assign \$signature__data[1]  = \port$1343$0 ;
-  assign \$signature__data[2]  = \port$1344$0 ;
-  assign \$signature__data[3]  = \port$1345$0 ;
-  assign \a_in__payload[0]  = \port$1342$0 ;
-  assign \a_in__payload[1]  = \port$1343$0 ;
-  assign \a_in__payload[2]  = \port$1344$0 ;
-  assign \a_in__payload[3]  = \port$1345$0 ;
+  assign \$signature__data[0]  = \port$1347$0 ;
+  assign \$signature__data[1]  = \port$1348$0 ;
+  assign \$signature__data[2]  = \port$1349$0 ;
+  assign \$signature__data[3]  = \port$1350$0 ;
+  assign \a_in__payload[0]  = \port$1347$0 ;
+  assign \a_in__payload[1]  = \port$1348$0 ;
+  assign \a_in__payload[2]  = \port$1349$0 ;
+  assign \a_in__payload[3]  = \port$1350$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29227,8 +29292,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1913$0 (mult),
-    .\port$1918$0 (i__payload),
+    .\port$1918$0 (mult),
+    .\port$1923$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30084,7 +30149,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1918$0 , \port$1923$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30170,10 +30235,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1913$0 ;
-  wire [15:0] \port$1913$0 ;
-  input [95:0] \port$1918$0 ;
-  wire [95:0] \port$1918$0 ;
+  input [15:0] \port$1918$0 ;
+  wire [15:0] \port$1918$0 ;
+  input [95:0] \port$1923$0 ;
+  wire [95:0] \port$1923$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30238,7 +30303,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1918$0 [16:0] };
+      \$9  = { 1'h0, \port$1923$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30251,7 +30316,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1913$0  };
+      \$10  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30277,7 +30342,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23:17] };
+      \$12  = { \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30290,7 +30355,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1913$0  };
+      \$13  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30316,7 +30381,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1918$0 [40:24] };
+      \$15  = { 1'h0, \port$1923$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30329,7 +30394,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1913$0  };
+      \$16  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30355,7 +30420,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47:41] };
+      \$18  = { \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30368,7 +30433,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1913$0  };
+      \$19  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30394,7 +30459,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1918$0 [64:48] };
+      \$21  = { 1'h0, \port$1923$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30407,7 +30472,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1913$0  };
+      \$22  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30433,7 +30498,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71:65] };
+      \$24  = { \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30446,7 +30511,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1913$0  };
+      \$25  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30472,7 +30537,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1918$0 [88:72] };
+      \$27  = { 1'h0, \port$1923$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30485,7 +30550,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1913$0  };
+      \$28  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30511,7 +30576,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95:89] };
+      \$30  = { \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30524,7 +30589,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1913$0  };
+      \$31  = { 2'h0, \port$1918$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30546,22 +30611,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1913$0 , \port$1918$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1918$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1913$0  };
-  assign a__1 = { \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23], \port$1918$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1913$0  };
-  assign a__2 = { 1'h0, \port$1918$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1913$0  };
-  assign a__3 = { \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47], \port$1918$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1913$0  };
-  assign a__4 = { 1'h0, \port$1918$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1913$0  };
-  assign a__5 = { \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71], \port$1918$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1913$0  };
-  assign a__6 = { 1'h0, \port$1918$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1913$0  };
-  assign a__7 = { \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95], \port$1918$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1913$0  };
+  assign a__0 = { 1'h0, \port$1923$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1918$0  };
+  assign a__1 = { \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23], \port$1923$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1918$0  };
+  assign a__2 = { 1'h0, \port$1923$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1918$0  };
+  assign a__3 = { \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47], \port$1923$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1918$0  };
+  assign a__4 = { 1'h0, \port$1923$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1918$0  };
+  assign a__5 = { \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71], \port$1923$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1918$0  };
+  assign a__6 = { 1'h0, \port$1923$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1918$0  };
+  assign a__7 = { \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95], \port$1923$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1918$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35223,7 +35288,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6491$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6514$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35494,8 +35559,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6491$0 ;
-  wire [4:0] \port$6491$0 ;
+  input [4:0] \port$6514$0 ;
+  wire [4:0] \port$6514$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35519,81 +35584,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6491$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6514$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6491$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6514$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6491$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6514$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6491$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6514$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6491$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6514$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6491$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6514$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6491$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6514$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6491$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6514$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6491$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6491$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6514$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6514$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6491$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6514$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6491$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6514$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6491$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6514$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3], \port$6491$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6491$0 [0], \port$6491$0 [0], \port$6491$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6491$0 [1], \port$6491$0 [1], \port$6491$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6491$0 [2], \port$6491$0 [2], \port$6491$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6491$0 [4], \port$6491$0 [4], \port$6491$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35610,7 +35675,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6491$0 , \port$2$0  };
+  assign select = { \port$6514$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

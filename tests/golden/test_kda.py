@@ -269,3 +269,23 @@ def test_l2norm_eps_word_is_added_to_the_sum_of_squares():
         assert np.max(np.abs(y - row / np.sqrt(4.0 * ss) * 2.0 ** U)) <= 0.75, row
     assert I.l2_eps_q(TINY) == 0 and I.l2_eps_q(profile("tiny", act_frac=10)) == 1
     assert np.array_equal(I.l2norm_int(x, U, TINY, eps_q=0), I.l2norm_int(x, U, TINY))
+
+
+def test_short_conv_is_a_causal_convolution_per_channel():
+    """short_conv_int over [tail; p] is, channel by channel, np.convolve with the kernel reversed
+    (its valid part): exact at both ends of the formats in 32 bits, wrapped in 24, T = 1 (a decode
+    step) and T = 5."""
+    rng = np.random.default_rng(8)
+    lo = -(1 << (TINY.act_width - 1))
+    for T in (1, 5):
+        for k in (1, 4):
+            x = rng.integers(lo, -lo, (T + k - 1, 6))
+            W = rng.integers(-128, 128, (6, k))
+            x[:, 0], W[0] = lo, -128                         # the largest products
+            y = I.short_conv_int(x, W)
+            assert y.shape == (T, 6)
+            for c in range(6):
+                assert np.array_equal(y[:, c], np.convolve(x[:, c], W[c, ::-1], mode="valid")), (T, k, c)
+            assert y[0, 0] == k << (TINY.act_width + TINY.in_width - 2)
+            # in TINY's 24-bit accumulator 4 taps of -128 on -32768 wrap, as matmul_int's sums do
+            assert I.short_conv_int(x, W, TINY.acc_width)[0, 0] == (0 if k == 4 else 1 << 22)

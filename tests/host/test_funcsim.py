@@ -250,12 +250,12 @@ _RULED = [op for op, r in OP_RULES.items() if (r.a or r.c) and not (r.route or r
 
 
 def _valid(op, cfg, **fields):
-    """A program ending in one ``op`` that passes every check: m = 1, n = 2 (n_experts), k = 2
-    (top_k), the first allowed width; a at 0, b at 100, c at 200 (a ROUTE's scores written by a
-    SIGMOID before it)."""
+    """A program ending in one ``op`` that passes every check: m = 1 (2 with taps: k <= m), n = 2
+    (n_experts), k = 2 (top_k), the first allowed width; a at 0, b at 100, c at 200 (a ROUTE's
+    scores written by a SIGMOID before it)."""
     r = OP_RULES[op]
     width = next((w for w in r.widths if w != RQ_WIDTHS), 8) if r.widths else 0
-    values = dict(m=1, n=cfg.n_experts if r.n_experts else 2, k=cfg.top_k if r.top_k else 2,
+    values = dict(m=2 if r.taps else 1, n=cfg.n_experts if r.n_experts else 2, k=cfg.top_k if r.top_k else 2,
                   a=0, b=100, c=200, width=width)
     values.update(fields)
     pre = [Instr(Op.SIGMOID, m=values["m"], n=values["n"], a=300, c=values["a"])] if r.scores else []
@@ -299,6 +299,8 @@ def test_each_shape_rule_is_checked(op):
     if r.softmax_row:
         top = cfg.attnres_candidates
         assert [_code(_valid(op, cfg, n=n), cfg) for n in (top, top + 1)] == [Err.NONE, Err.BAD_SHAPE]
+    if r.taps:
+        assert [_code(_valid(op, cfg, k=k), cfg) for k in (1, 2, 3)] == [Err.NONE, Err.NONE, Err.BAD_SHAPE]
     for width in range(64):
         if not r.width_ok(width, cfg):
             assert _code(_valid(op, cfg, width=width), cfg) == Err.BAD_SHAPE, f"width {width}"
@@ -439,6 +441,35 @@ def test_norm_with_f_l2_is_the_l2norm_of_kda_heads():
             assert not np.array_equal(got, I.l2norm_int(u, cfg.kda_unit_frac, cfg, eps_q + 1)), (flags, c)
     bare = FuncSim(profile("tiny"))
     assert bare.run([Instr(Op.NORM, flags=F_L2, m=rows, n=K, a=0, c=100), Instr(Op.HALT)]).error == Err.BAD_SHAPE
+
+
+def test_conv_then_requant_is_kdas_short_convolution():
+    """CONV over [tail; p] then REQUANT is golden KDA's short convolution (kda._short_conv_int:
+    short_conv_int, then its requantiser) of a quantised mixer's q branch, for 3 tokens and for a
+    decode step of 1; the new tail is the last k - 1 rows; BAD_OPCODE without layer_ops."""
+    from golden import kda as KD
+
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(14)
+    P = k3.init_kda(cfg, rng)
+    Q, _ = KD.quantize_kda(P, rng.standard_normal((6, cfg.d_model)), cfg)
+    conv, k = Q.conv_q, cfg.kda_conv
+    C = conv.W.shape[0]
+    for T in (3, 1):
+        p = rng.integers(-3000, 3000, (T, C))
+        tail = rng.integers(-3000, 3000, (k - 1, C))
+        want, new_tail = KD._short_conv_int(p, tail, conv, cfg)
+        sim = FuncSim(cfg)
+        sim.spad[:(T + k - 1) * C] = np.concatenate([tail, p]).ravel()
+        sim.spad[1000:1000 + C * k] = conv.W.ravel()
+        prog = [Instr(Op.CONV, m=T + k - 1, n=C, k=k, a=0, b=1000, c=2000),
+                Instr(Op.REQUANT, m=T, n=C, a=2000, c=2000, mult=int(conv.rq.mult), shift=int(conv.rq.shift),
+                      width=cfg.act_width), Instr(Op.HALT)]
+        assert sim.run(prog).error == Err.NONE
+        assert np.array_equal(sim.spad[2000:2000 + T * C].reshape(T, C), want), T
+        assert np.array_equal(sim.spad[T * C:(T + k - 1) * C].reshape(k - 1, C), new_tail), T
+    bare = FuncSim(profile("tiny"))
+    assert bare.run([prog[0], Instr(Op.HALT)]).error == Err.BAD_OPCODE
 
 
 def test_mul_of_one_row_gates_element_by_element():

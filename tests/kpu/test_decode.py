@@ -170,6 +170,28 @@ def test_layer_ops_decode_only_with_layer_ops():
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops]
 
 
+def test_conv_decodes_only_with_layer_ops():
+    """CONV: a [m, n] (history and new rows), the kernels n*k words at b, the result (m - k + 1)*n
+    at c, each checked to its last word (one past is SPAD_RANGE, the result on the kernels'
+    last word OVERLAP, on the word after them not), k <= m (k = m: one row), decoded len m*n;
+    BAD_OPCODE without layer_ops (FuncSim agrees each way)."""
+    D = CFG.dmem_depth
+    conv = dict(op=Op.CONV, m=7, n=6, k=4, a=0, b=100)      # a: 42 words, b: 24, c: 24
+    ops = [Instr(**conv, c=200), Instr(**conv, c=D - 24), Instr(**conv, c=D - 23),
+           Instr(**conv | {"b": D - 24}, c=200), Instr(**conv | {"b": D - 23}, c=200),
+           Instr(**conv | {"a": D - 42}, c=200), Instr(**conv | {"a": D - 41}, c=200),
+           Instr(**conv, c=123), Instr(**conv, c=124), Instr(**conv, c=41), Instr(**conv | {"k": 7}, c=200),
+           Instr(**conv | {"k": 8}, c=200)]
+    layer = profile("tiny", layer_ops=True)
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 12),
+                      (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.NONE, Err.SPAD_RANGE, Err.NONE,
+                               Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.OVERLAP, Err.NONE, Err.BAD_SHAPE])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
+        if cfg.layer_ops:
+            assert got[0][2] == 7 * 6
+
+
 def test_norm_eps_word_decodes_only_with_layer_ops():
     """NORM with F_EPS: its epsilon word at b checked like an operand (the last word, one past the end,
     on the result), in place as before; F_L2 alone reads no b (b out of range passes), with F_EPS its

@@ -229,6 +229,38 @@ def test_l2norm_matches_funcsim(one_write_port):
             assert [got[c + i] for i in range(m_rows * n)] == list(gold), (flags, c)
 
 
+@pytest.mark.parametrize(("one_write_port", "T", "k"), [(False, 5, 4), (True, 1, 4), (False, 3, 1), (True, 2, 3)])
+def test_conv_matches_funcsim(one_write_port, T, k):
+    """CONV (layer_ops): the causal depthwise convolution of T result rows over k taps (T = 1: a
+    decode step) of 6 channels, the history rows first: random act-format rows and in_width taps
+    with random upper bits, the largest products (wrapping in tiny's 24 bits at 4 taps), under read
+    blocking: FuncSim's result and golden short_conv_int's, nothing written past the T rows."""
+    rng = np.random.default_rng(T * 10 + k)
+    n = 6
+    x = _act(rng, (T + k - 1) * n).reshape(T + k - 1, n)
+    W = rng.integers(-128, 128, (n, k))
+    x[:, 0], W[0] = -(1 << (LAYER.act_width - 1)), -128
+    spad = {16 + i: int(v) + (int(rng.integers(-8, 8)) << LAYER.act_width) for i, v in enumerate(x.ravel())}
+    spad |= {200 + i: int(v) + (int(rng.integers(-8, 8)) << 8) for i, v in enumerate(W.ravel())}
+    ins = Instr(Op.CONV, m=T + k - 1, n=n, k=k, a=16, b=200, c=320)
+    got, want, err, cycles = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.3, seed=T + k)
+    assert got == want and err == Err.NONE
+    assert [got[320 + i] for i in range(T * n)] == list(I.short_conv_int(x, W, LAYER.acc_width).ravel())
+    assert 320 + T * n not in got
+
+
+def test_conv_takes_a_cycle_per_tap():
+    """CONV streams a tap a cycle: 4 more result rows of 6 channels over 4 taps take 4*6*4 cycles more."""
+    cycles = []
+    for T in (1, 5):
+        x = np.arange((T + 3) * 6).reshape(T + 3, 6)
+        spad = {16 + i: int(v) for i, v in enumerate(x.ravel())} | {200 + i: i - 12 for i in range(24)}
+        got, want, err, c = _run(Instr(Op.CONV, m=T + 3, n=6, k=4, a=16, b=200, c=320), spad, cfg=LAYER)
+        assert got == want and err == Err.NONE
+        cycles.append(c)
+    assert cycles[1] - cycles[0] == 4 * 6 * 4, cycles
+
+
 @pytest.mark.parametrize("one_write_port", [False, True])
 def test_softmax_matches_funcsim(one_write_port):
     """SOFTMAX (layer_ops) over rows of every length up to attnres_candidates: ties (equal rows),

@@ -33,7 +33,7 @@ def golden(op, cfg, a, b=None):
     return I.rmsnorm_int(a, cfg).ravel()
 
 
-def run_amaranth(cfg, op, beats, n_out, n_row, seed, l2=False):
+def run_amaranth(cfg, op, beats, n_out, n_row, seed, l2=False, dot=False):
     dut = VectorUnit(cfg)
     rng = np.random.default_rng(seed)
     got = []
@@ -44,6 +44,8 @@ def run_amaranth(cfg, op, beats, n_out, n_row, seed, l2=False):
         if l2:
             ctx.set(dut.l2, 1)
             ctx.set(dut.eps, dut.l2_eps_q)
+        if dot:
+            ctx.set(dut.dot, 1)
         for a, b, last in beats:
             while rng.random() < 0.3:
                 await ctx.tick()
@@ -173,6 +175,27 @@ def test_l2norm_amaranth(rounding):
     ref = I.l2norm_int(u, cfg.kda_unit_frac, cfg).ravel()
     got = run_amaranth(cfg, VecOp.NORM, beats_for(VecOp.NORM, cfg, u), ref.size, 4, 6, l2=True)
     assert np.array_equal(got, ref), f"l2 NORM {rounding}: {got} != {ref}"
+
+
+def test_dot_amaranth():
+    """COMBINE with dot (layer_ops, CONV's taps): groups of 1 to 4 beats of act-format a times
+    signed in_width b, the sum raw in acc_width bits: the largest products (wrapping in tiny's
+    24-bit accumulator at 4 taps), mixed signs, zeros, random (Amaranth simulator, random stalls)."""
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(12)
+    lo = -(1 << (cfg.act_width - 1))
+    beats, ref = [], []
+    for k in (1, 2, 3, 4, 4, 3, 4):
+        x = rng.integers(lo, -lo, (5, k))
+        w = rng.integers(-128, 128, (5, k))
+        x[0], w[0] = lo, -128                  # the largest products: 4 of them wrap
+        x[1], w[1] = -lo - 1, -128
+        x[2] = 0
+        for row_x, row_w in zip(x, w, strict=True):
+            beats += [(int(a), int(b), int(j == k - 1)) for j, (a, b) in enumerate(zip(row_x, row_w, strict=True))]
+        ref += list(I.short_conv_int(x.T, w, cfg.acc_width)[0])   # one result row: a dot product per row
+    got = run_amaranth(cfg, VecOp.COMBINE, beats, len(ref), 1, 8, dot=True)
+    assert np.array_equal(got, ref), f"dot: {got} != {ref}"
 
 
 @pytest.mark.parametrize(("n", "l2"), [(4, False), (6, False), (16, False), (4, True), (7, True)])

@@ -1,6 +1,6 @@
 """The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
-``SPLIT``, ``SILU``, ``DECAY``, ``SOFTMAX`` and ``MUL`` on one streaming engine that walks the operands through the
-scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
+``SPLIT``, ``SILU``, ``DECAY``, ``SOFTMAX``, ``MUL`` and ``CONV`` on one streaming engine that walks the
+operands through the scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
 :class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class Elementwise(wiring.Component):
     :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU``, ``DECAY`` and ``SOFTMAX`` on
     :class:`~nanokpu.units.pwl_functions.Silu`, :class:`~nanokpu.units.pwl_functions.Decay` and
     :class:`~nanokpu.units.softmax.Softmax` (rows of up to ``attnres_candidates``; built only with
-    :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` on the vector unit).
+    :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` and ``CONV`` on the vector unit).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
@@ -46,7 +46,9 @@ class Elementwise(wiring.Component):
     The engine walks the ``a`` and ``b`` operands in 3 nested levels (``REQUANT``, ``SIGMOID``,
     ``SITU``, ``ADD``, ``SILU``, ``DECAY``: one level of ``len``; ``SOFTMAX``: each row of ``n``, the
     beat that ends a row marked ``last``; ``MUL``: each row of ``n`` of ``a``, ``b``'s one row again
-    for each; ``COMBINE``: ``k`` expert outputs of each of ``n``
+    for each; ``CONV``: the ``k`` taps of each of ``n`` channels of each of ``m - k + 1`` result rows,
+    ``a`` stepping a row and ``b`` a tap, each channel's taps a group of the vector unit's dot
+    product; ``COMBINE``: ``k`` expert outputs of each of ``n``
     columns of each of ``m`` tokens; ``NORM``: each row of ``n`` twice, the vector unit's RMSNorm
     or with :data:`~nanokpu.isa.F_L2` its l2norm, the epsilon the config's or with
     :data:`~nanokpu.isa.F_EPS` word ``b[0]``; ``SPLIT``: ``a`` twice, the high digits written in
@@ -92,9 +94,9 @@ class Elementwise(wiring.Component):
         # (counts are sizes of checked regions, >= 1; addresses and strides modulo 2**AW)
         cnt = [Signal(SW, name=f"cnt{j}") for j in range(2)]
         rem = [Signal(SW, name=f"rem{j}") for j in range(3)]
-        # strides: sa1, sb0 and sb1 are 0 or 1 in every walk
+        # strides: sa1 and sb0 are 0 or 1 in every walk, sb1 too but CONV's (k)
         sa = [Signal(AW, name="sa0"), Signal(1, name="sa1"), Signal(AW, name="sa2")]
-        sb = [Signal(1, name="sb0"), Signal(1, name="sb1"), Signal(AW, name="sb2")]
+        sb = [Signal(1, name="sb0"), Signal(AW if cfg.layer_ops else 1, name="sb1"), Signal(AW, name="sb2")]
         pa, ra1, ra2 = Signal(AW), Signal(AW), Signal(AW)
         pb, rb1, rb2 = Signal(AW), Signal(AW), Signal(AW)
         issuing = Signal()
@@ -146,7 +148,7 @@ class Elementwise(wiring.Component):
 
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
-        is_rq, is_situ, is_split, is_softmax = Signal(), Signal(), Signal(), Signal()
+        is_rq, is_situ, is_split, is_softmax, is_conv = Signal(), Signal(), Signal(), Signal(), Signal()
         is_table = {op: Signal(name=f"is_{op.name.lower()}") for op in tables}   # SIGMOID and the layer's
         low = Signal()          # SPLIT: the second pass (the low digits)
         results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
@@ -177,18 +179,19 @@ class Elementwise(wiring.Component):
         out_valid = Signal()
         out_data = Signal(signed(ww))
         act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
-        if cfg.layer_ops:
-            act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width].as_signed(), act_b)
+        if cfg.layer_ops:                   # CONV's kernel taps: signed in_width bits
+            act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width].as_signed(),
+                        Mux(is_conv, b_word[:cfg.in_width].as_signed(), act_b))
         m.d.comb += [
             sig.i.payload[0].eq(a_word[:cfg.router_logit_width].as_signed()),   # the logit format
             *(t.i.payload[0].eq(a_word[:act].as_signed()) for op, t in tables.items() if op != Op.SIGMOID),
             situ.i.payload[0].g.eq(a_word[:act].as_signed()),
             situ.i.payload[0].u.eq(b_word[:act].as_signed()),
             vec.i.payload.a.eq(a_word[:act].as_signed()),
-            vec.i.payload.b.eq(Mux(vec_op == VecOp.COMBINE, b_word[:cfg.weight_width], act_b)),
+            vec.i.payload.b.eq(Mux((vec_op == VecOp.COMBINE) & ~is_conv, b_word[:cfg.weight_width], act_b)),
             vec.i.payload.last.eq(h_last),
             vec.n.eq(ins.n),
-            *([vec.shift.eq(shift), vec.eps.eq(eps), vec.l2.eq(l2)] if cfg.layer_ops else []),
+            *([vec.shift.eq(shift), vec.eps.eq(eps), vec.l2.eq(l2), vec.dot.eq(is_conv)] if cfg.layer_ops else []),
             vec.op.eq(vec_op),
             situ.o.ready.eq(1), vec.o.ready.eq(1), *(t.o.ready.eq(1) for t in tables.values()),
         ]
@@ -259,12 +262,15 @@ class Elementwise(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     op = ins.op
+                    is_conv_now = cfg.layer_ops & (op == Op.CONV)
                     m.d.sync += [is_rq.eq(op == Op.REQUANT), *(f.eq(op == o) for o, f in is_table.items()),
                                  is_situ.eq(op == Op.SITU), is_softmax.eq(cfg.layer_ops & (op == Op.SOFTMAX)),
+                                 is_conv.eq(is_conv_now),
                                  is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
-                                 results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1, ln)),
+                                 results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1,
+                                                Mux(is_conv_now, ln - ins.p2 + ins.n, ln))),
                                  vec_op.eq(Mux(op == Op.NORM, VecOp.NORM,
-                                               Mux(op == Op.COMBINE, VecOp.COMBINE,
+                                               Mux((op == Op.COMBINE) | is_conv_now, VecOp.COMBINE,
                                                    Mux(op == Op.MUL, VecOp.MUL, VecOp.ADD) if cfg.layer_ops
                                                    else VecOp.ADD))),
                                  width.eq(ins.width), mult.eq(ins.mult), shift.eq(ins.shift),
@@ -287,6 +293,8 @@ class Elementwise(wiring.Component):
                         if cfg.layer_ops:
                             with m.Case(Op.MUL):     # b: the same row of n for each of m rows
                                 m.d.sync += walk(ins.n, 1, ins.m, 1, 0, ins.n, 1, 0, 0)
+                            with m.Case(Op.CONV):    # tap j of channel ch of row t: a[(t+j)*n + ch], b[ch*k + j]
+                                m.d.sync += walk(ins.k, ins.n, ins.m - ins.k + 1, ins.n, 1, ins.n, 1, ins.k, 0)
                         with m.Case(Op.SPLIT):
                             m.d.sync += walk(ln, 2, 1, 1, 0, 0, 0, 0, 0)
                     with m.If(built_wide & (op == Op.REQUANT_WIDE)):
