@@ -22,9 +22,9 @@ Machine model
 * **Requantiser tables** (at ``b``; an entry is two words, ``mult`` (its low ``mult_width``
   bits taken), then ``shift`` (its low 6 bits)): with :data:`F_RQ_EXPERT` alone one entry per
   expert, entry ``expert`` taken (``REQUANT``, ``GEMM``, ``REQUANT_WIDE``); with
-  :data:`F_RQ_CHANNEL` (``GEMM`` and ``REQUANT_WIDE`` only: other ops ignore it) one entry per
-  output column ``j < n``, and with both flags one per column and expert. The entry of
-  column ``j`` starts at word ``b + 2*(j*E + e)``, ``E = n_experts`` and ``e = expert`` with
+  :data:`F_RQ_CHANNEL` (``GEMM``, ``REQUANT_WIDE`` and, with ``layer_ops``, ``REQUANT``: other ops
+  ignore it) one entry per output column ``j < n``, and with both flags one per column and
+  expert. The entry of column ``j`` starts at word ``b + 2*(j*E + e)``, ``E = n_experts`` and ``e = expert`` with
   :data:`F_RQ_EXPERT`, else ``E = 1``, ``e = 0``: columns outer, experts inner, so the walk over
   the columns steps by the constant ``2*E``.
 
@@ -63,11 +63,15 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   operand, not a table), else ``BAD_SHAPE``; :data:`F_B_T` without :data:`F_B_SPAD` is ``BAD_SHAPE``
                   too. The executor reads ``B`` a word a cycle: a panel of ``k`` beats in ``k*cols`` cycles.
 ``REQUANT``       ``c[i] = requantize(a[i], mult, shift, width)``, ``2 <= width <= acc_width``; with
-                  :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``.
+                  :data:`F_RQ_EXPERT`, ``mult = b[2*expert]`` and ``shift = b[2*expert + 1]``; with
+                  :data:`F_RQ_CHANNEL` (built with ``layer_ops``, else ``BAD_SHAPE``) column ``j = i mod n``'s
+                  entry of the per-column table, as ``GEMM``'s (a value every few cycles: KDA's ``W_f``
+                  projection after its bias, the conv's per-channel scales).
 ``SIGMOID``       ``c[i] = sigmoid_q(a[i])`` of logits ``Q<logit_width>.<logit_frac>``; records
                   ``(c, len)`` as the scores region.
 ``SITU``          ``c[i] = situ_q(a[i], b[i])``.
-``ADD``           ``c[i] = add_sat(a[i], b[i], act_width)``.
+``ADD``           ``c[i] = add_sat(a[i], b[i], act_width)``; with :data:`F_ACC` (built with ``layer_ops``, else
+                  ``BAD_SHAPE``) ``add_sat(a[i], b[i], acc_width)``: a bias added to raw ``GEMM`` sums.
 ``ROUTE``         scores ``a [m=T, n=E]`` (must be the region the last ``SIGMOID`` wrote), bias
                   ``b [E]``, ``k = top_k``. Writes the route table at ``c`` (see :func:`route_table`):
                   ``idx [T*k]``, ``weights [T*k]``, ``counts [E]``, ``offsets [E]``, ``list_p [T*k]``
@@ -132,9 +136,9 @@ The per-op rules of the checks above are ONE table, :data:`OP_RULES`, an :class:
 its executor (the busy counter), the scratchpad words it reads at ``a`` and ``b`` and writes at
 ``c`` and the host bytes it moves, each a name of :data:`SIZES` (``"m*n"``, ``"m*k"``, ``"m*k*n"``,
 ``"n"``, ``"2*n"``, ``"2*m*n"``, ``"4*m*n"``, ``"count*n"``, ``"list"`` = ``offset + count``,
-``"rq"`` = ``2 * n_experts`` with :data:`F_RQ_EXPERT` else 0, ``"rq_gemm"`` = ``2 * n * E`` with
-:data:`F_RQ_CHANNEL`, else ``"rq"``, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else
-``"rq_gemm"``, ``"eps"`` = 1 with :data:`F_EPS` else 0, ``"k*n"``, ``"(m-k+1)*n"``, ``"route"`` =
+``"rq"`` (a requantiser table) = ``2 * n * E`` with :data:`F_RQ_CHANNEL`, else ``2 * n_experts``
+with :data:`F_RQ_EXPERT`, else 0, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, else ``"rq"``,
+``"eps"`` = 1 with :data:`F_EPS` else 0, ``"k*n"``, ``"(m-k+1)*n"``, ``"route"`` =
 ``4*m*top_k + 2*n_experts``; host ``"m*n*width"``, ``"panels"`` (0 with :data:`F_B_SPAD`: no host
 access)), whether it may run in place, its shape rules (the letters that must be ``>= 1``, ``n =
 n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM engine's limits, ``CONV``'s
@@ -161,7 +165,7 @@ from amaranth.lib import data
 from nanokpu.config import KpuConfig
 
 __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_HOST_EXPERT", "F_RQ_EXPERT",
-           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "F_EPS", "F_L2", "FIELDS", "INSTR_BITS",
+           "F_RQ_CHANNEL", "F_B_SPAD", "F_B_T", "F_EPS", "F_L2", "F_ACC", "FIELDS", "INSTR_BITS",
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
@@ -233,6 +237,7 @@ F_B_SPAD = 1 << 4
 F_B_T = 1 << 5
 F_EPS = 1 << 6
 F_L2 = 1 << 7
+F_ACC = 1 << 8
 
 #: (name, width) of every instruction field, least significant first.
 FIELDS = (("op", 6), ("flags", 10), ("m", 16), ("k", 16), ("n", 16), ("a", 24), ("b", 24),
@@ -325,9 +330,10 @@ class OpRule:
         :data:`F_B_SPAD` may take the B operand from the scratchpad: ``BAD_SHAPE`` unless the
         config has ``layer_ops`` and no :data:`F_RQ_EXPERT`, :data:`F_RQ_CHANNEL` or
         :data:`F_HOST_EXPERT` is set; :data:`F_B_T` (B transposed) only with it (:meth:`b_spad_ok`).
-    ``norm_flags``
-        :data:`F_EPS` (the epsilon word at ``b``) and :data:`F_L2` (the l2norm) only where the
-        config has ``layer_ops``, else ``BAD_SHAPE`` (:meth:`norm_flags_ok`).
+    ``layer_flags``
+        The flags this op takes only where the config has ``layer_ops``, else ``BAD_SHAPE``
+        (:meth:`layer_flags_ok`): ``NORM``'s :data:`F_EPS` and :data:`F_L2`, ``ADD``'s :data:`F_ACC`,
+        ``REQUANT``'s :data:`F_RQ_CHANNEL`.
     ``taps``
         ``k <= m`` (a result of ``m - k + 1`` rows).
     ``scores``
@@ -352,7 +358,7 @@ class OpRule:
     widths: tuple = ()
     engine: bool = False
     b_spad: bool = False
-    norm_flags: bool = False
+    layer_flags: int = 0
     taps: bool = False
     scores: bool = False
     route: bool = False
@@ -365,9 +371,9 @@ class OpRule:
             return True
         return bool(flags & F_B_SPAD and cfg.layer_ops and not flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT))
 
-    def norm_flags_ok(self, flags: int, cfg: KpuConfig) -> bool:
-        """Neither :data:`F_EPS` nor :data:`F_L2` set, or allowed (:attr:`norm_flags`)."""
-        return not (self.norm_flags and flags & (F_EPS | F_L2)) or cfg.layer_ops
+    def layer_flags_ok(self, flags: int, cfg: KpuConfig) -> bool:
+        """None of :attr:`layer_flags` set, or the config has ``layer_ops``."""
+        return not flags & self.layer_flags or cfg.layer_ops
 
     def width_ok(self, width: int, cfg: KpuConfig) -> bool:
         """``width`` is one of :attr:`widths` (always true when they are empty)."""
@@ -385,19 +391,21 @@ OP_RULES: dict[Op, OpRule] = {
     Op.STORE: OpRule("dma", a="m*n", host="m*n*width", positive="mn", widths=(4,)),
     Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk", widths=(0, RQ_WIDTHS),
                     engine=True, b_spad=True),
-    Op.REQUANT: OpRule("act", a="m*n", b="rq", c="m*n", in_place=True, positive="mn", widths=(RQ_WIDTHS,)),
+    Op.REQUANT: OpRule("act", a="m*n", b="rq", c="m*n", in_place=True, positive="mn", widths=(RQ_WIDTHS,),
+                       layer_flags=F_RQ_CHANNEL),
     Op.SIGMOID: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.SITU: OpRule("act", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
-    Op.ADD: OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn"),
+    Op.ADD: OpRule("vector", a="m*n", b="m*n", c="m*n", in_place=True, positive="mn", layer_flags=F_ACC),
     Op.ROUTE: OpRule("route", a="m*n", b="n", c="route", positive="m", n_experts=True, top_k=True, scores=True),
     Op.EXPERT: OpRule(a="2*n", n_experts=True, route=True, target=True),
     Op.GATHER: OpRule("move", a="m*n", b="list", c="count*n", positive="mn", expert=True),
     Op.SCATTER: OpRule("move", a="count*n", b="list", c="m*n", positive="mn", expert=True),
     Op.COMBINE: OpRule("vector", a="m*k*n", b="m*k", c="m*n", positive="mnk"),
-    Op.NORM: OpRule("vector", a="m*n", b="eps", c="m*n", in_place=True, positive="mn", norm_flags=True),
+    Op.NORM: OpRule("vector", a="m*n", b="eps", c="m*n", in_place=True, positive="mn",
+                    layer_flags=F_EPS | F_L2),
     Op.JUMP: OpRule(target=True),
     Op.SPLIT: OpRule("act", a="m*n", c="2*m*n", positive="mn"),
-    Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq_gemm", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
+    Op.REQUANT_WIDE: OpRule("act", a="4*m*n", b="rq", c="m*n", positive="mn", widths=(RQ_WIDTHS,)),
     Op.SILU: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.DECAY: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn"),
     Op.SOFTMAX: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn", softmax_row=True),
@@ -447,10 +455,9 @@ SIZES = {
     "4*m*n": lambda s: 4 * s.m * s.n,                               # REQUANT_WIDE's four partials
     "count*n": lambda s: s.count * s.n,                             # the current expert's rows
     "list": lambda s: s.offset + s.count,                           # the dispatch list up to its tokens
-    "rq": lambda s: 2 * s.cfg.n_experts if s.flags & F_RQ_EXPERT else 0,    # (mult, shift) per expert
-    "rq_gemm": lambda s: (2 * s.n * (s.cfg.n_experts if s.flags & F_RQ_EXPERT else 1) if s.flags & F_RQ_CHANNEL
-                          else SIZES["rq"](s)),                     # ... or per column (and expert)
-    "gemm_b": lambda s: s.n * s.k if s.flags & F_B_SPAD else SIZES["rq_gemm"](s),   # GEMM's B, or its table
+    "rq": lambda s: (2 * (s.n if s.flags & F_RQ_CHANNEL else 1) * (s.cfg.n_experts if s.flags & F_RQ_EXPERT else 1)
+                     if s.flags & (F_RQ_CHANNEL | F_RQ_EXPERT) else 0),   # (mult, shift) per column and/or expert
+    "gemm_b": lambda s: s.n * s.k if s.flags & F_B_SPAD else SIZES["rq"](s),   # GEMM's B, or its table
     "eps": lambda s: 1 if s.flags & F_EPS else 0,                   # NORM's epsilon word
     "k*n": lambda s: s.k * s.n,                                     # CONV's kernels
     "(m-k+1)*n": lambda s: max(s.m - s.k + 1, 0) * s.n,             # CONV's result rows

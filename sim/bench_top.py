@@ -36,10 +36,12 @@ from nanokpu.host.funcsim import FuncSim
 from nanokpu.host.layer import compile_ffn_sublayer
 from nanokpu.isa import (
     EXECUTORS,
+    F_ACC,
     F_B_SPAD,
     F_B_T,
     F_EPS,
     F_L2,
+    F_RQ_CHANNEL,
     Err,
     Instr,
     Op,
@@ -357,19 +359,29 @@ async def test_layer_ops(dut):
     its epsilon word (``F_EPS``: the largest the word holds, loaded from host memory), the l2norm
     (``F_L2``) of the inputs as heads of 8, and as heads of 16 with that epsilon word, stored; then
     the short convolution (``CONV``) of the 8 rows of 256 channels over ``kda_conv`` taps (kernels
-    loaded from host memory, with random upper bits; channel 0 at its largest products), requantised
-    in place and stored: the host memory equals FuncSim's byte for byte (under the bench's bus
-    stalls). Every input of each
+    loaded from host memory, with random upper bits; channel 0 at its largest products), a bias
+    added at acc width (``ADD`` with ``F_ACC``, the largest and smallest biases), requantised per channel
+    (``REQUANT`` with ``F_RQ_CHANNEL``) in place and stored: the host memory equals FuncSim's byte
+    for byte (under the bench's bus stalls). Every input of each
     table: tests/units."""
     tb = TB(dut)
     await tb.reset()
     cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
     act, rows, n, taps = cfg.act_width, 8, 256, cfg.kda_conv
+    out_rows = rows - taps + 1
     size = rows * n
     x = rng.integers(-(1 << (act - 1)), 1 << (act - 1), size)
     x[:5] = [-(1 << (act - 1)), (1 << (act - 1)) - 1, 0, 1, -1]
     x[::n] = -(1 << (act - 1))
     words = (x + (rng.integers(-(1 << (31 - act)), 1 << (31 - act), size) << act)).astype("<i4")
+    kernels = rng.integers(-128, 128, taps * n)
+    kernels[:taps] = -128                               # channel 0: x[:, 0] = -2**(act-1) wraps at acc_width 24
+    accw = cfg.acc_width
+    bias = rng.integers(-(1 << (accw - 1)), 1 << (accw - 1), out_rows * n) >> rng.integers(0, accw, out_rows * n)
+    bias[:2] = [(1 << (accw - 1)) - 1, -(1 << (accw - 1))]
+    rq = np.stack([rng.integers(0, 1 << cfg.mult_width, n), rng.integers(0, 40, n)], axis=-1).ravel()
+    tables = np.concatenate([kernels, rq, bias])       # kernels and rq at 3*size + 16, the bias at 2*size
+    table_words = (tables + (rng.integers(-(1 << 7), 1 << 7, tables.size) << accw)).astype("<i4")
     prog = [Instr(Op.LOAD, m=rows, n=n, c=0, host=0, width=4),
             Instr(Op.SILU, m=rows, n=n, a=0, c=size),
             Instr(Op.DECAY, m=rows, n=n, a=0, c=2 * size),
@@ -381,17 +393,17 @@ async def test_layer_ops(dut):
             Instr(Op.NORM, flags=F_L2, m=size // 8, n=8, a=0, c=size),               # heads of 8
             Instr(Op.NORM, flags=F_L2 | F_EPS, m=size // 16, n=16, a=0, b=3 * size, c=2 * size),
             Instr(Op.STORE, m=2 * rows, n=n, a=size, host=16 * size + 4, width=4),
-            Instr(Op.LOAD, m=1, n=taps * n, c=3 * size + 16, host=24 * size + 4, width=4),
+            Instr(Op.LOAD, m=1, n=(taps + 2) * n, c=3 * size + 16, host=24 * size + 4, width=4),
+            Instr(Op.LOAD, m=out_rows, n=n, c=2 * size, host=24 * size + 4 + 4 * (taps + 2) * n, width=4),
             Instr(Op.CONV, m=rows, n=n, k=taps, a=0, b=3 * size + 16, c=size),          # rows - 3 results
-            Instr(Op.REQUANT, m=rows - taps + 1, n=n, a=size, c=size, mult=23456, shift=21, width=act),
-            Instr(Op.STORE, m=rows - taps + 1, n=n, a=size, host=24 * size + 4 + 16 * n, width=4),
+            Instr(Op.ADD, flags=F_ACC, m=out_rows, n=n, a=size, b=2 * size, c=size),
+            Instr(Op.REQUANT, flags=F_RQ_CHANNEL, m=out_rows, n=n, a=size, b=3 * size + 16 + taps * n,
+                  c=size, width=act),
+            Instr(Op.STORE, m=out_rows, n=n, a=size, host=24 * size + 4 + 4 * tables.size, width=4),
             Instr(Op.HALT)]
     eps_word = np.array([(1 << 2 * act) - 1], dtype="<u4")
-    kernels = rng.integers(-128, 128, taps * n)
-    kernels[:taps] = -128                               # channel 0: x[:, 0] = -2**(act-1) wraps at acc_width 24
-    kernel_words = (kernels + (rng.integers(-(1 << 23), 1 << 23, kernels.size) << 8)).astype("<i4")
-    image = (words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size) + kernel_words.tobytes()
-             + bytes(4 * (rows - taps + 1) * n))
+    image = (words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size) + table_words.tobytes()
+             + bytes(4 * out_rows * n))
     sim = FuncSim(cfg, image, 0, len(image))
     expected = sim.run(prog)
     assert expected.error == Err.NONE, expected

@@ -85,17 +85,17 @@ def test_sizes_are_the_semantics():
     E, K = cfg.n_experts, cfg.top_k
     s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
     assert {name: f(s) for name, f in SIZES.items()} == {
-        "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0, "rq_gemm": 0,
+        "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0,
         "gemm_b": 0, "eps": 0, "k*n": 10, "(m-k+1)*n": 10,
         "2*m*n": 30, "4*m*n": 60, "route": route_table(0, 3, cfg)["end"],
         "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
     assert SIZES["route"](s) == 4 * 3 * K + 2 * E
     flagged = SizeArgs.of(Instr(Op.GEMM, flags=F_M_COUNT | F_RQ_EXPERT, m=3, n=5), cfg, count=7)
-    assert (flagged.m, SIZES["rq"](flagged), SIZES["rq_gemm"](flagged)) == (7, 2 * E, 2 * E)
+    assert (flagged.m, SIZES["rq"](flagged)) == (7, 2 * E)
     # per column: 2 words a column, and with F_RQ_EXPERT a column's entries of every expert
     for flags, words in ((F_RQ_CHANNEL, 2 * 5), (F_RQ_CHANNEL | F_RQ_EXPERT, 2 * 5 * E)):
         s = SizeArgs.of(Instr(Op.GEMM, flags=flags, m=3, n=5), cfg)
-        assert (SIZES["rq_gemm"](s), SIZES["rq"](s)) == (words, 2 * E if flags & F_RQ_EXPERT else 0)
+        assert SIZES["rq"](s) == words
         assert SIZES["gemm_b"](s) == words
     # B from the scratchpad: its n*k words at b, no host bytes
     s = SizeArgs.of(Instr(Op.GEMM, flags=F_B_SPAD, m=3, k=4, n=5), cfg)

@@ -17,6 +17,7 @@ import numpy as np
 from golden import intops as I
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
+    F_ACC,
     F_B_SPAD,
     F_B_T,
     F_EPS,
@@ -200,7 +201,8 @@ class FuncSim:
               f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT;"
               " F_B_T needs F_B_SPAD")
         check(not rule.taps or k <= m, Err.BAD_SHAPE, f"{op.name} needs k <= m")
-        check(rule.norm_flags_ok(ins.flags, cfg), Err.BAD_SHAPE, f"{op.name} with F_EPS or F_L2 needs layer_ops")
+        check(rule.layer_flags_ok(ins.flags, cfg), Err.BAD_SHAPE,
+              f"{op.name} with flags {ins.flags & rule.layer_flags:#x} needs layer_ops")
         if rule.engine:
             mb = -(-m // cfg.rows)
             check(k <= cfg.spad_b_depth // 2 and mb * k <= cfg.spad_a_depth
@@ -260,8 +262,9 @@ class FuncSim:
             self.macs += m * k * n
             self.gemms.append((m, k, n))
         elif op == Op.REQUANT:
-            self._write(c, I.requantize(self._read(a, ln, cfg.acc_width), *self._rq_consts(ins),
-                                        ins.width, cfg.rounding))
+            v = self._read(a, ln, cfg.acc_width).reshape(m, n)
+            rq = self._rq_columns(ins) if ins.flags & F_RQ_CHANNEL else self._rq_consts(ins)
+            self._write(c, I.requantize(v, *rq, ins.width, cfg.rounding))
         elif op == Op.SPLIT:
             self._write(c, I.split_digits(self._read(a, ln, 2 * cfg.in_width), cfg.in_width))
         elif op == Op.REQUANT_WIDE:
@@ -287,7 +290,8 @@ class FuncSim:
         elif op == Op.SITU:
             self._write(c, I.situ_q(self._read(a, ln, act), self._read(b, ln, act), cfg))
         elif op == Op.ADD:
-            self._write(c, I.add_sat(self._read(a, ln, act), self._read(b, ln, act), act))
+            w = cfg.acc_width if ins.flags & F_ACC else act
+            self._write(c, I.add_sat(self._read(a, ln, w), self._read(b, ln, w), w))
         elif op == Op.NORM:
             eps_q = int(self.spad[b]) & ((1 << 2 * act) - 1) if ins.flags & F_EPS else None
             rows = self._read(a, ln, act).reshape(m, n)

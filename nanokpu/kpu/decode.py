@@ -13,7 +13,6 @@ from nanokpu.isa import (
     F_B_T,
     F_EPS,
     F_HOST_EXPERT,
-    F_L2,
     F_M_COUNT,
     F_RQ_CHANNEL,
     F_RQ_EXPERT,
@@ -219,8 +218,8 @@ class Decode(wiring.Component):
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
             if r.taps:
                 terms.append(ins.k <= m_eff)
-            if r.norm_flags:   # (OpRule.norm_flags_ok)
-                terms.append(Const(1) if cfg.layer_ops else (ins.flags & (F_EPS | F_L2)) == 0)
+            if r.layer_flags and not cfg.layer_ops:   # (OpRule.layer_flags_ok)
+                terms.append((ins.flags & r.layer_flags) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
                 others = (ins.flags & (F_RQ_EXPERT | F_RQ_CHANNEL | F_HOST_EXPERT)) == 0
                 terms += [~b_flag | (others if cfg.layer_ops else Const(0)), b_flag | ((ins.flags & F_B_T) == 0)]
@@ -241,11 +240,11 @@ class Decode(wiring.Component):
             "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "route": sat(mk + 2 * E), "m*k*n": p3,
             "n": sat(ins.n), "2*n": sat(ins.n << 1), "2*m*n": sat(ln << 1), "4*m*n": sat(ln << 2),
             "list": sat(offset + count),
-            "rq": Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0),
         }
-        sizes["rq_gemm"] = Mux(ins.flags & F_RQ_CHANNEL,
-                               sat(Mux(ins.flags & F_RQ_EXPERT, times_const(ins.n, 2 * E), ins.n << 1)), sizes["rq"])
-        sizes["gemm_b"] = Mux(b_on, sat(l4), sizes["rq_gemm"])   # step 4: n*k with F_B_SPAD
+        sizes["rq"] = Mux(ins.flags & F_RQ_CHANNEL,
+                          sat(Mux(ins.flags & F_RQ_EXPERT, times_const(ins.n, 2 * E), ins.n << 1)),
+                          Mux(ins.flags & F_RQ_EXPERT, min(2 * E, (1 << SW) - 1), 0))
+        sizes["gemm_b"] = Mux(b_on, sat(l4), sizes["rq"])   # step 4: n*k with F_B_SPAD
         sizes["eps"] = (ins.flags & F_EPS) != 0
         host_sizes = schedule[4].keys()     # l4 (nbytes): the lane's step 4
         missing = {name for r in OP_RULES.values() for name in (r.a, r.b, r.c) if name} - sizes.keys()

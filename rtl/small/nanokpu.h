@@ -105,6 +105,7 @@
 #define NANOKPU_F_B_T                            0x20
 #define NANOKPU_F_EPS                            0x40
 #define NANOKPU_F_L2                             0x80
+#define NANOKPU_F_ACC                            0x100
 
 /* instruction layout: bit SHIFT of instruction i is bit SHIFT % 32 of the 32-bit word at
    NANOKPU_IMEM_BASE + NANOKPU_INSTR_BYTES * i + 4 * (SHIFT / 32) */

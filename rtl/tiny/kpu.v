@@ -1136,7 +1136,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$416$0 (\$170 ),
     .\port$434$0 (\$171 ),
-    .\port$6512$254 (cur[269:254]),
+    .\port$6538$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1360,7 +1360,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6514$0 (running_exec),
+    .\port$6540$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -3678,73 +3678,73 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   reg \$auto$verilog_backend.cc:2355:dump_module$4  = 0;
   wire [9:0] \$1 ;
   wire [17:0] \$10 ;
-  wire [23:0] \$100 ;
-  wire [16:0] \$101 ;
-  wire \$102 ;
-  wire [23:0] \$103 ;
-  wire \$104 ;
-  wire [9:0] \$105 ;
-  wire [22:0] \$106 ;
+  wire [13:0] \$100 ;
+  wire [9:0] \$101 ;
+  wire [9:0] \$102 ;
+  wire [22:0] \$103 ;
+  wire [23:0] \$104 ;
+  wire [16:0] \$105 ;
+  wire \$106 ;
   wire [23:0] \$107 ;
-  wire [16:0] \$108 ;
-  wire \$109 ;
+  wire \$108 ;
+  wire [9:0] \$109 ;
   wire [16:0] \$11 ;
-  wire [23:0] \$110 ;
-  wire [13:0] \$111 ;
-  wire [9:0] \$112 ;
+  wire [22:0] \$110 ;
+  wire [23:0] \$111 ;
+  wire [16:0] \$112 ;
   wire \$113 ;
-  wire [4:0] \$114 ;
-  wire \$115 ;
-  wire [13:0] \$116 ;
-  wire [13:0] \$117 ;
-  wire [9:0] \$118 ;
+  wire [23:0] \$114 ;
+  wire [13:0] \$115 ;
+  wire [9:0] \$116 ;
+  wire \$117 ;
+  wire [4:0] \$118 ;
   wire \$119 ;
   wire [17:0] \$12 ;
-  wire [4:0] \$120 ;
-  wire \$121 ;
-  wire [13:0] \$122 ;
-  wire [14:0] \$123 ;
-  wire \$124 ;
-  wire [14:0] \$125 ;
-  wire [13:0] \$126 ;
-  wire [16:0] \$127 ;
-  wire \$128 ;
-  wire [16:0] \$129 ;
+  wire [13:0] \$120 ;
+  wire [13:0] \$121 ;
+  wire [9:0] \$122 ;
+  wire [9:0] \$123 ;
+  wire [22:0] \$124 ;
+  wire [23:0] \$125 ;
+  wire [16:0] \$126 ;
+  wire \$127 ;
+  wire [23:0] \$128 ;
+  wire \$129 ;
   wire [17:0] \$13 ;
-  wire [13:0] \$130 ;
-  wire [16:0] \$131 ;
-  wire \$132 ;
+  wire [9:0] \$130 ;
+  wire [22:0] \$131 ;
+  wire [23:0] \$132 ;
   wire [16:0] \$133 ;
-  wire [13:0] \$134 ;
-  wire [16:0] \$135 ;
-  wire \$136 ;
-  wire [16:0] \$137 ;
-  wire [13:0] \$138 ;
-  wire [9:0] \$139 ;
+  wire \$134 ;
+  wire [23:0] \$135 ;
+  wire [13:0] \$136 ;
+  wire [9:0] \$137 ;
+  wire \$138 ;
+  wire [4:0] \$139 ;
   wire [17:0] \$14 ;
   wire \$140 ;
-  wire \$141 ;
+  wire [13:0] \$141 ;
   wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
+  wire [13:0] \$143 ;
+  wire [14:0] \$144 ;
   wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
+  wire [14:0] \$146 ;
+  wire [13:0] \$147 ;
+  wire [16:0] \$148 ;
   wire \$149 ;
   wire [18:0] \$15 ;
-  wire \$150 ;
-  wire \$151 ;
-  wire \$152 ;
+  wire [16:0] \$150 ;
+  wire [13:0] \$151 ;
+  wire [16:0] \$152 ;
   wire \$153 ;
-  wire \$154 ;
-  wire \$155 ;
-  wire \$156 ;
+  wire [16:0] \$154 ;
+  wire [13:0] \$155 ;
+  wire [16:0] \$156 ;
   wire \$157 ;
-  wire [9:0] \$158 ;
-  wire \$159 ;
+  wire [16:0] \$158 ;
+  wire [13:0] \$159 ;
   wire [18:0] \$16 ;
-  wire \$160 ;
+  wire [9:0] \$160 ;
   wire \$161 ;
   wire \$162 ;
   wire \$163 ;
@@ -3753,7 +3753,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$166 ;
   wire \$167 ;
   wire \$168 ;
-  wire [9:0] \$169 ;
+  wire \$169 ;
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
@@ -3764,7 +3764,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$176 ;
   wire \$177 ;
   wire \$178 ;
-  wire \$179 ;
+  wire [9:0] \$179 ;
   wire \$18 ;
   wire \$180 ;
   wire \$181 ;
@@ -3777,7 +3777,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$188 ;
   wire \$189 ;
   wire \$19 ;
-  wire \$190 ;
+  wire [9:0] \$190 ;
   wire \$191 ;
   wire \$192 ;
   wire \$193 ;
@@ -3803,10 +3803,10 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$210 ;
   wire \$211 ;
   wire \$212 ;
-  wire [14:0] \$213 ;
+  wire \$213 ;
   wire \$214 ;
   wire \$215 ;
-  wire [14:0] \$216 ;
+  wire \$216 ;
   wire \$217 ;
   wire \$218 ;
   wire \$219 ;
@@ -3852,18 +3852,18 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [14:0] \$255 ;
   wire \$256 ;
   wire \$257 ;
-  wire \$258 ;
+  wire [14:0] \$258 ;
   wire \$259 ;
   wire \$26 ;
   wire \$260 ;
-  wire [14:0] \$261 ;
+  wire \$261 ;
   wire \$262 ;
   wire \$263 ;
   wire \$264 ;
   wire \$265 ;
   wire \$266 ;
   wire \$267 ;
-  wire [14:0] \$268 ;
+  wire \$268 ;
   wire \$269 ;
   wire \$27 ;
   wire \$270 ;
@@ -3872,49 +3872,70 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$273 ;
   wire \$274 ;
   wire \$275 ;
-  wire [33:0] \$276 ;
-  wire [32:0] \$277 ;
+  wire [14:0] \$276 ;
+  wire \$277 ;
   wire \$278 ;
   wire \$279 ;
   wire \$28 ;
   wire \$280 ;
   wire \$281 ;
-  wire \$282 ;
+  wire [14:0] \$282 ;
   wire \$283 ;
   wire \$284 ;
   wire \$285 ;
   wire \$286 ;
-  wire [13:0] \$287 ;
+  wire \$287 ;
   wire \$288 ;
-  wire [13:0] \$289 ;
+  wire [14:0] \$289 ;
   wire \$29 ;
   wire \$290 ;
-  wire [13:0] \$291 ;
+  wire \$291 ;
   wire \$292 ;
-  wire [13:0] \$293 ;
+  wire \$293 ;
   wire \$294 ;
-  wire [17:0] \$295 ;
-  wire [3:0] \$296 ;
-  wire [2:0] \$297 ;
-  reg \$298 ;
-  reg \$299 ;
+  wire \$295 ;
+  wire \$296 ;
+  wire [33:0] \$297 ;
+  wire [32:0] \$298 ;
+  wire \$299 ;
   wire [16:0] \$3 ;
   wire \$30 ;
-  reg \$300 ;
-  reg \$301 ;
-  reg [7:0] \$302 ;
-  reg \$303 ;
-  reg [2:0] \$304 ;
-  reg [1:0] \$305 ;
-  reg [13:0] \$306 ;
-  reg [13:0] \$307 ;
-  reg [13:0] \$308 ;
-  reg [13:0] \$309 ;
+  wire \$300 ;
+  wire \$301 ;
+  wire \$302 ;
+  wire \$303 ;
+  wire \$304 ;
+  wire \$305 ;
+  wire \$306 ;
+  wire \$307 ;
+  wire [13:0] \$308 ;
+  wire \$309 ;
   wire \$31 ;
-  reg [17:0] \$310 ;
-  reg [32:0] \$311 ;
+  wire [13:0] \$310 ;
+  wire \$311 ;
+  wire [13:0] \$312 ;
+  wire \$313 ;
+  wire [13:0] \$314 ;
+  wire \$315 ;
+  wire [17:0] \$316 ;
+  wire [3:0] \$317 ;
+  wire [2:0] \$318 ;
+  reg \$319 ;
   wire \$32 ;
+  reg \$320 ;
+  reg \$321 ;
+  reg \$322 ;
+  reg [7:0] \$323 ;
+  reg \$324 ;
+  reg [2:0] \$325 ;
+  reg [1:0] \$326 ;
+  reg [13:0] \$327 ;
+  reg [13:0] \$328 ;
+  reg [13:0] \$329 ;
   wire \$33 ;
+  reg [13:0] \$330 ;
+  reg [17:0] \$331 ;
+  reg [32:0] \$332 ;
   wire \$34 ;
   wire \$35 ;
   wire \$36 ;
@@ -3948,7 +3969,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$61 ;
   wire \$62 ;
   wire \$63 ;
-  wire \$64 ;
+  wire [9:0] \$64 ;
   wire \$65 ;
   wire \$66 ;
   wire \$67 ;
@@ -3960,7 +3981,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire \$72 ;
   wire \$73 ;
   wire \$74 ;
-  wire \$75 ;
+  wire [9:0] \$75 ;
   wire \$76 ;
   wire \$77 ;
   wire \$78 ;
@@ -3979,14 +4000,14 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   wire [17:0] \$9 ;
   wire \$90 ;
   wire \$91 ;
-  wire [9:0] \$92 ;
+  wire \$92 ;
   wire \$93 ;
   wire \$94 ;
   wire \$95 ;
-  wire [13:0] \$96 ;
-  wire [9:0] \$97 ;
-  wire [9:0] \$98 ;
-  wire [22:0] \$99 ;
+  wire [9:0] \$96 ;
+  wire \$97 ;
+  wire \$98 ;
+  wire \$99 ;
   wire [32:0] acc;
   reg [32:0] acc_in;
   reg active = 1'h0;
@@ -4127,152 +4148,140 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$60  = ins[243:238] >= 2'h2;
   assign \$61  = ins[243:238] <= 5'h18;
   assign \$62  = \$60  & \$61 ;
-  assign \$64  = & { \$63 , \$59 , \$58  };
-  assign \$65  = m_eff >= 1'h1;
-  assign \$66  = ins[63:48] >= 1'h1;
-  assign \$67  = & { \$66 , \$65  };
-  assign \$68  = m_eff >= 1'h1;
-  assign \$69  = ins[63:48] >= 1'h1;
-  assign \$70  = & { \$69 , \$68  };
-  assign \$71  = m_eff >= 1'h1;
-  assign \$72  = ins[63:48] >= 1'h1;
-  assign \$73  = & { \$72 , \$71  };
-  assign \$74  = m_eff >= 1'h1;
-  assign \$75  = ins[63:48] == 4'h8;
-  assign \$76  = ins[47:32] == 2'h2;
-  assign \$77  = & { \$76 , \$75 , \$74  };
-  assign \$78  = ins[63:48] == 4'h8;
-  assign \$80  = m_eff >= 1'h1;
-  assign \$81  = ins[63:48] >= 1'h1;
-  assign \$82  = & { \$81 , \$80  };
-  assign \$83  = m_eff >= 1'h1;
-  assign \$84  = ins[63:48] >= 1'h1;
-  assign \$85  = & { \$84 , \$83  };
-  assign \$86  = m_eff >= 1'h1;
-  assign \$87  = ins[63:48] >= 1'h1;
-  assign \$88  = ins[47:32] >= 1'h1;
-  assign \$89  = & { \$88 , \$87 , \$86  };
+  assign \$65  = ! \$64 ;
+  assign \$66  = & { \$65 , \$63 , \$59 , \$58  };
+  assign \$67  = m_eff >= 1'h1;
+  assign \$68  = ins[63:48] >= 1'h1;
+  assign \$69  = & { \$68 , \$67  };
+  assign \$70  = m_eff >= 1'h1;
+  assign \$71  = ins[63:48] >= 1'h1;
+  assign \$72  = & { \$71 , \$70  };
+  assign \$73  = m_eff >= 1'h1;
+  assign \$74  = ins[63:48] >= 1'h1;
+  assign \$76  = ! \$75 ;
+  assign \$77  = & { \$76 , \$74 , \$73  };
+  assign \$78  = m_eff >= 1'h1;
+  assign \$79  = ins[63:48] == 4'h8;
+  assign \$80  = ins[47:32] == 2'h2;
+  assign \$81  = & { \$80 , \$79 , \$78  };
+  assign \$82  = ins[63:48] == 4'h8;
+  assign \$84  = m_eff >= 1'h1;
+  assign \$85  = ins[63:48] >= 1'h1;
+  assign \$86  = & { \$85 , \$84  };
+  assign \$87  = m_eff >= 1'h1;
+  assign \$88  = ins[63:48] >= 1'h1;
+  assign \$89  = & { \$88 , \$87  };
   assign \$90  = m_eff >= 1'h1;
   assign \$91  = ins[63:48] >= 1'h1;
-  assign \$93  = ! \$92 ;
-  assign \$94  = & { \$93 , \$91 , \$90  };
-  assign \$95  = | l4[17:14];
-  assign \$96  = \$95  ? 14'h3fff : l4[13:0];
-  assign \$100  = 1'h0 + \$99 ;
-  assign \$103  = \$102  ? \$100  : { 7'h00, \$101  };
-  assign \$104  = | \$103 [23:14];
-  assign \$107  = 1'h0 + \$106 ;
-  assign \$110  = \$109  ? \$107  : { 7'h00, \$108  };
-  assign \$111  = \$104  ? 14'h3fff : \$110 [13:0];
-  assign \$114  = \$113  ? 5'h10 : 5'h00;
-  assign \$116  = \$115  ? \$111  : { 9'h000, \$114  };
-  assign \$120  = \$119  ? 5'h10 : 5'h00;
-  assign \$121  = | ins[63:62];
-  assign \$122  = \$121  ? 14'h3fff : ins[61:48];
-  assign \$123  = mk + 5'h10;
-  assign \$125  = mk + 5'h10;
-  assign \$126  = \$124  ? 14'h3fff : \$125 [13:0];
-  assign \$128  = | \$127 [16:14];
-  assign \$130  = \$128  ? 14'h3fff : \$129 [13:0];
-  assign \$131  = \context [47:34] + \context [33:18];
-  assign \$132  = | \$131 [16:14];
-  assign \$133  = \context [47:34] + \context [33:18];
-  assign \$134  = \$132  ? 14'h3fff : \$133 [13:0];
-  assign \$135  = \context [47:34] + \context [33:18];
-  assign \$136  = | \$135 [16:14];
-  assign \$137  = \context [47:34] + \context [33:18];
-  assign \$138  = \$136  ? 14'h3fff : \$137 [13:0];
-  assign \$141  = ! ins[5:0];
-  assign \$142  = ins[5:0] == 1'h1;
-  assign \$143  = ins[5:0] == 2'h2;
-  assign \$144  = ins[5:0] == 2'h3;
-  assign \$145  = ins[5:0] == 3'h4;
-  assign \$146  = ins[5:0] == 3'h5;
-  assign \$147  = ins[5:0] == 3'h6;
-  assign \$148  = ins[5:0] == 3'h7;
-  assign \$149  = ins[5:0] == 4'h8;
-  assign \$150  = ins[5:0] == 4'h9;
-  assign \$151  = ins[5:0] == 4'ha;
-  assign \$152  = ins[5:0] == 4'hb;
-  assign \$153  = ins[5:0] == 4'hc;
-  assign \$154  = ins[5:0] == 4'hd;
-  assign \$155  = ins[5:0] == 4'he;
-  assign \$156  = | { \$155 , \$154 , \$153 , \$152 , \$151 , \$150 , \$149 , \$148 , \$147 , \$146 , \$145 , \$144 , \$143 , \$142 , \$141 , 1'h0 };
-  assign \$157  = ~ \$156 ;
-  assign \$159  = | \$158 ;
-  assign \$160  = ins[5:0] == 4'ha;
-  assign \$161  = ins[5:0] == 4'hb;
-  assign \$162  = | { \$161 , \$160 , 1'h0 };
-  assign \$163  = \$159  | \$162 ;
-  assign \$164  = ins[5:0] == 4'h9;
-  assign \$166  = \$163  | \$165 ;
-  assign \$167  = ~ \context [0];
-  assign \$168  = \$166  & \$167 ;
-  assign \$170  = | \$169 ;
-  assign \$171  = ins[5:0] == 4'ha;
-  assign \$172  = ins[5:0] == 4'hb;
-  assign \$173  = | { \$172 , \$171 , 1'h0 };
-  assign \$174  = \$170  | \$173 ;
-  assign \$175  = ~ \context [1];
-  assign \$176  = \$174  & \$175 ;
-  assign \$177  = \$168  | \$176 ;
-  assign \$178  = ins[5:0] == 4'h9;
-  assign \$179  = ins[5:0] == 4'he;
-  assign \$180  = | { \$179 , \$178 , 1'h0 };
-  assign \$181  = ins[255:244] < 7'h40;
-  assign \$182  = ~ \$181 ;
-  assign \$183  = \$180  & \$182 ;
-  assign \$184  = ~ shape_q;
-  assign \$185  = ins[5:0] == 4'h8;
-  assign \$187  = ! ins[87:77];
-  assign \$188  = \context [48] & \$187 ;
-  assign \$189  = \context [61:49] == ins[76:64];
-  assign \$190  = \$188  & \$189 ;
-  assign \$191  = \context [75:62] == ln;
-  assign \$192  = \$190  & \$191 ;
-  assign \$193  = ~ \$192 ;
-  assign \$194  = \$186  & \$193 ;
-  assign \$195  = ~ spad_ok;
-  assign \$196  = ins[5:0] == 1'h1;
-  assign \$197  = ins[5:0] == 2'h2;
-  assign \$198  = ins[5:0] == 2'h3;
-  assign \$199  = | { \$198 , \$197 , \$196 , 1'h0 };
-  assign \$202  = ~ host_ok;
-  assign \$203  = \$201  & \$202 ;
-  assign \$204  = ~ busy;
-  assign \$205  = active & \$204 ;
-  assign \$206  = step != 3'h7;
-  assign \$207  = ! ins[5:0];
-  assign \$208  = settle == 2'h2;
-  assign \$209  = \$207  | \$208 ;
-  assign \$210  = | wa;
-  assign \$211  = | wc;
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = ins[125:112] + wc;
-  assign \$214  = ins[77:64] < \$213 ;
-  assign \$215  = \$212  & \$214 ;
-  assign \$216  = ins[77:64] + wa;
-  assign \$217  = ins[125:112] < \$216 ;
-  assign \$218  = \$215  & \$217 ;
-  assign \$219  = ins[5:0] == 3'h4;
-  assign \$220  = ins[5:0] == 3'h5;
-  assign \$221  = ins[5:0] == 3'h6;
-  assign \$222  = ins[5:0] == 3'h7;
-  assign \$223  = ins[5:0] == 4'hd;
-  assign \$224  = | { \$223 , \$222 , \$221 , \$220 , \$219 , 1'h0 };
-  assign \$225  = ins[77:64] == ins[125:112];
-  assign \$226  = \$224  & \$225 ;
-  assign \$227  = wa == wc;
-  assign \$228  = \$226  & \$227 ;
-  assign \$229  = ~ \$228 ;
-  assign \$230  = \$218  & \$229 ;
-  assign \$231  = | wb;
+  assign \$92  = ins[47:32] >= 1'h1;
+  assign \$93  = & { \$92 , \$91 , \$90  };
+  assign \$94  = m_eff >= 1'h1;
+  assign \$95  = ins[63:48] >= 1'h1;
+  assign \$97  = ! \$96 ;
+  assign \$98  = & { \$97 , \$95 , \$94  };
+  assign \$99  = | l4[17:14];
+  assign \$100  = \$99  ? 14'h3fff : l4[13:0];
+  assign \$104  = 1'h0 + \$103 ;
+  assign \$107  = \$106  ? \$104  : { 7'h00, \$105  };
+  assign \$108  = | \$107 [23:14];
+  assign \$111  = 1'h0 + \$110 ;
+  assign \$114  = \$113  ? \$111  : { 7'h00, \$112  };
+  assign \$115  = \$108  ? 14'h3fff : \$114 [13:0];
+  assign \$118  = \$117  ? 5'h10 : 5'h00;
+  assign \$120  = \$119  ? \$115  : { 9'h000, \$118  };
+  assign \$125  = 1'h0 + \$124 ;
+  assign \$128  = \$127  ? \$125  : { 7'h00, \$126  };
+  assign \$129  = | \$128 [23:14];
+  assign \$132  = 1'h0 + \$131 ;
+  assign \$135  = \$134  ? \$132  : { 7'h00, \$133  };
+  assign \$136  = \$129  ? 14'h3fff : \$135 [13:0];
+  assign \$139  = \$138  ? 5'h10 : 5'h00;
+  assign \$141  = \$140  ? \$136  : { 9'h000, \$139  };
+  assign \$142  = | ins[63:62];
+  assign \$143  = \$142  ? 14'h3fff : ins[61:48];
+  assign \$144  = mk + 5'h10;
+  assign \$146  = mk + 5'h10;
+  assign \$147  = \$145  ? 14'h3fff : \$146 [13:0];
+  assign \$149  = | \$148 [16:14];
+  assign \$151  = \$149  ? 14'h3fff : \$150 [13:0];
+  assign \$152  = \context [47:34] + \context [33:18];
+  assign \$153  = | \$152 [16:14];
+  assign \$154  = \context [47:34] + \context [33:18];
+  assign \$155  = \$153  ? 14'h3fff : \$154 [13:0];
+  assign \$156  = \context [47:34] + \context [33:18];
+  assign \$157  = | \$156 [16:14];
+  assign \$158  = \context [47:34] + \context [33:18];
+  assign \$159  = \$157  ? 14'h3fff : \$158 [13:0];
+  assign \$162  = ! ins[5:0];
+  assign \$163  = ins[5:0] == 1'h1;
+  assign \$164  = ins[5:0] == 2'h2;
+  assign \$165  = ins[5:0] == 2'h3;
+  assign \$166  = ins[5:0] == 3'h4;
+  assign \$167  = ins[5:0] == 3'h5;
+  assign \$168  = ins[5:0] == 3'h6;
+  assign \$169  = ins[5:0] == 3'h7;
+  assign \$170  = ins[5:0] == 4'h8;
+  assign \$171  = ins[5:0] == 4'h9;
+  assign \$172  = ins[5:0] == 4'ha;
+  assign \$173  = ins[5:0] == 4'hb;
+  assign \$174  = ins[5:0] == 4'hc;
+  assign \$175  = ins[5:0] == 4'hd;
+  assign \$176  = ins[5:0] == 4'he;
+  assign \$177  = | { \$176 , \$175 , \$174 , \$173 , \$172 , \$171 , \$170 , \$169 , \$168 , \$167 , \$166 , \$165 , \$164 , \$163 , \$162 , 1'h0 };
+  assign \$178  = ~ \$177 ;
+  assign \$180  = | \$179 ;
+  assign \$181  = ins[5:0] == 4'ha;
+  assign \$182  = ins[5:0] == 4'hb;
+  assign \$183  = | { \$182 , \$181 , 1'h0 };
+  assign \$184  = \$180  | \$183 ;
+  assign \$185  = ins[5:0] == 4'h9;
+  assign \$187  = \$184  | \$186 ;
+  assign \$188  = ~ \context [0];
+  assign \$189  = \$187  & \$188 ;
+  assign \$191  = | \$190 ;
+  assign \$192  = ins[5:0] == 4'ha;
+  assign \$193  = ins[5:0] == 4'hb;
+  assign \$194  = | { \$193 , \$192 , 1'h0 };
+  assign \$195  = \$191  | \$194 ;
+  assign \$196  = ~ \context [1];
+  assign \$197  = \$195  & \$196 ;
+  assign \$198  = \$189  | \$197 ;
+  assign \$199  = ins[5:0] == 4'h9;
+  assign \$200  = ins[5:0] == 4'he;
+  assign \$201  = | { \$200 , \$199 , 1'h0 };
+  assign \$202  = ins[255:244] < 7'h40;
+  assign \$203  = ~ \$202 ;
+  assign \$204  = \$201  & \$203 ;
+  assign \$205  = ~ shape_q;
+  assign \$206  = ins[5:0] == 4'h8;
+  assign \$208  = ! ins[87:77];
+  assign \$209  = \context [48] & \$208 ;
+  assign \$210  = \context [61:49] == ins[76:64];
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \context [75:62] == ln;
+  assign \$213  = \$211  & \$212 ;
+  assign \$214  = ~ \$213 ;
+  assign \$215  = \$207  & \$214 ;
+  assign \$216  = ~ spad_ok;
+  assign \$217  = ins[5:0] == 1'h1;
+  assign \$218  = ins[5:0] == 2'h2;
+  assign \$219  = ins[5:0] == 2'h3;
+  assign \$220  = | { \$219 , \$218 , \$217 , 1'h0 };
+  assign \$223  = ~ host_ok;
+  assign \$224  = \$222  & \$223 ;
+  assign \$225  = ~ busy;
+  assign \$226  = active & \$225 ;
+  assign \$227  = step != 3'h7;
+  assign \$228  = ! ins[5:0];
+  assign \$229  = settle == 2'h2;
+  assign \$230  = \$228  | \$229 ;
+  assign \$231  = | wa;
   assign \$232  = | wc;
   assign \$233  = \$231  & \$232 ;
   assign \$234  = ins[125:112] + wc;
-  assign \$235  = ins[101:88] < \$234 ;
+  assign \$235  = ins[77:64] < \$234 ;
   assign \$236  = \$233  & \$235 ;
-  assign \$237  = ins[101:88] + wb;
+  assign \$237  = ins[77:64] + wa;
   assign \$238  = ins[125:112] < \$237 ;
   assign \$239  = \$236  & \$238 ;
   assign \$240  = ins[5:0] == 3'h4;
@@ -4281,86 +4290,107 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign \$243  = ins[5:0] == 3'h7;
   assign \$244  = ins[5:0] == 4'hd;
   assign \$245  = | { \$244 , \$243 , \$242 , \$241 , \$240 , 1'h0 };
-  assign \$246  = ins[101:88] == ins[125:112];
+  assign \$246  = ins[77:64] == ins[125:112];
   assign \$247  = \$245  & \$246 ;
-  assign \$248  = wb == wc;
+  assign \$248  = wa == wc;
   assign \$249  = \$247  & \$248 ;
   assign \$250  = ~ \$249 ;
   assign \$251  = \$239  & \$250 ;
-  assign \$252  = \$230  | \$251 ;
-  assign \$253  = ! wa;
-  assign \$254  = ! ins[87:78];
-  assign \$255  = ins[77:64] + wa;
-  assign \$256  = \$255  <= 14'h2000;
+  assign \$252  = | wb;
+  assign \$253  = | wc;
+  assign \$254  = \$252  & \$253 ;
+  assign \$255  = ins[125:112] + wc;
+  assign \$256  = ins[101:88] < \$255 ;
   assign \$257  = \$254  & \$256 ;
-  assign \$258  = \$253  | \$257 ;
-  assign \$259  = ! wb;
-  assign \$260  = ! ins[111:102];
-  assign \$261  = ins[101:88] + wb;
-  assign \$262  = \$261  <= 14'h2000;
-  assign \$263  = \$260  & \$262 ;
-  assign \$264  = \$259  | \$263 ;
-  assign \$265  = \$258  & \$264 ;
-  assign \$266  = ! wc;
-  assign \$267  = ! ins[135:126];
-  assign \$268  = ins[125:112] + wc;
-  assign \$269  = \$268  <= 14'h2000;
-  assign \$270  = \$267  & \$269 ;
-  assign \$271  = \$266  | \$270 ;
-  assign \$272  = \$265  & \$271 ;
-  assign \$273  = ! host[1:0];
-  assign \$274  = host >= \context [107:76];
-  assign \$275  = \$273  & \$274 ;
-  assign \$276  = host + { l4[17:2], 2'h0 };
-  assign \$277  = \context [107:76] + \context [139:108];
-  assign \$278  = \$276  <= \$277 ;
-  assign \$279  = \$275  & \$278 ;
-  assign \$280  = ~ busy;
-  assign \$281  = active & \$280 ;
-  assign \$282  = step != 3'h7;
-  assign \$283  = ! ins[5:0];
-  assign \$284  = settle == 2'h2;
-  assign \$285  = \$283  | \$284 ;
-  assign \$286  = | acc[32:14];
-  assign \$287  = \$286  ? 14'h3fff : acc[13:0];
-  assign \$288  = | acc[32:14];
-  assign \$289  = \$288  ? 14'h3fff : acc[13:0];
-  assign \$290  = | acc[32:14];
-  assign \$291  = \$290  ? 14'h3fff : acc[13:0];
-  assign \$292  = | acc[32:14];
-  assign \$293  = \$292  ? 14'h3fff : acc[13:0];
-  assign \$294  = | acc[32:18];
-  assign \$295  = \$294  ? 18'h3ffff : acc[17:0];
-  assign \$296  = step + 1'h1;
-  assign \$297  = settle + 1'h1;
+  assign \$258  = ins[101:88] + wb;
+  assign \$259  = ins[125:112] < \$258 ;
+  assign \$260  = \$257  & \$259 ;
+  assign \$261  = ins[5:0] == 3'h4;
+  assign \$262  = ins[5:0] == 3'h5;
+  assign \$263  = ins[5:0] == 3'h6;
+  assign \$264  = ins[5:0] == 3'h7;
+  assign \$265  = ins[5:0] == 4'hd;
+  assign \$266  = | { \$265 , \$264 , \$263 , \$262 , \$261 , 1'h0 };
+  assign \$267  = ins[101:88] == ins[125:112];
+  assign \$268  = \$266  & \$267 ;
+  assign \$269  = wb == wc;
+  assign \$270  = \$268  & \$269 ;
+  assign \$271  = ~ \$270 ;
+  assign \$272  = \$260  & \$271 ;
+  assign \$273  = \$251  | \$272 ;
+  assign \$274  = ! wa;
+  assign \$275  = ! ins[87:78];
+  assign \$276  = ins[77:64] + wa;
+  assign \$277  = \$276  <= 14'h2000;
+  assign \$278  = \$275  & \$277 ;
+  assign \$279  = \$274  | \$278 ;
+  assign \$280  = ! wb;
+  assign \$281  = ! ins[111:102];
+  assign \$282  = ins[101:88] + wb;
+  assign \$283  = \$282  <= 14'h2000;
+  assign \$284  = \$281  & \$283 ;
+  assign \$285  = \$280  | \$284 ;
+  assign \$286  = \$279  & \$285 ;
+  assign \$287  = ! wc;
+  assign \$288  = ! ins[135:126];
+  assign \$289  = ins[125:112] + wc;
+  assign \$290  = \$289  <= 14'h2000;
+  assign \$291  = \$288  & \$290 ;
+  assign \$292  = \$287  | \$291 ;
+  assign \$293  = \$286  & \$292 ;
+  assign \$294  = ! host[1:0];
+  assign \$295  = host >= \context [107:76];
+  assign \$296  = \$294  & \$295 ;
+  assign \$297  = host + { l4[17:2], 2'h0 };
+  assign \$298  = \context [107:76] + \context [139:108];
+  assign \$299  = \$297  <= \$298 ;
+  assign \$300  = \$296  & \$299 ;
+  assign \$301  = ~ busy;
+  assign \$302  = active & \$301 ;
+  assign \$303  = step != 3'h7;
+  assign \$304  = ! ins[5:0];
+  assign \$305  = settle == 2'h2;
+  assign \$306  = \$304  | \$305 ;
+  assign \$307  = | acc[32:14];
+  assign \$308  = \$307  ? 14'h3fff : acc[13:0];
+  assign \$309  = | acc[32:14];
+  assign \$310  = \$309  ? 14'h3fff : acc[13:0];
+  assign \$311  = | acc[32:14];
+  assign \$312  = \$311  ? 14'h3fff : acc[13:0];
+  assign \$313  = | acc[32:14];
+  assign \$314  = \$313  ? 14'h3fff : acc[13:0];
+  assign \$315  = | acc[32:18];
+  assign \$316  = \$315  ? 18'h3ffff : acc[17:0];
+  assign \$317  = step + 1'h1;
+  assign \$318  = settle + 1'h1;
   always @(posedge clk)
-    shape_q <= \$298 ;
+    shape_q <= \$319 ;
   always @(posedge clk)
-    overlap_q <= \$299 ;
+    overlap_q <= \$320 ;
   always @(posedge clk)
-    spad_ok <= \$300 ;
+    spad_ok <= \$321 ;
   always @(posedge clk)
-    host_ok <= \$301 ;
+    host_ok <= \$322 ;
   always @(posedge clk)
-    error <= \$302 ;
+    error <= \$323 ;
   always @(posedge clk)
-    active <= \$303 ;
+    active <= \$324 ;
   always @(posedge clk)
-    step <= \$304 ;
+    step <= \$325 ;
   always @(posedge clk)
-    settle <= \$305 ;
+    settle <= \$326 ;
   always @(posedge clk)
-    ln <= \$306 ;
+    ln <= \$327 ;
   always @(posedge clk)
-    mk <= \$307 ;
+    mk <= \$328 ;
   always @(posedge clk)
-    p2 <= \$308 ;
+    p2 <= \$329 ;
   always @(posedge clk)
-    p3 <= \$309 ;
+    p3 <= \$330 ;
   always @(posedge clk)
-    l4 <= \$310 ;
+    l4 <= \$331 ;
   always @(posedge clk)
-    host <= \$311 ;
+    host <= \$332 ;
   \nanokpu_kpu.decode.lane  lane (
     .acc(acc),
     .acc_in(acc_in),
@@ -4514,25 +4544,25 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h03:
           shape_ok = \$57 ;
       6'h04:
-          shape_ok = \$64 ;
+          shape_ok = \$66 ;
       6'h05:
-          shape_ok = \$67 ;
+          shape_ok = \$69 ;
       6'h06:
-          shape_ok = \$70 ;
+          shape_ok = \$72 ;
       6'h07:
-          shape_ok = \$73 ;
-      6'h08:
           shape_ok = \$77 ;
+      6'h08:
+          shape_ok = \$81 ;
       6'h09:
-          shape_ok = \$79 ;
+          shape_ok = \$83 ;
       6'h0a:
-          shape_ok = \$82 ;
+          shape_ok = \$86 ;
       6'h0b:
-          shape_ok = \$85 ;
-      6'h0c:
           shape_ok = \$89 ;
+      6'h0c:
+          shape_ok = \$93 ;
       6'h0d:
-          shape_ok = \$94 ;
+          shape_ok = \$98 ;
       6'h0e:
           shape_ok = 1'h1;
     endcase
@@ -4554,7 +4584,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h06, 6'h07:
           wc = ln;
       6'h08:
-          wc = \$126 ;
+          wc = \$147 ;
       6'h09:
           /* empty */;
       6'h0a:
@@ -4586,7 +4616,7 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h08:
           wa = ln;
       6'h09:
-          wa = \$130 ;
+          wa = \$151 ;
       6'h0a:
           wa = ln;
       6'h0b:
@@ -4606,45 +4636,45 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
       6'h02:
           /* empty */;
       6'h03:
-          wb = \$117 ;
+          wb = \$121 ;
       6'h04:
-          wb = { 9'h000, \$120  };
+          wb = \$141 ;
       6'h05:
           /* empty */;
       6'h06, 6'h07:
           wb = ln;
       6'h08:
-          wb = \$122 ;
+          wb = \$143 ;
       6'h09:
           /* empty */;
       6'h0a:
-          wb = \$134 ;
+          wb = \$155 ;
       6'h0b:
-          wb = \$138 ;
+          wb = \$159 ;
       6'h0c:
           wb = mk;
       6'h0d:
-          wb = { 13'h0000, \$140  };
+          wb = { 13'h0000, \$161  };
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     decode_err = 8'h00;
-    if (\$157 ) begin
+    if (\$178 ) begin
       decode_err = 8'h01;
-    end else if (\$177 ) begin
+    end else if (\$198 ) begin
       decode_err = 8'h08;
-    end else if (\$183 ) begin
+    end else if (\$204 ) begin
       decode_err = 8'h06;
-    end else if (\$184 ) begin
+    end else if (\$205 ) begin
       decode_err = 8'h03;
-    end else if (\$194 ) begin
+    end else if (\$215 ) begin
       decode_err = 8'h04;
-    end else if (\$195 ) begin
+    end else if (\$216 ) begin
       decode_err = 8'h02;
     end else if (overlap_q) begin
       decode_err = 8'h09;
-    end else if (\$203 ) begin
+    end else if (\$224 ) begin
       decode_err = 8'h05;
     end
   end
@@ -4652,8 +4682,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     load = 1'h0;
     if (start) begin
-    end else if (\$205 ) begin
-      if (\$206 ) begin
+    end else if (\$226 ) begin
+      if (\$227 ) begin
         load = 1'h1;
       end
     end
@@ -4662,8 +4692,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     y = 16'h0000;
     if (start) begin
-    end else if (\$205 ) begin
-      if (\$206 ) begin
+    end else if (\$226 ) begin
+      if (\$227 ) begin
         y = st_y;
       end
     end
@@ -4672,8 +4702,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     x = 33'h000000000;
     if (start) begin
-    end else if (\$205 ) begin
-      if (\$206 ) begin
+    end else if (\$226 ) begin
+      if (\$227 ) begin
         x = st_x;
       end
     end
@@ -4682,8 +4712,8 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     acc_in = 33'h000000000;
     if (start) begin
-    end else if (\$205 ) begin
-      if (\$206 ) begin
+    end else if (\$226 ) begin
+      if (\$227 ) begin
         acc_in = st_acc;
       end
     end
@@ -4692,187 +4722,187 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
     done = 1'h0;
     if (start) begin
-    end else if (\$205 ) begin
-      if (\$206 ) begin
-      end else if (\$209 ) begin
+    end else if (\$226 ) begin
+      if (\$227 ) begin
+      end else if (\$230 ) begin
         done = 1'h1;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$298  = shape_ok;
+    \$319  = shape_ok;
     if (unit_rst) begin
-      \$298  = 1'h0;
+      \$319  = 1'h0;
     end
     if (rst) begin
-      \$298  = 1'h0;
+      \$319  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$299  = \$252 ;
+    \$320  = \$273 ;
     if (unit_rst) begin
-      \$299  = 1'h0;
+      \$320  = 1'h0;
     end
     if (rst) begin
-      \$299  = 1'h0;
+      \$320  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$300  = \$272 ;
+    \$321  = \$293 ;
     if (unit_rst) begin
-      \$300  = 1'h0;
+      \$321  = 1'h0;
     end
     if (rst) begin
-      \$300  = 1'h0;
+      \$321  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$301  = \$279 ;
+    \$322  = \$300 ;
     if (unit_rst) begin
-      \$301  = 1'h0;
+      \$322  = 1'h0;
     end
     if (rst) begin
-      \$301  = 1'h0;
+      \$322  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$302  = decode_err;
+    \$323  = decode_err;
     if (unit_rst) begin
-      \$302  = 8'h00;
+      \$323  = 8'h00;
     end
     if (rst) begin
-      \$302  = 8'h00;
+      \$323  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$303  = active;
+    \$324  = active;
     if (start) begin
-      \$303  = 1'h1;
-    end else if (\$281 ) begin
-      if (\$282 ) begin
-      end else if (\$285 ) begin
-        \$303  = 1'h0;
+      \$324  = 1'h1;
+    end else if (\$302 ) begin
+      if (\$303 ) begin
+      end else if (\$306 ) begin
+        \$324  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$303  = 1'h0;
+      \$324  = 1'h0;
     end
     if (rst) begin
-      \$303  = 1'h0;
+      \$324  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$304  = step;
+    \$325  = step;
     if (start) begin
-      \$304  = 3'h0;
-    end else if (\$281 ) begin
-      if (\$282 ) begin
-        \$304  = \$296 [2:0];
+      \$325  = 3'h0;
+    end else if (\$302 ) begin
+      if (\$303 ) begin
+        \$325  = \$317 [2:0];
       end
     end
     if (unit_rst) begin
-      \$304  = 3'h0;
+      \$325  = 3'h0;
     end
     if (rst) begin
-      \$304  = 3'h0;
+      \$325  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$305  = settle;
+    \$326  = settle;
     if (start) begin
-      \$305  = 2'h0;
-    end else if (\$281 ) begin
+      \$326  = 2'h0;
+    end else if (\$302 ) begin
       (* full_case = 32'd1 *)
-      if (\$282 ) begin
-      end else if (\$285 ) begin
+      if (\$303 ) begin
+      end else if (\$306 ) begin
       end else begin
-        \$305  = \$297 [1:0];
+        \$326  = \$318 [1:0];
       end
     end
     if (unit_rst) begin
-      \$305  = 2'h0;
+      \$326  = 2'h0;
     end
     if (rst) begin
-      \$305  = 2'h0;
+      \$326  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$306  = ln;
+    \$327  = ln;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
-              \$306  = \$287 ;
+              \$327  = \$308 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$306  = 14'h0000;
+      \$327  = 14'h0000;
     end
     if (rst) begin
-      \$306  = 14'h0000;
+      \$327  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$307  = mk;
+    \$328  = mk;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
-              \$307  = \$289 ;
+              \$328  = \$310 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$307  = 14'h0000;
+      \$328  = 14'h0000;
     end
     if (rst) begin
-      \$307  = 14'h0000;
+      \$328  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$308  = p2;
+    \$329  = p2;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
               /* empty */;
           3'h2:
               /* empty */;
           3'h3:
-              \$308  = \$291 ;
+              \$329  = \$312 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$308  = 14'h0000;
+      \$329  = 14'h0000;
     end
     if (rst) begin
-      \$308  = 14'h0000;
+      \$329  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$309  = p3;
+    \$330  = p3;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4881,23 +4911,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h3:
               /* empty */;
           3'h4:
-              \$309  = \$293 ;
+              \$330  = \$314 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$309  = 14'h0000;
+      \$330  = 14'h0000;
     end
     if (rst) begin
-      \$309  = 14'h0000;
+      \$330  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$310  = l4;
+    \$331  = l4;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4908,23 +4938,23 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h4:
               /* empty */;
           3'h5:
-              \$310  = \$295 ;
+              \$331  = \$316 ;
         endcase
       end
     end
     if (unit_rst) begin
-      \$310  = 18'h00000;
+      \$331  = 18'h00000;
     end
     if (rst) begin
-      \$310  = 18'h00000;
+      \$331  = 18'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$4 ) begin end
-    \$311  = host;
+    \$332  = host;
     if (start) begin
-    end else if (\$281 ) begin
-      if (\$282 ) begin
+    end else if (\$302 ) begin
+      if (\$303 ) begin
         casez (step)
           3'h1:
               /* empty */;
@@ -4937,15 +4967,15 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
           3'h5:
               /* empty */;
           3'h6:
-              \$311  = acc;
+              \$332  = acc;
         endcase
       end
     end
     if (unit_rst) begin
-      \$311  = 33'h000000000;
+      \$332  = 33'h000000000;
     end
     if (rst) begin
-      \$311  = 33'h000000000;
+      \$332  = 33'h000000000;
     end
   end
   assign b_on = 1'h0;
@@ -5028,46 +5058,63 @@ module \nanokpu_kpu.decode (rst, \context , unit_rst, start, ins, done, decoded,
   assign { \$54 [9:6], \$54 [4:0] } = 9'h000;
   assign \$54 [5] = ins[11];
   assign \$63  = \$62 ;
-  assign \$79  = \$78 ;
-  assign { \$92 [9:8], \$92 [5:0] } = 8'h00;
-  assign \$92 [7:6] = ins[13:12];
-  assign { \$97 [9:4], \$97 [2:0] } = 9'h000;
-  assign \$97 [3] = ins[9];
-  assign { \$98 [9:3], \$98 [1:0] } = 9'h000;
-  assign \$98 [2] = ins[8];
-  assign \$99  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$101  = { ins[63:48], 1'h0 };
-  assign \$102  = ins[8];
-  assign { \$105 [9:3], \$105 [1:0] } = 9'h000;
-  assign \$105 [2] = ins[8];
-  assign \$106  = { 3'h0, ins[63:48], 4'h0 };
-  assign \$108  = { ins[63:48], 1'h0 };
-  assign \$109  = ins[8];
-  assign { \$112 [9:3], \$112 [1:0] } = 9'h000;
-  assign \$112 [2] = ins[8];
+  assign { \$64 [9:4], \$64 [2:0] } = 9'h000;
+  assign \$64 [3] = ins[9];
+  assign { \$75 [9], \$75 [7:0] } = 9'h000;
+  assign \$75 [8] = ins[14];
+  assign \$83  = \$82 ;
+  assign { \$96 [9:8], \$96 [5:0] } = 8'h00;
+  assign \$96 [7:6] = ins[13:12];
+  assign { \$101 [9:4], \$101 [2:0] } = 9'h000;
+  assign \$101 [3] = ins[9];
+  assign { \$102 [9:3], \$102 [1:0] } = 9'h000;
+  assign \$102 [2] = ins[8];
+  assign \$103  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$105  = { ins[63:48], 1'h0 };
+  assign \$106  = ins[8];
+  assign { \$109 [9:3], \$109 [1:0] } = 9'h000;
+  assign \$109 [2] = ins[8];
+  assign \$110  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$112  = { ins[63:48], 1'h0 };
   assign \$113  = ins[8];
-  assign \$115  = ins[9];
-  assign \$117  = \$116 ;
-  assign { \$118 [9:3], \$118 [1:0] } = 9'h000;
-  assign \$118 [2] = ins[8];
-  assign \$119  = ins[8];
-  assign \$124  = \$123 [14];
-  assign \$127  = { ins[63:48], 1'h0 };
-  assign \$129  = { ins[63:48], 1'h0 };
-  assign { \$139 [9:7], \$139 [5:0] } = 9'h000;
-  assign \$139 [6] = ins[12];
-  assign \$158 [9:3] = 7'h00;
-  assign \$158 [2:0] = ins[8:6];
-  assign \$165  = \$164 ;
-  assign \$169 [9:3] = 7'h00;
-  assign \$169 [2:0] = ins[8:6];
+  assign { \$116 [9:3], \$116 [1:0] } = 9'h000;
+  assign \$116 [2] = ins[8];
+  assign \$117  = ins[8];
+  assign \$119  = ins[9];
+  assign \$121  = \$120 ;
+  assign { \$122 [9:4], \$122 [2:0] } = 9'h000;
+  assign \$122 [3] = ins[9];
+  assign { \$123 [9:3], \$123 [1:0] } = 9'h000;
+  assign \$123 [2] = ins[8];
+  assign \$124  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$126  = { ins[63:48], 1'h0 };
+  assign \$127  = ins[8];
+  assign { \$130 [9:3], \$130 [1:0] } = 9'h000;
+  assign \$130 [2] = ins[8];
+  assign \$131  = { 3'h0, ins[63:48], 4'h0 };
+  assign \$133  = { ins[63:48], 1'h0 };
+  assign \$134  = ins[8];
+  assign { \$137 [9:3], \$137 [1:0] } = 9'h000;
+  assign \$137 [2] = ins[8];
+  assign \$138  = ins[8];
+  assign \$140  = ins[9];
+  assign \$145  = \$144 [14];
+  assign \$148  = { ins[63:48], 1'h0 };
+  assign \$150  = { ins[63:48], 1'h0 };
+  assign { \$160 [9:7], \$160 [5:0] } = 9'h000;
+  assign \$160 [6] = ins[12];
+  assign \$179 [9:3] = 7'h00;
+  assign \$179 [2:0] = ins[8:6];
   assign \$186  = \$185 ;
-  assign \$200  = 1'h1;
-  assign \$201  = \$199 ;
+  assign \$190 [9:3] = 7'h00;
+  assign \$190 [2:0] = ins[8:6];
+  assign \$207  = \$206 ;
+  assign \$221  = 1'h1;
+  assign \$222  = \$220 ;
   assign \$23  = ins[7];
   assign \$49  = ins[10];
   assign \$53  = ins[10];
-  assign \$140  = ins[12];
+  assign \$161  = ins[12];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -5168,7 +5215,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$416$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$434$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6512$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6538$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5311,8 +5358,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$416$0 ;
   output [5:0] \port$434$0 ;
   wire [5:0] \port$434$0 ;
-  input [15:0] \port$6512$254 ;
-  wire [15:0] \port$6512$254 ;
+  input [15:0] \port$6538$254 ;
+  wire [15:0] \port$6538$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5477,7 +5524,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6512$254  };
+      \$74  = { 8'h00, \port$6538$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5513,7 +5560,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6512$254  };
+      \$77  = { 8'h00, \port$6538$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5558,9 +5605,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6512$254  };
+  assign rd_beats = { 8'h00, \port$6538$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6512$254  };
+  assign wr_beats = { 8'h00, \port$6538$254  };
   assign \port$416$0  = \$9 ;
   assign \port$434$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -5614,7 +5661,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1027 ;
   wire \$1028 ;
   wire \$1029 ;
-  wire \$103 ;
+  wire [9:0] \$103 ;
   wire \$1030 ;
   wire \$1031 ;
   wire \$1032 ;
@@ -5636,13 +5683,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1047 ;
   wire \$1048 ;
   wire \$1049 ;
-  wire [14:0] \$105 ;
-  wire [23:0] \$1050 ;
+  wire \$105 ;
+  wire \$1050 ;
   wire \$1051 ;
   wire \$1052 ;
   wire \$1053 ;
   wire \$1054 ;
-  wire \$1055 ;
+  wire [23:0] \$1055 ;
   wire \$1056 ;
   wire \$1057 ;
   wire \$1058 ;
@@ -5664,15 +5711,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1072 ;
   wire \$1073 ;
   wire \$1074 ;
-  wire [23:0] \$1075 ;
-  wire [23:0] \$1076 ;
-  wire [23:0] \$1077 ;
+  wire \$1075 ;
+  wire \$1076 ;
+  wire \$1077 ;
   wire \$1078 ;
   wire \$1079 ;
-  wire [14:0] \$108 ;
-  wire \$1080 ;
-  wire \$1081 ;
-  wire \$1082 ;
+  wire \$108 ;
+  wire [23:0] \$1080 ;
+  wire [23:0] \$1081 ;
+  wire [23:0] \$1082 ;
   wire \$1083 ;
   wire \$1084 ;
   wire \$1085 ;
@@ -5680,7 +5727,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1087 ;
   wire \$1088 ;
   wire \$1089 ;
-  wire [17:0] \$109 ;
+  wire \$109 ;
   wire \$1090 ;
   wire \$1091 ;
   wire \$1092 ;
@@ -5692,7 +5739,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1098 ;
   wire \$1099 ;
   wire \$11 ;
-  wire [17:0] \$110 ;
+  wire [14:0] \$110 ;
   wire \$1100 ;
   wire \$1101 ;
   wire \$1102 ;
@@ -5703,7 +5750,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1107 ;
   wire \$1108 ;
   wire \$1109 ;
-  wire [17:0] \$111 ;
+  wire \$111 ;
   wire \$1110 ;
   wire \$1111 ;
   wire \$1112 ;
@@ -5725,7 +5772,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1127 ;
   wire \$1128 ;
   wire \$1129 ;
-  wire \$113 ;
+  wire [14:0] \$113 ;
   wire \$1130 ;
   wire \$1131 ;
   wire \$1132 ;
@@ -5736,7 +5783,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1137 ;
   wire \$1138 ;
   wire \$1139 ;
-  wire \$114 ;
+  wire [17:0] \$114 ;
   wire \$1140 ;
   wire \$1141 ;
   wire \$1142 ;
@@ -5745,20 +5792,20 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1145 ;
   wire \$1146 ;
   wire \$1147 ;
-  wire [23:0] \$1148 ;
+  wire \$1148 ;
   wire \$1149 ;
-  wire \$115 ;
+  wire [17:0] \$115 ;
   wire \$1150 ;
   wire \$1151 ;
   wire \$1152 ;
-  wire \$1153 ;
+  wire [23:0] \$1153 ;
   wire \$1154 ;
   wire \$1155 ;
   wire \$1156 ;
   wire \$1157 ;
   wire \$1158 ;
   wire \$1159 ;
-  wire \$116 ;
+  wire [17:0] \$116 ;
   wire \$1160 ;
   wire \$1161 ;
   wire \$1162 ;
@@ -5769,19 +5816,19 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1167 ;
   wire \$1168 ;
   wire \$1169 ;
-  wire [1:0] \$117 ;
+  wire \$117 ;
   wire \$1170 ;
   wire \$1171 ;
   wire \$1172 ;
-  wire [23:0] \$1173 ;
-  wire [23:0] \$1174 ;
-  wire [23:0] \$1175 ;
+  wire \$1173 ;
+  wire \$1174 ;
+  wire \$1175 ;
   wire \$1176 ;
   wire \$1177 ;
-  wire \$1178 ;
-  wire \$1179 ;
-  wire [1:0] \$118 ;
-  wire \$1180 ;
+  wire [23:0] \$1178 ;
+  wire [23:0] \$1179 ;
+  wire \$118 ;
+  wire [23:0] \$1180 ;
   wire \$1181 ;
   wire \$1182 ;
   wire \$1183 ;
@@ -5825,7 +5872,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1217 ;
   wire \$1218 ;
   wire \$1219 ;
-  wire [9:0] \$122 ;
+  wire [1:0] \$122 ;
   wire \$1220 ;
   wire \$1221 ;
   wire \$1222 ;
@@ -5836,7 +5883,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1227 ;
   wire \$1228 ;
   wire \$1229 ;
-  wire \$123 ;
+  wire [1:0] \$123 ;
   wire \$1230 ;
   wire \$1231 ;
   wire \$1232 ;
@@ -5854,13 +5901,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1243 ;
   wire \$1244 ;
   wire \$1245 ;
-  wire [23:0] \$1246 ;
+  wire \$1246 ;
   wire \$1247 ;
   wire \$1248 ;
   wire \$1249 ;
   wire \$125 ;
   wire \$1250 ;
-  wire \$1251 ;
+  wire [23:0] \$1251 ;
   wire \$1252 ;
   wire \$1253 ;
   wire \$1254 ;
@@ -5869,7 +5916,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1257 ;
   wire \$1258 ;
   wire \$1259 ;
-  wire [14:0] \$126 ;
+  wire \$126 ;
   wire \$1260 ;
   wire \$1261 ;
   wire \$1262 ;
@@ -5880,16 +5927,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1267 ;
   wire \$1268 ;
   wire \$1269 ;
-  wire \$127 ;
+  wire [9:0] \$127 ;
   wire \$1270 ;
-  wire [23:0] \$1271 ;
-  wire [23:0] \$1272 ;
-  wire [23:0] \$1273 ;
+  wire \$1271 ;
+  wire \$1272 ;
+  wire \$1273 ;
   wire \$1274 ;
   wire \$1275 ;
-  wire \$1276 ;
-  wire \$1277 ;
-  wire \$1278 ;
+  wire [23:0] \$1276 ;
+  wire [23:0] \$1277 ;
+  wire [23:0] \$1278 ;
   wire \$1279 ;
   wire \$128 ;
   wire \$1280 ;
@@ -5925,7 +5972,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1307 ;
   wire \$1308 ;
   wire \$1309 ;
-  wire \$131 ;
+  wire [14:0] \$131 ;
   wire \$1310 ;
   wire \$1311 ;
   wire \$1312 ;
@@ -5963,12 +6010,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1341 ;
   wire \$1342 ;
   wire \$1343 ;
-  wire [23:0] \$1344 ;
+  wire \$1344 ;
   wire \$1345 ;
   wire \$1346 ;
   wire \$1347 ;
   wire \$1348 ;
-  wire \$1349 ;
+  wire [23:0] \$1349 ;
   wire \$135 ;
   wire \$1350 ;
   wire \$1351 ;
@@ -5980,7 +6027,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1357 ;
   wire \$1358 ;
   wire \$1359 ;
-  wire [2:0] \$136 ;
+  wire \$136 ;
   wire \$1360 ;
   wire \$1361 ;
   wire \$1362 ;
@@ -5990,17 +6037,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1366 ;
   wire \$1367 ;
   wire \$1368 ;
-  wire [23:0] \$1369 ;
-  wire [3:0] \$137 ;
-  wire [23:0] \$1370 ;
-  wire [23:0] \$1371 ;
-  reg [23:0] \$1372 ;
-  wire [2:0] \$1373 ;
-  wire \$1374 ;
-  wire \$1375 ;
-  wire \$1376 ;
-  wire \$1377 ;
-  wire \$1378 ;
+  wire \$1369 ;
+  wire \$137 ;
+  wire \$1370 ;
+  wire \$1371 ;
+  wire \$1372 ;
+  wire \$1373 ;
+  wire [23:0] \$1374 ;
+  wire [23:0] \$1375 ;
+  wire [23:0] \$1376 ;
+  reg [23:0] \$1377 ;
+  wire [2:0] \$1378 ;
   wire \$1379 ;
   wire \$138 ;
   wire \$1380 ;
@@ -6036,7 +6083,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1407 ;
   wire \$1408 ;
   wire \$1409 ;
-  wire \$141 ;
+  wire [2:0] \$141 ;
   wire \$1410 ;
   wire \$1411 ;
   wire \$1412 ;
@@ -6047,7 +6094,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1417 ;
   wire \$1418 ;
   wire \$1419 ;
-  wire [2:0] \$142 ;
+  wire [3:0] \$142 ;
   wire \$1420 ;
   wire \$1421 ;
   wire \$1422 ;
@@ -6058,7 +6105,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1427 ;
   wire \$1428 ;
   wire \$1429 ;
-  wire [3:0] \$143 ;
+  wire \$143 ;
   wire \$1430 ;
   wire \$1431 ;
   wire \$1432 ;
@@ -6074,12 +6121,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1441 ;
   wire \$1442 ;
   wire \$1443 ;
-  wire [23:0] \$1444 ;
+  wire \$1444 ;
   wire \$1445 ;
   wire \$1446 ;
   wire \$1447 ;
   wire \$1448 ;
-  wire \$1449 ;
+  wire [23:0] \$1449 ;
   wire \$145 ;
   wire \$1450 ;
   wire \$1451 ;
@@ -6091,7 +6138,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1457 ;
   wire \$1458 ;
   wire \$1459 ;
-  wire [3:0] \$146 ;
+  wire \$146 ;
   wire \$1460 ;
   wire \$1461 ;
   wire \$1462 ;
@@ -6101,15 +6148,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1466 ;
   wire \$1467 ;
   wire \$1468 ;
-  wire [23:0] \$1469 ;
-  wire \$147 ;
-  wire [23:0] \$1470 ;
-  wire [23:0] \$1471 ;
+  wire \$1469 ;
+  wire [2:0] \$147 ;
+  wire \$1470 ;
+  wire \$1471 ;
   wire \$1472 ;
   wire \$1473 ;
-  wire \$1474 ;
-  wire \$1475 ;
-  wire \$1476 ;
+  wire [23:0] \$1474 ;
+  wire [23:0] \$1475 ;
+  wire [23:0] \$1476 ;
   wire \$1477 ;
   wire \$1478 ;
   wire \$1479 ;
@@ -6124,7 +6171,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1487 ;
   wire \$1488 ;
   wire \$1489 ;
-  wire [14:0] \$149 ;
+  wire \$149 ;
   wire \$1490 ;
   wire \$1491 ;
   wire \$1492 ;
@@ -6147,7 +6194,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1507 ;
   wire \$1508 ;
   wire \$1509 ;
-  wire \$151 ;
+  wire [3:0] \$151 ;
   wire \$1510 ;
   wire \$1511 ;
   wire \$1512 ;
@@ -6158,7 +6205,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1517 ;
   wire \$1518 ;
   wire \$1519 ;
-  wire [3:0] \$152 ;
+  wire \$152 ;
   wire \$1520 ;
   wire \$1521 ;
   wire \$1522 ;
@@ -6169,7 +6216,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1527 ;
   wire \$1528 ;
   wire \$1529 ;
-  wire [14:0] \$153 ;
+  wire [3:0] \$153 ;
   wire \$1530 ;
   wire \$1531 ;
   wire \$1532 ;
@@ -6180,18 +6227,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1537 ;
   wire \$1538 ;
   wire \$1539 ;
-  wire \$154 ;
+  wire [14:0] \$154 ;
   wire \$1540 ;
   wire \$1541 ;
-  wire [23:0] \$1542 ;
+  wire \$1542 ;
   wire \$1543 ;
   wire \$1544 ;
   wire \$1545 ;
   wire \$1546 ;
-  wire \$1547 ;
+  wire [23:0] \$1547 ;
   wire \$1548 ;
   wire \$1549 ;
-  wire [14:0] \$155 ;
+  wire \$155 ;
   wire \$1550 ;
   wire \$1551 ;
   wire \$1552 ;
@@ -6202,7 +6249,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1557 ;
   wire \$1558 ;
   wire \$1559 ;
-  wire [14:0] \$156 ;
+  wire \$156 ;
   wire \$1560 ;
   wire \$1561 ;
   wire \$1562 ;
@@ -6210,21 +6257,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1564 ;
   wire \$1565 ;
   wire \$1566 ;
-  wire [23:0] \$1567 ;
-  wire [23:0] \$1568 ;
-  wire [23:0] \$1569 ;
-  wire [14:0] \$157 ;
+  wire \$1567 ;
+  wire \$1568 ;
+  wire \$1569 ;
+  wire [3:0] \$157 ;
   wire \$1570 ;
   wire \$1571 ;
-  wire \$1572 ;
-  wire \$1573 ;
-  wire \$1574 ;
+  wire [23:0] \$1572 ;
+  wire [23:0] \$1573 ;
+  wire [23:0] \$1574 ;
   wire \$1575 ;
   wire \$1576 ;
   wire \$1577 ;
   wire \$1578 ;
   wire \$1579 ;
-  wire \$158 ;
+  wire [14:0] \$158 ;
   wire \$1580 ;
   wire \$1581 ;
   wire \$1582 ;
@@ -6247,7 +6294,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1598 ;
   wire \$1599 ;
   wire \$16 ;
-  wire \$160 ;
+  wire [14:0] \$160 ;
   wire \$1600 ;
   wire \$1601 ;
   wire \$1602 ;
@@ -6258,7 +6305,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1607 ;
   wire \$1608 ;
   wire \$1609 ;
-  wire [16:0] \$161 ;
+  wire [14:0] \$161 ;
   wire \$1610 ;
   wire \$1611 ;
   wire \$1612 ;
@@ -6269,7 +6316,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1617 ;
   wire \$1618 ;
   wire \$1619 ;
-  wire \$162 ;
+  wire [14:0] \$162 ;
   wire \$1620 ;
   wire \$1621 ;
   wire \$1622 ;
@@ -6292,12 +6339,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1638 ;
   wire \$1639 ;
   wire \$164 ;
-  wire [23:0] \$1640 ;
+  wire \$1640 ;
   wire \$1641 ;
   wire \$1642 ;
   wire \$1643 ;
   wire \$1644 ;
-  wire \$1645 ;
+  wire [23:0] \$1645 ;
   wire \$1646 ;
   wire \$1647 ;
   wire \$1648 ;
@@ -6313,21 +6360,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1657 ;
   wire \$1658 ;
   wire \$1659 ;
-  wire \$166 ;
+  wire [16:0] \$166 ;
   wire \$1660 ;
   wire \$1661 ;
   wire \$1662 ;
   wire \$1663 ;
   wire \$1664 ;
-  wire [23:0] \$1665 ;
-  wire [23:0] \$1666 ;
-  wire [23:0] \$1667 ;
+  wire \$1665 ;
+  wire \$1666 ;
+  wire \$1667 ;
   wire \$1668 ;
   wire \$1669 ;
   wire \$167 ;
-  wire \$1670 ;
-  wire \$1671 ;
-  wire \$1672 ;
+  wire [23:0] \$1670 ;
+  wire [23:0] \$1671 ;
+  wire [23:0] \$1672 ;
   wire \$1673 ;
   wire \$1674 ;
   wire \$1675 ;
@@ -6380,7 +6427,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1717 ;
   wire \$1718 ;
   wire \$1719 ;
-  wire [3:0] \$172 ;
+  wire \$172 ;
   wire \$1720 ;
   wire \$1721 ;
   wire \$1722 ;
@@ -6400,20 +6447,20 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1735 ;
   wire \$1736 ;
   wire \$1737 ;
-  wire [23:0] \$1738 ;
+  wire \$1738 ;
   wire \$1739 ;
-  wire [3:0] \$174 ;
+  wire \$174 ;
   wire \$1740 ;
   wire \$1741 ;
   wire \$1742 ;
-  wire \$1743 ;
+  wire [23:0] \$1743 ;
   wire \$1744 ;
   wire \$1745 ;
   wire \$1746 ;
   wire \$1747 ;
   wire \$1748 ;
   wire \$1749 ;
-  wire [14:0] \$175 ;
+  wire \$175 ;
   wire \$1750 ;
   wire \$1751 ;
   wire \$1752 ;
@@ -6428,86 +6475,92 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1760 ;
   wire \$1761 ;
   wire \$1762 ;
-  wire [23:0] \$1763 ;
-  wire [23:0] \$1764 ;
-  wire [23:0] \$1765 ;
-  reg [23:0] \$1766 ;
+  wire \$1763 ;
+  wire \$1764 ;
+  wire \$1765 ;
+  wire \$1766 ;
   wire \$1767 ;
-  wire \$1768 ;
-  wire \$1769 ;
-  wire \$177 ;
-  wire [16:0] \$1770 ;
-  wire [17:0] \$1771 ;
-  wire [16:0] \$1772 ;
-  wire [17:0] \$1773 ;
-  wire [18:0] \$1774 ;
-  wire \$1775 ;
-  wire \$1776 ;
-  wire [14:0] \$1777 ;
-  wire \$1778 ;
-  wire \$1779 ;
-  wire [3:0] \$178 ;
+  wire [23:0] \$1768 ;
+  wire [23:0] \$1769 ;
+  wire [3:0] \$177 ;
+  wire [23:0] \$1770 ;
+  reg [23:0] \$1771 ;
+  wire \$1772 ;
+  wire \$1773 ;
+  wire \$1774 ;
+  wire [16:0] \$1775 ;
+  wire [17:0] \$1776 ;
+  wire [16:0] \$1777 ;
+  wire [17:0] \$1778 ;
+  wire [18:0] \$1779 ;
+  wire \$178 ;
   wire \$1780 ;
   wire \$1781 ;
-  wire \$1782 ;
-  reg [64:0] \$1783 ;
-  reg \$1784 ;
-  reg \$1785 ;
-  reg \$1786 ;
-  reg [13:0] \$1787 ;
-  reg [12:0] \$1788 ;
-  reg [12:0] \$1789 ;
-  wire [14:0] \$179 ;
-  reg [13:0] \$1790 ;
-  reg [12:0] \$1791 ;
-  reg [12:0] \$1792 ;
-  reg [13:0] \$1793 ;
+  wire [14:0] \$1782 ;
+  wire \$1783 ;
+  wire \$1784 ;
+  wire \$1785 ;
+  wire \$1786 ;
+  wire \$1787 ;
+  reg [64:0] \$1788 ;
+  reg \$1789 ;
+  wire [3:0] \$179 ;
+  reg \$1790 ;
+  reg \$1791 ;
+  reg [13:0] \$1792 ;
+  reg [12:0] \$1793 ;
   reg [12:0] \$1794 ;
-  reg [12:0] \$1795 ;
-  reg \$1796 ;
-  reg [13:0] \$1797 ;
-  reg \$1798 ;
-  reg [1:0] \$1799 ;
+  reg [13:0] \$1795 ;
+  reg [12:0] \$1796 ;
+  reg [12:0] \$1797 ;
+  reg [13:0] \$1798 ;
+  reg [12:0] \$1799 ;
   wire \$18 ;
-  wire \$180 ;
-  reg [2:0] \$1800 ;
-  reg [1:0] \$1801 ;
-  reg \$1802 ;
-  reg [95:0] \$1803 ;
-  reg [13:0] \$1804 ;
-  reg [1:0] \$1805 ;
-  reg \$1806 ;
-  reg [95:0] \$1807 ;
-  reg \$1808 ;
-  reg \$1809 ;
-  wire [14:0] \$181 ;
-  reg \$1810 ;
+  wire [14:0] \$180 ;
+  reg [12:0] \$1800 ;
+  reg \$1801 ;
+  reg [13:0] \$1802 ;
+  reg \$1803 ;
+  reg [1:0] \$1804 ;
+  reg [2:0] \$1805 ;
+  reg [1:0] \$1806 ;
+  reg \$1807 ;
+  reg [95:0] \$1808 ;
+  reg [13:0] \$1809 ;
+  wire \$181 ;
+  reg [1:0] \$1810 ;
   reg \$1811 ;
-  reg \$1812 ;
+  reg [95:0] \$1812 ;
   reg \$1813 ;
   reg \$1814 ;
-  reg [14:0] \$1815 ;
-  reg [1:0] \$1816 ;
-  reg [5:0] \$1817 ;
-  reg [15:0] \$1818 ;
-  reg [5:0] \$1819 ;
-  wire [14:0] \$182 ;
-  reg [13:0] \$1820 ;
-  reg [13:0] \$1821 ;
-  reg [12:0] \$1822 ;
-  reg \$1823 ;
-  reg [12:0] \$1824 ;
-  reg \$1825 ;
-  reg \$1826 ;
-  reg [12:0] \$1827 ;
-  reg [1:0] \$1828 ;
-  wire [14:0] \$183 ;
-  wire [3:0] \$184 ;
+  reg \$1815 ;
+  reg \$1816 ;
+  reg \$1817 ;
+  reg \$1818 ;
+  reg \$1819 ;
+  wire \$182 ;
+  reg \$1820 ;
+  reg [14:0] \$1821 ;
+  reg [1:0] \$1822 ;
+  reg [5:0] \$1823 ;
+  reg [15:0] \$1824 ;
+  reg [5:0] \$1825 ;
+  reg [13:0] \$1826 ;
+  reg [13:0] \$1827 ;
+  reg [12:0] \$1828 ;
+  reg \$1829 ;
+  wire [3:0] \$183 ;
+  reg [12:0] \$1830 ;
+  reg \$1831 ;
+  reg \$1832 ;
+  reg [12:0] \$1833 ;
+  reg [1:0] \$1834 ;
+  wire [14:0] \$184 ;
   wire \$185 ;
   wire [14:0] \$186 ;
-  wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [14:0] \$187 ;
+  wire [14:0] \$188 ;
+  wire [3:0] \$189 ;
   wire \$19 ;
   wire \$190 ;
   wire [14:0] \$191 ;
@@ -6515,7 +6568,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
-  wire \$196 ;
+  wire [14:0] \$196 ;
   wire \$197 ;
   wire \$198 ;
   wire \$199 ;
@@ -6589,12 +6642,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [13:0] \$26 ;
   wire \$260 ;
   wire \$261 ;
-  wire [23:0] \$262 ;
+  wire \$262 ;
   wire \$263 ;
   wire \$264 ;
   wire \$265 ;
   wire \$266 ;
-  wire \$267 ;
+  wire [23:0] \$267 ;
   wire \$268 ;
   wire \$269 ;
   wire [13:0] \$27 ;
@@ -6616,15 +6669,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$284 ;
   wire \$285 ;
   wire \$286 ;
-  wire [23:0] \$287 ;
-  wire [23:0] \$288 ;
-  wire [23:0] \$289 ;
+  wire \$287 ;
+  wire \$288 ;
+  wire \$289 ;
   wire [13:0] \$29 ;
   wire \$290 ;
   wire \$291 ;
-  wire \$292 ;
-  wire \$293 ;
-  wire \$294 ;
+  wire [23:0] \$292 ;
+  wire [23:0] \$293 ;
+  wire [23:0] \$294 ;
   wire \$295 ;
   wire \$296 ;
   wire \$297 ;
@@ -6698,12 +6751,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$358 ;
   wire \$359 ;
   wire \$36 ;
-  wire [23:0] \$360 ;
+  wire \$360 ;
   wire \$361 ;
   wire \$362 ;
   wire \$363 ;
   wire \$364 ;
-  wire \$365 ;
+  wire [23:0] \$365 ;
   wire \$366 ;
   wire \$367 ;
   wire \$368 ;
@@ -6725,15 +6778,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$382 ;
   wire \$383 ;
   wire \$384 ;
-  wire [23:0] \$385 ;
-  wire [23:0] \$386 ;
-  wire [23:0] \$387 ;
+  wire \$385 ;
+  wire \$386 ;
+  wire \$387 ;
   wire \$388 ;
   wire \$389 ;
   wire \$39 ;
-  wire \$390 ;
-  wire \$391 ;
-  wire \$392 ;
+  wire [23:0] \$390 ;
+  wire [23:0] \$391 ;
+  wire [23:0] \$392 ;
   wire \$393 ;
   wire \$394 ;
   wire \$395 ;
@@ -6806,13 +6859,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$455 ;
   wire \$456 ;
   wire \$457 ;
-  wire [23:0] \$458 ;
+  wire \$458 ;
   wire \$459 ;
   wire \$46 ;
   wire \$460 ;
   wire \$461 ;
   wire \$462 ;
-  wire \$463 ;
+  wire [23:0] \$463 ;
   wire \$464 ;
   wire \$465 ;
   wire \$466 ;
@@ -6834,15 +6887,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$480 ;
   wire \$481 ;
   wire \$482 ;
-  wire [23:0] \$483 ;
-  wire [23:0] \$484 ;
-  wire [23:0] \$485 ;
+  wire \$483 ;
+  wire \$484 ;
+  wire \$485 ;
   wire \$486 ;
   wire \$487 ;
-  wire \$488 ;
-  wire \$489 ;
+  wire [23:0] \$488 ;
+  wire [23:0] \$489 ;
   wire \$49 ;
-  wire \$490 ;
+  wire [23:0] \$490 ;
   wire \$491 ;
   wire \$492 ;
   wire \$493 ;
@@ -6915,13 +6968,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$553 ;
   wire \$554 ;
   wire \$555 ;
-  wire [23:0] \$556 ;
+  wire \$556 ;
   wire \$557 ;
   wire \$558 ;
   wire \$559 ;
   wire [3:0] \$56 ;
   wire \$560 ;
-  wire \$561 ;
+  wire [23:0] \$561 ;
   wire \$562 ;
   wire \$563 ;
   wire \$564 ;
@@ -6943,17 +6996,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$579 ;
   wire \$58 ;
   wire \$580 ;
-  wire [23:0] \$581 ;
-  wire [23:0] \$582 ;
-  wire [23:0] \$583 ;
-  reg [23:0] \$584 ;
-  wire [2:0] \$585 ;
-  wire \$586 ;
-  wire \$587 ;
-  wire \$588 ;
-  wire \$589 ;
+  wire \$581 ;
+  wire \$582 ;
+  wire \$583 ;
+  wire \$584 ;
+  wire \$585 ;
+  wire [23:0] \$586 ;
+  wire [23:0] \$587 ;
+  wire [23:0] \$588 ;
+  reg [23:0] \$589 ;
   wire \$59 ;
-  wire \$590 ;
+  wire [2:0] \$590 ;
   wire \$591 ;
   wire \$592 ;
   wire \$593 ;
@@ -7026,13 +7079,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$653 ;
   wire \$654 ;
   wire \$655 ;
-  wire [23:0] \$656 ;
+  wire \$656 ;
   wire \$657 ;
   wire \$658 ;
   wire \$659 ;
   wire [2:0] \$66 ;
   wire \$660 ;
-  wire \$661 ;
+  wire [23:0] \$661 ;
   wire \$662 ;
   wire \$663 ;
   wire \$664 ;
@@ -7054,14 +7107,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$679 ;
   wire \$68 ;
   wire \$680 ;
-  wire [23:0] \$681 ;
-  wire [23:0] \$682 ;
-  wire [23:0] \$683 ;
+  wire \$681 ;
+  wire \$682 ;
+  wire \$683 ;
   wire \$684 ;
   wire \$685 ;
-  wire \$686 ;
-  wire \$687 ;
-  wire \$688 ;
+  wire [23:0] \$686 ;
+  wire [23:0] \$687 ;
+  wire [23:0] \$688 ;
   wire \$689 ;
   wire [2:0] \$69 ;
   wire \$690 ;
@@ -7135,12 +7188,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$751 ;
   wire \$752 ;
   wire \$753 ;
-  wire [23:0] \$754 ;
+  wire \$754 ;
   wire \$755 ;
   wire \$756 ;
   wire \$757 ;
   wire \$758 ;
-  wire \$759 ;
+  wire [23:0] \$759 ;
   wire \$76 ;
   wire \$760 ;
   wire \$761 ;
@@ -7162,15 +7215,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$776 ;
   wire \$777 ;
   wire \$778 ;
-  wire [23:0] \$779 ;
+  wire \$779 ;
   wire [2:0] \$78 ;
-  wire [23:0] \$780 ;
-  wire [23:0] \$781 ;
+  wire \$780 ;
+  wire \$781 ;
   wire \$782 ;
   wire \$783 ;
-  wire \$784 ;
-  wire \$785 ;
-  wire \$786 ;
+  wire [23:0] \$784 ;
+  wire [23:0] \$785 ;
+  wire [23:0] \$786 ;
   wire \$787 ;
   wire \$788 ;
   wire \$789 ;
@@ -7244,12 +7297,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [23:0] \$85 ;
   wire \$850 ;
   wire \$851 ;
-  wire [23:0] \$852 ;
+  wire \$852 ;
   wire \$853 ;
   wire \$854 ;
   wire \$855 ;
   wire \$856 ;
-  wire \$857 ;
+  wire [23:0] \$857 ;
   wire \$858 ;
   wire \$859 ;
   wire [3:0] \$86 ;
@@ -7271,15 +7324,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$874 ;
   wire \$875 ;
   wire \$876 ;
-  wire [23:0] \$877 ;
-  wire [23:0] \$878 ;
-  wire [23:0] \$879 ;
+  wire \$877 ;
+  wire \$878 ;
+  wire \$879 ;
   wire \$88 ;
   wire \$880 ;
   wire \$881 ;
-  wire \$882 ;
-  wire \$883 ;
-  wire \$884 ;
+  wire [23:0] \$882 ;
+  wire [23:0] \$883 ;
+  wire [23:0] \$884 ;
   wire \$885 ;
   wire \$886 ;
   wire \$887 ;
@@ -7353,12 +7406,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$948 ;
   wire \$949 ;
   wire \$95 ;
-  wire [23:0] \$950 ;
+  wire \$950 ;
   wire \$951 ;
   wire \$952 ;
   wire \$953 ;
   wire \$954 ;
-  wire \$955 ;
+  wire [23:0] \$955 ;
   wire \$956 ;
   wire \$957 ;
   wire \$958 ;
@@ -7380,17 +7433,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$972 ;
   wire \$973 ;
   wire \$974 ;
-  wire [23:0] \$975 ;
-  wire [23:0] \$976 ;
-  wire [23:0] \$977 ;
-  reg [23:0] \$978 ;
-  wire [2:0] \$979 ;
+  wire \$975 ;
+  wire \$976 ;
+  wire \$977 ;
+  wire \$978 ;
+  wire \$979 ;
   wire \$98 ;
-  wire \$980 ;
-  wire \$981 ;
-  wire \$982 ;
-  wire \$983 ;
-  wire \$984 ;
+  wire [23:0] \$980 ;
+  wire [23:0] \$981 ;
+  wire [23:0] \$982 ;
+  reg [23:0] \$983 ;
+  wire [2:0] \$984 ;
   wire \$985 ;
   wire \$986 ;
   wire \$987 ;
@@ -7448,21 +7501,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [23:0] \hold[3] ;
   reg hold_valid = 1'h0;
   wire [15:0] i__payload;
-  wire [31:0] \i__payload$79 ;
-  wire [31:0] \i__payload$79[0] ;
-  wire [15:0] \i__payload$79[0].g ;
-  wire [15:0] \i__payload$79[0].u ;
-  wire [33:0] \i__payload$80 ;
-  wire [15:0] \i__payload$80.a ;
-  wire [16:0] \i__payload$80.b ;
-  wire \i__payload$80.last ;
+  wire [31:0] \i__payload$80 ;
+  wire [31:0] \i__payload$80[0] ;
+  wire [15:0] \i__payload$80[0].g ;
+  wire [15:0] \i__payload$80[0].u ;
+  wire [33:0] \i__payload$81 ;
+  wire [15:0] \i__payload$81.a ;
+  wire [16:0] \i__payload$81.b ;
+  wire \i__payload$81.last ;
   wire [15:0] \i__payload[0] ;
   wire i__ready;
-  wire \i__ready$102 ;
-  wire \i__ready$98 ;
+  wire \i__ready$103 ;
+  wire \i__ready$99 ;
   reg i__valid;
-  reg \i__valid$101 ;
-  reg \i__valid$97 ;
+  reg \i__valid$102 ;
+  reg \i__valid$98 ;
   input [220:0] ins;
   wire [220:0] ins;
   wire [12:0] \ins.a ;
@@ -7481,6 +7534,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire [13:0] \ins.p2 ;
   wire [5:0] \ins.shift ;
   wire [5:0] \ins.width ;
+  reg is_acc = 1'h0;
   reg is_sigmoid = 1'h0;
   reg issuing = 1'h0;
   wire [1:0] level;
@@ -7489,16 +7543,16 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   reg [15:0] mult = 16'h0000;
   wire [15:0] n;
   wire [12:0] o__payload;
-  wire [15:0] \o__payload$100 ;
-  wire [15:0] \o__payload$100[0] ;
-  wire [15:0] \o__payload$104 ;
+  wire [15:0] \o__payload$101 ;
+  wire [15:0] \o__payload$101[0] ;
+  wire [15:0] \o__payload$105 ;
   wire [12:0] \o__payload[0] ;
   wire o__ready;
-  wire \o__ready$84 ;
   wire \o__ready$85 ;
+  wire \o__ready$86 ;
   wire o__valid;
-  wire \o__valid$103 ;
-  wire \o__valid$99 ;
+  wire \o__valid$100 ;
+  wire \o__valid$104 ;
   (* enum_base_type = "VecOp" *)
   (* enum_value_00 = "ADD" *)
   (* enum_value_01 = "COMBINE" *)
@@ -7649,11 +7703,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$48  = wvalid & rq__i__ready;
   assign \$49  = \$47  | \$48 ;
   assign \$50  = q_pend & \$49 ;
-  assign \$51  = \$signal$17  + \$157 [2:0];
-  assign \$52  = q_read + \$157 [2:0];
-  assign \$53  = \$signal$43  + \$157 [2:0];
+  assign \$51  = \$signal$17  + \$162 [2:0];
+  assign \$52  = q_read + \$162 [2:0];
+  assign \$53  = \$signal$43  + \$162 [2:0];
   assign \$54  = \$53  == 3'h4;
-  assign \$55  = \$signal$43  + \$157 [2:0];
+  assign \$55  = \$signal$43  + \$162 [2:0];
   assign \$56  = \$54  ? 4'h0 : \$55 ;
   assign \$57  = wvalid & rq__i__ready;
   assign \$58  = ~ wvalid;
@@ -7693,1756 +7747,1759 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$96  = ins[5:0] == 3'h6;
   assign \$97  = ins[5:0] == 5'h13;
   assign \$99  = ins[5:0] == 5'h15;
-  assign \$101  = ins[5:0] == 4'hf;
-  assign \$103  = ins[5:0] == 4'hf;
-  assign \$106  = ins[5:0] == 5'h15;
-  assign \$108  = ins[122:109] - ins[136:123];
-  assign \$109  = $signed(\$108 ) + $signed({ 1'h0, ins[92:77] });
-  assign \$112  = ins[5:0] == 4'hd;
-  assign \$113  = ins[5:0] == 4'hc;
-  assign \$114  = ins[5:0] == 5'h15;
-  assign \$117  = \$116  ? 2'h1 : 2'h0;
-  assign \$118  = \$112  ? 2'h2 : \$117 ;
-  assign \$119  = ins[5:0] == 5'h10;
-  assign \$121  = ins[5:0] == 3'h4;
-  assign \$124  = \$121  & \$123 ;
-  assign \$126  = el + 1'h1;
-  assign \$127  = el >= results;
-  assign \$128  = ~ h_valid;
-  assign r_en = \$128  | unit_ready;
-  assign \$129  = ~ h_valid;
-  assign \$130  = \$129  | unit_ready;
-  assign \$131  = ~ r_rdy;
-  assign \$132  = \$130  & \$131 ;
-  assign \$133  = ~ \$132 ;
-  assign w_en = \$signal$10  & \$133 ;
-  assign \$136  = \$signal$10  + level;
-  assign \$137  = \$136  + h_valid;
-  assign \$138  = \$137  < 2'h3;
-  assign \$139  = \$135  & \$138 ;
-  assign \$142  = \$signal$10  + level;
-  assign \$143  = \$142  + h_valid;
-  assign \$144  = \$143  < 2'h3;
-  assign \$145  = \$141  & \$144 ;
-  assign \$146  = 3'h4 - \$signal$43 ;
-  assign \$147  = $signed(\$146 ) < $signed(4'h4);
-  assign \$148  = 3'h4 - \$signal$43 ;
-  assign \$149  = ins[122:109] - q_read;
-  assign \$150  = $signed(\$148 ) < $signed(\$149 );
-  assign \$151  = \$147  & \$150 ;
-  assign \$152  = 3'h4 - \$signal$43 ;
-  assign \$153  = ins[122:109] - q_read;
-  assign \$154  = $signed(\$153 ) < $signed(4'h4);
-  assign \$155  = ins[122:109] - q_read;
-  assign \$156  = \$154  ? \$155  : 15'h0004;
-  assign \$157  = \$151  ? { \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152 [3], \$152  } : \$156 ;
-  assign \$158  = vec_op == 1'h1;
-  assign \$159  = ~ \$signal$59 ;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = \$160  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$162  = q_read < ins[122:109];
-  assign \$165  = ~ q_pend;
-  assign \$166  = ~ wvalid;
-  assign \$167  = wvalid & rq__i__ready;
-  assign \$168  = \$166  | \$167 ;
-  assign \$169  = q_pend & \$168 ;
-  assign \$170  = \$165  | \$169 ;
-  assign \$171  = \$164  & \$170 ;
-  assign \$172  = 3'h4 - \$signal$50 ;
-  assign \$173  = $signed(\$172 ) < $signed(4'h4);
-  assign \$174  = 3'h4 - \$signal$50 ;
-  assign \$175  = ins[122:109] - el;
-  assign \$176  = $signed(\$174 ) < $signed(\$175 );
-  assign \$177  = \$173  & \$176 ;
-  assign \$178  = 3'h4 - \$signal$50 ;
-  assign \$179  = ins[122:109] - el;
-  assign \$180  = $signed(\$179 ) < $signed(4'h4);
-  assign \$181  = ins[122:109] - el;
-  assign \$182  = \$180  ? \$181  : 15'h0004;
-  assign \$183  = \$177  ? { \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178 [3], \$178  } : \$182 ;
-  assign \$184  = 3'h4 - \$signal$50 ;
-  assign \$185  = $signed(\$184 ) <= $signed(4'h4);
+  assign \$101  = ins[5:0] == 3'h7;
+  assign \$106  = ins[5:0] == 4'hf;
+  assign \$108  = ins[5:0] == 4'hf;
+  assign \$111  = ins[5:0] == 5'h15;
+  assign \$113  = ins[122:109] - ins[136:123];
+  assign \$114  = $signed(\$113 ) + $signed({ 1'h0, ins[92:77] });
+  assign \$117  = ins[5:0] == 4'hd;
+  assign \$118  = ins[5:0] == 4'hc;
+  assign \$119  = ins[5:0] == 5'h15;
+  assign \$122  = \$121  ? 2'h1 : 2'h0;
+  assign \$123  = \$117  ? 2'h2 : \$122 ;
+  assign \$124  = ins[5:0] == 5'h10;
+  assign \$126  = ins[5:0] == 3'h4;
+  assign \$129  = \$126  & \$128 ;
+  assign \$131  = el + 1'h1;
+  assign \$132  = el >= results;
+  assign \$133  = ~ h_valid;
+  assign r_en = \$133  | unit_ready;
+  assign \$134  = ~ h_valid;
+  assign \$135  = \$134  | unit_ready;
+  assign \$136  = ~ r_rdy;
+  assign \$137  = \$135  & \$136 ;
+  assign \$138  = ~ \$137 ;
+  assign w_en = \$signal$10  & \$138 ;
+  assign \$141  = \$signal$10  + level;
+  assign \$142  = \$141  + h_valid;
+  assign \$143  = \$142  < 2'h3;
+  assign \$144  = \$140  & \$143 ;
+  assign \$147  = \$signal$10  + level;
+  assign \$148  = \$147  + h_valid;
+  assign \$149  = \$148  < 2'h3;
+  assign \$150  = \$146  & \$149 ;
+  assign \$151  = 3'h4 - \$signal$43 ;
+  assign \$152  = $signed(\$151 ) < $signed(4'h4);
+  assign \$153  = 3'h4 - \$signal$43 ;
+  assign \$154  = ins[122:109] - q_read;
+  assign \$155  = $signed(\$153 ) < $signed(\$154 );
+  assign \$156  = \$152  & \$155 ;
+  assign \$157  = 3'h4 - \$signal$43 ;
+  assign \$158  = ins[122:109] - q_read;
+  assign \$159  = $signed(\$158 ) < $signed(4'h4);
+  assign \$160  = ins[122:109] - q_read;
+  assign \$161  = \$159  ? \$160  : 15'h0004;
+  assign \$162  = \$156  ? { \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157 [3], \$157  } : \$161 ;
+  assign \$163  = vec_op == 1'h1;
+  assign \$164  = ~ \$signal$59 ;
+  assign \$165  = \$163  & \$164 ;
+  assign \$166  = \$165  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$167  = q_read < ins[122:109];
+  assign \$170  = ~ q_pend;
+  assign \$171  = ~ wvalid;
+  assign \$172  = wvalid & rq__i__ready;
+  assign \$173  = \$171  | \$172 ;
+  assign \$174  = q_pend & \$173 ;
+  assign \$175  = \$170  | \$174 ;
+  assign \$176  = \$169  & \$175 ;
+  assign \$177  = 3'h4 - \$signal$50 ;
+  assign \$178  = $signed(\$177 ) < $signed(4'h4);
+  assign \$179  = 3'h4 - \$signal$50 ;
+  assign \$180  = ins[122:109] - el;
+  assign \$181  = $signed(\$179 ) < $signed(\$180 );
+  assign \$182  = \$178  & \$181 ;
+  assign \$183  = 3'h4 - \$signal$50 ;
+  assign \$184  = ins[122:109] - el;
+  assign \$185  = $signed(\$184 ) < $signed(4'h4);
   assign \$186  = ins[122:109] - el;
-  assign \$187  = $signed(\$186 ) <= $signed(4'h4);
-  assign \$188  = \$185  | \$187 ;
-  assign \$189  = ~ hold_valid;
-  assign \$190  = \$189  | \$signal$51 ;
-  assign \$191  = ins[60:48] + el;
-  assign \$192  = width > 1'h1;
-  assign \$193  = width > 2'h2;
-  assign \$194  = width > 2'h3;
-  assign \$195  = width > 3'h4;
-  assign \$196  = width > 3'h5;
-  assign \$197  = width > 3'h6;
-  assign \$198  = width > 3'h7;
-  assign \$199  = width > 4'h8;
-  assign \$200  = width > 4'h9;
-  assign \$201  = width > 4'ha;
-  assign \$202  = width > 4'hb;
-  assign \$203  = width > 4'hc;
-  assign \$204  = width > 4'hd;
-  assign \$205  = width > 4'he;
-  assign \$206  = width > 4'hf;
-  assign \$207  = width > 5'h10;
-  assign \$208  = width > 5'h11;
-  assign \$209  = width > 5'h12;
-  assign \$210  = width > 5'h13;
-  assign \$211  = width > 5'h14;
-  assign \$212  = width > 5'h15;
-  assign \$213  = width > 5'h16;
-  assign \$214  = width > 5'h17;
-  assign \$215  = $signed(hold[23:0]) > $signed({ 1'h0, \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197 , \$196 , \$195 , \$194 , \$193 , \$192  });
-  assign \$216  = width > 1'h1;
-  assign \$217  = width > 2'h2;
-  assign \$218  = width > 2'h3;
-  assign \$219  = width > 3'h4;
-  assign \$220  = width > 3'h5;
-  assign \$221  = width > 3'h6;
-  assign \$222  = width > 3'h7;
-  assign \$223  = width > 4'h8;
-  assign \$224  = width > 4'h9;
-  assign \$225  = width > 4'ha;
-  assign \$226  = width > 4'hb;
-  assign \$227  = width > 4'hc;
-  assign \$228  = width > 4'hd;
-  assign \$229  = width > 4'he;
-  assign \$230  = width > 4'hf;
-  assign \$231  = width > 5'h10;
-  assign \$232  = width > 5'h11;
-  assign \$233  = width > 5'h12;
-  assign \$234  = width > 5'h13;
-  assign \$235  = width > 5'h14;
-  assign \$236  = width > 5'h15;
-  assign \$237  = width > 5'h16;
-  assign \$238  = width > 5'h17;
-  assign \$239  = width > 1'h1;
-  assign \$240  = width > 2'h2;
-  assign \$241  = width > 2'h3;
-  assign \$242  = width > 3'h4;
-  assign \$243  = width > 3'h5;
-  assign \$244  = width > 3'h6;
-  assign \$245  = width > 3'h7;
-  assign \$246  = width > 4'h8;
-  assign \$247  = width > 4'h9;
-  assign \$248  = width > 4'ha;
-  assign \$249  = width > 4'hb;
-  assign \$250  = width > 4'hc;
-  assign \$251  = width > 4'hd;
-  assign \$252  = width > 4'he;
-  assign \$253  = width > 4'hf;
-  assign \$254  = width > 5'h10;
-  assign \$255  = width > 5'h11;
-  assign \$256  = width > 5'h12;
-  assign \$257  = width > 5'h13;
-  assign \$258  = width > 5'h14;
-  assign \$259  = width > 5'h15;
-  assign \$260  = width > 5'h16;
-  assign \$261  = width > 5'h17;
-  assign \$262  = ~ { 1'h0, \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239  };
-  assign \$263  = $signed(hold[23:0]) < $signed(\$262 );
-  assign \$264  = width > 1'h1;
-  assign \$265  = width > 2'h2;
-  assign \$266  = width > 2'h3;
-  assign \$267  = width > 3'h4;
-  assign \$268  = width > 3'h5;
-  assign \$269  = width > 3'h6;
-  assign \$270  = width > 3'h7;
-  assign \$271  = width > 4'h8;
-  assign \$272  = width > 4'h9;
-  assign \$273  = width > 4'ha;
-  assign \$274  = width > 4'hb;
-  assign \$275  = width > 4'hc;
-  assign \$276  = width > 4'hd;
-  assign \$277  = width > 4'he;
-  assign \$278  = width > 4'hf;
-  assign \$279  = width > 5'h10;
-  assign \$280  = width > 5'h11;
-  assign \$281  = width > 5'h12;
-  assign \$282  = width > 5'h13;
-  assign \$283  = width > 5'h14;
-  assign \$284  = width > 5'h15;
-  assign \$285  = width > 5'h16;
-  assign \$286  = width > 5'h17;
-  assign \$287  = ~ { 1'h0, \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264  };
-  assign \$288  = \$263  ? \$287  : hold[23:0];
-  assign \$289  = \$215  ? { 1'h0, \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216  } : \$288 ;
-  assign \$290  = width > 1'h1;
-  assign \$291  = width > 2'h2;
-  assign \$292  = width > 2'h3;
-  assign \$293  = width > 3'h4;
-  assign \$294  = width > 3'h5;
-  assign \$295  = width > 3'h6;
-  assign \$296  = width > 3'h7;
-  assign \$297  = width > 4'h8;
-  assign \$298  = width > 4'h9;
-  assign \$299  = width > 4'ha;
-  assign \$300  = width > 4'hb;
-  assign \$301  = width > 4'hc;
-  assign \$302  = width > 4'hd;
-  assign \$303  = width > 4'he;
-  assign \$304  = width > 4'hf;
-  assign \$305  = width > 5'h10;
-  assign \$306  = width > 5'h11;
-  assign \$307  = width > 5'h12;
-  assign \$308  = width > 5'h13;
-  assign \$309  = width > 5'h14;
-  assign \$310  = width > 5'h15;
-  assign \$311  = width > 5'h16;
-  assign \$312  = width > 5'h17;
-  assign \$313  = $signed(hold[47:24]) > $signed({ 1'h0, \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295 , \$294 , \$293 , \$292 , \$291 , \$290  });
-  assign \$314  = width > 1'h1;
-  assign \$315  = width > 2'h2;
-  assign \$316  = width > 2'h3;
-  assign \$317  = width > 3'h4;
-  assign \$318  = width > 3'h5;
-  assign \$319  = width > 3'h6;
-  assign \$320  = width > 3'h7;
-  assign \$321  = width > 4'h8;
-  assign \$322  = width > 4'h9;
-  assign \$323  = width > 4'ha;
-  assign \$324  = width > 4'hb;
-  assign \$325  = width > 4'hc;
-  assign \$326  = width > 4'hd;
-  assign \$327  = width > 4'he;
-  assign \$328  = width > 4'hf;
-  assign \$329  = width > 5'h10;
-  assign \$330  = width > 5'h11;
-  assign \$331  = width > 5'h12;
-  assign \$332  = width > 5'h13;
-  assign \$333  = width > 5'h14;
-  assign \$334  = width > 5'h15;
-  assign \$335  = width > 5'h16;
-  assign \$336  = width > 5'h17;
-  assign \$337  = width > 1'h1;
-  assign \$338  = width > 2'h2;
-  assign \$339  = width > 2'h3;
-  assign \$340  = width > 3'h4;
-  assign \$341  = width > 3'h5;
-  assign \$342  = width > 3'h6;
-  assign \$343  = width > 3'h7;
-  assign \$344  = width > 4'h8;
-  assign \$345  = width > 4'h9;
-  assign \$346  = width > 4'ha;
-  assign \$347  = width > 4'hb;
-  assign \$348  = width > 4'hc;
-  assign \$349  = width > 4'hd;
-  assign \$350  = width > 4'he;
-  assign \$351  = width > 4'hf;
-  assign \$352  = width > 5'h10;
-  assign \$353  = width > 5'h11;
-  assign \$354  = width > 5'h12;
-  assign \$355  = width > 5'h13;
-  assign \$356  = width > 5'h14;
-  assign \$357  = width > 5'h15;
-  assign \$358  = width > 5'h16;
-  assign \$359  = width > 5'h17;
-  assign \$360  = ~ { 1'h0, \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346 , \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337  };
-  assign \$361  = $signed(hold[47:24]) < $signed(\$360 );
-  assign \$362  = width > 1'h1;
-  assign \$363  = width > 2'h2;
-  assign \$364  = width > 2'h3;
-  assign \$365  = width > 3'h4;
-  assign \$366  = width > 3'h5;
-  assign \$367  = width > 3'h6;
-  assign \$368  = width > 3'h7;
-  assign \$369  = width > 4'h8;
-  assign \$370  = width > 4'h9;
-  assign \$371  = width > 4'ha;
-  assign \$372  = width > 4'hb;
-  assign \$373  = width > 4'hc;
-  assign \$374  = width > 4'hd;
-  assign \$375  = width > 4'he;
-  assign \$376  = width > 4'hf;
-  assign \$377  = width > 5'h10;
-  assign \$378  = width > 5'h11;
-  assign \$379  = width > 5'h12;
-  assign \$380  = width > 5'h13;
-  assign \$381  = width > 5'h14;
-  assign \$382  = width > 5'h15;
-  assign \$383  = width > 5'h16;
-  assign \$384  = width > 5'h17;
-  assign \$385  = ~ { 1'h0, \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371 , \$370 , \$369 , \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362  };
-  assign \$386  = \$361  ? \$385  : hold[47:24];
-  assign \$387  = \$313  ? { 1'h0, \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314  } : \$386 ;
-  assign \$388  = width > 1'h1;
-  assign \$389  = width > 2'h2;
-  assign \$390  = width > 2'h3;
-  assign \$391  = width > 3'h4;
-  assign \$392  = width > 3'h5;
-  assign \$393  = width > 3'h6;
-  assign \$394  = width > 3'h7;
-  assign \$395  = width > 4'h8;
-  assign \$396  = width > 4'h9;
-  assign \$397  = width > 4'ha;
-  assign \$398  = width > 4'hb;
-  assign \$399  = width > 4'hc;
-  assign \$400  = width > 4'hd;
-  assign \$401  = width > 4'he;
-  assign \$402  = width > 4'hf;
-  assign \$403  = width > 5'h10;
-  assign \$404  = width > 5'h11;
-  assign \$405  = width > 5'h12;
-  assign \$406  = width > 5'h13;
-  assign \$407  = width > 5'h14;
-  assign \$408  = width > 5'h15;
-  assign \$409  = width > 5'h16;
-  assign \$410  = width > 5'h17;
-  assign \$411  = $signed(hold[71:48]) > $signed({ 1'h0, \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397 , \$396 , \$395 , \$394 , \$393 , \$392 , \$391 , \$390 , \$389 , \$388  });
-  assign \$412  = width > 1'h1;
-  assign \$413  = width > 2'h2;
-  assign \$414  = width > 2'h3;
-  assign \$415  = width > 3'h4;
-  assign \$416  = width > 3'h5;
-  assign \$417  = width > 3'h6;
-  assign \$418  = width > 3'h7;
-  assign \$419  = width > 4'h8;
-  assign \$420  = width > 4'h9;
-  assign \$421  = width > 4'ha;
-  assign \$422  = width > 4'hb;
-  assign \$423  = width > 4'hc;
-  assign \$424  = width > 4'hd;
-  assign \$425  = width > 4'he;
-  assign \$426  = width > 4'hf;
-  assign \$427  = width > 5'h10;
-  assign \$428  = width > 5'h11;
-  assign \$429  = width > 5'h12;
-  assign \$430  = width > 5'h13;
-  assign \$431  = width > 5'h14;
-  assign \$432  = width > 5'h15;
-  assign \$433  = width > 5'h16;
-  assign \$434  = width > 5'h17;
-  assign \$435  = width > 1'h1;
-  assign \$436  = width > 2'h2;
-  assign \$437  = width > 2'h3;
-  assign \$438  = width > 3'h4;
-  assign \$439  = width > 3'h5;
-  assign \$440  = width > 3'h6;
-  assign \$441  = width > 3'h7;
-  assign \$442  = width > 4'h8;
-  assign \$443  = width > 4'h9;
-  assign \$444  = width > 4'ha;
-  assign \$445  = width > 4'hb;
-  assign \$446  = width > 4'hc;
-  assign \$447  = width > 4'hd;
-  assign \$448  = width > 4'he;
-  assign \$449  = width > 4'hf;
-  assign \$450  = width > 5'h10;
-  assign \$451  = width > 5'h11;
-  assign \$452  = width > 5'h12;
-  assign \$453  = width > 5'h13;
-  assign \$454  = width > 5'h14;
-  assign \$455  = width > 5'h15;
-  assign \$456  = width > 5'h16;
-  assign \$457  = width > 5'h17;
-  assign \$458  = ~ { 1'h0, \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445 , \$444 , \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435  };
-  assign \$459  = $signed(hold[71:48]) < $signed(\$458 );
-  assign \$460  = width > 1'h1;
-  assign \$461  = width > 2'h2;
-  assign \$462  = width > 2'h3;
-  assign \$463  = width > 3'h4;
-  assign \$464  = width > 3'h5;
-  assign \$465  = width > 3'h6;
-  assign \$466  = width > 3'h7;
-  assign \$467  = width > 4'h8;
-  assign \$468  = width > 4'h9;
-  assign \$469  = width > 4'ha;
-  assign \$470  = width > 4'hb;
-  assign \$471  = width > 4'hc;
-  assign \$472  = width > 4'hd;
-  assign \$473  = width > 4'he;
-  assign \$474  = width > 4'hf;
-  assign \$475  = width > 5'h10;
-  assign \$476  = width > 5'h11;
-  assign \$477  = width > 5'h12;
-  assign \$478  = width > 5'h13;
-  assign \$479  = width > 5'h14;
-  assign \$480  = width > 5'h15;
-  assign \$481  = width > 5'h16;
-  assign \$482  = width > 5'h17;
-  assign \$483  = ~ { 1'h0, \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471 , \$470 , \$469 , \$468 , \$467 , \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460  };
-  assign \$484  = \$459  ? \$483  : hold[71:48];
-  assign \$485  = \$411  ? { 1'h0, \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420 , \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412  } : \$484 ;
-  assign \$486  = width > 1'h1;
-  assign \$487  = width > 2'h2;
-  assign \$488  = width > 2'h3;
-  assign \$489  = width > 3'h4;
-  assign \$490  = width > 3'h5;
-  assign \$491  = width > 3'h6;
-  assign \$492  = width > 3'h7;
-  assign \$493  = width > 4'h8;
-  assign \$494  = width > 4'h9;
-  assign \$495  = width > 4'ha;
-  assign \$496  = width > 4'hb;
-  assign \$497  = width > 4'hc;
-  assign \$498  = width > 4'hd;
-  assign \$499  = width > 4'he;
-  assign \$500  = width > 4'hf;
-  assign \$501  = width > 5'h10;
-  assign \$502  = width > 5'h11;
-  assign \$503  = width > 5'h12;
-  assign \$504  = width > 5'h13;
-  assign \$505  = width > 5'h14;
-  assign \$506  = width > 5'h15;
-  assign \$507  = width > 5'h16;
-  assign \$508  = width > 5'h17;
-  assign \$509  = $signed(hold[95:72]) > $signed({ 1'h0, \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495 , \$494 , \$493 , \$492 , \$491 , \$490 , \$489 , \$488 , \$487 , \$486  });
-  assign \$510  = width > 1'h1;
-  assign \$511  = width > 2'h2;
-  assign \$512  = width > 2'h3;
-  assign \$513  = width > 3'h4;
-  assign \$514  = width > 3'h5;
-  assign \$515  = width > 3'h6;
-  assign \$516  = width > 3'h7;
-  assign \$517  = width > 4'h8;
-  assign \$518  = width > 4'h9;
-  assign \$519  = width > 4'ha;
-  assign \$520  = width > 4'hb;
-  assign \$521  = width > 4'hc;
-  assign \$522  = width > 4'hd;
-  assign \$523  = width > 4'he;
-  assign \$524  = width > 4'hf;
-  assign \$525  = width > 5'h10;
-  assign \$526  = width > 5'h11;
-  assign \$527  = width > 5'h12;
-  assign \$528  = width > 5'h13;
-  assign \$529  = width > 5'h14;
-  assign \$530  = width > 5'h15;
-  assign \$531  = width > 5'h16;
-  assign \$532  = width > 5'h17;
-  assign \$533  = width > 1'h1;
-  assign \$534  = width > 2'h2;
-  assign \$535  = width > 2'h3;
-  assign \$536  = width > 3'h4;
-  assign \$537  = width > 3'h5;
-  assign \$538  = width > 3'h6;
-  assign \$539  = width > 3'h7;
-  assign \$540  = width > 4'h8;
-  assign \$541  = width > 4'h9;
-  assign \$542  = width > 4'ha;
-  assign \$543  = width > 4'hb;
-  assign \$544  = width > 4'hc;
-  assign \$545  = width > 4'hd;
-  assign \$546  = width > 4'he;
-  assign \$547  = width > 4'hf;
-  assign \$548  = width > 5'h10;
-  assign \$549  = width > 5'h11;
-  assign \$550  = width > 5'h12;
-  assign \$551  = width > 5'h13;
-  assign \$552  = width > 5'h14;
-  assign \$553  = width > 5'h15;
-  assign \$554  = width > 5'h16;
-  assign \$555  = width > 5'h17;
-  assign \$556  = ~ { 1'h0, \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543 , \$542 , \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533  };
-  assign \$557  = $signed(hold[95:72]) < $signed(\$556 );
-  assign \$558  = width > 1'h1;
-  assign \$559  = width > 2'h2;
-  assign \$560  = width > 2'h3;
-  assign \$561  = width > 3'h4;
-  assign \$562  = width > 3'h5;
-  assign \$563  = width > 3'h6;
-  assign \$564  = width > 3'h7;
-  assign \$565  = width > 4'h8;
-  assign \$566  = width > 4'h9;
-  assign \$567  = width > 4'ha;
-  assign \$568  = width > 4'hb;
-  assign \$569  = width > 4'hc;
-  assign \$570  = width > 4'hd;
-  assign \$571  = width > 4'he;
-  assign \$572  = width > 4'hf;
-  assign \$573  = width > 5'h10;
-  assign \$574  = width > 5'h11;
-  assign \$575  = width > 5'h12;
-  assign \$576  = width > 5'h13;
-  assign \$577  = width > 5'h14;
-  assign \$578  = width > 5'h15;
-  assign \$579  = width > 5'h16;
-  assign \$580  = width > 5'h17;
-  assign \$581  = ~ { 1'h0, \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571 , \$570 , \$569 , \$568 , \$567 , \$566 , \$565 , \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558  };
-  assign \$582  = \$557  ? \$581  : hold[95:72];
-  assign \$583  = \$509  ? { 1'h0, \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518 , \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510  } : \$582 ;
-  assign \$585  = \$signal$50  + 1'h1;
-  assign \$586  = width > 1'h1;
-  assign \$587  = width > 2'h2;
-  assign \$588  = width > 2'h3;
-  assign \$589  = width > 3'h4;
-  assign \$590  = width > 3'h5;
-  assign \$591  = width > 3'h6;
-  assign \$592  = width > 3'h7;
-  assign \$593  = width > 4'h8;
-  assign \$594  = width > 4'h9;
-  assign \$595  = width > 4'ha;
-  assign \$596  = width > 4'hb;
-  assign \$597  = width > 4'hc;
-  assign \$598  = width > 4'hd;
-  assign \$599  = width > 4'he;
-  assign \$600  = width > 4'hf;
-  assign \$601  = width > 5'h10;
-  assign \$602  = width > 5'h11;
-  assign \$603  = width > 5'h12;
-  assign \$604  = width > 5'h13;
-  assign \$605  = width > 5'h14;
-  assign \$606  = width > 5'h15;
-  assign \$607  = width > 5'h16;
-  assign \$608  = width > 5'h17;
-  assign \$609  = $signed(hold[23:0]) > $signed({ 1'h0, \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595 , \$594 , \$593 , \$592 , \$591 , \$590 , \$589 , \$588 , \$587 , \$586  });
-  assign \$610  = width > 1'h1;
-  assign \$611  = width > 2'h2;
-  assign \$612  = width > 2'h3;
-  assign \$613  = width > 3'h4;
-  assign \$614  = width > 3'h5;
-  assign \$615  = width > 3'h6;
-  assign \$616  = width > 3'h7;
-  assign \$617  = width > 4'h8;
-  assign \$618  = width > 4'h9;
-  assign \$619  = width > 4'ha;
-  assign \$620  = width > 4'hb;
-  assign \$621  = width > 4'hc;
-  assign \$622  = width > 4'hd;
-  assign \$623  = width > 4'he;
-  assign \$624  = width > 4'hf;
-  assign \$625  = width > 5'h10;
-  assign \$626  = width > 5'h11;
-  assign \$627  = width > 5'h12;
-  assign \$628  = width > 5'h13;
-  assign \$629  = width > 5'h14;
-  assign \$630  = width > 5'h15;
-  assign \$631  = width > 5'h16;
-  assign \$632  = width > 5'h17;
-  assign \$633  = width > 1'h1;
-  assign \$634  = width > 2'h2;
-  assign \$635  = width > 2'h3;
-  assign \$636  = width > 3'h4;
-  assign \$637  = width > 3'h5;
-  assign \$638  = width > 3'h6;
-  assign \$639  = width > 3'h7;
-  assign \$640  = width > 4'h8;
-  assign \$641  = width > 4'h9;
-  assign \$642  = width > 4'ha;
-  assign \$643  = width > 4'hb;
-  assign \$644  = width > 4'hc;
-  assign \$645  = width > 4'hd;
-  assign \$646  = width > 4'he;
-  assign \$647  = width > 4'hf;
-  assign \$648  = width > 5'h10;
-  assign \$649  = width > 5'h11;
-  assign \$650  = width > 5'h12;
-  assign \$651  = width > 5'h13;
-  assign \$652  = width > 5'h14;
-  assign \$653  = width > 5'h15;
-  assign \$654  = width > 5'h16;
-  assign \$655  = width > 5'h17;
-  assign \$656  = ~ { 1'h0, \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643 , \$642 , \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633  };
-  assign \$657  = $signed(hold[23:0]) < $signed(\$656 );
-  assign \$658  = width > 1'h1;
-  assign \$659  = width > 2'h2;
-  assign \$660  = width > 2'h3;
-  assign \$661  = width > 3'h4;
-  assign \$662  = width > 3'h5;
-  assign \$663  = width > 3'h6;
-  assign \$664  = width > 3'h7;
-  assign \$665  = width > 4'h8;
-  assign \$666  = width > 4'h9;
-  assign \$667  = width > 4'ha;
-  assign \$668  = width > 4'hb;
-  assign \$669  = width > 4'hc;
-  assign \$670  = width > 4'hd;
-  assign \$671  = width > 4'he;
-  assign \$672  = width > 4'hf;
-  assign \$673  = width > 5'h10;
-  assign \$674  = width > 5'h11;
-  assign \$675  = width > 5'h12;
-  assign \$676  = width > 5'h13;
-  assign \$677  = width > 5'h14;
-  assign \$678  = width > 5'h15;
-  assign \$679  = width > 5'h16;
-  assign \$680  = width > 5'h17;
-  assign \$681  = ~ { 1'h0, \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669 , \$668 , \$667 , \$666 , \$665 , \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658  };
-  assign \$682  = \$657  ? \$681  : hold[23:0];
-  assign \$683  = \$609  ? { 1'h0, \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618 , \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610  } : \$682 ;
-  assign \$684  = width > 1'h1;
-  assign \$685  = width > 2'h2;
-  assign \$686  = width > 2'h3;
-  assign \$687  = width > 3'h4;
-  assign \$688  = width > 3'h5;
-  assign \$689  = width > 3'h6;
-  assign \$690  = width > 3'h7;
-  assign \$691  = width > 4'h8;
-  assign \$692  = width > 4'h9;
-  assign \$693  = width > 4'ha;
-  assign \$694  = width > 4'hb;
-  assign \$695  = width > 4'hc;
-  assign \$696  = width > 4'hd;
-  assign \$697  = width > 4'he;
-  assign \$698  = width > 4'hf;
-  assign \$699  = width > 5'h10;
-  assign \$700  = width > 5'h11;
-  assign \$701  = width > 5'h12;
-  assign \$702  = width > 5'h13;
-  assign \$703  = width > 5'h14;
-  assign \$704  = width > 5'h15;
-  assign \$705  = width > 5'h16;
-  assign \$706  = width > 5'h17;
-  assign \$707  = $signed(hold[47:24]) > $signed({ 1'h0, \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693 , \$692 , \$691 , \$690 , \$689 , \$688 , \$687 , \$686 , \$685 , \$684  });
-  assign \$708  = width > 1'h1;
-  assign \$709  = width > 2'h2;
-  assign \$710  = width > 2'h3;
-  assign \$711  = width > 3'h4;
-  assign \$712  = width > 3'h5;
-  assign \$713  = width > 3'h6;
-  assign \$714  = width > 3'h7;
-  assign \$715  = width > 4'h8;
-  assign \$716  = width > 4'h9;
-  assign \$717  = width > 4'ha;
-  assign \$718  = width > 4'hb;
-  assign \$719  = width > 4'hc;
-  assign \$720  = width > 4'hd;
-  assign \$721  = width > 4'he;
-  assign \$722  = width > 4'hf;
-  assign \$723  = width > 5'h10;
-  assign \$724  = width > 5'h11;
-  assign \$725  = width > 5'h12;
-  assign \$726  = width > 5'h13;
-  assign \$727  = width > 5'h14;
-  assign \$728  = width > 5'h15;
-  assign \$729  = width > 5'h16;
-  assign \$730  = width > 5'h17;
-  assign \$731  = width > 1'h1;
-  assign \$732  = width > 2'h2;
-  assign \$733  = width > 2'h3;
-  assign \$734  = width > 3'h4;
-  assign \$735  = width > 3'h5;
-  assign \$736  = width > 3'h6;
-  assign \$737  = width > 3'h7;
-  assign \$738  = width > 4'h8;
-  assign \$739  = width > 4'h9;
-  assign \$740  = width > 4'ha;
-  assign \$741  = width > 4'hb;
-  assign \$742  = width > 4'hc;
-  assign \$743  = width > 4'hd;
-  assign \$744  = width > 4'he;
-  assign \$745  = width > 4'hf;
-  assign \$746  = width > 5'h10;
-  assign \$747  = width > 5'h11;
-  assign \$748  = width > 5'h12;
-  assign \$749  = width > 5'h13;
-  assign \$750  = width > 5'h14;
-  assign \$751  = width > 5'h15;
-  assign \$752  = width > 5'h16;
-  assign \$753  = width > 5'h17;
-  assign \$754  = ~ { 1'h0, \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741 , \$740 , \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731  };
-  assign \$755  = $signed(hold[47:24]) < $signed(\$754 );
-  assign \$756  = width > 1'h1;
-  assign \$757  = width > 2'h2;
-  assign \$758  = width > 2'h3;
-  assign \$759  = width > 3'h4;
-  assign \$760  = width > 3'h5;
-  assign \$761  = width > 3'h6;
-  assign \$762  = width > 3'h7;
-  assign \$763  = width > 4'h8;
-  assign \$764  = width > 4'h9;
-  assign \$765  = width > 4'ha;
-  assign \$766  = width > 4'hb;
-  assign \$767  = width > 4'hc;
-  assign \$768  = width > 4'hd;
-  assign \$769  = width > 4'he;
-  assign \$770  = width > 4'hf;
-  assign \$771  = width > 5'h10;
-  assign \$772  = width > 5'h11;
-  assign \$773  = width > 5'h12;
-  assign \$774  = width > 5'h13;
-  assign \$775  = width > 5'h14;
-  assign \$776  = width > 5'h15;
-  assign \$777  = width > 5'h16;
-  assign \$778  = width > 5'h17;
-  assign \$779  = ~ { 1'h0, \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767 , \$766 , \$765 , \$764 , \$763 , \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756  };
-  assign \$780  = \$755  ? \$779  : hold[47:24];
-  assign \$781  = \$707  ? { 1'h0, \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716 , \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708  } : \$780 ;
-  assign \$782  = width > 1'h1;
-  assign \$783  = width > 2'h2;
-  assign \$784  = width > 2'h3;
-  assign \$785  = width > 3'h4;
-  assign \$786  = width > 3'h5;
-  assign \$787  = width > 3'h6;
-  assign \$788  = width > 3'h7;
-  assign \$789  = width > 4'h8;
-  assign \$790  = width > 4'h9;
-  assign \$791  = width > 4'ha;
-  assign \$792  = width > 4'hb;
-  assign \$793  = width > 4'hc;
-  assign \$794  = width > 4'hd;
-  assign \$795  = width > 4'he;
-  assign \$796  = width > 4'hf;
-  assign \$797  = width > 5'h10;
-  assign \$798  = width > 5'h11;
-  assign \$799  = width > 5'h12;
-  assign \$800  = width > 5'h13;
-  assign \$801  = width > 5'h14;
-  assign \$802  = width > 5'h15;
-  assign \$803  = width > 5'h16;
-  assign \$804  = width > 5'h17;
-  assign \$805  = $signed(hold[71:48]) > $signed({ 1'h0, \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791 , \$790 , \$789 , \$788 , \$787 , \$786 , \$785 , \$784 , \$783 , \$782  });
-  assign \$806  = width > 1'h1;
-  assign \$807  = width > 2'h2;
-  assign \$808  = width > 2'h3;
-  assign \$809  = width > 3'h4;
-  assign \$810  = width > 3'h5;
-  assign \$811  = width > 3'h6;
-  assign \$812  = width > 3'h7;
-  assign \$813  = width > 4'h8;
-  assign \$814  = width > 4'h9;
-  assign \$815  = width > 4'ha;
-  assign \$816  = width > 4'hb;
-  assign \$817  = width > 4'hc;
-  assign \$818  = width > 4'hd;
-  assign \$819  = width > 4'he;
-  assign \$820  = width > 4'hf;
-  assign \$821  = width > 5'h10;
-  assign \$822  = width > 5'h11;
-  assign \$823  = width > 5'h12;
-  assign \$824  = width > 5'h13;
-  assign \$825  = width > 5'h14;
-  assign \$826  = width > 5'h15;
-  assign \$827  = width > 5'h16;
-  assign \$828  = width > 5'h17;
-  assign \$829  = width > 1'h1;
-  assign \$830  = width > 2'h2;
-  assign \$831  = width > 2'h3;
-  assign \$832  = width > 3'h4;
-  assign \$833  = width > 3'h5;
-  assign \$834  = width > 3'h6;
-  assign \$835  = width > 3'h7;
-  assign \$836  = width > 4'h8;
-  assign \$837  = width > 4'h9;
-  assign \$838  = width > 4'ha;
-  assign \$839  = width > 4'hb;
-  assign \$840  = width > 4'hc;
-  assign \$841  = width > 4'hd;
-  assign \$842  = width > 4'he;
-  assign \$843  = width > 4'hf;
-  assign \$844  = width > 5'h10;
-  assign \$845  = width > 5'h11;
-  assign \$846  = width > 5'h12;
-  assign \$847  = width > 5'h13;
-  assign \$848  = width > 5'h14;
-  assign \$849  = width > 5'h15;
-  assign \$850  = width > 5'h16;
-  assign \$851  = width > 5'h17;
-  assign \$852  = ~ { 1'h0, \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839 , \$838 , \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829  };
-  assign \$853  = $signed(hold[71:48]) < $signed(\$852 );
-  assign \$854  = width > 1'h1;
-  assign \$855  = width > 2'h2;
-  assign \$856  = width > 2'h3;
-  assign \$857  = width > 3'h4;
-  assign \$858  = width > 3'h5;
-  assign \$859  = width > 3'h6;
-  assign \$860  = width > 3'h7;
-  assign \$861  = width > 4'h8;
-  assign \$862  = width > 4'h9;
-  assign \$863  = width > 4'ha;
-  assign \$864  = width > 4'hb;
-  assign \$865  = width > 4'hc;
-  assign \$866  = width > 4'hd;
-  assign \$867  = width > 4'he;
-  assign \$868  = width > 4'hf;
-  assign \$869  = width > 5'h10;
-  assign \$870  = width > 5'h11;
-  assign \$871  = width > 5'h12;
-  assign \$872  = width > 5'h13;
-  assign \$873  = width > 5'h14;
-  assign \$874  = width > 5'h15;
-  assign \$875  = width > 5'h16;
-  assign \$876  = width > 5'h17;
-  assign \$877  = ~ { 1'h0, \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865 , \$864 , \$863 , \$862 , \$861 , \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854  };
-  assign \$878  = \$853  ? \$877  : hold[71:48];
-  assign \$879  = \$805  ? { 1'h0, \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814 , \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806  } : \$878 ;
-  assign \$880  = width > 1'h1;
-  assign \$881  = width > 2'h2;
-  assign \$882  = width > 2'h3;
-  assign \$883  = width > 3'h4;
-  assign \$884  = width > 3'h5;
-  assign \$885  = width > 3'h6;
-  assign \$886  = width > 3'h7;
-  assign \$887  = width > 4'h8;
-  assign \$888  = width > 4'h9;
-  assign \$889  = width > 4'ha;
-  assign \$890  = width > 4'hb;
-  assign \$891  = width > 4'hc;
-  assign \$892  = width > 4'hd;
-  assign \$893  = width > 4'he;
-  assign \$894  = width > 4'hf;
-  assign \$895  = width > 5'h10;
-  assign \$896  = width > 5'h11;
-  assign \$897  = width > 5'h12;
-  assign \$898  = width > 5'h13;
-  assign \$899  = width > 5'h14;
-  assign \$900  = width > 5'h15;
-  assign \$901  = width > 5'h16;
-  assign \$902  = width > 5'h17;
-  assign \$903  = $signed(hold[95:72]) > $signed({ 1'h0, \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889 , \$888 , \$887 , \$886 , \$885 , \$884 , \$883 , \$882 , \$881 , \$880  });
-  assign \$904  = width > 1'h1;
-  assign \$905  = width > 2'h2;
-  assign \$906  = width > 2'h3;
-  assign \$907  = width > 3'h4;
-  assign \$908  = width > 3'h5;
-  assign \$909  = width > 3'h6;
-  assign \$910  = width > 3'h7;
-  assign \$911  = width > 4'h8;
-  assign \$912  = width > 4'h9;
-  assign \$913  = width > 4'ha;
-  assign \$914  = width > 4'hb;
-  assign \$915  = width > 4'hc;
-  assign \$916  = width > 4'hd;
-  assign \$917  = width > 4'he;
-  assign \$918  = width > 4'hf;
-  assign \$919  = width > 5'h10;
-  assign \$920  = width > 5'h11;
-  assign \$921  = width > 5'h12;
-  assign \$922  = width > 5'h13;
-  assign \$923  = width > 5'h14;
-  assign \$924  = width > 5'h15;
-  assign \$925  = width > 5'h16;
-  assign \$926  = width > 5'h17;
-  assign \$927  = width > 1'h1;
-  assign \$928  = width > 2'h2;
-  assign \$929  = width > 2'h3;
-  assign \$930  = width > 3'h4;
-  assign \$931  = width > 3'h5;
-  assign \$932  = width > 3'h6;
-  assign \$933  = width > 3'h7;
-  assign \$934  = width > 4'h8;
-  assign \$935  = width > 4'h9;
-  assign \$936  = width > 4'ha;
-  assign \$937  = width > 4'hb;
-  assign \$938  = width > 4'hc;
-  assign \$939  = width > 4'hd;
-  assign \$940  = width > 4'he;
-  assign \$941  = width > 4'hf;
-  assign \$942  = width > 5'h10;
-  assign \$943  = width > 5'h11;
-  assign \$944  = width > 5'h12;
-  assign \$945  = width > 5'h13;
-  assign \$946  = width > 5'h14;
-  assign \$947  = width > 5'h15;
-  assign \$948  = width > 5'h16;
-  assign \$949  = width > 5'h17;
-  assign \$950  = ~ { 1'h0, \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937 , \$936 , \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927  };
-  assign \$951  = $signed(hold[95:72]) < $signed(\$950 );
-  assign \$952  = width > 1'h1;
-  assign \$953  = width > 2'h2;
-  assign \$954  = width > 2'h3;
-  assign \$955  = width > 3'h4;
-  assign \$956  = width > 3'h5;
-  assign \$957  = width > 3'h6;
-  assign \$958  = width > 3'h7;
-  assign \$959  = width > 4'h8;
-  assign \$960  = width > 4'h9;
-  assign \$961  = width > 4'ha;
-  assign \$962  = width > 4'hb;
-  assign \$963  = width > 4'hc;
-  assign \$964  = width > 4'hd;
-  assign \$965  = width > 4'he;
-  assign \$966  = width > 4'hf;
-  assign \$967  = width > 5'h10;
-  assign \$968  = width > 5'h11;
-  assign \$969  = width > 5'h12;
-  assign \$970  = width > 5'h13;
-  assign \$971  = width > 5'h14;
-  assign \$972  = width > 5'h15;
-  assign \$973  = width > 5'h16;
-  assign \$974  = width > 5'h17;
-  assign \$975  = ~ { 1'h0, \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965 , \$964 , \$963 , \$962 , \$961 , \$960 , \$959 , \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952  };
-  assign \$976  = \$951  ? \$975  : hold[95:72];
-  assign \$977  = \$903  ? { 1'h0, \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912 , \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904  } : \$976 ;
-  assign \$979  = \$signal$50  + 2'h2;
-  assign \$980  = width > 1'h1;
-  assign \$981  = width > 2'h2;
-  assign \$982  = width > 2'h3;
-  assign \$983  = width > 3'h4;
-  assign \$984  = width > 3'h5;
-  assign \$985  = width > 3'h6;
-  assign \$986  = width > 3'h7;
-  assign \$987  = width > 4'h8;
-  assign \$988  = width > 4'h9;
-  assign \$989  = width > 4'ha;
-  assign \$990  = width > 4'hb;
-  assign \$991  = width > 4'hc;
-  assign \$992  = width > 4'hd;
-  assign \$993  = width > 4'he;
-  assign \$994  = width > 4'hf;
-  assign \$995  = width > 5'h10;
-  assign \$996  = width > 5'h11;
-  assign \$997  = width > 5'h12;
-  assign \$998  = width > 5'h13;
-  assign \$999  = width > 5'h14;
-  assign \$1000  = width > 5'h15;
-  assign \$1001  = width > 5'h16;
-  assign \$1002  = width > 5'h17;
-  assign \$1003  = $signed(hold[23:0]) > $signed({ 1'h0, \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989 , \$988 , \$987 , \$986 , \$985 , \$984 , \$983 , \$982 , \$981 , \$980  });
-  assign \$1004  = width > 1'h1;
-  assign \$1005  = width > 2'h2;
-  assign \$1006  = width > 2'h3;
-  assign \$1007  = width > 3'h4;
-  assign \$1008  = width > 3'h5;
-  assign \$1009  = width > 3'h6;
-  assign \$1010  = width > 3'h7;
-  assign \$1011  = width > 4'h8;
-  assign \$1012  = width > 4'h9;
-  assign \$1013  = width > 4'ha;
-  assign \$1014  = width > 4'hb;
-  assign \$1015  = width > 4'hc;
-  assign \$1016  = width > 4'hd;
-  assign \$1017  = width > 4'he;
-  assign \$1018  = width > 4'hf;
-  assign \$1019  = width > 5'h10;
-  assign \$1020  = width > 5'h11;
-  assign \$1021  = width > 5'h12;
-  assign \$1022  = width > 5'h13;
-  assign \$1023  = width > 5'h14;
-  assign \$1024  = width > 5'h15;
-  assign \$1025  = width > 5'h16;
-  assign \$1026  = width > 5'h17;
-  assign \$1027  = width > 1'h1;
-  assign \$1028  = width > 2'h2;
-  assign \$1029  = width > 2'h3;
-  assign \$1030  = width > 3'h4;
-  assign \$1031  = width > 3'h5;
-  assign \$1032  = width > 3'h6;
-  assign \$1033  = width > 3'h7;
-  assign \$1034  = width > 4'h8;
-  assign \$1035  = width > 4'h9;
-  assign \$1036  = width > 4'ha;
-  assign \$1037  = width > 4'hb;
-  assign \$1038  = width > 4'hc;
-  assign \$1039  = width > 4'hd;
-  assign \$1040  = width > 4'he;
-  assign \$1041  = width > 4'hf;
-  assign \$1042  = width > 5'h10;
-  assign \$1043  = width > 5'h11;
-  assign \$1044  = width > 5'h12;
-  assign \$1045  = width > 5'h13;
-  assign \$1046  = width > 5'h14;
-  assign \$1047  = width > 5'h15;
-  assign \$1048  = width > 5'h16;
-  assign \$1049  = width > 5'h17;
-  assign \$1050  = ~ { 1'h0, \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037 , \$1036 , \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027  };
-  assign \$1051  = $signed(hold[23:0]) < $signed(\$1050 );
-  assign \$1052  = width > 1'h1;
-  assign \$1053  = width > 2'h2;
-  assign \$1054  = width > 2'h3;
-  assign \$1055  = width > 3'h4;
-  assign \$1056  = width > 3'h5;
-  assign \$1057  = width > 3'h6;
-  assign \$1058  = width > 3'h7;
-  assign \$1059  = width > 4'h8;
-  assign \$1060  = width > 4'h9;
-  assign \$1061  = width > 4'ha;
-  assign \$1062  = width > 4'hb;
-  assign \$1063  = width > 4'hc;
-  assign \$1064  = width > 4'hd;
-  assign \$1065  = width > 4'he;
-  assign \$1066  = width > 4'hf;
-  assign \$1067  = width > 5'h10;
-  assign \$1068  = width > 5'h11;
-  assign \$1069  = width > 5'h12;
-  assign \$1070  = width > 5'h13;
-  assign \$1071  = width > 5'h14;
-  assign \$1072  = width > 5'h15;
-  assign \$1073  = width > 5'h16;
-  assign \$1074  = width > 5'h17;
-  assign \$1075  = ~ { 1'h0, \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063 , \$1062 , \$1061 , \$1060 , \$1059 , \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052  };
-  assign \$1076  = \$1051  ? \$1075  : hold[23:0];
-  assign \$1077  = \$1003  ? { 1'h0, \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012 , \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004  } : \$1076 ;
-  assign \$1078  = width > 1'h1;
-  assign \$1079  = width > 2'h2;
-  assign \$1080  = width > 2'h3;
-  assign \$1081  = width > 3'h4;
-  assign \$1082  = width > 3'h5;
-  assign \$1083  = width > 3'h6;
-  assign \$1084  = width > 3'h7;
-  assign \$1085  = width > 4'h8;
-  assign \$1086  = width > 4'h9;
-  assign \$1087  = width > 4'ha;
-  assign \$1088  = width > 4'hb;
-  assign \$1089  = width > 4'hc;
-  assign \$1090  = width > 4'hd;
-  assign \$1091  = width > 4'he;
-  assign \$1092  = width > 4'hf;
-  assign \$1093  = width > 5'h10;
-  assign \$1094  = width > 5'h11;
-  assign \$1095  = width > 5'h12;
-  assign \$1096  = width > 5'h13;
-  assign \$1097  = width > 5'h14;
-  assign \$1098  = width > 5'h15;
-  assign \$1099  = width > 5'h16;
-  assign \$1100  = width > 5'h17;
-  assign \$1101  = $signed(hold[47:24]) > $signed({ 1'h0, \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087 , \$1086 , \$1085 , \$1084 , \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078  });
-  assign \$1102  = width > 1'h1;
-  assign \$1103  = width > 2'h2;
-  assign \$1104  = width > 2'h3;
-  assign \$1105  = width > 3'h4;
-  assign \$1106  = width > 3'h5;
-  assign \$1107  = width > 3'h6;
-  assign \$1108  = width > 3'h7;
-  assign \$1109  = width > 4'h8;
-  assign \$1110  = width > 4'h9;
-  assign \$1111  = width > 4'ha;
-  assign \$1112  = width > 4'hb;
-  assign \$1113  = width > 4'hc;
-  assign \$1114  = width > 4'hd;
-  assign \$1115  = width > 4'he;
-  assign \$1116  = width > 4'hf;
-  assign \$1117  = width > 5'h10;
-  assign \$1118  = width > 5'h11;
-  assign \$1119  = width > 5'h12;
-  assign \$1120  = width > 5'h13;
-  assign \$1121  = width > 5'h14;
-  assign \$1122  = width > 5'h15;
-  assign \$1123  = width > 5'h16;
-  assign \$1124  = width > 5'h17;
-  assign \$1125  = width > 1'h1;
-  assign \$1126  = width > 2'h2;
-  assign \$1127  = width > 2'h3;
-  assign \$1128  = width > 3'h4;
-  assign \$1129  = width > 3'h5;
-  assign \$1130  = width > 3'h6;
-  assign \$1131  = width > 3'h7;
-  assign \$1132  = width > 4'h8;
-  assign \$1133  = width > 4'h9;
-  assign \$1134  = width > 4'ha;
-  assign \$1135  = width > 4'hb;
-  assign \$1136  = width > 4'hc;
-  assign \$1137  = width > 4'hd;
-  assign \$1138  = width > 4'he;
-  assign \$1139  = width > 4'hf;
-  assign \$1140  = width > 5'h10;
-  assign \$1141  = width > 5'h11;
-  assign \$1142  = width > 5'h12;
-  assign \$1143  = width > 5'h13;
-  assign \$1144  = width > 5'h14;
-  assign \$1145  = width > 5'h15;
-  assign \$1146  = width > 5'h16;
-  assign \$1147  = width > 5'h17;
-  assign \$1148  = ~ { 1'h0, \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135 , \$1134 , \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125  };
-  assign \$1149  = $signed(hold[47:24]) < $signed(\$1148 );
-  assign \$1150  = width > 1'h1;
-  assign \$1151  = width > 2'h2;
-  assign \$1152  = width > 2'h3;
-  assign \$1153  = width > 3'h4;
-  assign \$1154  = width > 3'h5;
-  assign \$1155  = width > 3'h6;
-  assign \$1156  = width > 3'h7;
-  assign \$1157  = width > 4'h8;
-  assign \$1158  = width > 4'h9;
-  assign \$1159  = width > 4'ha;
-  assign \$1160  = width > 4'hb;
-  assign \$1161  = width > 4'hc;
-  assign \$1162  = width > 4'hd;
-  assign \$1163  = width > 4'he;
-  assign \$1164  = width > 4'hf;
-  assign \$1165  = width > 5'h10;
-  assign \$1166  = width > 5'h11;
-  assign \$1167  = width > 5'h12;
-  assign \$1168  = width > 5'h13;
-  assign \$1169  = width > 5'h14;
-  assign \$1170  = width > 5'h15;
-  assign \$1171  = width > 5'h16;
-  assign \$1172  = width > 5'h17;
-  assign \$1173  = ~ { 1'h0, \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161 , \$1160 , \$1159 , \$1158 , \$1157 , \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150  };
-  assign \$1174  = \$1149  ? \$1173  : hold[47:24];
-  assign \$1175  = \$1101  ? { 1'h0, \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110 , \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102  } : \$1174 ;
-  assign \$1176  = width > 1'h1;
-  assign \$1177  = width > 2'h2;
-  assign \$1178  = width > 2'h3;
-  assign \$1179  = width > 3'h4;
-  assign \$1180  = width > 3'h5;
-  assign \$1181  = width > 3'h6;
-  assign \$1182  = width > 3'h7;
-  assign \$1183  = width > 4'h8;
-  assign \$1184  = width > 4'h9;
-  assign \$1185  = width > 4'ha;
-  assign \$1186  = width > 4'hb;
-  assign \$1187  = width > 4'hc;
-  assign \$1188  = width > 4'hd;
-  assign \$1189  = width > 4'he;
-  assign \$1190  = width > 4'hf;
-  assign \$1191  = width > 5'h10;
-  assign \$1192  = width > 5'h11;
-  assign \$1193  = width > 5'h12;
-  assign \$1194  = width > 5'h13;
-  assign \$1195  = width > 5'h14;
-  assign \$1196  = width > 5'h15;
-  assign \$1197  = width > 5'h16;
-  assign \$1198  = width > 5'h17;
-  assign \$1199  = $signed(hold[71:48]) > $signed({ 1'h0, \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185 , \$1184 , \$1183 , \$1182 , \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176  });
-  assign \$1200  = width > 1'h1;
-  assign \$1201  = width > 2'h2;
-  assign \$1202  = width > 2'h3;
-  assign \$1203  = width > 3'h4;
-  assign \$1204  = width > 3'h5;
-  assign \$1205  = width > 3'h6;
-  assign \$1206  = width > 3'h7;
-  assign \$1207  = width > 4'h8;
-  assign \$1208  = width > 4'h9;
-  assign \$1209  = width > 4'ha;
-  assign \$1210  = width > 4'hb;
-  assign \$1211  = width > 4'hc;
-  assign \$1212  = width > 4'hd;
-  assign \$1213  = width > 4'he;
-  assign \$1214  = width > 4'hf;
-  assign \$1215  = width > 5'h10;
-  assign \$1216  = width > 5'h11;
-  assign \$1217  = width > 5'h12;
-  assign \$1218  = width > 5'h13;
-  assign \$1219  = width > 5'h14;
-  assign \$1220  = width > 5'h15;
-  assign \$1221  = width > 5'h16;
-  assign \$1222  = width > 5'h17;
-  assign \$1223  = width > 1'h1;
-  assign \$1224  = width > 2'h2;
-  assign \$1225  = width > 2'h3;
-  assign \$1226  = width > 3'h4;
-  assign \$1227  = width > 3'h5;
-  assign \$1228  = width > 3'h6;
-  assign \$1229  = width > 3'h7;
-  assign \$1230  = width > 4'h8;
-  assign \$1231  = width > 4'h9;
-  assign \$1232  = width > 4'ha;
-  assign \$1233  = width > 4'hb;
-  assign \$1234  = width > 4'hc;
-  assign \$1235  = width > 4'hd;
-  assign \$1236  = width > 4'he;
-  assign \$1237  = width > 4'hf;
-  assign \$1238  = width > 5'h10;
-  assign \$1239  = width > 5'h11;
-  assign \$1240  = width > 5'h12;
-  assign \$1241  = width > 5'h13;
-  assign \$1242  = width > 5'h14;
-  assign \$1243  = width > 5'h15;
-  assign \$1244  = width > 5'h16;
-  assign \$1245  = width > 5'h17;
-  assign \$1246  = ~ { 1'h0, \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233 , \$1232 , \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223  };
-  assign \$1247  = $signed(hold[71:48]) < $signed(\$1246 );
-  assign \$1248  = width > 1'h1;
-  assign \$1249  = width > 2'h2;
-  assign \$1250  = width > 2'h3;
-  assign \$1251  = width > 3'h4;
-  assign \$1252  = width > 3'h5;
-  assign \$1253  = width > 3'h6;
-  assign \$1254  = width > 3'h7;
-  assign \$1255  = width > 4'h8;
-  assign \$1256  = width > 4'h9;
-  assign \$1257  = width > 4'ha;
-  assign \$1258  = width > 4'hb;
-  assign \$1259  = width > 4'hc;
-  assign \$1260  = width > 4'hd;
-  assign \$1261  = width > 4'he;
-  assign \$1262  = width > 4'hf;
-  assign \$1263  = width > 5'h10;
-  assign \$1264  = width > 5'h11;
-  assign \$1265  = width > 5'h12;
-  assign \$1266  = width > 5'h13;
-  assign \$1267  = width > 5'h14;
-  assign \$1268  = width > 5'h15;
-  assign \$1269  = width > 5'h16;
-  assign \$1270  = width > 5'h17;
-  assign \$1271  = ~ { 1'h0, \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259 , \$1258 , \$1257 , \$1256 , \$1255 , \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248  };
-  assign \$1272  = \$1247  ? \$1271  : hold[71:48];
-  assign \$1273  = \$1199  ? { 1'h0, \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208 , \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200  } : \$1272 ;
-  assign \$1274  = width > 1'h1;
-  assign \$1275  = width > 2'h2;
-  assign \$1276  = width > 2'h3;
-  assign \$1277  = width > 3'h4;
-  assign \$1278  = width > 3'h5;
-  assign \$1279  = width > 3'h6;
-  assign \$1280  = width > 3'h7;
-  assign \$1281  = width > 4'h8;
-  assign \$1282  = width > 4'h9;
-  assign \$1283  = width > 4'ha;
-  assign \$1284  = width > 4'hb;
-  assign \$1285  = width > 4'hc;
-  assign \$1286  = width > 4'hd;
-  assign \$1287  = width > 4'he;
-  assign \$1288  = width > 4'hf;
-  assign \$1289  = width > 5'h10;
-  assign \$1290  = width > 5'h11;
-  assign \$1291  = width > 5'h12;
-  assign \$1292  = width > 5'h13;
-  assign \$1293  = width > 5'h14;
-  assign \$1294  = width > 5'h15;
-  assign \$1295  = width > 5'h16;
-  assign \$1296  = width > 5'h17;
-  assign \$1297  = $signed(hold[95:72]) > $signed({ 1'h0, \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283 , \$1282 , \$1281 , \$1280 , \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274  });
-  assign \$1298  = width > 1'h1;
-  assign \$1299  = width > 2'h2;
-  assign \$1300  = width > 2'h3;
-  assign \$1301  = width > 3'h4;
-  assign \$1302  = width > 3'h5;
-  assign \$1303  = width > 3'h6;
-  assign \$1304  = width > 3'h7;
-  assign \$1305  = width > 4'h8;
-  assign \$1306  = width > 4'h9;
-  assign \$1307  = width > 4'ha;
-  assign \$1308  = width > 4'hb;
-  assign \$1309  = width > 4'hc;
-  assign \$1310  = width > 4'hd;
-  assign \$1311  = width > 4'he;
-  assign \$1312  = width > 4'hf;
-  assign \$1313  = width > 5'h10;
-  assign \$1314  = width > 5'h11;
-  assign \$1315  = width > 5'h12;
-  assign \$1316  = width > 5'h13;
-  assign \$1317  = width > 5'h14;
-  assign \$1318  = width > 5'h15;
-  assign \$1319  = width > 5'h16;
-  assign \$1320  = width > 5'h17;
-  assign \$1321  = width > 1'h1;
-  assign \$1322  = width > 2'h2;
-  assign \$1323  = width > 2'h3;
-  assign \$1324  = width > 3'h4;
-  assign \$1325  = width > 3'h5;
-  assign \$1326  = width > 3'h6;
-  assign \$1327  = width > 3'h7;
-  assign \$1328  = width > 4'h8;
-  assign \$1329  = width > 4'h9;
-  assign \$1330  = width > 4'ha;
-  assign \$1331  = width > 4'hb;
-  assign \$1332  = width > 4'hc;
-  assign \$1333  = width > 4'hd;
-  assign \$1334  = width > 4'he;
-  assign \$1335  = width > 4'hf;
-  assign \$1336  = width > 5'h10;
-  assign \$1337  = width > 5'h11;
-  assign \$1338  = width > 5'h12;
-  assign \$1339  = width > 5'h13;
-  assign \$1340  = width > 5'h14;
-  assign \$1341  = width > 5'h15;
-  assign \$1342  = width > 5'h16;
-  assign \$1343  = width > 5'h17;
-  assign \$1344  = ~ { 1'h0, \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331 , \$1330 , \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321  };
-  assign \$1345  = $signed(hold[95:72]) < $signed(\$1344 );
-  assign \$1346  = width > 1'h1;
-  assign \$1347  = width > 2'h2;
-  assign \$1348  = width > 2'h3;
-  assign \$1349  = width > 3'h4;
-  assign \$1350  = width > 3'h5;
-  assign \$1351  = width > 3'h6;
-  assign \$1352  = width > 3'h7;
-  assign \$1353  = width > 4'h8;
-  assign \$1354  = width > 4'h9;
-  assign \$1355  = width > 4'ha;
-  assign \$1356  = width > 4'hb;
-  assign \$1357  = width > 4'hc;
-  assign \$1358  = width > 4'hd;
-  assign \$1359  = width > 4'he;
-  assign \$1360  = width > 4'hf;
-  assign \$1361  = width > 5'h10;
-  assign \$1362  = width > 5'h11;
-  assign \$1363  = width > 5'h12;
-  assign \$1364  = width > 5'h13;
-  assign \$1365  = width > 5'h14;
-  assign \$1366  = width > 5'h15;
-  assign \$1367  = width > 5'h16;
-  assign \$1368  = width > 5'h17;
-  assign \$1369  = ~ { 1'h0, \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359 , \$1358 , \$1357 , \$1356 , \$1355 , \$1354 , \$1353 , \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346  };
-  assign \$1370  = \$1345  ? \$1369  : hold[95:72];
-  assign \$1371  = \$1297  ? { 1'h0, \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306 , \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298  } : \$1370 ;
-  assign \$1373  = \$signal$50  + 2'h3;
-  assign \$1374  = width > 1'h1;
-  assign \$1375  = width > 2'h2;
-  assign \$1376  = width > 2'h3;
-  assign \$1377  = width > 3'h4;
-  assign \$1378  = width > 3'h5;
-  assign \$1379  = width > 3'h6;
-  assign \$1380  = width > 3'h7;
-  assign \$1381  = width > 4'h8;
-  assign \$1382  = width > 4'h9;
-  assign \$1383  = width > 4'ha;
-  assign \$1384  = width > 4'hb;
-  assign \$1385  = width > 4'hc;
-  assign \$1386  = width > 4'hd;
-  assign \$1387  = width > 4'he;
-  assign \$1388  = width > 4'hf;
-  assign \$1389  = width > 5'h10;
-  assign \$1390  = width > 5'h11;
-  assign \$1391  = width > 5'h12;
-  assign \$1392  = width > 5'h13;
-  assign \$1393  = width > 5'h14;
-  assign \$1394  = width > 5'h15;
-  assign \$1395  = width > 5'h16;
-  assign \$1396  = width > 5'h17;
-  assign \$1397  = $signed(hold[23:0]) > $signed({ 1'h0, \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383 , \$1382 , \$1381 , \$1380 , \$1379 , \$1378 , \$1377 , \$1376 , \$1375 , \$1374  });
-  assign \$1398  = width > 1'h1;
-  assign \$1399  = width > 2'h2;
-  assign \$1400  = width > 2'h3;
-  assign \$1401  = width > 3'h4;
-  assign \$1402  = width > 3'h5;
-  assign \$1403  = width > 3'h6;
-  assign \$1404  = width > 3'h7;
-  assign \$1405  = width > 4'h8;
-  assign \$1406  = width > 4'h9;
-  assign \$1407  = width > 4'ha;
-  assign \$1408  = width > 4'hb;
-  assign \$1409  = width > 4'hc;
-  assign \$1410  = width > 4'hd;
-  assign \$1411  = width > 4'he;
-  assign \$1412  = width > 4'hf;
-  assign \$1413  = width > 5'h10;
-  assign \$1414  = width > 5'h11;
-  assign \$1415  = width > 5'h12;
-  assign \$1416  = width > 5'h13;
-  assign \$1417  = width > 5'h14;
-  assign \$1418  = width > 5'h15;
-  assign \$1419  = width > 5'h16;
-  assign \$1420  = width > 5'h17;
-  assign \$1421  = width > 1'h1;
-  assign \$1422  = width > 2'h2;
-  assign \$1423  = width > 2'h3;
-  assign \$1424  = width > 3'h4;
-  assign \$1425  = width > 3'h5;
-  assign \$1426  = width > 3'h6;
-  assign \$1427  = width > 3'h7;
-  assign \$1428  = width > 4'h8;
-  assign \$1429  = width > 4'h9;
-  assign \$1430  = width > 4'ha;
-  assign \$1431  = width > 4'hb;
-  assign \$1432  = width > 4'hc;
-  assign \$1433  = width > 4'hd;
-  assign \$1434  = width > 4'he;
-  assign \$1435  = width > 4'hf;
-  assign \$1436  = width > 5'h10;
-  assign \$1437  = width > 5'h11;
-  assign \$1438  = width > 5'h12;
-  assign \$1439  = width > 5'h13;
-  assign \$1440  = width > 5'h14;
-  assign \$1441  = width > 5'h15;
-  assign \$1442  = width > 5'h16;
-  assign \$1443  = width > 5'h17;
-  assign \$1444  = ~ { 1'h0, \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431 , \$1430 , \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421  };
-  assign \$1445  = $signed(hold[23:0]) < $signed(\$1444 );
-  assign \$1446  = width > 1'h1;
-  assign \$1447  = width > 2'h2;
-  assign \$1448  = width > 2'h3;
-  assign \$1449  = width > 3'h4;
-  assign \$1450  = width > 3'h5;
-  assign \$1451  = width > 3'h6;
-  assign \$1452  = width > 3'h7;
-  assign \$1453  = width > 4'h8;
-  assign \$1454  = width > 4'h9;
-  assign \$1455  = width > 4'ha;
-  assign \$1456  = width > 4'hb;
-  assign \$1457  = width > 4'hc;
-  assign \$1458  = width > 4'hd;
-  assign \$1459  = width > 4'he;
-  assign \$1460  = width > 4'hf;
-  assign \$1461  = width > 5'h10;
-  assign \$1462  = width > 5'h11;
-  assign \$1463  = width > 5'h12;
-  assign \$1464  = width > 5'h13;
-  assign \$1465  = width > 5'h14;
-  assign \$1466  = width > 5'h15;
-  assign \$1467  = width > 5'h16;
-  assign \$1468  = width > 5'h17;
-  assign \$1469  = ~ { 1'h0, \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457 , \$1456 , \$1455 , \$1454 , \$1453 , \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446  };
-  assign \$1470  = \$1445  ? \$1469  : hold[23:0];
-  assign \$1471  = \$1397  ? { 1'h0, \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406 , \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398  } : \$1470 ;
-  assign \$1472  = width > 1'h1;
-  assign \$1473  = width > 2'h2;
-  assign \$1474  = width > 2'h3;
-  assign \$1475  = width > 3'h4;
-  assign \$1476  = width > 3'h5;
-  assign \$1477  = width > 3'h6;
-  assign \$1478  = width > 3'h7;
-  assign \$1479  = width > 4'h8;
-  assign \$1480  = width > 4'h9;
-  assign \$1481  = width > 4'ha;
-  assign \$1482  = width > 4'hb;
-  assign \$1483  = width > 4'hc;
-  assign \$1484  = width > 4'hd;
-  assign \$1485  = width > 4'he;
-  assign \$1486  = width > 4'hf;
-  assign \$1487  = width > 5'h10;
-  assign \$1488  = width > 5'h11;
-  assign \$1489  = width > 5'h12;
-  assign \$1490  = width > 5'h13;
-  assign \$1491  = width > 5'h14;
-  assign \$1492  = width > 5'h15;
-  assign \$1493  = width > 5'h16;
-  assign \$1494  = width > 5'h17;
-  assign \$1495  = $signed(hold[47:24]) > $signed({ 1'h0, \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481 , \$1480 , \$1479 , \$1478 , \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472  });
-  assign \$1496  = width > 1'h1;
-  assign \$1497  = width > 2'h2;
-  assign \$1498  = width > 2'h3;
-  assign \$1499  = width > 3'h4;
-  assign \$1500  = width > 3'h5;
-  assign \$1501  = width > 3'h6;
-  assign \$1502  = width > 3'h7;
-  assign \$1503  = width > 4'h8;
-  assign \$1504  = width > 4'h9;
-  assign \$1505  = width > 4'ha;
-  assign \$1506  = width > 4'hb;
-  assign \$1507  = width > 4'hc;
-  assign \$1508  = width > 4'hd;
-  assign \$1509  = width > 4'he;
-  assign \$1510  = width > 4'hf;
-  assign \$1511  = width > 5'h10;
-  assign \$1512  = width > 5'h11;
-  assign \$1513  = width > 5'h12;
-  assign \$1514  = width > 5'h13;
-  assign \$1515  = width > 5'h14;
-  assign \$1516  = width > 5'h15;
-  assign \$1517  = width > 5'h16;
-  assign \$1518  = width > 5'h17;
-  assign \$1519  = width > 1'h1;
-  assign \$1520  = width > 2'h2;
-  assign \$1521  = width > 2'h3;
-  assign \$1522  = width > 3'h4;
-  assign \$1523  = width > 3'h5;
-  assign \$1524  = width > 3'h6;
-  assign \$1525  = width > 3'h7;
-  assign \$1526  = width > 4'h8;
-  assign \$1527  = width > 4'h9;
-  assign \$1528  = width > 4'ha;
-  assign \$1529  = width > 4'hb;
-  assign \$1530  = width > 4'hc;
-  assign \$1531  = width > 4'hd;
-  assign \$1532  = width > 4'he;
-  assign \$1533  = width > 4'hf;
-  assign \$1534  = width > 5'h10;
-  assign \$1535  = width > 5'h11;
-  assign \$1536  = width > 5'h12;
-  assign \$1537  = width > 5'h13;
-  assign \$1538  = width > 5'h14;
-  assign \$1539  = width > 5'h15;
-  assign \$1540  = width > 5'h16;
-  assign \$1541  = width > 5'h17;
-  assign \$1542  = ~ { 1'h0, \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529 , \$1528 , \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519  };
-  assign \$1543  = $signed(hold[47:24]) < $signed(\$1542 );
-  assign \$1544  = width > 1'h1;
-  assign \$1545  = width > 2'h2;
-  assign \$1546  = width > 2'h3;
-  assign \$1547  = width > 3'h4;
-  assign \$1548  = width > 3'h5;
-  assign \$1549  = width > 3'h6;
-  assign \$1550  = width > 3'h7;
-  assign \$1551  = width > 4'h8;
-  assign \$1552  = width > 4'h9;
-  assign \$1553  = width > 4'ha;
-  assign \$1554  = width > 4'hb;
-  assign \$1555  = width > 4'hc;
-  assign \$1556  = width > 4'hd;
-  assign \$1557  = width > 4'he;
-  assign \$1558  = width > 4'hf;
-  assign \$1559  = width > 5'h10;
-  assign \$1560  = width > 5'h11;
-  assign \$1561  = width > 5'h12;
-  assign \$1562  = width > 5'h13;
-  assign \$1563  = width > 5'h14;
-  assign \$1564  = width > 5'h15;
-  assign \$1565  = width > 5'h16;
-  assign \$1566  = width > 5'h17;
-  assign \$1567  = ~ { 1'h0, \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555 , \$1554 , \$1553 , \$1552 , \$1551 , \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544  };
-  assign \$1568  = \$1543  ? \$1567  : hold[47:24];
-  assign \$1569  = \$1495  ? { 1'h0, \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504 , \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496  } : \$1568 ;
-  assign \$1570  = width > 1'h1;
-  assign \$1571  = width > 2'h2;
-  assign \$1572  = width > 2'h3;
-  assign \$1573  = width > 3'h4;
-  assign \$1574  = width > 3'h5;
-  assign \$1575  = width > 3'h6;
-  assign \$1576  = width > 3'h7;
-  assign \$1577  = width > 4'h8;
-  assign \$1578  = width > 4'h9;
-  assign \$1579  = width > 4'ha;
-  assign \$1580  = width > 4'hb;
-  assign \$1581  = width > 4'hc;
-  assign \$1582  = width > 4'hd;
-  assign \$1583  = width > 4'he;
-  assign \$1584  = width > 4'hf;
-  assign \$1585  = width > 5'h10;
-  assign \$1586  = width > 5'h11;
-  assign \$1587  = width > 5'h12;
-  assign \$1588  = width > 5'h13;
-  assign \$1589  = width > 5'h14;
-  assign \$1590  = width > 5'h15;
-  assign \$1591  = width > 5'h16;
-  assign \$1592  = width > 5'h17;
-  assign \$1593  = $signed(hold[71:48]) > $signed({ 1'h0, \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579 , \$1578 , \$1577 , \$1576 , \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570  });
-  assign \$1594  = width > 1'h1;
-  assign \$1595  = width > 2'h2;
-  assign \$1596  = width > 2'h3;
-  assign \$1597  = width > 3'h4;
-  assign \$1598  = width > 3'h5;
-  assign \$1599  = width > 3'h6;
-  assign \$1600  = width > 3'h7;
-  assign \$1601  = width > 4'h8;
-  assign \$1602  = width > 4'h9;
-  assign \$1603  = width > 4'ha;
-  assign \$1604  = width > 4'hb;
-  assign \$1605  = width > 4'hc;
-  assign \$1606  = width > 4'hd;
-  assign \$1607  = width > 4'he;
-  assign \$1608  = width > 4'hf;
-  assign \$1609  = width > 5'h10;
-  assign \$1610  = width > 5'h11;
-  assign \$1611  = width > 5'h12;
-  assign \$1612  = width > 5'h13;
-  assign \$1613  = width > 5'h14;
-  assign \$1614  = width > 5'h15;
-  assign \$1615  = width > 5'h16;
-  assign \$1616  = width > 5'h17;
-  assign \$1617  = width > 1'h1;
-  assign \$1618  = width > 2'h2;
-  assign \$1619  = width > 2'h3;
-  assign \$1620  = width > 3'h4;
-  assign \$1621  = width > 3'h5;
-  assign \$1622  = width > 3'h6;
-  assign \$1623  = width > 3'h7;
-  assign \$1624  = width > 4'h8;
-  assign \$1625  = width > 4'h9;
-  assign \$1626  = width > 4'ha;
-  assign \$1627  = width > 4'hb;
-  assign \$1628  = width > 4'hc;
-  assign \$1629  = width > 4'hd;
-  assign \$1630  = width > 4'he;
-  assign \$1631  = width > 4'hf;
-  assign \$1632  = width > 5'h10;
-  assign \$1633  = width > 5'h11;
-  assign \$1634  = width > 5'h12;
-  assign \$1635  = width > 5'h13;
-  assign \$1636  = width > 5'h14;
-  assign \$1637  = width > 5'h15;
-  assign \$1638  = width > 5'h16;
-  assign \$1639  = width > 5'h17;
-  assign \$1640  = ~ { 1'h0, \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627 , \$1626 , \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617  };
-  assign \$1641  = $signed(hold[71:48]) < $signed(\$1640 );
-  assign \$1642  = width > 1'h1;
-  assign \$1643  = width > 2'h2;
-  assign \$1644  = width > 2'h3;
-  assign \$1645  = width > 3'h4;
-  assign \$1646  = width > 3'h5;
-  assign \$1647  = width > 3'h6;
-  assign \$1648  = width > 3'h7;
-  assign \$1649  = width > 4'h8;
-  assign \$1650  = width > 4'h9;
-  assign \$1651  = width > 4'ha;
-  assign \$1652  = width > 4'hb;
-  assign \$1653  = width > 4'hc;
-  assign \$1654  = width > 4'hd;
-  assign \$1655  = width > 4'he;
-  assign \$1656  = width > 4'hf;
-  assign \$1657  = width > 5'h10;
-  assign \$1658  = width > 5'h11;
-  assign \$1659  = width > 5'h12;
-  assign \$1660  = width > 5'h13;
-  assign \$1661  = width > 5'h14;
-  assign \$1662  = width > 5'h15;
-  assign \$1663  = width > 5'h16;
-  assign \$1664  = width > 5'h17;
-  assign \$1665  = ~ { 1'h0, \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653 , \$1652 , \$1651 , \$1650 , \$1649 , \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642  };
-  assign \$1666  = \$1641  ? \$1665  : hold[71:48];
-  assign \$1667  = \$1593  ? { 1'h0, \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602 , \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594  } : \$1666 ;
-  assign \$1668  = width > 1'h1;
-  assign \$1669  = width > 2'h2;
-  assign \$1670  = width > 2'h3;
-  assign \$1671  = width > 3'h4;
-  assign \$1672  = width > 3'h5;
-  assign \$1673  = width > 3'h6;
-  assign \$1674  = width > 3'h7;
-  assign \$1675  = width > 4'h8;
-  assign \$1676  = width > 4'h9;
-  assign \$1677  = width > 4'ha;
-  assign \$1678  = width > 4'hb;
-  assign \$1679  = width > 4'hc;
-  assign \$1680  = width > 4'hd;
-  assign \$1681  = width > 4'he;
-  assign \$1682  = width > 4'hf;
-  assign \$1683  = width > 5'h10;
-  assign \$1684  = width > 5'h11;
-  assign \$1685  = width > 5'h12;
-  assign \$1686  = width > 5'h13;
-  assign \$1687  = width > 5'h14;
-  assign \$1688  = width > 5'h15;
-  assign \$1689  = width > 5'h16;
-  assign \$1690  = width > 5'h17;
-  assign \$1691  = $signed(hold[95:72]) > $signed({ 1'h0, \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677 , \$1676 , \$1675 , \$1674 , \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668  });
-  assign \$1692  = width > 1'h1;
-  assign \$1693  = width > 2'h2;
-  assign \$1694  = width > 2'h3;
-  assign \$1695  = width > 3'h4;
-  assign \$1696  = width > 3'h5;
-  assign \$1697  = width > 3'h6;
-  assign \$1698  = width > 3'h7;
-  assign \$1699  = width > 4'h8;
-  assign \$1700  = width > 4'h9;
-  assign \$1701  = width > 4'ha;
-  assign \$1702  = width > 4'hb;
-  assign \$1703  = width > 4'hc;
-  assign \$1704  = width > 4'hd;
-  assign \$1705  = width > 4'he;
-  assign \$1706  = width > 4'hf;
-  assign \$1707  = width > 5'h10;
-  assign \$1708  = width > 5'h11;
-  assign \$1709  = width > 5'h12;
-  assign \$1710  = width > 5'h13;
-  assign \$1711  = width > 5'h14;
-  assign \$1712  = width > 5'h15;
-  assign \$1713  = width > 5'h16;
-  assign \$1714  = width > 5'h17;
-  assign \$1715  = width > 1'h1;
-  assign \$1716  = width > 2'h2;
-  assign \$1717  = width > 2'h3;
-  assign \$1718  = width > 3'h4;
-  assign \$1719  = width > 3'h5;
-  assign \$1720  = width > 3'h6;
-  assign \$1721  = width > 3'h7;
-  assign \$1722  = width > 4'h8;
-  assign \$1723  = width > 4'h9;
-  assign \$1724  = width > 4'ha;
-  assign \$1725  = width > 4'hb;
-  assign \$1726  = width > 4'hc;
-  assign \$1727  = width > 4'hd;
-  assign \$1728  = width > 4'he;
-  assign \$1729  = width > 4'hf;
-  assign \$1730  = width > 5'h10;
-  assign \$1731  = width > 5'h11;
-  assign \$1732  = width > 5'h12;
-  assign \$1733  = width > 5'h13;
-  assign \$1734  = width > 5'h14;
-  assign \$1735  = width > 5'h15;
-  assign \$1736  = width > 5'h16;
-  assign \$1737  = width > 5'h17;
-  assign \$1738  = ~ { 1'h0, \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725 , \$1724 , \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715  };
-  assign \$1739  = $signed(hold[95:72]) < $signed(\$1738 );
-  assign \$1740  = width > 1'h1;
-  assign \$1741  = width > 2'h2;
-  assign \$1742  = width > 2'h3;
-  assign \$1743  = width > 3'h4;
-  assign \$1744  = width > 3'h5;
-  assign \$1745  = width > 3'h6;
-  assign \$1746  = width > 3'h7;
-  assign \$1747  = width > 4'h8;
-  assign \$1748  = width > 4'h9;
-  assign \$1749  = width > 4'ha;
-  assign \$1750  = width > 4'hb;
-  assign \$1751  = width > 4'hc;
-  assign \$1752  = width > 4'hd;
-  assign \$1753  = width > 4'he;
-  assign \$1754  = width > 4'hf;
-  assign \$1755  = width > 5'h10;
-  assign \$1756  = width > 5'h11;
-  assign \$1757  = width > 5'h12;
-  assign \$1758  = width > 5'h13;
-  assign \$1759  = width > 5'h14;
-  assign \$1760  = width > 5'h15;
-  assign \$1761  = width > 5'h16;
-  assign \$1762  = width > 5'h17;
-  assign \$1763  = ~ { 1'h0, \$1762 , \$1761 , \$1760 , \$1759 , \$1758 , \$1757 , \$1756 , \$1755 , \$1754 , \$1753 , \$1752 , \$1751 , \$1750 , \$1749 , \$1748 , \$1747 , \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740  };
-  assign \$1764  = \$1739  ? \$1763  : hold[95:72];
-  assign \$1765  = \$1691  ? { 1'h0, \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700 , \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692  } : \$1764 ;
-  assign \$1767  = \$signal$49  > 1'h1;
-  assign \$1768  = \$signal$49  > 2'h2;
-  assign \$1769  = \$signal$49  > 2'h3;
-  assign \$1771  = ins[47:35] + \$1770 ;
-  assign \$1773  = ins[47:35] + \$1772 ;
-  assign \$1774  = \$1773  + 1'h1;
-  assign \$1777  = ins[60:48] + el;
-  assign \$1778  = el >= results;
-  assign \$1779  = ! fsm_state;
-  assign \$1780  = fsm_state == 1'h1;
-  assign \$1781  = fsm_state == 2'h2;
-  assign \$1782  = fsm_state == 2'h3;
+  assign \$187  = \$185  ? \$186  : 15'h0004;
+  assign \$188  = \$182  ? { \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183 [3], \$183  } : \$187 ;
+  assign \$189  = 3'h4 - \$signal$50 ;
+  assign \$190  = $signed(\$189 ) <= $signed(4'h4);
+  assign \$191  = ins[122:109] - el;
+  assign \$192  = $signed(\$191 ) <= $signed(4'h4);
+  assign \$193  = \$190  | \$192 ;
+  assign \$194  = ~ hold_valid;
+  assign \$195  = \$194  | \$signal$51 ;
+  assign \$196  = ins[60:48] + el;
+  assign \$197  = width > 1'h1;
+  assign \$198  = width > 2'h2;
+  assign \$199  = width > 2'h3;
+  assign \$200  = width > 3'h4;
+  assign \$201  = width > 3'h5;
+  assign \$202  = width > 3'h6;
+  assign \$203  = width > 3'h7;
+  assign \$204  = width > 4'h8;
+  assign \$205  = width > 4'h9;
+  assign \$206  = width > 4'ha;
+  assign \$207  = width > 4'hb;
+  assign \$208  = width > 4'hc;
+  assign \$209  = width > 4'hd;
+  assign \$210  = width > 4'he;
+  assign \$211  = width > 4'hf;
+  assign \$212  = width > 5'h10;
+  assign \$213  = width > 5'h11;
+  assign \$214  = width > 5'h12;
+  assign \$215  = width > 5'h13;
+  assign \$216  = width > 5'h14;
+  assign \$217  = width > 5'h15;
+  assign \$218  = width > 5'h16;
+  assign \$219  = width > 5'h17;
+  assign \$220  = $signed(hold[23:0]) > $signed({ 1'h0, \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199 , \$198 , \$197  });
+  assign \$221  = width > 1'h1;
+  assign \$222  = width > 2'h2;
+  assign \$223  = width > 2'h3;
+  assign \$224  = width > 3'h4;
+  assign \$225  = width > 3'h5;
+  assign \$226  = width > 3'h6;
+  assign \$227  = width > 3'h7;
+  assign \$228  = width > 4'h8;
+  assign \$229  = width > 4'h9;
+  assign \$230  = width > 4'ha;
+  assign \$231  = width > 4'hb;
+  assign \$232  = width > 4'hc;
+  assign \$233  = width > 4'hd;
+  assign \$234  = width > 4'he;
+  assign \$235  = width > 4'hf;
+  assign \$236  = width > 5'h10;
+  assign \$237  = width > 5'h11;
+  assign \$238  = width > 5'h12;
+  assign \$239  = width > 5'h13;
+  assign \$240  = width > 5'h14;
+  assign \$241  = width > 5'h15;
+  assign \$242  = width > 5'h16;
+  assign \$243  = width > 5'h17;
+  assign \$244  = width > 1'h1;
+  assign \$245  = width > 2'h2;
+  assign \$246  = width > 2'h3;
+  assign \$247  = width > 3'h4;
+  assign \$248  = width > 3'h5;
+  assign \$249  = width > 3'h6;
+  assign \$250  = width > 3'h7;
+  assign \$251  = width > 4'h8;
+  assign \$252  = width > 4'h9;
+  assign \$253  = width > 4'ha;
+  assign \$254  = width > 4'hb;
+  assign \$255  = width > 4'hc;
+  assign \$256  = width > 4'hd;
+  assign \$257  = width > 4'he;
+  assign \$258  = width > 4'hf;
+  assign \$259  = width > 5'h10;
+  assign \$260  = width > 5'h11;
+  assign \$261  = width > 5'h12;
+  assign \$262  = width > 5'h13;
+  assign \$263  = width > 5'h14;
+  assign \$264  = width > 5'h15;
+  assign \$265  = width > 5'h16;
+  assign \$266  = width > 5'h17;
+  assign \$267  = ~ { 1'h0, \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246 , \$245 , \$244  };
+  assign \$268  = $signed(hold[23:0]) < $signed(\$267 );
+  assign \$269  = width > 1'h1;
+  assign \$270  = width > 2'h2;
+  assign \$271  = width > 2'h3;
+  assign \$272  = width > 3'h4;
+  assign \$273  = width > 3'h5;
+  assign \$274  = width > 3'h6;
+  assign \$275  = width > 3'h7;
+  assign \$276  = width > 4'h8;
+  assign \$277  = width > 4'h9;
+  assign \$278  = width > 4'ha;
+  assign \$279  = width > 4'hb;
+  assign \$280  = width > 4'hc;
+  assign \$281  = width > 4'hd;
+  assign \$282  = width > 4'he;
+  assign \$283  = width > 4'hf;
+  assign \$284  = width > 5'h10;
+  assign \$285  = width > 5'h11;
+  assign \$286  = width > 5'h12;
+  assign \$287  = width > 5'h13;
+  assign \$288  = width > 5'h14;
+  assign \$289  = width > 5'h15;
+  assign \$290  = width > 5'h16;
+  assign \$291  = width > 5'h17;
+  assign \$292  = ~ { 1'h0, \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271 , \$270 , \$269  };
+  assign \$293  = \$268  ? \$292  : hold[23:0];
+  assign \$294  = \$220  ? { 1'h0, \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223 , \$222 , \$221  } : \$293 ;
+  assign \$295  = width > 1'h1;
+  assign \$296  = width > 2'h2;
+  assign \$297  = width > 2'h3;
+  assign \$298  = width > 3'h4;
+  assign \$299  = width > 3'h5;
+  assign \$300  = width > 3'h6;
+  assign \$301  = width > 3'h7;
+  assign \$302  = width > 4'h8;
+  assign \$303  = width > 4'h9;
+  assign \$304  = width > 4'ha;
+  assign \$305  = width > 4'hb;
+  assign \$306  = width > 4'hc;
+  assign \$307  = width > 4'hd;
+  assign \$308  = width > 4'he;
+  assign \$309  = width > 4'hf;
+  assign \$310  = width > 5'h10;
+  assign \$311  = width > 5'h11;
+  assign \$312  = width > 5'h12;
+  assign \$313  = width > 5'h13;
+  assign \$314  = width > 5'h14;
+  assign \$315  = width > 5'h15;
+  assign \$316  = width > 5'h16;
+  assign \$317  = width > 5'h17;
+  assign \$318  = $signed(hold[47:24]) > $signed({ 1'h0, \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297 , \$296 , \$295  });
+  assign \$319  = width > 1'h1;
+  assign \$320  = width > 2'h2;
+  assign \$321  = width > 2'h3;
+  assign \$322  = width > 3'h4;
+  assign \$323  = width > 3'h5;
+  assign \$324  = width > 3'h6;
+  assign \$325  = width > 3'h7;
+  assign \$326  = width > 4'h8;
+  assign \$327  = width > 4'h9;
+  assign \$328  = width > 4'ha;
+  assign \$329  = width > 4'hb;
+  assign \$330  = width > 4'hc;
+  assign \$331  = width > 4'hd;
+  assign \$332  = width > 4'he;
+  assign \$333  = width > 4'hf;
+  assign \$334  = width > 5'h10;
+  assign \$335  = width > 5'h11;
+  assign \$336  = width > 5'h12;
+  assign \$337  = width > 5'h13;
+  assign \$338  = width > 5'h14;
+  assign \$339  = width > 5'h15;
+  assign \$340  = width > 5'h16;
+  assign \$341  = width > 5'h17;
+  assign \$342  = width > 1'h1;
+  assign \$343  = width > 2'h2;
+  assign \$344  = width > 2'h3;
+  assign \$345  = width > 3'h4;
+  assign \$346  = width > 3'h5;
+  assign \$347  = width > 3'h6;
+  assign \$348  = width > 3'h7;
+  assign \$349  = width > 4'h8;
+  assign \$350  = width > 4'h9;
+  assign \$351  = width > 4'ha;
+  assign \$352  = width > 4'hb;
+  assign \$353  = width > 4'hc;
+  assign \$354  = width > 4'hd;
+  assign \$355  = width > 4'he;
+  assign \$356  = width > 4'hf;
+  assign \$357  = width > 5'h10;
+  assign \$358  = width > 5'h11;
+  assign \$359  = width > 5'h12;
+  assign \$360  = width > 5'h13;
+  assign \$361  = width > 5'h14;
+  assign \$362  = width > 5'h15;
+  assign \$363  = width > 5'h16;
+  assign \$364  = width > 5'h17;
+  assign \$365  = ~ { 1'h0, \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346 , \$345 , \$344 , \$343 , \$342  };
+  assign \$366  = $signed(hold[47:24]) < $signed(\$365 );
+  assign \$367  = width > 1'h1;
+  assign \$368  = width > 2'h2;
+  assign \$369  = width > 2'h3;
+  assign \$370  = width > 3'h4;
+  assign \$371  = width > 3'h5;
+  assign \$372  = width > 3'h6;
+  assign \$373  = width > 3'h7;
+  assign \$374  = width > 4'h8;
+  assign \$375  = width > 4'h9;
+  assign \$376  = width > 4'ha;
+  assign \$377  = width > 4'hb;
+  assign \$378  = width > 4'hc;
+  assign \$379  = width > 4'hd;
+  assign \$380  = width > 4'he;
+  assign \$381  = width > 4'hf;
+  assign \$382  = width > 5'h10;
+  assign \$383  = width > 5'h11;
+  assign \$384  = width > 5'h12;
+  assign \$385  = width > 5'h13;
+  assign \$386  = width > 5'h14;
+  assign \$387  = width > 5'h15;
+  assign \$388  = width > 5'h16;
+  assign \$389  = width > 5'h17;
+  assign \$390  = ~ { 1'h0, \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371 , \$370 , \$369 , \$368 , \$367  };
+  assign \$391  = \$366  ? \$390  : hold[47:24];
+  assign \$392  = \$318  ? { 1'h0, \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321 , \$320 , \$319  } : \$391 ;
+  assign \$393  = width > 1'h1;
+  assign \$394  = width > 2'h2;
+  assign \$395  = width > 2'h3;
+  assign \$396  = width > 3'h4;
+  assign \$397  = width > 3'h5;
+  assign \$398  = width > 3'h6;
+  assign \$399  = width > 3'h7;
+  assign \$400  = width > 4'h8;
+  assign \$401  = width > 4'h9;
+  assign \$402  = width > 4'ha;
+  assign \$403  = width > 4'hb;
+  assign \$404  = width > 4'hc;
+  assign \$405  = width > 4'hd;
+  assign \$406  = width > 4'he;
+  assign \$407  = width > 4'hf;
+  assign \$408  = width > 5'h10;
+  assign \$409  = width > 5'h11;
+  assign \$410  = width > 5'h12;
+  assign \$411  = width > 5'h13;
+  assign \$412  = width > 5'h14;
+  assign \$413  = width > 5'h15;
+  assign \$414  = width > 5'h16;
+  assign \$415  = width > 5'h17;
+  assign \$416  = $signed(hold[71:48]) > $signed({ 1'h0, \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397 , \$396 , \$395 , \$394 , \$393  });
+  assign \$417  = width > 1'h1;
+  assign \$418  = width > 2'h2;
+  assign \$419  = width > 2'h3;
+  assign \$420  = width > 3'h4;
+  assign \$421  = width > 3'h5;
+  assign \$422  = width > 3'h6;
+  assign \$423  = width > 3'h7;
+  assign \$424  = width > 4'h8;
+  assign \$425  = width > 4'h9;
+  assign \$426  = width > 4'ha;
+  assign \$427  = width > 4'hb;
+  assign \$428  = width > 4'hc;
+  assign \$429  = width > 4'hd;
+  assign \$430  = width > 4'he;
+  assign \$431  = width > 4'hf;
+  assign \$432  = width > 5'h10;
+  assign \$433  = width > 5'h11;
+  assign \$434  = width > 5'h12;
+  assign \$435  = width > 5'h13;
+  assign \$436  = width > 5'h14;
+  assign \$437  = width > 5'h15;
+  assign \$438  = width > 5'h16;
+  assign \$439  = width > 5'h17;
+  assign \$440  = width > 1'h1;
+  assign \$441  = width > 2'h2;
+  assign \$442  = width > 2'h3;
+  assign \$443  = width > 3'h4;
+  assign \$444  = width > 3'h5;
+  assign \$445  = width > 3'h6;
+  assign \$446  = width > 3'h7;
+  assign \$447  = width > 4'h8;
+  assign \$448  = width > 4'h9;
+  assign \$449  = width > 4'ha;
+  assign \$450  = width > 4'hb;
+  assign \$451  = width > 4'hc;
+  assign \$452  = width > 4'hd;
+  assign \$453  = width > 4'he;
+  assign \$454  = width > 4'hf;
+  assign \$455  = width > 5'h10;
+  assign \$456  = width > 5'h11;
+  assign \$457  = width > 5'h12;
+  assign \$458  = width > 5'h13;
+  assign \$459  = width > 5'h14;
+  assign \$460  = width > 5'h15;
+  assign \$461  = width > 5'h16;
+  assign \$462  = width > 5'h17;
+  assign \$463  = ~ { 1'h0, \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445 , \$444 , \$443 , \$442 , \$441 , \$440  };
+  assign \$464  = $signed(hold[71:48]) < $signed(\$463 );
+  assign \$465  = width > 1'h1;
+  assign \$466  = width > 2'h2;
+  assign \$467  = width > 2'h3;
+  assign \$468  = width > 3'h4;
+  assign \$469  = width > 3'h5;
+  assign \$470  = width > 3'h6;
+  assign \$471  = width > 3'h7;
+  assign \$472  = width > 4'h8;
+  assign \$473  = width > 4'h9;
+  assign \$474  = width > 4'ha;
+  assign \$475  = width > 4'hb;
+  assign \$476  = width > 4'hc;
+  assign \$477  = width > 4'hd;
+  assign \$478  = width > 4'he;
+  assign \$479  = width > 4'hf;
+  assign \$480  = width > 5'h10;
+  assign \$481  = width > 5'h11;
+  assign \$482  = width > 5'h12;
+  assign \$483  = width > 5'h13;
+  assign \$484  = width > 5'h14;
+  assign \$485  = width > 5'h15;
+  assign \$486  = width > 5'h16;
+  assign \$487  = width > 5'h17;
+  assign \$488  = ~ { 1'h0, \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471 , \$470 , \$469 , \$468 , \$467 , \$466 , \$465  };
+  assign \$489  = \$464  ? \$488  : hold[71:48];
+  assign \$490  = \$416  ? { 1'h0, \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420 , \$419 , \$418 , \$417  } : \$489 ;
+  assign \$491  = width > 1'h1;
+  assign \$492  = width > 2'h2;
+  assign \$493  = width > 2'h3;
+  assign \$494  = width > 3'h4;
+  assign \$495  = width > 3'h5;
+  assign \$496  = width > 3'h6;
+  assign \$497  = width > 3'h7;
+  assign \$498  = width > 4'h8;
+  assign \$499  = width > 4'h9;
+  assign \$500  = width > 4'ha;
+  assign \$501  = width > 4'hb;
+  assign \$502  = width > 4'hc;
+  assign \$503  = width > 4'hd;
+  assign \$504  = width > 4'he;
+  assign \$505  = width > 4'hf;
+  assign \$506  = width > 5'h10;
+  assign \$507  = width > 5'h11;
+  assign \$508  = width > 5'h12;
+  assign \$509  = width > 5'h13;
+  assign \$510  = width > 5'h14;
+  assign \$511  = width > 5'h15;
+  assign \$512  = width > 5'h16;
+  assign \$513  = width > 5'h17;
+  assign \$514  = $signed(hold[95:72]) > $signed({ 1'h0, \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495 , \$494 , \$493 , \$492 , \$491  });
+  assign \$515  = width > 1'h1;
+  assign \$516  = width > 2'h2;
+  assign \$517  = width > 2'h3;
+  assign \$518  = width > 3'h4;
+  assign \$519  = width > 3'h5;
+  assign \$520  = width > 3'h6;
+  assign \$521  = width > 3'h7;
+  assign \$522  = width > 4'h8;
+  assign \$523  = width > 4'h9;
+  assign \$524  = width > 4'ha;
+  assign \$525  = width > 4'hb;
+  assign \$526  = width > 4'hc;
+  assign \$527  = width > 4'hd;
+  assign \$528  = width > 4'he;
+  assign \$529  = width > 4'hf;
+  assign \$530  = width > 5'h10;
+  assign \$531  = width > 5'h11;
+  assign \$532  = width > 5'h12;
+  assign \$533  = width > 5'h13;
+  assign \$534  = width > 5'h14;
+  assign \$535  = width > 5'h15;
+  assign \$536  = width > 5'h16;
+  assign \$537  = width > 5'h17;
+  assign \$538  = width > 1'h1;
+  assign \$539  = width > 2'h2;
+  assign \$540  = width > 2'h3;
+  assign \$541  = width > 3'h4;
+  assign \$542  = width > 3'h5;
+  assign \$543  = width > 3'h6;
+  assign \$544  = width > 3'h7;
+  assign \$545  = width > 4'h8;
+  assign \$546  = width > 4'h9;
+  assign \$547  = width > 4'ha;
+  assign \$548  = width > 4'hb;
+  assign \$549  = width > 4'hc;
+  assign \$550  = width > 4'hd;
+  assign \$551  = width > 4'he;
+  assign \$552  = width > 4'hf;
+  assign \$553  = width > 5'h10;
+  assign \$554  = width > 5'h11;
+  assign \$555  = width > 5'h12;
+  assign \$556  = width > 5'h13;
+  assign \$557  = width > 5'h14;
+  assign \$558  = width > 5'h15;
+  assign \$559  = width > 5'h16;
+  assign \$560  = width > 5'h17;
+  assign \$561  = ~ { 1'h0, \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543 , \$542 , \$541 , \$540 , \$539 , \$538  };
+  assign \$562  = $signed(hold[95:72]) < $signed(\$561 );
+  assign \$563  = width > 1'h1;
+  assign \$564  = width > 2'h2;
+  assign \$565  = width > 2'h3;
+  assign \$566  = width > 3'h4;
+  assign \$567  = width > 3'h5;
+  assign \$568  = width > 3'h6;
+  assign \$569  = width > 3'h7;
+  assign \$570  = width > 4'h8;
+  assign \$571  = width > 4'h9;
+  assign \$572  = width > 4'ha;
+  assign \$573  = width > 4'hb;
+  assign \$574  = width > 4'hc;
+  assign \$575  = width > 4'hd;
+  assign \$576  = width > 4'he;
+  assign \$577  = width > 4'hf;
+  assign \$578  = width > 5'h10;
+  assign \$579  = width > 5'h11;
+  assign \$580  = width > 5'h12;
+  assign \$581  = width > 5'h13;
+  assign \$582  = width > 5'h14;
+  assign \$583  = width > 5'h15;
+  assign \$584  = width > 5'h16;
+  assign \$585  = width > 5'h17;
+  assign \$586  = ~ { 1'h0, \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571 , \$570 , \$569 , \$568 , \$567 , \$566 , \$565 , \$564 , \$563  };
+  assign \$587  = \$562  ? \$586  : hold[95:72];
+  assign \$588  = \$514  ? { 1'h0, \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518 , \$517 , \$516 , \$515  } : \$587 ;
+  assign \$590  = \$signal$50  + 1'h1;
+  assign \$591  = width > 1'h1;
+  assign \$592  = width > 2'h2;
+  assign \$593  = width > 2'h3;
+  assign \$594  = width > 3'h4;
+  assign \$595  = width > 3'h5;
+  assign \$596  = width > 3'h6;
+  assign \$597  = width > 3'h7;
+  assign \$598  = width > 4'h8;
+  assign \$599  = width > 4'h9;
+  assign \$600  = width > 4'ha;
+  assign \$601  = width > 4'hb;
+  assign \$602  = width > 4'hc;
+  assign \$603  = width > 4'hd;
+  assign \$604  = width > 4'he;
+  assign \$605  = width > 4'hf;
+  assign \$606  = width > 5'h10;
+  assign \$607  = width > 5'h11;
+  assign \$608  = width > 5'h12;
+  assign \$609  = width > 5'h13;
+  assign \$610  = width > 5'h14;
+  assign \$611  = width > 5'h15;
+  assign \$612  = width > 5'h16;
+  assign \$613  = width > 5'h17;
+  assign \$614  = $signed(hold[23:0]) > $signed({ 1'h0, \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595 , \$594 , \$593 , \$592 , \$591  });
+  assign \$615  = width > 1'h1;
+  assign \$616  = width > 2'h2;
+  assign \$617  = width > 2'h3;
+  assign \$618  = width > 3'h4;
+  assign \$619  = width > 3'h5;
+  assign \$620  = width > 3'h6;
+  assign \$621  = width > 3'h7;
+  assign \$622  = width > 4'h8;
+  assign \$623  = width > 4'h9;
+  assign \$624  = width > 4'ha;
+  assign \$625  = width > 4'hb;
+  assign \$626  = width > 4'hc;
+  assign \$627  = width > 4'hd;
+  assign \$628  = width > 4'he;
+  assign \$629  = width > 4'hf;
+  assign \$630  = width > 5'h10;
+  assign \$631  = width > 5'h11;
+  assign \$632  = width > 5'h12;
+  assign \$633  = width > 5'h13;
+  assign \$634  = width > 5'h14;
+  assign \$635  = width > 5'h15;
+  assign \$636  = width > 5'h16;
+  assign \$637  = width > 5'h17;
+  assign \$638  = width > 1'h1;
+  assign \$639  = width > 2'h2;
+  assign \$640  = width > 2'h3;
+  assign \$641  = width > 3'h4;
+  assign \$642  = width > 3'h5;
+  assign \$643  = width > 3'h6;
+  assign \$644  = width > 3'h7;
+  assign \$645  = width > 4'h8;
+  assign \$646  = width > 4'h9;
+  assign \$647  = width > 4'ha;
+  assign \$648  = width > 4'hb;
+  assign \$649  = width > 4'hc;
+  assign \$650  = width > 4'hd;
+  assign \$651  = width > 4'he;
+  assign \$652  = width > 4'hf;
+  assign \$653  = width > 5'h10;
+  assign \$654  = width > 5'h11;
+  assign \$655  = width > 5'h12;
+  assign \$656  = width > 5'h13;
+  assign \$657  = width > 5'h14;
+  assign \$658  = width > 5'h15;
+  assign \$659  = width > 5'h16;
+  assign \$660  = width > 5'h17;
+  assign \$661  = ~ { 1'h0, \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643 , \$642 , \$641 , \$640 , \$639 , \$638  };
+  assign \$662  = $signed(hold[23:0]) < $signed(\$661 );
+  assign \$663  = width > 1'h1;
+  assign \$664  = width > 2'h2;
+  assign \$665  = width > 2'h3;
+  assign \$666  = width > 3'h4;
+  assign \$667  = width > 3'h5;
+  assign \$668  = width > 3'h6;
+  assign \$669  = width > 3'h7;
+  assign \$670  = width > 4'h8;
+  assign \$671  = width > 4'h9;
+  assign \$672  = width > 4'ha;
+  assign \$673  = width > 4'hb;
+  assign \$674  = width > 4'hc;
+  assign \$675  = width > 4'hd;
+  assign \$676  = width > 4'he;
+  assign \$677  = width > 4'hf;
+  assign \$678  = width > 5'h10;
+  assign \$679  = width > 5'h11;
+  assign \$680  = width > 5'h12;
+  assign \$681  = width > 5'h13;
+  assign \$682  = width > 5'h14;
+  assign \$683  = width > 5'h15;
+  assign \$684  = width > 5'h16;
+  assign \$685  = width > 5'h17;
+  assign \$686  = ~ { 1'h0, \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669 , \$668 , \$667 , \$666 , \$665 , \$664 , \$663  };
+  assign \$687  = \$662  ? \$686  : hold[23:0];
+  assign \$688  = \$614  ? { 1'h0, \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618 , \$617 , \$616 , \$615  } : \$687 ;
+  assign \$689  = width > 1'h1;
+  assign \$690  = width > 2'h2;
+  assign \$691  = width > 2'h3;
+  assign \$692  = width > 3'h4;
+  assign \$693  = width > 3'h5;
+  assign \$694  = width > 3'h6;
+  assign \$695  = width > 3'h7;
+  assign \$696  = width > 4'h8;
+  assign \$697  = width > 4'h9;
+  assign \$698  = width > 4'ha;
+  assign \$699  = width > 4'hb;
+  assign \$700  = width > 4'hc;
+  assign \$701  = width > 4'hd;
+  assign \$702  = width > 4'he;
+  assign \$703  = width > 4'hf;
+  assign \$704  = width > 5'h10;
+  assign \$705  = width > 5'h11;
+  assign \$706  = width > 5'h12;
+  assign \$707  = width > 5'h13;
+  assign \$708  = width > 5'h14;
+  assign \$709  = width > 5'h15;
+  assign \$710  = width > 5'h16;
+  assign \$711  = width > 5'h17;
+  assign \$712  = $signed(hold[47:24]) > $signed({ 1'h0, \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693 , \$692 , \$691 , \$690 , \$689  });
+  assign \$713  = width > 1'h1;
+  assign \$714  = width > 2'h2;
+  assign \$715  = width > 2'h3;
+  assign \$716  = width > 3'h4;
+  assign \$717  = width > 3'h5;
+  assign \$718  = width > 3'h6;
+  assign \$719  = width > 3'h7;
+  assign \$720  = width > 4'h8;
+  assign \$721  = width > 4'h9;
+  assign \$722  = width > 4'ha;
+  assign \$723  = width > 4'hb;
+  assign \$724  = width > 4'hc;
+  assign \$725  = width > 4'hd;
+  assign \$726  = width > 4'he;
+  assign \$727  = width > 4'hf;
+  assign \$728  = width > 5'h10;
+  assign \$729  = width > 5'h11;
+  assign \$730  = width > 5'h12;
+  assign \$731  = width > 5'h13;
+  assign \$732  = width > 5'h14;
+  assign \$733  = width > 5'h15;
+  assign \$734  = width > 5'h16;
+  assign \$735  = width > 5'h17;
+  assign \$736  = width > 1'h1;
+  assign \$737  = width > 2'h2;
+  assign \$738  = width > 2'h3;
+  assign \$739  = width > 3'h4;
+  assign \$740  = width > 3'h5;
+  assign \$741  = width > 3'h6;
+  assign \$742  = width > 3'h7;
+  assign \$743  = width > 4'h8;
+  assign \$744  = width > 4'h9;
+  assign \$745  = width > 4'ha;
+  assign \$746  = width > 4'hb;
+  assign \$747  = width > 4'hc;
+  assign \$748  = width > 4'hd;
+  assign \$749  = width > 4'he;
+  assign \$750  = width > 4'hf;
+  assign \$751  = width > 5'h10;
+  assign \$752  = width > 5'h11;
+  assign \$753  = width > 5'h12;
+  assign \$754  = width > 5'h13;
+  assign \$755  = width > 5'h14;
+  assign \$756  = width > 5'h15;
+  assign \$757  = width > 5'h16;
+  assign \$758  = width > 5'h17;
+  assign \$759  = ~ { 1'h0, \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741 , \$740 , \$739 , \$738 , \$737 , \$736  };
+  assign \$760  = $signed(hold[47:24]) < $signed(\$759 );
+  assign \$761  = width > 1'h1;
+  assign \$762  = width > 2'h2;
+  assign \$763  = width > 2'h3;
+  assign \$764  = width > 3'h4;
+  assign \$765  = width > 3'h5;
+  assign \$766  = width > 3'h6;
+  assign \$767  = width > 3'h7;
+  assign \$768  = width > 4'h8;
+  assign \$769  = width > 4'h9;
+  assign \$770  = width > 4'ha;
+  assign \$771  = width > 4'hb;
+  assign \$772  = width > 4'hc;
+  assign \$773  = width > 4'hd;
+  assign \$774  = width > 4'he;
+  assign \$775  = width > 4'hf;
+  assign \$776  = width > 5'h10;
+  assign \$777  = width > 5'h11;
+  assign \$778  = width > 5'h12;
+  assign \$779  = width > 5'h13;
+  assign \$780  = width > 5'h14;
+  assign \$781  = width > 5'h15;
+  assign \$782  = width > 5'h16;
+  assign \$783  = width > 5'h17;
+  assign \$784  = ~ { 1'h0, \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767 , \$766 , \$765 , \$764 , \$763 , \$762 , \$761  };
+  assign \$785  = \$760  ? \$784  : hold[47:24];
+  assign \$786  = \$712  ? { 1'h0, \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716 , \$715 , \$714 , \$713  } : \$785 ;
+  assign \$787  = width > 1'h1;
+  assign \$788  = width > 2'h2;
+  assign \$789  = width > 2'h3;
+  assign \$790  = width > 3'h4;
+  assign \$791  = width > 3'h5;
+  assign \$792  = width > 3'h6;
+  assign \$793  = width > 3'h7;
+  assign \$794  = width > 4'h8;
+  assign \$795  = width > 4'h9;
+  assign \$796  = width > 4'ha;
+  assign \$797  = width > 4'hb;
+  assign \$798  = width > 4'hc;
+  assign \$799  = width > 4'hd;
+  assign \$800  = width > 4'he;
+  assign \$801  = width > 4'hf;
+  assign \$802  = width > 5'h10;
+  assign \$803  = width > 5'h11;
+  assign \$804  = width > 5'h12;
+  assign \$805  = width > 5'h13;
+  assign \$806  = width > 5'h14;
+  assign \$807  = width > 5'h15;
+  assign \$808  = width > 5'h16;
+  assign \$809  = width > 5'h17;
+  assign \$810  = $signed(hold[71:48]) > $signed({ 1'h0, \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791 , \$790 , \$789 , \$788 , \$787  });
+  assign \$811  = width > 1'h1;
+  assign \$812  = width > 2'h2;
+  assign \$813  = width > 2'h3;
+  assign \$814  = width > 3'h4;
+  assign \$815  = width > 3'h5;
+  assign \$816  = width > 3'h6;
+  assign \$817  = width > 3'h7;
+  assign \$818  = width > 4'h8;
+  assign \$819  = width > 4'h9;
+  assign \$820  = width > 4'ha;
+  assign \$821  = width > 4'hb;
+  assign \$822  = width > 4'hc;
+  assign \$823  = width > 4'hd;
+  assign \$824  = width > 4'he;
+  assign \$825  = width > 4'hf;
+  assign \$826  = width > 5'h10;
+  assign \$827  = width > 5'h11;
+  assign \$828  = width > 5'h12;
+  assign \$829  = width > 5'h13;
+  assign \$830  = width > 5'h14;
+  assign \$831  = width > 5'h15;
+  assign \$832  = width > 5'h16;
+  assign \$833  = width > 5'h17;
+  assign \$834  = width > 1'h1;
+  assign \$835  = width > 2'h2;
+  assign \$836  = width > 2'h3;
+  assign \$837  = width > 3'h4;
+  assign \$838  = width > 3'h5;
+  assign \$839  = width > 3'h6;
+  assign \$840  = width > 3'h7;
+  assign \$841  = width > 4'h8;
+  assign \$842  = width > 4'h9;
+  assign \$843  = width > 4'ha;
+  assign \$844  = width > 4'hb;
+  assign \$845  = width > 4'hc;
+  assign \$846  = width > 4'hd;
+  assign \$847  = width > 4'he;
+  assign \$848  = width > 4'hf;
+  assign \$849  = width > 5'h10;
+  assign \$850  = width > 5'h11;
+  assign \$851  = width > 5'h12;
+  assign \$852  = width > 5'h13;
+  assign \$853  = width > 5'h14;
+  assign \$854  = width > 5'h15;
+  assign \$855  = width > 5'h16;
+  assign \$856  = width > 5'h17;
+  assign \$857  = ~ { 1'h0, \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839 , \$838 , \$837 , \$836 , \$835 , \$834  };
+  assign \$858  = $signed(hold[71:48]) < $signed(\$857 );
+  assign \$859  = width > 1'h1;
+  assign \$860  = width > 2'h2;
+  assign \$861  = width > 2'h3;
+  assign \$862  = width > 3'h4;
+  assign \$863  = width > 3'h5;
+  assign \$864  = width > 3'h6;
+  assign \$865  = width > 3'h7;
+  assign \$866  = width > 4'h8;
+  assign \$867  = width > 4'h9;
+  assign \$868  = width > 4'ha;
+  assign \$869  = width > 4'hb;
+  assign \$870  = width > 4'hc;
+  assign \$871  = width > 4'hd;
+  assign \$872  = width > 4'he;
+  assign \$873  = width > 4'hf;
+  assign \$874  = width > 5'h10;
+  assign \$875  = width > 5'h11;
+  assign \$876  = width > 5'h12;
+  assign \$877  = width > 5'h13;
+  assign \$878  = width > 5'h14;
+  assign \$879  = width > 5'h15;
+  assign \$880  = width > 5'h16;
+  assign \$881  = width > 5'h17;
+  assign \$882  = ~ { 1'h0, \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865 , \$864 , \$863 , \$862 , \$861 , \$860 , \$859  };
+  assign \$883  = \$858  ? \$882  : hold[71:48];
+  assign \$884  = \$810  ? { 1'h0, \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814 , \$813 , \$812 , \$811  } : \$883 ;
+  assign \$885  = width > 1'h1;
+  assign \$886  = width > 2'h2;
+  assign \$887  = width > 2'h3;
+  assign \$888  = width > 3'h4;
+  assign \$889  = width > 3'h5;
+  assign \$890  = width > 3'h6;
+  assign \$891  = width > 3'h7;
+  assign \$892  = width > 4'h8;
+  assign \$893  = width > 4'h9;
+  assign \$894  = width > 4'ha;
+  assign \$895  = width > 4'hb;
+  assign \$896  = width > 4'hc;
+  assign \$897  = width > 4'hd;
+  assign \$898  = width > 4'he;
+  assign \$899  = width > 4'hf;
+  assign \$900  = width > 5'h10;
+  assign \$901  = width > 5'h11;
+  assign \$902  = width > 5'h12;
+  assign \$903  = width > 5'h13;
+  assign \$904  = width > 5'h14;
+  assign \$905  = width > 5'h15;
+  assign \$906  = width > 5'h16;
+  assign \$907  = width > 5'h17;
+  assign \$908  = $signed(hold[95:72]) > $signed({ 1'h0, \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889 , \$888 , \$887 , \$886 , \$885  });
+  assign \$909  = width > 1'h1;
+  assign \$910  = width > 2'h2;
+  assign \$911  = width > 2'h3;
+  assign \$912  = width > 3'h4;
+  assign \$913  = width > 3'h5;
+  assign \$914  = width > 3'h6;
+  assign \$915  = width > 3'h7;
+  assign \$916  = width > 4'h8;
+  assign \$917  = width > 4'h9;
+  assign \$918  = width > 4'ha;
+  assign \$919  = width > 4'hb;
+  assign \$920  = width > 4'hc;
+  assign \$921  = width > 4'hd;
+  assign \$922  = width > 4'he;
+  assign \$923  = width > 4'hf;
+  assign \$924  = width > 5'h10;
+  assign \$925  = width > 5'h11;
+  assign \$926  = width > 5'h12;
+  assign \$927  = width > 5'h13;
+  assign \$928  = width > 5'h14;
+  assign \$929  = width > 5'h15;
+  assign \$930  = width > 5'h16;
+  assign \$931  = width > 5'h17;
+  assign \$932  = width > 1'h1;
+  assign \$933  = width > 2'h2;
+  assign \$934  = width > 2'h3;
+  assign \$935  = width > 3'h4;
+  assign \$936  = width > 3'h5;
+  assign \$937  = width > 3'h6;
+  assign \$938  = width > 3'h7;
+  assign \$939  = width > 4'h8;
+  assign \$940  = width > 4'h9;
+  assign \$941  = width > 4'ha;
+  assign \$942  = width > 4'hb;
+  assign \$943  = width > 4'hc;
+  assign \$944  = width > 4'hd;
+  assign \$945  = width > 4'he;
+  assign \$946  = width > 4'hf;
+  assign \$947  = width > 5'h10;
+  assign \$948  = width > 5'h11;
+  assign \$949  = width > 5'h12;
+  assign \$950  = width > 5'h13;
+  assign \$951  = width > 5'h14;
+  assign \$952  = width > 5'h15;
+  assign \$953  = width > 5'h16;
+  assign \$954  = width > 5'h17;
+  assign \$955  = ~ { 1'h0, \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937 , \$936 , \$935 , \$934 , \$933 , \$932  };
+  assign \$956  = $signed(hold[95:72]) < $signed(\$955 );
+  assign \$957  = width > 1'h1;
+  assign \$958  = width > 2'h2;
+  assign \$959  = width > 2'h3;
+  assign \$960  = width > 3'h4;
+  assign \$961  = width > 3'h5;
+  assign \$962  = width > 3'h6;
+  assign \$963  = width > 3'h7;
+  assign \$964  = width > 4'h8;
+  assign \$965  = width > 4'h9;
+  assign \$966  = width > 4'ha;
+  assign \$967  = width > 4'hb;
+  assign \$968  = width > 4'hc;
+  assign \$969  = width > 4'hd;
+  assign \$970  = width > 4'he;
+  assign \$971  = width > 4'hf;
+  assign \$972  = width > 5'h10;
+  assign \$973  = width > 5'h11;
+  assign \$974  = width > 5'h12;
+  assign \$975  = width > 5'h13;
+  assign \$976  = width > 5'h14;
+  assign \$977  = width > 5'h15;
+  assign \$978  = width > 5'h16;
+  assign \$979  = width > 5'h17;
+  assign \$980  = ~ { 1'h0, \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965 , \$964 , \$963 , \$962 , \$961 , \$960 , \$959 , \$958 , \$957  };
+  assign \$981  = \$956  ? \$980  : hold[95:72];
+  assign \$982  = \$908  ? { 1'h0, \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912 , \$911 , \$910 , \$909  } : \$981 ;
+  assign \$984  = \$signal$50  + 2'h2;
+  assign \$985  = width > 1'h1;
+  assign \$986  = width > 2'h2;
+  assign \$987  = width > 2'h3;
+  assign \$988  = width > 3'h4;
+  assign \$989  = width > 3'h5;
+  assign \$990  = width > 3'h6;
+  assign \$991  = width > 3'h7;
+  assign \$992  = width > 4'h8;
+  assign \$993  = width > 4'h9;
+  assign \$994  = width > 4'ha;
+  assign \$995  = width > 4'hb;
+  assign \$996  = width > 4'hc;
+  assign \$997  = width > 4'hd;
+  assign \$998  = width > 4'he;
+  assign \$999  = width > 4'hf;
+  assign \$1000  = width > 5'h10;
+  assign \$1001  = width > 5'h11;
+  assign \$1002  = width > 5'h12;
+  assign \$1003  = width > 5'h13;
+  assign \$1004  = width > 5'h14;
+  assign \$1005  = width > 5'h15;
+  assign \$1006  = width > 5'h16;
+  assign \$1007  = width > 5'h17;
+  assign \$1008  = $signed(hold[23:0]) > $signed({ 1'h0, \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989 , \$988 , \$987 , \$986 , \$985  });
+  assign \$1009  = width > 1'h1;
+  assign \$1010  = width > 2'h2;
+  assign \$1011  = width > 2'h3;
+  assign \$1012  = width > 3'h4;
+  assign \$1013  = width > 3'h5;
+  assign \$1014  = width > 3'h6;
+  assign \$1015  = width > 3'h7;
+  assign \$1016  = width > 4'h8;
+  assign \$1017  = width > 4'h9;
+  assign \$1018  = width > 4'ha;
+  assign \$1019  = width > 4'hb;
+  assign \$1020  = width > 4'hc;
+  assign \$1021  = width > 4'hd;
+  assign \$1022  = width > 4'he;
+  assign \$1023  = width > 4'hf;
+  assign \$1024  = width > 5'h10;
+  assign \$1025  = width > 5'h11;
+  assign \$1026  = width > 5'h12;
+  assign \$1027  = width > 5'h13;
+  assign \$1028  = width > 5'h14;
+  assign \$1029  = width > 5'h15;
+  assign \$1030  = width > 5'h16;
+  assign \$1031  = width > 5'h17;
+  assign \$1032  = width > 1'h1;
+  assign \$1033  = width > 2'h2;
+  assign \$1034  = width > 2'h3;
+  assign \$1035  = width > 3'h4;
+  assign \$1036  = width > 3'h5;
+  assign \$1037  = width > 3'h6;
+  assign \$1038  = width > 3'h7;
+  assign \$1039  = width > 4'h8;
+  assign \$1040  = width > 4'h9;
+  assign \$1041  = width > 4'ha;
+  assign \$1042  = width > 4'hb;
+  assign \$1043  = width > 4'hc;
+  assign \$1044  = width > 4'hd;
+  assign \$1045  = width > 4'he;
+  assign \$1046  = width > 4'hf;
+  assign \$1047  = width > 5'h10;
+  assign \$1048  = width > 5'h11;
+  assign \$1049  = width > 5'h12;
+  assign \$1050  = width > 5'h13;
+  assign \$1051  = width > 5'h14;
+  assign \$1052  = width > 5'h15;
+  assign \$1053  = width > 5'h16;
+  assign \$1054  = width > 5'h17;
+  assign \$1055  = ~ { 1'h0, \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037 , \$1036 , \$1035 , \$1034 , \$1033 , \$1032  };
+  assign \$1056  = $signed(hold[23:0]) < $signed(\$1055 );
+  assign \$1057  = width > 1'h1;
+  assign \$1058  = width > 2'h2;
+  assign \$1059  = width > 2'h3;
+  assign \$1060  = width > 3'h4;
+  assign \$1061  = width > 3'h5;
+  assign \$1062  = width > 3'h6;
+  assign \$1063  = width > 3'h7;
+  assign \$1064  = width > 4'h8;
+  assign \$1065  = width > 4'h9;
+  assign \$1066  = width > 4'ha;
+  assign \$1067  = width > 4'hb;
+  assign \$1068  = width > 4'hc;
+  assign \$1069  = width > 4'hd;
+  assign \$1070  = width > 4'he;
+  assign \$1071  = width > 4'hf;
+  assign \$1072  = width > 5'h10;
+  assign \$1073  = width > 5'h11;
+  assign \$1074  = width > 5'h12;
+  assign \$1075  = width > 5'h13;
+  assign \$1076  = width > 5'h14;
+  assign \$1077  = width > 5'h15;
+  assign \$1078  = width > 5'h16;
+  assign \$1079  = width > 5'h17;
+  assign \$1080  = ~ { 1'h0, \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063 , \$1062 , \$1061 , \$1060 , \$1059 , \$1058 , \$1057  };
+  assign \$1081  = \$1056  ? \$1080  : hold[23:0];
+  assign \$1082  = \$1008  ? { 1'h0, \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012 , \$1011 , \$1010 , \$1009  } : \$1081 ;
+  assign \$1083  = width > 1'h1;
+  assign \$1084  = width > 2'h2;
+  assign \$1085  = width > 2'h3;
+  assign \$1086  = width > 3'h4;
+  assign \$1087  = width > 3'h5;
+  assign \$1088  = width > 3'h6;
+  assign \$1089  = width > 3'h7;
+  assign \$1090  = width > 4'h8;
+  assign \$1091  = width > 4'h9;
+  assign \$1092  = width > 4'ha;
+  assign \$1093  = width > 4'hb;
+  assign \$1094  = width > 4'hc;
+  assign \$1095  = width > 4'hd;
+  assign \$1096  = width > 4'he;
+  assign \$1097  = width > 4'hf;
+  assign \$1098  = width > 5'h10;
+  assign \$1099  = width > 5'h11;
+  assign \$1100  = width > 5'h12;
+  assign \$1101  = width > 5'h13;
+  assign \$1102  = width > 5'h14;
+  assign \$1103  = width > 5'h15;
+  assign \$1104  = width > 5'h16;
+  assign \$1105  = width > 5'h17;
+  assign \$1106  = $signed(hold[47:24]) > $signed({ 1'h0, \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087 , \$1086 , \$1085 , \$1084 , \$1083  });
+  assign \$1107  = width > 1'h1;
+  assign \$1108  = width > 2'h2;
+  assign \$1109  = width > 2'h3;
+  assign \$1110  = width > 3'h4;
+  assign \$1111  = width > 3'h5;
+  assign \$1112  = width > 3'h6;
+  assign \$1113  = width > 3'h7;
+  assign \$1114  = width > 4'h8;
+  assign \$1115  = width > 4'h9;
+  assign \$1116  = width > 4'ha;
+  assign \$1117  = width > 4'hb;
+  assign \$1118  = width > 4'hc;
+  assign \$1119  = width > 4'hd;
+  assign \$1120  = width > 4'he;
+  assign \$1121  = width > 4'hf;
+  assign \$1122  = width > 5'h10;
+  assign \$1123  = width > 5'h11;
+  assign \$1124  = width > 5'h12;
+  assign \$1125  = width > 5'h13;
+  assign \$1126  = width > 5'h14;
+  assign \$1127  = width > 5'h15;
+  assign \$1128  = width > 5'h16;
+  assign \$1129  = width > 5'h17;
+  assign \$1130  = width > 1'h1;
+  assign \$1131  = width > 2'h2;
+  assign \$1132  = width > 2'h3;
+  assign \$1133  = width > 3'h4;
+  assign \$1134  = width > 3'h5;
+  assign \$1135  = width > 3'h6;
+  assign \$1136  = width > 3'h7;
+  assign \$1137  = width > 4'h8;
+  assign \$1138  = width > 4'h9;
+  assign \$1139  = width > 4'ha;
+  assign \$1140  = width > 4'hb;
+  assign \$1141  = width > 4'hc;
+  assign \$1142  = width > 4'hd;
+  assign \$1143  = width > 4'he;
+  assign \$1144  = width > 4'hf;
+  assign \$1145  = width > 5'h10;
+  assign \$1146  = width > 5'h11;
+  assign \$1147  = width > 5'h12;
+  assign \$1148  = width > 5'h13;
+  assign \$1149  = width > 5'h14;
+  assign \$1150  = width > 5'h15;
+  assign \$1151  = width > 5'h16;
+  assign \$1152  = width > 5'h17;
+  assign \$1153  = ~ { 1'h0, \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135 , \$1134 , \$1133 , \$1132 , \$1131 , \$1130  };
+  assign \$1154  = $signed(hold[47:24]) < $signed(\$1153 );
+  assign \$1155  = width > 1'h1;
+  assign \$1156  = width > 2'h2;
+  assign \$1157  = width > 2'h3;
+  assign \$1158  = width > 3'h4;
+  assign \$1159  = width > 3'h5;
+  assign \$1160  = width > 3'h6;
+  assign \$1161  = width > 3'h7;
+  assign \$1162  = width > 4'h8;
+  assign \$1163  = width > 4'h9;
+  assign \$1164  = width > 4'ha;
+  assign \$1165  = width > 4'hb;
+  assign \$1166  = width > 4'hc;
+  assign \$1167  = width > 4'hd;
+  assign \$1168  = width > 4'he;
+  assign \$1169  = width > 4'hf;
+  assign \$1170  = width > 5'h10;
+  assign \$1171  = width > 5'h11;
+  assign \$1172  = width > 5'h12;
+  assign \$1173  = width > 5'h13;
+  assign \$1174  = width > 5'h14;
+  assign \$1175  = width > 5'h15;
+  assign \$1176  = width > 5'h16;
+  assign \$1177  = width > 5'h17;
+  assign \$1178  = ~ { 1'h0, \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161 , \$1160 , \$1159 , \$1158 , \$1157 , \$1156 , \$1155  };
+  assign \$1179  = \$1154  ? \$1178  : hold[47:24];
+  assign \$1180  = \$1106  ? { 1'h0, \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110 , \$1109 , \$1108 , \$1107  } : \$1179 ;
+  assign \$1181  = width > 1'h1;
+  assign \$1182  = width > 2'h2;
+  assign \$1183  = width > 2'h3;
+  assign \$1184  = width > 3'h4;
+  assign \$1185  = width > 3'h5;
+  assign \$1186  = width > 3'h6;
+  assign \$1187  = width > 3'h7;
+  assign \$1188  = width > 4'h8;
+  assign \$1189  = width > 4'h9;
+  assign \$1190  = width > 4'ha;
+  assign \$1191  = width > 4'hb;
+  assign \$1192  = width > 4'hc;
+  assign \$1193  = width > 4'hd;
+  assign \$1194  = width > 4'he;
+  assign \$1195  = width > 4'hf;
+  assign \$1196  = width > 5'h10;
+  assign \$1197  = width > 5'h11;
+  assign \$1198  = width > 5'h12;
+  assign \$1199  = width > 5'h13;
+  assign \$1200  = width > 5'h14;
+  assign \$1201  = width > 5'h15;
+  assign \$1202  = width > 5'h16;
+  assign \$1203  = width > 5'h17;
+  assign \$1204  = $signed(hold[71:48]) > $signed({ 1'h0, \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185 , \$1184 , \$1183 , \$1182 , \$1181  });
+  assign \$1205  = width > 1'h1;
+  assign \$1206  = width > 2'h2;
+  assign \$1207  = width > 2'h3;
+  assign \$1208  = width > 3'h4;
+  assign \$1209  = width > 3'h5;
+  assign \$1210  = width > 3'h6;
+  assign \$1211  = width > 3'h7;
+  assign \$1212  = width > 4'h8;
+  assign \$1213  = width > 4'h9;
+  assign \$1214  = width > 4'ha;
+  assign \$1215  = width > 4'hb;
+  assign \$1216  = width > 4'hc;
+  assign \$1217  = width > 4'hd;
+  assign \$1218  = width > 4'he;
+  assign \$1219  = width > 4'hf;
+  assign \$1220  = width > 5'h10;
+  assign \$1221  = width > 5'h11;
+  assign \$1222  = width > 5'h12;
+  assign \$1223  = width > 5'h13;
+  assign \$1224  = width > 5'h14;
+  assign \$1225  = width > 5'h15;
+  assign \$1226  = width > 5'h16;
+  assign \$1227  = width > 5'h17;
+  assign \$1228  = width > 1'h1;
+  assign \$1229  = width > 2'h2;
+  assign \$1230  = width > 2'h3;
+  assign \$1231  = width > 3'h4;
+  assign \$1232  = width > 3'h5;
+  assign \$1233  = width > 3'h6;
+  assign \$1234  = width > 3'h7;
+  assign \$1235  = width > 4'h8;
+  assign \$1236  = width > 4'h9;
+  assign \$1237  = width > 4'ha;
+  assign \$1238  = width > 4'hb;
+  assign \$1239  = width > 4'hc;
+  assign \$1240  = width > 4'hd;
+  assign \$1241  = width > 4'he;
+  assign \$1242  = width > 4'hf;
+  assign \$1243  = width > 5'h10;
+  assign \$1244  = width > 5'h11;
+  assign \$1245  = width > 5'h12;
+  assign \$1246  = width > 5'h13;
+  assign \$1247  = width > 5'h14;
+  assign \$1248  = width > 5'h15;
+  assign \$1249  = width > 5'h16;
+  assign \$1250  = width > 5'h17;
+  assign \$1251  = ~ { 1'h0, \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233 , \$1232 , \$1231 , \$1230 , \$1229 , \$1228  };
+  assign \$1252  = $signed(hold[71:48]) < $signed(\$1251 );
+  assign \$1253  = width > 1'h1;
+  assign \$1254  = width > 2'h2;
+  assign \$1255  = width > 2'h3;
+  assign \$1256  = width > 3'h4;
+  assign \$1257  = width > 3'h5;
+  assign \$1258  = width > 3'h6;
+  assign \$1259  = width > 3'h7;
+  assign \$1260  = width > 4'h8;
+  assign \$1261  = width > 4'h9;
+  assign \$1262  = width > 4'ha;
+  assign \$1263  = width > 4'hb;
+  assign \$1264  = width > 4'hc;
+  assign \$1265  = width > 4'hd;
+  assign \$1266  = width > 4'he;
+  assign \$1267  = width > 4'hf;
+  assign \$1268  = width > 5'h10;
+  assign \$1269  = width > 5'h11;
+  assign \$1270  = width > 5'h12;
+  assign \$1271  = width > 5'h13;
+  assign \$1272  = width > 5'h14;
+  assign \$1273  = width > 5'h15;
+  assign \$1274  = width > 5'h16;
+  assign \$1275  = width > 5'h17;
+  assign \$1276  = ~ { 1'h0, \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259 , \$1258 , \$1257 , \$1256 , \$1255 , \$1254 , \$1253  };
+  assign \$1277  = \$1252  ? \$1276  : hold[71:48];
+  assign \$1278  = \$1204  ? { 1'h0, \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208 , \$1207 , \$1206 , \$1205  } : \$1277 ;
+  assign \$1279  = width > 1'h1;
+  assign \$1280  = width > 2'h2;
+  assign \$1281  = width > 2'h3;
+  assign \$1282  = width > 3'h4;
+  assign \$1283  = width > 3'h5;
+  assign \$1284  = width > 3'h6;
+  assign \$1285  = width > 3'h7;
+  assign \$1286  = width > 4'h8;
+  assign \$1287  = width > 4'h9;
+  assign \$1288  = width > 4'ha;
+  assign \$1289  = width > 4'hb;
+  assign \$1290  = width > 4'hc;
+  assign \$1291  = width > 4'hd;
+  assign \$1292  = width > 4'he;
+  assign \$1293  = width > 4'hf;
+  assign \$1294  = width > 5'h10;
+  assign \$1295  = width > 5'h11;
+  assign \$1296  = width > 5'h12;
+  assign \$1297  = width > 5'h13;
+  assign \$1298  = width > 5'h14;
+  assign \$1299  = width > 5'h15;
+  assign \$1300  = width > 5'h16;
+  assign \$1301  = width > 5'h17;
+  assign \$1302  = $signed(hold[95:72]) > $signed({ 1'h0, \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283 , \$1282 , \$1281 , \$1280 , \$1279  });
+  assign \$1303  = width > 1'h1;
+  assign \$1304  = width > 2'h2;
+  assign \$1305  = width > 2'h3;
+  assign \$1306  = width > 3'h4;
+  assign \$1307  = width > 3'h5;
+  assign \$1308  = width > 3'h6;
+  assign \$1309  = width > 3'h7;
+  assign \$1310  = width > 4'h8;
+  assign \$1311  = width > 4'h9;
+  assign \$1312  = width > 4'ha;
+  assign \$1313  = width > 4'hb;
+  assign \$1314  = width > 4'hc;
+  assign \$1315  = width > 4'hd;
+  assign \$1316  = width > 4'he;
+  assign \$1317  = width > 4'hf;
+  assign \$1318  = width > 5'h10;
+  assign \$1319  = width > 5'h11;
+  assign \$1320  = width > 5'h12;
+  assign \$1321  = width > 5'h13;
+  assign \$1322  = width > 5'h14;
+  assign \$1323  = width > 5'h15;
+  assign \$1324  = width > 5'h16;
+  assign \$1325  = width > 5'h17;
+  assign \$1326  = width > 1'h1;
+  assign \$1327  = width > 2'h2;
+  assign \$1328  = width > 2'h3;
+  assign \$1329  = width > 3'h4;
+  assign \$1330  = width > 3'h5;
+  assign \$1331  = width > 3'h6;
+  assign \$1332  = width > 3'h7;
+  assign \$1333  = width > 4'h8;
+  assign \$1334  = width > 4'h9;
+  assign \$1335  = width > 4'ha;
+  assign \$1336  = width > 4'hb;
+  assign \$1337  = width > 4'hc;
+  assign \$1338  = width > 4'hd;
+  assign \$1339  = width > 4'he;
+  assign \$1340  = width > 4'hf;
+  assign \$1341  = width > 5'h10;
+  assign \$1342  = width > 5'h11;
+  assign \$1343  = width > 5'h12;
+  assign \$1344  = width > 5'h13;
+  assign \$1345  = width > 5'h14;
+  assign \$1346  = width > 5'h15;
+  assign \$1347  = width > 5'h16;
+  assign \$1348  = width > 5'h17;
+  assign \$1349  = ~ { 1'h0, \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331 , \$1330 , \$1329 , \$1328 , \$1327 , \$1326  };
+  assign \$1350  = $signed(hold[95:72]) < $signed(\$1349 );
+  assign \$1351  = width > 1'h1;
+  assign \$1352  = width > 2'h2;
+  assign \$1353  = width > 2'h3;
+  assign \$1354  = width > 3'h4;
+  assign \$1355  = width > 3'h5;
+  assign \$1356  = width > 3'h6;
+  assign \$1357  = width > 3'h7;
+  assign \$1358  = width > 4'h8;
+  assign \$1359  = width > 4'h9;
+  assign \$1360  = width > 4'ha;
+  assign \$1361  = width > 4'hb;
+  assign \$1362  = width > 4'hc;
+  assign \$1363  = width > 4'hd;
+  assign \$1364  = width > 4'he;
+  assign \$1365  = width > 4'hf;
+  assign \$1366  = width > 5'h10;
+  assign \$1367  = width > 5'h11;
+  assign \$1368  = width > 5'h12;
+  assign \$1369  = width > 5'h13;
+  assign \$1370  = width > 5'h14;
+  assign \$1371  = width > 5'h15;
+  assign \$1372  = width > 5'h16;
+  assign \$1373  = width > 5'h17;
+  assign \$1374  = ~ { 1'h0, \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359 , \$1358 , \$1357 , \$1356 , \$1355 , \$1354 , \$1353 , \$1352 , \$1351  };
+  assign \$1375  = \$1350  ? \$1374  : hold[95:72];
+  assign \$1376  = \$1302  ? { 1'h0, \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306 , \$1305 , \$1304 , \$1303  } : \$1375 ;
+  assign \$1378  = \$signal$50  + 2'h3;
+  assign \$1379  = width > 1'h1;
+  assign \$1380  = width > 2'h2;
+  assign \$1381  = width > 2'h3;
+  assign \$1382  = width > 3'h4;
+  assign \$1383  = width > 3'h5;
+  assign \$1384  = width > 3'h6;
+  assign \$1385  = width > 3'h7;
+  assign \$1386  = width > 4'h8;
+  assign \$1387  = width > 4'h9;
+  assign \$1388  = width > 4'ha;
+  assign \$1389  = width > 4'hb;
+  assign \$1390  = width > 4'hc;
+  assign \$1391  = width > 4'hd;
+  assign \$1392  = width > 4'he;
+  assign \$1393  = width > 4'hf;
+  assign \$1394  = width > 5'h10;
+  assign \$1395  = width > 5'h11;
+  assign \$1396  = width > 5'h12;
+  assign \$1397  = width > 5'h13;
+  assign \$1398  = width > 5'h14;
+  assign \$1399  = width > 5'h15;
+  assign \$1400  = width > 5'h16;
+  assign \$1401  = width > 5'h17;
+  assign \$1402  = $signed(hold[23:0]) > $signed({ 1'h0, \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383 , \$1382 , \$1381 , \$1380 , \$1379  });
+  assign \$1403  = width > 1'h1;
+  assign \$1404  = width > 2'h2;
+  assign \$1405  = width > 2'h3;
+  assign \$1406  = width > 3'h4;
+  assign \$1407  = width > 3'h5;
+  assign \$1408  = width > 3'h6;
+  assign \$1409  = width > 3'h7;
+  assign \$1410  = width > 4'h8;
+  assign \$1411  = width > 4'h9;
+  assign \$1412  = width > 4'ha;
+  assign \$1413  = width > 4'hb;
+  assign \$1414  = width > 4'hc;
+  assign \$1415  = width > 4'hd;
+  assign \$1416  = width > 4'he;
+  assign \$1417  = width > 4'hf;
+  assign \$1418  = width > 5'h10;
+  assign \$1419  = width > 5'h11;
+  assign \$1420  = width > 5'h12;
+  assign \$1421  = width > 5'h13;
+  assign \$1422  = width > 5'h14;
+  assign \$1423  = width > 5'h15;
+  assign \$1424  = width > 5'h16;
+  assign \$1425  = width > 5'h17;
+  assign \$1426  = width > 1'h1;
+  assign \$1427  = width > 2'h2;
+  assign \$1428  = width > 2'h3;
+  assign \$1429  = width > 3'h4;
+  assign \$1430  = width > 3'h5;
+  assign \$1431  = width > 3'h6;
+  assign \$1432  = width > 3'h7;
+  assign \$1433  = width > 4'h8;
+  assign \$1434  = width > 4'h9;
+  assign \$1435  = width > 4'ha;
+  assign \$1436  = width > 4'hb;
+  assign \$1437  = width > 4'hc;
+  assign \$1438  = width > 4'hd;
+  assign \$1439  = width > 4'he;
+  assign \$1440  = width > 4'hf;
+  assign \$1441  = width > 5'h10;
+  assign \$1442  = width > 5'h11;
+  assign \$1443  = width > 5'h12;
+  assign \$1444  = width > 5'h13;
+  assign \$1445  = width > 5'h14;
+  assign \$1446  = width > 5'h15;
+  assign \$1447  = width > 5'h16;
+  assign \$1448  = width > 5'h17;
+  assign \$1449  = ~ { 1'h0, \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431 , \$1430 , \$1429 , \$1428 , \$1427 , \$1426  };
+  assign \$1450  = $signed(hold[23:0]) < $signed(\$1449 );
+  assign \$1451  = width > 1'h1;
+  assign \$1452  = width > 2'h2;
+  assign \$1453  = width > 2'h3;
+  assign \$1454  = width > 3'h4;
+  assign \$1455  = width > 3'h5;
+  assign \$1456  = width > 3'h6;
+  assign \$1457  = width > 3'h7;
+  assign \$1458  = width > 4'h8;
+  assign \$1459  = width > 4'h9;
+  assign \$1460  = width > 4'ha;
+  assign \$1461  = width > 4'hb;
+  assign \$1462  = width > 4'hc;
+  assign \$1463  = width > 4'hd;
+  assign \$1464  = width > 4'he;
+  assign \$1465  = width > 4'hf;
+  assign \$1466  = width > 5'h10;
+  assign \$1467  = width > 5'h11;
+  assign \$1468  = width > 5'h12;
+  assign \$1469  = width > 5'h13;
+  assign \$1470  = width > 5'h14;
+  assign \$1471  = width > 5'h15;
+  assign \$1472  = width > 5'h16;
+  assign \$1473  = width > 5'h17;
+  assign \$1474  = ~ { 1'h0, \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457 , \$1456 , \$1455 , \$1454 , \$1453 , \$1452 , \$1451  };
+  assign \$1475  = \$1450  ? \$1474  : hold[23:0];
+  assign \$1476  = \$1402  ? { 1'h0, \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406 , \$1405 , \$1404 , \$1403  } : \$1475 ;
+  assign \$1477  = width > 1'h1;
+  assign \$1478  = width > 2'h2;
+  assign \$1479  = width > 2'h3;
+  assign \$1480  = width > 3'h4;
+  assign \$1481  = width > 3'h5;
+  assign \$1482  = width > 3'h6;
+  assign \$1483  = width > 3'h7;
+  assign \$1484  = width > 4'h8;
+  assign \$1485  = width > 4'h9;
+  assign \$1486  = width > 4'ha;
+  assign \$1487  = width > 4'hb;
+  assign \$1488  = width > 4'hc;
+  assign \$1489  = width > 4'hd;
+  assign \$1490  = width > 4'he;
+  assign \$1491  = width > 4'hf;
+  assign \$1492  = width > 5'h10;
+  assign \$1493  = width > 5'h11;
+  assign \$1494  = width > 5'h12;
+  assign \$1495  = width > 5'h13;
+  assign \$1496  = width > 5'h14;
+  assign \$1497  = width > 5'h15;
+  assign \$1498  = width > 5'h16;
+  assign \$1499  = width > 5'h17;
+  assign \$1500  = $signed(hold[47:24]) > $signed({ 1'h0, \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481 , \$1480 , \$1479 , \$1478 , \$1477  });
+  assign \$1501  = width > 1'h1;
+  assign \$1502  = width > 2'h2;
+  assign \$1503  = width > 2'h3;
+  assign \$1504  = width > 3'h4;
+  assign \$1505  = width > 3'h5;
+  assign \$1506  = width > 3'h6;
+  assign \$1507  = width > 3'h7;
+  assign \$1508  = width > 4'h8;
+  assign \$1509  = width > 4'h9;
+  assign \$1510  = width > 4'ha;
+  assign \$1511  = width > 4'hb;
+  assign \$1512  = width > 4'hc;
+  assign \$1513  = width > 4'hd;
+  assign \$1514  = width > 4'he;
+  assign \$1515  = width > 4'hf;
+  assign \$1516  = width > 5'h10;
+  assign \$1517  = width > 5'h11;
+  assign \$1518  = width > 5'h12;
+  assign \$1519  = width > 5'h13;
+  assign \$1520  = width > 5'h14;
+  assign \$1521  = width > 5'h15;
+  assign \$1522  = width > 5'h16;
+  assign \$1523  = width > 5'h17;
+  assign \$1524  = width > 1'h1;
+  assign \$1525  = width > 2'h2;
+  assign \$1526  = width > 2'h3;
+  assign \$1527  = width > 3'h4;
+  assign \$1528  = width > 3'h5;
+  assign \$1529  = width > 3'h6;
+  assign \$1530  = width > 3'h7;
+  assign \$1531  = width > 4'h8;
+  assign \$1532  = width > 4'h9;
+  assign \$1533  = width > 4'ha;
+  assign \$1534  = width > 4'hb;
+  assign \$1535  = width > 4'hc;
+  assign \$1536  = width > 4'hd;
+  assign \$1537  = width > 4'he;
+  assign \$1538  = width > 4'hf;
+  assign \$1539  = width > 5'h10;
+  assign \$1540  = width > 5'h11;
+  assign \$1541  = width > 5'h12;
+  assign \$1542  = width > 5'h13;
+  assign \$1543  = width > 5'h14;
+  assign \$1544  = width > 5'h15;
+  assign \$1545  = width > 5'h16;
+  assign \$1546  = width > 5'h17;
+  assign \$1547  = ~ { 1'h0, \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529 , \$1528 , \$1527 , \$1526 , \$1525 , \$1524  };
+  assign \$1548  = $signed(hold[47:24]) < $signed(\$1547 );
+  assign \$1549  = width > 1'h1;
+  assign \$1550  = width > 2'h2;
+  assign \$1551  = width > 2'h3;
+  assign \$1552  = width > 3'h4;
+  assign \$1553  = width > 3'h5;
+  assign \$1554  = width > 3'h6;
+  assign \$1555  = width > 3'h7;
+  assign \$1556  = width > 4'h8;
+  assign \$1557  = width > 4'h9;
+  assign \$1558  = width > 4'ha;
+  assign \$1559  = width > 4'hb;
+  assign \$1560  = width > 4'hc;
+  assign \$1561  = width > 4'hd;
+  assign \$1562  = width > 4'he;
+  assign \$1563  = width > 4'hf;
+  assign \$1564  = width > 5'h10;
+  assign \$1565  = width > 5'h11;
+  assign \$1566  = width > 5'h12;
+  assign \$1567  = width > 5'h13;
+  assign \$1568  = width > 5'h14;
+  assign \$1569  = width > 5'h15;
+  assign \$1570  = width > 5'h16;
+  assign \$1571  = width > 5'h17;
+  assign \$1572  = ~ { 1'h0, \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555 , \$1554 , \$1553 , \$1552 , \$1551 , \$1550 , \$1549  };
+  assign \$1573  = \$1548  ? \$1572  : hold[47:24];
+  assign \$1574  = \$1500  ? { 1'h0, \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504 , \$1503 , \$1502 , \$1501  } : \$1573 ;
+  assign \$1575  = width > 1'h1;
+  assign \$1576  = width > 2'h2;
+  assign \$1577  = width > 2'h3;
+  assign \$1578  = width > 3'h4;
+  assign \$1579  = width > 3'h5;
+  assign \$1580  = width > 3'h6;
+  assign \$1581  = width > 3'h7;
+  assign \$1582  = width > 4'h8;
+  assign \$1583  = width > 4'h9;
+  assign \$1584  = width > 4'ha;
+  assign \$1585  = width > 4'hb;
+  assign \$1586  = width > 4'hc;
+  assign \$1587  = width > 4'hd;
+  assign \$1588  = width > 4'he;
+  assign \$1589  = width > 4'hf;
+  assign \$1590  = width > 5'h10;
+  assign \$1591  = width > 5'h11;
+  assign \$1592  = width > 5'h12;
+  assign \$1593  = width > 5'h13;
+  assign \$1594  = width > 5'h14;
+  assign \$1595  = width > 5'h15;
+  assign \$1596  = width > 5'h16;
+  assign \$1597  = width > 5'h17;
+  assign \$1598  = $signed(hold[71:48]) > $signed({ 1'h0, \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579 , \$1578 , \$1577 , \$1576 , \$1575  });
+  assign \$1599  = width > 1'h1;
+  assign \$1600  = width > 2'h2;
+  assign \$1601  = width > 2'h3;
+  assign \$1602  = width > 3'h4;
+  assign \$1603  = width > 3'h5;
+  assign \$1604  = width > 3'h6;
+  assign \$1605  = width > 3'h7;
+  assign \$1606  = width > 4'h8;
+  assign \$1607  = width > 4'h9;
+  assign \$1608  = width > 4'ha;
+  assign \$1609  = width > 4'hb;
+  assign \$1610  = width > 4'hc;
+  assign \$1611  = width > 4'hd;
+  assign \$1612  = width > 4'he;
+  assign \$1613  = width > 4'hf;
+  assign \$1614  = width > 5'h10;
+  assign \$1615  = width > 5'h11;
+  assign \$1616  = width > 5'h12;
+  assign \$1617  = width > 5'h13;
+  assign \$1618  = width > 5'h14;
+  assign \$1619  = width > 5'h15;
+  assign \$1620  = width > 5'h16;
+  assign \$1621  = width > 5'h17;
+  assign \$1622  = width > 1'h1;
+  assign \$1623  = width > 2'h2;
+  assign \$1624  = width > 2'h3;
+  assign \$1625  = width > 3'h4;
+  assign \$1626  = width > 3'h5;
+  assign \$1627  = width > 3'h6;
+  assign \$1628  = width > 3'h7;
+  assign \$1629  = width > 4'h8;
+  assign \$1630  = width > 4'h9;
+  assign \$1631  = width > 4'ha;
+  assign \$1632  = width > 4'hb;
+  assign \$1633  = width > 4'hc;
+  assign \$1634  = width > 4'hd;
+  assign \$1635  = width > 4'he;
+  assign \$1636  = width > 4'hf;
+  assign \$1637  = width > 5'h10;
+  assign \$1638  = width > 5'h11;
+  assign \$1639  = width > 5'h12;
+  assign \$1640  = width > 5'h13;
+  assign \$1641  = width > 5'h14;
+  assign \$1642  = width > 5'h15;
+  assign \$1643  = width > 5'h16;
+  assign \$1644  = width > 5'h17;
+  assign \$1645  = ~ { 1'h0, \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627 , \$1626 , \$1625 , \$1624 , \$1623 , \$1622  };
+  assign \$1646  = $signed(hold[71:48]) < $signed(\$1645 );
+  assign \$1647  = width > 1'h1;
+  assign \$1648  = width > 2'h2;
+  assign \$1649  = width > 2'h3;
+  assign \$1650  = width > 3'h4;
+  assign \$1651  = width > 3'h5;
+  assign \$1652  = width > 3'h6;
+  assign \$1653  = width > 3'h7;
+  assign \$1654  = width > 4'h8;
+  assign \$1655  = width > 4'h9;
+  assign \$1656  = width > 4'ha;
+  assign \$1657  = width > 4'hb;
+  assign \$1658  = width > 4'hc;
+  assign \$1659  = width > 4'hd;
+  assign \$1660  = width > 4'he;
+  assign \$1661  = width > 4'hf;
+  assign \$1662  = width > 5'h10;
+  assign \$1663  = width > 5'h11;
+  assign \$1664  = width > 5'h12;
+  assign \$1665  = width > 5'h13;
+  assign \$1666  = width > 5'h14;
+  assign \$1667  = width > 5'h15;
+  assign \$1668  = width > 5'h16;
+  assign \$1669  = width > 5'h17;
+  assign \$1670  = ~ { 1'h0, \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653 , \$1652 , \$1651 , \$1650 , \$1649 , \$1648 , \$1647  };
+  assign \$1671  = \$1646  ? \$1670  : hold[71:48];
+  assign \$1672  = \$1598  ? { 1'h0, \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602 , \$1601 , \$1600 , \$1599  } : \$1671 ;
+  assign \$1673  = width > 1'h1;
+  assign \$1674  = width > 2'h2;
+  assign \$1675  = width > 2'h3;
+  assign \$1676  = width > 3'h4;
+  assign \$1677  = width > 3'h5;
+  assign \$1678  = width > 3'h6;
+  assign \$1679  = width > 3'h7;
+  assign \$1680  = width > 4'h8;
+  assign \$1681  = width > 4'h9;
+  assign \$1682  = width > 4'ha;
+  assign \$1683  = width > 4'hb;
+  assign \$1684  = width > 4'hc;
+  assign \$1685  = width > 4'hd;
+  assign \$1686  = width > 4'he;
+  assign \$1687  = width > 4'hf;
+  assign \$1688  = width > 5'h10;
+  assign \$1689  = width > 5'h11;
+  assign \$1690  = width > 5'h12;
+  assign \$1691  = width > 5'h13;
+  assign \$1692  = width > 5'h14;
+  assign \$1693  = width > 5'h15;
+  assign \$1694  = width > 5'h16;
+  assign \$1695  = width > 5'h17;
+  assign \$1696  = $signed(hold[95:72]) > $signed({ 1'h0, \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677 , \$1676 , \$1675 , \$1674 , \$1673  });
+  assign \$1697  = width > 1'h1;
+  assign \$1698  = width > 2'h2;
+  assign \$1699  = width > 2'h3;
+  assign \$1700  = width > 3'h4;
+  assign \$1701  = width > 3'h5;
+  assign \$1702  = width > 3'h6;
+  assign \$1703  = width > 3'h7;
+  assign \$1704  = width > 4'h8;
+  assign \$1705  = width > 4'h9;
+  assign \$1706  = width > 4'ha;
+  assign \$1707  = width > 4'hb;
+  assign \$1708  = width > 4'hc;
+  assign \$1709  = width > 4'hd;
+  assign \$1710  = width > 4'he;
+  assign \$1711  = width > 4'hf;
+  assign \$1712  = width > 5'h10;
+  assign \$1713  = width > 5'h11;
+  assign \$1714  = width > 5'h12;
+  assign \$1715  = width > 5'h13;
+  assign \$1716  = width > 5'h14;
+  assign \$1717  = width > 5'h15;
+  assign \$1718  = width > 5'h16;
+  assign \$1719  = width > 5'h17;
+  assign \$1720  = width > 1'h1;
+  assign \$1721  = width > 2'h2;
+  assign \$1722  = width > 2'h3;
+  assign \$1723  = width > 3'h4;
+  assign \$1724  = width > 3'h5;
+  assign \$1725  = width > 3'h6;
+  assign \$1726  = width > 3'h7;
+  assign \$1727  = width > 4'h8;
+  assign \$1728  = width > 4'h9;
+  assign \$1729  = width > 4'ha;
+  assign \$1730  = width > 4'hb;
+  assign \$1731  = width > 4'hc;
+  assign \$1732  = width > 4'hd;
+  assign \$1733  = width > 4'he;
+  assign \$1734  = width > 4'hf;
+  assign \$1735  = width > 5'h10;
+  assign \$1736  = width > 5'h11;
+  assign \$1737  = width > 5'h12;
+  assign \$1738  = width > 5'h13;
+  assign \$1739  = width > 5'h14;
+  assign \$1740  = width > 5'h15;
+  assign \$1741  = width > 5'h16;
+  assign \$1742  = width > 5'h17;
+  assign \$1743  = ~ { 1'h0, \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725 , \$1724 , \$1723 , \$1722 , \$1721 , \$1720  };
+  assign \$1744  = $signed(hold[95:72]) < $signed(\$1743 );
+  assign \$1745  = width > 1'h1;
+  assign \$1746  = width > 2'h2;
+  assign \$1747  = width > 2'h3;
+  assign \$1748  = width > 3'h4;
+  assign \$1749  = width > 3'h5;
+  assign \$1750  = width > 3'h6;
+  assign \$1751  = width > 3'h7;
+  assign \$1752  = width > 4'h8;
+  assign \$1753  = width > 4'h9;
+  assign \$1754  = width > 4'ha;
+  assign \$1755  = width > 4'hb;
+  assign \$1756  = width > 4'hc;
+  assign \$1757  = width > 4'hd;
+  assign \$1758  = width > 4'he;
+  assign \$1759  = width > 4'hf;
+  assign \$1760  = width > 5'h10;
+  assign \$1761  = width > 5'h11;
+  assign \$1762  = width > 5'h12;
+  assign \$1763  = width > 5'h13;
+  assign \$1764  = width > 5'h14;
+  assign \$1765  = width > 5'h15;
+  assign \$1766  = width > 5'h16;
+  assign \$1767  = width > 5'h17;
+  assign \$1768  = ~ { 1'h0, \$1767 , \$1766 , \$1765 , \$1764 , \$1763 , \$1762 , \$1761 , \$1760 , \$1759 , \$1758 , \$1757 , \$1756 , \$1755 , \$1754 , \$1753 , \$1752 , \$1751 , \$1750 , \$1749 , \$1748 , \$1747 , \$1746 , \$1745  };
+  assign \$1769  = \$1744  ? \$1768  : hold[95:72];
+  assign \$1770  = \$1696  ? { 1'h0, \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700 , \$1699 , \$1698 , \$1697  } : \$1769 ;
+  assign \$1772  = \$signal$49  > 1'h1;
+  assign \$1773  = \$signal$49  > 2'h2;
+  assign \$1774  = \$signal$49  > 2'h3;
+  assign \$1776  = ins[47:35] + \$1775 ;
+  assign \$1778  = ins[47:35] + \$1777 ;
+  assign \$1779  = \$1778  + 1'h1;
+  assign \$1782  = ins[60:48] + el;
+  assign \$1783  = el >= results;
+  assign \$1784  = ! fsm_state;
+  assign \$1785  = fsm_state == 1'h1;
+  assign \$1786  = fsm_state == 2'h2;
+  assign \$1787  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$1783 ;
+    beat <= \$1788 ;
   always @(posedge clk)
-    h_valid <= \$1784 ;
+    h_valid <= \$1789 ;
   always @(posedge clk)
-    \$signal$10  <= \$1785 ;
+    \$signal$10  <= \$1790 ;
   always @(posedge clk)
-    \$signal  <= \$1786 ;
+    \$signal  <= \$1791 ;
   always @(posedge clk)
-    rem0 <= \$1787 ;
+    rem0 <= \$1792 ;
   always @(posedge clk)
-    \$signal$17  <= \$1788 ;
+    \$signal$17  <= \$1793 ;
   always @(posedge clk)
-    \$signal$19  <= \$1789 ;
+    \$signal$19  <= \$1794 ;
   always @(posedge clk)
-    rem1 <= \$1790 ;
+    rem1 <= \$1795 ;
   always @(posedge clk)
-    \$signal$22  <= \$1791 ;
+    \$signal$22  <= \$1796 ;
   always @(posedge clk)
-    \$signal$24  <= \$1792 ;
+    \$signal$24  <= \$1797 ;
   always @(posedge clk)
-    rem2 <= \$1793 ;
+    rem2 <= \$1798 ;
   always @(posedge clk)
-    \$signal$28  <= \$1794 ;
+    \$signal$28  <= \$1799 ;
   always @(posedge clk)
-    \$signal$30  <= \$1795 ;
+    \$signal$30  <= \$1800 ;
   always @(posedge clk)
-    issuing <= \$1796 ;
+    issuing <= \$1801 ;
   always @(posedge clk)
-    q_read <= \$1797 ;
+    q_read <= \$1802 ;
   always @(posedge clk)
-    q_pend <= \$1798 ;
+    q_pend <= \$1803 ;
   always @(posedge clk)
-    \$signal$42  <= \$1799 ;
+    \$signal$42  <= \$1804 ;
   always @(posedge clk)
-    q_k <= \$1800 ;
+    q_k <= \$1805 ;
   always @(posedge clk)
-    \$signal$43  <= \$1801 ;
+    \$signal$43  <= \$1806 ;
   always @(posedge clk)
-    wvalid <= \$1802 ;
+    wvalid <= \$1807 ;
   always @(posedge clk)
-    pack <= \$1803 ;
+    pack <= \$1808 ;
   always @(posedge clk)
-    el <= \$1804 ;
+    el <= \$1809 ;
   always @(posedge clk)
-    \$signal$50  <= \$1805 ;
+    \$signal$50  <= \$1810 ;
   always @(posedge clk)
-    hold_valid <= \$1806 ;
+    hold_valid <= \$1811 ;
   always @(posedge clk)
-    hold <= \$1807 ;
+    hold <= \$1812 ;
   always @(posedge clk)
-    \$signal$32  <= \$1808 ;
+    \$signal$32  <= \$1813 ;
   always @(posedge clk)
-    is_sigmoid <= \$1809 ;
+    is_sigmoid <= \$1814 ;
   always @(posedge clk)
-    \$signal$34  <= \$1810 ;
+    \$signal$34  <= \$1815 ;
   always @(posedge clk)
-    \$signal$58  <= \$1811 ;
+    \$signal$58  <= \$1816 ;
   always @(posedge clk)
-    \$signal$59  <= \$1812 ;
+    \$signal$59  <= \$1817 ;
   always @(posedge clk)
-    \$signal$35  <= \$1813 ;
+    is_acc <= \$1818 ;
   always @(posedge clk)
-    low <= \$1814 ;
+    \$signal$35  <= \$1819 ;
   always @(posedge clk)
-    results <= \$1815 ;
+    low <= \$1820 ;
   always @(posedge clk)
-    vec_op <= \$1816 ;
+    results <= \$1821 ;
   always @(posedge clk)
-    width <= \$1817 ;
+    vec_op <= \$1822 ;
   always @(posedge clk)
-    mult <= \$1818 ;
+    width <= \$1823 ;
   always @(posedge clk)
-    shift <= \$1819 ;
+    mult <= \$1824 ;
   always @(posedge clk)
-    cnt0 <= \$1820 ;
+    shift <= \$1825 ;
   always @(posedge clk)
-    cnt1 <= \$1821 ;
+    cnt0 <= \$1826 ;
   always @(posedge clk)
-    sa0 <= \$1822 ;
+    cnt1 <= \$1827 ;
   always @(posedge clk)
-    sa1 <= \$1823 ;
+    sa0 <= \$1828 ;
   always @(posedge clk)
-    sa2 <= \$1824 ;
+    sa1 <= \$1829 ;
   always @(posedge clk)
-    sb0 <= \$1825 ;
+    sa2 <= \$1830 ;
   always @(posedge clk)
-    sb1 <= \$1826 ;
+    sb0 <= \$1831 ;
   always @(posedge clk)
-    sb2 <= \$1827 ;
+    sb1 <= \$1832 ;
   always @(posedge clk)
-    fsm_state <= \$1828 ;
+    sb2 <= \$1833 ;
+  always @(posedge clk)
+    fsm_state <= \$1834 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -9454,21 +9511,21 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .x(beat[15:0])
   );
   \nanokpu_kpu.elementwise.situ  situ (
-    .advance(\i__ready$98 ),
+    .advance(\i__ready$99 ),
     .clk(clk),
-    .i__payload(\i__payload$79 ),
-    .i__valid(\i__valid$97 ),
-    .o__payload(\o__payload$100 ),
-    .o__valid(\o__valid$99 ),
+    .i__payload(\i__payload$80 ),
+    .i__valid(\i__valid$98 ),
+    .o__payload(\o__payload$101 ),
+    .o__valid(\o__valid$100 ),
     .rst(rst),
     .unit_rst(unit_rst)
   );
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6052$0 (spad__rd1__data),
-    .\port$7607$0 (\$signal ),
-    .\port$8000$0 (spad__rd0__lanes[31:0]),
+    .\port$6057$0 (spad__rd1__data),
+    .\port$7633$0 (\$signal ),
+    .\port$8028$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9478,12 +9535,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   );
   \nanokpu_kpu.elementwise.vector  vector (
     .clk(clk),
-    .i__payload(\i__payload$80 ),
-    .i__ready(\i__ready$102 ),
-    .i__valid(\i__valid$101 ),
+    .i__payload(\i__payload$81 ),
+    .i__ready(\i__ready$103 ),
+    .i__valid(\i__valid$102 ),
     .n(ins[92:77]),
-    .o__payload(\o__payload$104 ),
-    .o__valid(\o__valid$103 ),
+    .o__payload(\o__payload$105 ),
+    .o__valid(\o__valid$104 ),
     .op(vec_op),
     .rst(rst),
     .unit_rst(unit_rst)
@@ -9549,159 +9606,159 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     (* full_case = 32'd1 *)
     casez (\$signal$50 )
       2'h0:
-          \$584  = \$289 ;
+          \$589  = \$294 ;
       2'h1:
-          \$584  = \$387 ;
+          \$589  = \$392 ;
       2'h2:
-          \$584  = \$485 ;
+          \$589  = \$490 ;
       2'h3:
-          \$584  = \$583 ;
+          \$589  = \$588 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$978  = 24'h000000;
-    casez (\$585 )
+    \$983  = 24'h000000;
+    casez (\$590 )
       3'h0:
-          \$978  = \$683 ;
+          \$983  = \$688 ;
       3'h1:
-          \$978  = \$781 ;
+          \$983  = \$786 ;
       3'h2:
-          \$978  = \$879 ;
+          \$983  = \$884 ;
       3'h3:
-          \$978  = \$977 ;
+          \$983  = \$982 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1372  = 24'h000000;
-    casez (\$979 )
+    \$1377  = 24'h000000;
+    casez (\$984 )
       3'h0:
-          \$1372  = \$1077 ;
+          \$1377  = \$1082 ;
       3'h1:
-          \$1372  = \$1175 ;
+          \$1377  = \$1180 ;
       3'h2:
-          \$1372  = \$1273 ;
+          \$1377  = \$1278 ;
       3'h3:
-          \$1372  = \$1371 ;
+          \$1377  = \$1376 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1766  = 24'h000000;
-    casez (\$1373 )
+    \$1771  = 24'h000000;
+    casez (\$1378 )
       3'h0:
-          \$1766  = \$1471 ;
+          \$1771  = \$1476 ;
       3'h1:
-          \$1766  = \$1569 ;
+          \$1771  = \$1574 ;
       3'h2:
-          \$1766  = \$1667 ;
+          \$1771  = \$1672 ;
       3'h3:
-          \$1766  = \$1765 ;
+          \$1771  = \$1770 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1783  = beat;
+    \$1788  = beat;
     if (\$2 ) begin
-      \$1783  = \$3 ;
+      \$1788  = \$3 ;
     end
     if (unit_rst) begin
-      \$1783  = 65'h00000000000000000;
+      \$1788  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$1783  = 65'h00000000000000000;
+      \$1788  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1784  = h_valid;
+    \$1789  = h_valid;
     if (\$2 ) begin
-      \$1784  = \$4 ;
+      \$1789  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
               6'h0c:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
               6'h0d:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
               6'h13:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
               6'h0f:
-                  \$1784  = 1'h0;
+                  \$1789  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1784  = 1'h0;
+      \$1789  = 1'h0;
     end
     if (rst) begin
-      \$1784  = 1'h0;
+      \$1789  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1785  = \$signal$10 ;
+    \$1790  = \$signal$10 ;
     if (run) begin
-      \$1785  = \$10 ;
+      \$1790  = \$10 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
               6'h0c:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
               6'h0d:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
               6'h13:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
               6'h0f:
-                  \$1785  = 1'h0;
+                  \$1790  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1785  = 1'h0;
+      \$1790  = 1'h0;
     end
     if (rst) begin
-      \$1785  = 1'h0;
+      \$1790  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1786  = \$signal ;
+    \$1791  = \$signal ;
     if (run) begin
-      \$1786  = \$11 ;
+      \$1791  = \$11 ;
     end
     if (unit_rst) begin
-      \$1786  = 1'h0;
+      \$1791  = 1'h0;
     end
     if (rst) begin
-      \$1786  = 1'h0;
+      \$1791  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1787  = rem0;
+    \$1792  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1787  = \$20 [13:0];
+          \$1792  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$1787  = cnt0;
+          \$1792  = cnt0;
         end else begin
-          \$1787  = cnt0;
+          \$1792  = cnt0;
         end
       end
     end
@@ -9710,46 +9767,46 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1787  = ins[122:109];
+                  \$1792  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1787  = ins[122:109];
+                  \$1792  = ins[122:109];
               6'h0c:
-                  \$1787  = ins[106:93];
+                  \$1792  = ins[106:93];
               6'h0d:
-                  \$1787  = ins[90:77];
+                  \$1792  = ins[90:77];
               6'h13:
-                  \$1787  = ins[90:77];
+                  \$1792  = ins[90:77];
               6'h0f:
-                  \$1787  = ins[122:109];
+                  \$1792  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1787  = 14'h0000;
+      \$1792  = 14'h0000;
     end
     if (rst) begin
-      \$1787  = 14'h0000;
+      \$1792  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1788  = \$signal$17 ;
+    \$1793  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1788  = \$21 [12:0];
+          \$1793  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$1788  = \$25 [12:0];
+          \$1793  = \$25 [12:0];
         end else begin
-          \$1788  = \$31 [12:0];
+          \$1793  = \$31 [12:0];
         end
       end
     end
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1788  = \$51 [12:0];
+          \$1793  = \$51 [12:0];
         end
       end
     end
@@ -9758,39 +9815,39 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
               6'h06, 6'h07, 6'h05:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
               6'h0c:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
               6'h0d:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
               6'h13:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
               6'h0f:
-                  \$1788  = ins[34:22];
+                  \$1793  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1788  = 13'h0000;
+      \$1793  = 13'h0000;
     end
     if (rst) begin
-      \$1788  = 13'h0000;
+      \$1793  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1789  = \$signal$19 ;
+    \$1794  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1789  = \$22 [12:0];
+          \$1794  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$1789  = \$27 [12:0];
+          \$1794  = \$27 [12:0];
         end else begin
-          \$1789  = \$34 [12:0];
+          \$1794  = \$34 [12:0];
         end
       end
     end
@@ -9799,215 +9856,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1789  = ins[47:35];
+                  \$1794  = ins[47:35];
               6'h06, 6'h07, 6'h05:
-                  \$1789  = ins[47:35];
+                  \$1794  = ins[47:35];
               6'h0c:
-                  \$1789  = ins[47:35];
+                  \$1794  = ins[47:35];
               6'h0d:
-                  \$1789  = ins[47:35];
+                  \$1794  = ins[47:35];
               6'h13:
-                  \$1789  = ins[47:35];
+                  \$1794  = ins[47:35];
               6'h0f:
-                  \$1789  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1789  = 13'h0000;
-    end
-    if (rst) begin
-      \$1789  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1790  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1790  = \$23 [13:0];
-        end else begin
-          \$1790  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1790  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1790  = 14'h0001;
-              6'h0c:
-                  \$1790  = ins[90:77];
-              6'h0d:
-                  \$1790  = 14'h0002;
-              6'h13:
-                  \$1790  = 14'h0001;
-              6'h0f:
-                  \$1790  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1790  = 14'h0000;
-    end
-    if (rst) begin
-      \$1790  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1791  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1791  = \$24 [12:0];
-        end else begin
-          \$1791  = \$30 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1791  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1791  = ins[34:22];
-              6'h0c:
-                  \$1791  = ins[34:22];
-              6'h0d:
-                  \$1791  = ins[34:22];
-              6'h13:
-                  \$1791  = ins[34:22];
-              6'h0f:
-                  \$1791  = ins[34:22];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1791  = 13'h0000;
-    end
-    if (rst) begin
-      \$1791  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = \$signal$24 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1792  = \$26 [12:0];
-        end else begin
-          \$1792  = \$33 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1792  = ins[47:35];
-              6'h06, 6'h07, 6'h05:
-                  \$1792  = ins[47:35];
-              6'h0c:
-                  \$1792  = ins[47:35];
-              6'h0d:
-                  \$1792  = ins[47:35];
-              6'h13:
-                  \$1792  = ins[47:35];
-              6'h0f:
-                  \$1792  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1792  = 13'h0000;
-    end
-    if (rst) begin
-      \$1792  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1793  = rem2;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$1793  = \$28 [13:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1793  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1793  = 14'h0001;
-              6'h0c:
-                  \$1793  = ins[74:61];
-              6'h0d:
-                  \$1793  = ins[74:61];
-              6'h13:
-                  \$1793  = ins[74:61];
-              6'h0f:
-                  \$1793  = 14'h0001;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1793  = 14'h0000;
-    end
-    if (rst) begin
-      \$1793  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = \$signal$28 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-        end else begin
-          \$1794  = \$29 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1794  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1794  = ins[34:22];
-              6'h0c:
-                  \$1794  = ins[34:22];
-              6'h0d:
-                  \$1794  = ins[34:22];
-              6'h13:
-                  \$1794  = ins[34:22];
-              6'h0f:
-                  \$1794  = ins[34:22];
+                  \$1794  = ins[47:35];
             endcase
           end
     endcase
@@ -10020,14 +9879,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1795  = \$signal$30 ;
+    \$1795  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1795  = \$23 [13:0];
         end else begin
-          \$1795  = \$32 [12:0];
+          \$1795  = cnt1;
         end
       end
     end
@@ -10036,30 +9896,227 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1795  = ins[47:35];
+                  \$1795  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1795  = ins[47:35];
+                  \$1795  = 14'h0001;
               6'h0c:
-                  \$1795  = ins[47:35];
+                  \$1795  = ins[90:77];
               6'h0d:
-                  \$1795  = ins[47:35];
+                  \$1795  = 14'h0002;
               6'h13:
-                  \$1795  = ins[47:35];
+                  \$1795  = 14'h0001;
               6'h0f:
-                  \$1795  = ins[47:35];
+                  \$1795  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1795  = 13'h0000;
+      \$1795  = 14'h0000;
     end
     if (rst) begin
-      \$1795  = 13'h0000;
+      \$1795  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1796  = issuing;
+    \$1796  = \$signal$22 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$1796  = \$24 [12:0];
+        end else begin
+          \$1796  = \$30 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1796  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1796  = ins[34:22];
+              6'h0c:
+                  \$1796  = ins[34:22];
+              6'h0d:
+                  \$1796  = ins[34:22];
+              6'h13:
+                  \$1796  = ins[34:22];
+              6'h0f:
+                  \$1796  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1796  = 13'h0000;
+    end
+    if (rst) begin
+      \$1796  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1797  = \$signal$24 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+          \$1797  = \$26 [12:0];
+        end else begin
+          \$1797  = \$33 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1797  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1797  = ins[47:35];
+              6'h0c:
+                  \$1797  = ins[47:35];
+              6'h0d:
+                  \$1797  = ins[47:35];
+              6'h13:
+                  \$1797  = ins[47:35];
+              6'h0f:
+                  \$1797  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1797  = 13'h0000;
+    end
+    if (rst) begin
+      \$1797  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1798  = rem2;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1798  = \$28 [13:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1798  = 14'h0001;
+              6'h06, 6'h07, 6'h05:
+                  \$1798  = 14'h0001;
+              6'h0c:
+                  \$1798  = ins[74:61];
+              6'h0d:
+                  \$1798  = ins[74:61];
+              6'h13:
+                  \$1798  = ins[74:61];
+              6'h0f:
+                  \$1798  = 14'h0001;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1798  = 14'h0000;
+    end
+    if (rst) begin
+      \$1798  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1799  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1799  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1799  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1799  = ins[34:22];
+              6'h0c:
+                  \$1799  = ins[34:22];
+              6'h0d:
+                  \$1799  = ins[34:22];
+              6'h13:
+                  \$1799  = ins[34:22];
+              6'h0f:
+                  \$1799  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1799  = 13'h0000;
+    end
+    if (rst) begin
+      \$1799  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1800  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1800  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1800  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1800  = ins[47:35];
+              6'h0c:
+                  \$1800  = ins[47:35];
+              6'h0d:
+                  \$1800  = ins[47:35];
+              6'h13:
+                  \$1800  = ins[47:35];
+              6'h0f:
+                  \$1800  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1800  = 13'h0000;
+    end
+    if (rst) begin
+      \$1800  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1801  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -10067,7 +10124,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$1796  = 1'h0;
+            \$1801  = 1'h0;
           end
         end
       end
@@ -10077,193 +10134,193 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1796  = 1'h0;
+                  \$1801  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1796  = 1'h1;
+                  \$1801  = 1'h1;
               6'h0c:
-                  \$1796  = 1'h1;
+                  \$1801  = 1'h1;
               6'h0d:
-                  \$1796  = 1'h1;
+                  \$1801  = 1'h1;
               6'h13:
-                  \$1796  = 1'h1;
+                  \$1801  = 1'h1;
               6'h0f:
-                  \$1796  = 1'h1;
+                  \$1801  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1796  = 1'h0;
+      \$1801  = 1'h0;
     end
     if (rst) begin
-      \$1796  = 1'h0;
+      \$1801  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1797  = q_read;
+    \$1802  = q_read;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1797  = \$52 [13:0];
+          \$1802  = \$52 [13:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1797  = 14'h0000;
+            \$1802  = 14'h0000;
           end
     endcase
     if (unit_rst) begin
-      \$1797  = 14'h0000;
+      \$1802  = 14'h0000;
     end
     if (rst) begin
-      \$1797  = 14'h0000;
+      \$1802  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1798  = q_pend;
+    \$1803  = q_pend;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1798  = 1'h1;
+          \$1803  = 1'h1;
         end else if (\$50 ) begin
-          \$1798  = 1'h0;
+          \$1803  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1798  = 1'h0;
+            \$1803  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1798  = 1'h0;
+      \$1803  = 1'h0;
     end
     if (rst) begin
-      \$1798  = 1'h0;
+      \$1803  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1799  = \$signal$42 ;
+    \$1804  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1799  = \$signal$43 ;
+          \$1804  = \$signal$43 ;
         end
       end
     end
     if (unit_rst) begin
-      \$1799  = 2'h0;
+      \$1804  = 2'h0;
     end
     if (rst) begin
-      \$1799  = 2'h0;
+      \$1804  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1800  = q_k;
+    \$1805  = q_k;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1800  = \$157 [2:0];
+          \$1805  = \$162 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$1800  = 3'h0;
+      \$1805  = 3'h0;
     end
     if (rst) begin
-      \$1800  = 3'h0;
+      \$1805  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1801  = \$signal$43 ;
+    \$1806  = \$signal$43 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1801  = \$56 [1:0];
+          \$1806  = \$56 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1801  = 2'h0;
+            \$1806  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1801  = 2'h0;
+      \$1806  = 2'h0;
     end
     if (rst) begin
-      \$1801  = 2'h0;
+      \$1806  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1802  = wvalid;
+    \$1807  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$57 ) begin
-          \$1802  = 1'h0;
+          \$1807  = 1'h0;
         end
         if (\$61 ) begin
-          \$1802  = \$89 ;
+          \$1807  = \$89 ;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1802  = 1'h0;
+            \$1807  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1802  = 1'h0;
+      \$1807  = 1'h0;
     end
     if (rst) begin
-      \$1802  = 1'h0;
+      \$1807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1803  = pack;
+    \$1808  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$61 ) begin
           if (\$65 ) begin
-            \$1803 [23:0] = \$67 ;
+            \$1808 [23:0] = \$67 ;
           end
           if (\$71 ) begin
-            \$1803 [47:24] = \$73 ;
+            \$1808 [47:24] = \$73 ;
           end
           if (\$77 ) begin
-            \$1803 [71:48] = \$79 ;
+            \$1808 [71:48] = \$79 ;
           end
           if (\$83 ) begin
-            \$1803 [95:72] = \$85 ;
+            \$1808 [95:72] = \$85 ;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$1803  = 96'h000000000000000000000000;
+      \$1808  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1803  = 96'h000000000000000000000000;
+      \$1808  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1804  = el;
+    \$1809  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1804  = \$90 [13:0];
+          \$1809  = \$90 [13:0];
         end
       end
     end
@@ -10273,17 +10330,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
               6'h0c:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
               6'h0d:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
               6'h13:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
               6'h0f:
-                  \$1804  = 14'h0000;
+                  \$1809  = 14'h0000;
             endcase
           end
       2'h1:
@@ -10292,171 +10349,91 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$1804  = \$126 [13:0];
+            \$1809  = \$131 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$1804  = 14'h0000;
+      \$1809  = 14'h0000;
     end
     if (rst) begin
-      \$1804  = 14'h0000;
+      \$1809  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1805  = \$signal$50 ;
+    \$1810  = \$signal$50 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1805  = \$92 [1:0];
+          \$1810  = \$92 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1805  = 2'h0;
+            \$1810  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1805  = 2'h0;
+      \$1810  = 2'h0;
     end
     if (rst) begin
-      \$1805  = 2'h0;
+      \$1810  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1806  = hold_valid;
+    \$1811  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$signal$51 ) begin
-            \$1806  = 1'h0;
+            \$1811  = 1'h0;
           end
         end
         if (\$93 ) begin
-          \$1806  = 1'h1;
+          \$1811  = 1'h1;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1806  = 1'h0;
+            \$1811  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1806  = 1'h0;
+      \$1811  = 1'h0;
     end
     if (rst) begin
-      \$1806  = 1'h0;
+      \$1811  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1807  = hold;
+    \$1812  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$93 ) begin
-          \$1807  = rq__o__payload;
+          \$1812  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$1807  = 96'h000000000000000000000000;
+      \$1812  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1807  = 96'h000000000000000000000000;
+      \$1812  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1808  = \$signal$32 ;
+    \$1813  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1808  = \$94 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1808  = 1'h0;
-    end
-    if (rst) begin
-      \$1808  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1809  = is_sigmoid;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1809  = \$95 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1809  = 1'h0;
-    end
-    if (rst) begin
-      \$1809  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1810  = \$signal$34 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1810  = \$96 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1810  = 1'h0;
-    end
-    if (rst) begin
-      \$1810  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1811  = \$signal$58 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1811  = \$98 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1811  = 1'h0;
-    end
-    if (rst) begin
-      \$1811  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1812  = \$signal$59 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1812  = \$100 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1812  = 1'h0;
-    end
-    if (rst) begin
-      \$1812  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1813  = \$signal$35 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1813  = \$102 ;
+            \$1813  = \$94 ;
           end
     endcase
     if (unit_rst) begin
@@ -10468,11 +10445,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1814  = low;
+    \$1814  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1814  = 1'h0;
+            \$1814  = \$95 ;
           end
     endcase
     if (unit_rst) begin
@@ -10484,355 +10461,451 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1815  = results;
+    \$1815  = \$signal$34 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1815  = \$111 [14:0];
+            \$1815  = \$96 ;
           end
     endcase
     if (unit_rst) begin
-      \$1815  = 15'h0000;
+      \$1815  = 1'h0;
     end
     if (rst) begin
-      \$1815  = 15'h0000;
+      \$1815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1816  = vec_op;
+    \$1816  = \$signal$58 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1816  = \$118 ;
+            \$1816  = \$98 ;
           end
     endcase
     if (unit_rst) begin
-      \$1816  = 2'h0;
+      \$1816  = 1'h0;
     end
     if (rst) begin
-      \$1816  = 2'h0;
+      \$1816  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1817  = width;
+    \$1817  = \$signal$59 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1817  = ins[21:16];
+            \$1817  = \$100 ;
           end
     endcase
     if (unit_rst) begin
-      \$1817  = 6'h00;
+      \$1817  = 1'h0;
     end
     if (rst) begin
-      \$1817  = 6'h00;
+      \$1817  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1818  = mult;
+    \$1818  = is_acc;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1818  = ins[152:137];
+            \$1818  = \$105 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1818  = 1'h0;
+    end
+    if (rst) begin
+      \$1818  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1819  = \$signal$35 ;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1819  = \$107 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1819  = 1'h0;
+    end
+    if (rst) begin
+      \$1819  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1820  = low;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1820  = 1'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1820  = 1'h0;
+    end
+    if (rst) begin
+      \$1820  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1821  = results;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1821  = \$116 [14:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1821  = 15'h0000;
+    end
+    if (rst) begin
+      \$1821  = 15'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1822  = vec_op;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1822  = \$123 ;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1822  = 2'h0;
+    end
+    if (rst) begin
+      \$1822  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1823  = width;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1823  = ins[21:16];
+          end
+    endcase
+    if (unit_rst) begin
+      \$1823  = 6'h00;
+    end
+    if (rst) begin
+      \$1823  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1824  = mult;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1824  = ins[152:137];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1818  = spad__rd0__lanes[15:0];
+          \$1824  = spad__rd0__lanes[15:0];
     endcase
     if (unit_rst) begin
-      \$1818  = 16'h0000;
+      \$1824  = 16'h0000;
     end
     if (rst) begin
-      \$1818  = 16'h0000;
+      \$1824  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1819  = shift;
+    \$1825  = shift;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1819  = ins[174:169];
+            \$1825  = ins[174:169];
           end
       2'h1:
           /* empty */;
       2'h3:
-          \$1819  = spad__rd1__data[5:0];
+          \$1825  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$1819  = 6'h00;
+      \$1825  = 6'h00;
     end
     if (rst) begin
-      \$1819  = 6'h00;
+      \$1825  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1820  = cnt0;
+    \$1826  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1820  = ins[122:109];
+                  \$1826  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1820  = ins[122:109];
+                  \$1826  = ins[122:109];
               6'h0c:
-                  \$1820  = ins[106:93];
+                  \$1826  = ins[106:93];
               6'h0d:
-                  \$1820  = ins[90:77];
+                  \$1826  = ins[90:77];
               6'h13:
-                  \$1820  = ins[90:77];
+                  \$1826  = ins[90:77];
               6'h0f:
-                  \$1820  = ins[122:109];
+                  \$1826  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1820  = 14'h0000;
+      \$1826  = 14'h0000;
     end
     if (rst) begin
-      \$1820  = 14'h0000;
+      \$1826  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1821  = cnt1;
+    \$1827  = cnt1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1821  = 14'h0001;
+                  \$1827  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1821  = 14'h0001;
+                  \$1827  = 14'h0001;
               6'h0c:
-                  \$1821  = ins[90:77];
+                  \$1827  = ins[90:77];
               6'h0d:
-                  \$1821  = 14'h0002;
+                  \$1827  = 14'h0002;
               6'h13:
-                  \$1821  = 14'h0001;
+                  \$1827  = 14'h0001;
               6'h0f:
-                  \$1821  = 14'h0002;
+                  \$1827  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1821  = 14'h0000;
+      \$1827  = 14'h0000;
     end
     if (rst) begin
-      \$1821  = 14'h0000;
+      \$1827  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1822  = sa0;
+    \$1828  = sa0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1822  = 13'h0001;
+                  \$1828  = 13'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1822  = 13'h0001;
+                  \$1828  = 13'h0001;
               6'h0c:
-                  \$1822  = ins[89:77];
+                  \$1828  = ins[89:77];
               6'h0d:
-                  \$1822  = 13'h0001;
+                  \$1828  = 13'h0001;
               6'h13:
-                  \$1822  = 13'h0001;
+                  \$1828  = 13'h0001;
               6'h0f:
-                  \$1822  = 13'h0001;
+                  \$1828  = 13'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1822  = 13'h0000;
+      \$1828  = 13'h0000;
     end
     if (rst) begin
-      \$1822  = 13'h0000;
+      \$1828  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1823  = sa1;
+    \$1829  = sa1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1823  = 1'h0;
+                  \$1829  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1823  = 1'h0;
+                  \$1829  = 1'h0;
               6'h0c:
-                  \$1823  = 1'h1;
+                  \$1829  = 1'h1;
               6'h0d:
-                  \$1823  = 1'h0;
+                  \$1829  = 1'h0;
               6'h13:
-                  \$1823  = 1'h0;
+                  \$1829  = 1'h0;
               6'h0f:
-                  \$1823  = 1'h0;
+                  \$1829  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1823  = 1'h0;
+      \$1829  = 1'h0;
     end
     if (rst) begin
-      \$1823  = 1'h0;
+      \$1829  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1824  = sa2;
+    \$1830  = sa2;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1824  = 13'h0000;
+                  \$1830  = 13'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1824  = 13'h0000;
+                  \$1830  = 13'h0000;
               6'h0c:
-                  \$1824  = ins[135:123];
+                  \$1830  = ins[135:123];
               6'h0d:
-                  \$1824  = ins[89:77];
+                  \$1830  = ins[89:77];
               6'h13:
-                  \$1824  = ins[89:77];
+                  \$1830  = ins[89:77];
               6'h0f:
-                  \$1824  = 13'h0000;
+                  \$1830  = 13'h0000;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1824  = 13'h0000;
+      \$1830  = 13'h0000;
     end
     if (rst) begin
-      \$1824  = 13'h0000;
+      \$1830  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1825  = sb0;
+    \$1831  = sb0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1825  = 1'h0;
+                  \$1831  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1825  = 1'h1;
+                  \$1831  = 1'h1;
               6'h0c:
-                  \$1825  = 1'h1;
+                  \$1831  = 1'h1;
               6'h0d:
-                  \$1825  = 1'h0;
+                  \$1831  = 1'h0;
               6'h13:
-                  \$1825  = 1'h0;
+                  \$1831  = 1'h0;
               6'h0f:
-                  \$1825  = 1'h0;
+                  \$1831  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1825  = 1'h0;
+      \$1831  = 1'h0;
     end
     if (rst) begin
-      \$1825  = 1'h0;
+      \$1831  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1826  = sb1;
+    \$1832  = sb1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
               6'h0c:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
               6'h0d:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
               6'h13:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
               6'h0f:
-                  \$1826  = 1'h0;
+                  \$1832  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1826  = 1'h0;
+      \$1832  = 1'h0;
     end
     if (rst) begin
-      \$1826  = 1'h0;
+      \$1832  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1827  = sb2;
+    \$1833  = sb2;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1827  = 13'h0000;
+                  \$1833  = 13'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1827  = 13'h0000;
+                  \$1833  = 13'h0000;
               6'h0c:
-                  \$1827  = ins[105:93];
+                  \$1833  = ins[105:93];
               6'h0d:
-                  \$1827  = 13'h0000;
+                  \$1833  = 13'h0000;
               6'h13:
-                  \$1827  = 13'h0000;
+                  \$1833  = 13'h0000;
               6'h0f:
-                  \$1827  = 13'h0000;
+                  \$1833  = 13'h0000;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1827  = 13'h0000;
+      \$1833  = 13'h0000;
     end
     if (rst) begin
-      \$1827  = 13'h0000;
+      \$1833  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1828  = fsm_state;
+    \$1834  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
           if (start) begin
             (* full_case = 32'd1 *)
-            if (\$120 ) begin
-            end else if (\$124 ) begin
-              \$1828  = 2'h1;
+            if (\$125 ) begin
+            end else if (\$129 ) begin
+              \$1834  = 2'h1;
             end else begin
-              \$1828  = 2'h2;
+              \$1834  = 2'h2;
             end
           end
       2'h1:
-          if (\$125 ) begin
-            \$1828  = 2'h3;
+          if (\$130 ) begin
+            \$1834  = 2'h3;
           end
       2'h3:
-          \$1828  = 2'h2;
+          \$1834  = 2'h2;
       2'h2:
-          if (\$127 ) begin
-            \$1828  = 2'h0;
+          if (\$132 ) begin
+            \$1834  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1828  = 2'h0;
+      \$1834  = 2'h0;
     end
     if (rst) begin
-      \$1828  = 2'h0;
+      \$1834  = 2'h0;
     end
   end
   always @* begin
@@ -10850,7 +10923,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$1771 [12:0];
+          spad__rd0__addr = \$1776 [12:0];
     endcase
   end
   always @* begin
@@ -10863,38 +10936,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$1774 [12:0];
+          spad__rd1__addr = \$1779 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$139 ;
+      spad__rd0__en = \$144 ;
     end
     if (run) begin
       if (\$signal$32 ) begin
-        spad__rd0__en = \$171 ;
+        spad__rd0__en = \$176 ;
       end
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__en = \$1775 ;
+          spad__rd0__en = \$1780 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$145 ;
+      spad__rd1__en = \$150 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__en = \$1776 ;
+          spad__rd1__en = \$1781 ;
     endcase
   end
   always @* begin
@@ -10911,7 +10984,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$49  = 3'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$49  = \$183 [2:0];
+        \$signal$49  = \$188 [2:0];
       end
     end
   end
@@ -10920,7 +10993,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$51  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$51  = \$188 ;
+        \$signal$51  = \$193 ;
       end
     end
   end
@@ -10929,7 +11002,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$190 ;
+        rq__o__ready = \$195 ;
       end
     end
   end
@@ -10939,7 +11012,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__addr = \$191 [12:0];
+          spad__wr__addr = \$196 [12:0];
         end
       end
     end
@@ -10953,7 +11026,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$1777 [12:0];
+            spad__wr__addr = \$1782 [12:0];
           end
     endcase
   end
@@ -10963,7 +11036,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__data = { \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584 [23], \$584  };
+          spad__wr__data = { \$589 [23], \$589 [23], \$589 [23], \$589 [23], \$589 [23], \$589 [23], \$589 [23], \$589 [23], \$589  };
         end
       end
     end
@@ -11011,9 +11084,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper[31:0] = { \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978 [23], \$978  };
-          spad__wr__upper[63:32] = { \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372 [23], \$1372  };
-          spad__wr__upper[95:64] = { \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766 [23], \$1766  };
+          spad__wr__upper[31:0] = { \$983 [23], \$983 [23], \$983 [23], \$983 [23], \$983 [23], \$983 [23], \$983 [23], \$983 [23], \$983  };
+          spad__wr__upper[63:32] = { \$1377 [23], \$1377 [23], \$1377 [23], \$1377 [23], \$1377 [23], \$1377 [23], \$1377 [23], \$1377 [23], \$1377  };
+          spad__wr__upper[95:64] = { \$1771 [23], \$1771 [23], \$1771 [23], \$1771 [23], \$1771 [23], \$1771 [23], \$1771 [23], \$1771 [23], \$1771  };
         end
       end
     end
@@ -11024,9 +11097,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper_en[0] = \$1767 ;
-          spad__wr__upper_en[1] = \$1768 ;
-          spad__wr__upper_en[2] = \$1769 ;
+          spad__wr__upper_en[0] = \$1772 ;
+          spad__wr__upper_en[1] = \$1773 ;
+          spad__wr__upper_en[2] = \$1774 ;
         end
       end
     end
@@ -11050,10 +11123,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         unit_ready = i__ready;
       end else if (\$signal$34 ) begin
-        unit_ready = \i__ready$98 ;
+        unit_ready = \i__ready$99 ;
       end else if (\$signal$35 ) begin
       end else begin
-        unit_ready = \i__ready$102 ;
+        unit_ready = \i__ready$103 ;
       end
     end
   end
@@ -11066,10 +11139,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_valid = o__valid;
       end else if (\$signal$34 ) begin
-        out_valid = \o__valid$99 ;
+        out_valid = \o__valid$100 ;
       end else if (\$signal$35 ) begin
       end else begin
-        out_valid = \o__valid$103 ;
+        out_valid = \o__valid$104 ;
       end
     end
   end
@@ -11082,27 +11155,27 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (is_sigmoid) begin
         out_data = { 19'h00000, o__payload };
       end else if (\$signal$34 ) begin
-        out_data = { \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100 [15], \o__payload$100  };
+        out_data = { \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101 [15], \o__payload$101  };
       end else if (\$signal$35 ) begin
       end else begin
-        out_data = { \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104 [15], \o__payload$104  };
+        out_data = { \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105 [15], \o__payload$105  };
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$97  = 1'h0;
+    \i__valid$98  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
       end else if (is_sigmoid) begin
       end else if (\$signal$34 ) begin
-        \i__valid$97  = h_valid;
+        \i__valid$98  = h_valid;
       end
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \i__valid$101  = 1'h0;
+    \i__valid$102  = 1'h0;
     if (run) begin
       (* full_case = 32'd1 *)
       if (\$signal$32 ) begin
@@ -11110,7 +11183,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       end else if (\$signal$34 ) begin
       end else if (\$signal$35 ) begin
       end else begin
-        \i__valid$101  = h_valid;
+        \i__valid$102  = h_valid;
       end
     end
   end
@@ -11141,7 +11214,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1778 ) begin
+          if (\$1783 ) begin
             done = 1'h1;
           end
     endcase
@@ -11158,14 +11231,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1778 ) begin
+          if (\$1783 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign \$signal$41  = \$157 [2:0];
+  assign \$signal$41  = \$162 [2:0];
   assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
@@ -11174,8 +11247,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign n = ins[92:77];
   assign op = vec_op;
   assign o__ready = 1'h1;
-  assign \o__ready$84  = 1'h1;
   assign \o__ready$85  = 1'h1;
+  assign \o__ready$86  = 1'h1;
   assign \beat.a  = beat[31:0];
   assign \beat.b  = beat[63:32];
   assign \beat.last  = beat[64];
@@ -11216,22 +11289,22 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \rq__i__payload[2]  = pack[71:48];
   assign \rq__i__payload[3]  = pack[95:72];
   assign \i__payload[0]  = beat[15:0];
-  assign \i__payload$79[0]  = \i__payload$79 ;
-  assign \i__payload$79[0].g  = \i__payload$79 [15:0];
-  assign \i__payload$79[0].u  = \i__payload$79 [31:16];
-  assign \i__payload$80.a  = \i__payload$80 [15:0];
-  assign \i__payload$80.b  = \i__payload$80 [32:16];
-  assign \i__payload$80.last  = \i__payload$80 [33];
+  assign \i__payload$80[0]  = \i__payload$80 ;
+  assign \i__payload$80[0].g  = \i__payload$80 [15:0];
+  assign \i__payload$80[0].u  = \i__payload$80 [31:16];
+  assign \i__payload$81.a  = \i__payload$81 [15:0];
+  assign \i__payload$81.b  = \i__payload$81 [32:16];
+  assign \i__payload$81.last  = \i__payload$81 [33];
   assign \spad__wr__upper[0]  = spad__wr__upper[31:0];
   assign \spad__wr__upper[1]  = spad__wr__upper[63:32];
   assign \spad__wr__upper[2]  = spad__wr__upper[95:64];
   assign \o__payload[0]  = o__payload;
-  assign \o__payload$100[0]  = \o__payload$100 ;
-  assign \i__payload$80 [33] = beat[64];
-  assign \i__payload$80 [32:16] = \$161 ;
+  assign \o__payload$101[0]  = \o__payload$101 ;
+  assign \i__payload$81 [33] = beat[64];
+  assign \i__payload$81 [32:16] = \$166 ;
+  assign \i__payload$81 [15:0] = beat[15:0];
+  assign \i__payload$80 [31:16] = beat[47:32];
   assign \i__payload$80 [15:0] = beat[15:0];
-  assign \i__payload$79 [31:16] = beat[47:32];
-  assign \i__payload$79 [15:0] = beat[15:0];
   assign \$5  = 1'h1;
   assign \$6  = issuing;
   assign \$12  = 1'h1;
@@ -11241,28 +11314,33 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$98  = 1'h0;
   assign \$100  = 1'h0;
   assign \$102  = 1'h0;
-  assign \$104  = 1'h0;
-  assign \$105  = { ins[122:109], 1'h0 };
+  assign { \$103 [9], \$103 [7:0] } = 9'h000;
+  assign \$103 [8] = ins[14];
+  assign \$105  = 1'h0;
   assign \$107  = 1'h0;
-  assign \$110  = { 4'h0, ins[122:109] };
-  assign \$111  = \$110 ;
-  assign \$115  = 1'h0;
-  assign \$116  = \$113 ;
+  assign \$109  = 1'h0;
+  assign \$110  = { ins[122:109], 1'h0 };
+  assign \$112  = 1'h0;
+  assign \$115  = { 4'h0, ins[122:109] };
+  assign \$116  = \$115 ;
   assign \$120  = 1'h0;
-  assign { \$122 [9:3], \$122 [1:0] } = 9'h000;
-  assign \$122 [2] = ins[8];
-  assign \$125  = 1'h1;
-  assign \$134  = 1'h1;
-  assign \$135  = issuing;
-  assign \$140  = 1'h1;
-  assign \$141  = issuing;
-  assign \$163  = 1'h1;
-  assign \$164  = \$162 ;
-  assign \$1770  = { ins[190:175], 1'h0 };
-  assign \$1772  = { ins[190:175], 1'h0 };
-  assign \$1775  = 1'h1;
-  assign \$1776  = 1'h1;
-  assign \$123  = ins[8];
+  assign \$121  = \$118 ;
+  assign \$125  = 1'h0;
+  assign { \$127 [9:3], \$127 [1:0] } = 9'h000;
+  assign \$127 [2] = ins[8];
+  assign \$130  = 1'h1;
+  assign \$139  = 1'h1;
+  assign \$140  = issuing;
+  assign \$145  = 1'h1;
+  assign \$146  = issuing;
+  assign \$168  = 1'h1;
+  assign \$169  = \$167 ;
+  assign \$1775  = { ins[190:175], 1'h0 };
+  assign \$1777  = { ins[190:175], 1'h0 };
+  assign \$1780  = 1'h1;
+  assign \$1781  = 1'h1;
+  assign \$104  = ins[14];
+  assign \$128  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -13687,7 +13765,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6052$0 , unit_rst, \port$7607$0 , level, \port$8000$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6057$0 , unit_rst, \port$7633$0 , level, \port$8028$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13712,12 +13790,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6052
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6052$0 ;
-  wire [31:0] \port$6052$0 ;
-  input \port$7607$0 ;
-  wire \port$7607$0 ;
-  input [31:0] \port$8000$0 ;
-  wire [31:0] \port$8000$0 ;
+  input [31:0] \port$6057$0 ;
+  wire [31:0] \port$6057$0 ;
+  input \port$7633$0 ;
+  wire \port$7633$0 ;
+  input [31:0] \port$8028$0 ;
+  wire [31:0] \port$8028$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13750,7 +13828,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6052
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7607$0 , \port$6052$0 , \port$8000$0  };
+      storage[w_port__addr] <= { \port$7633$0 , \port$6057$0 , \port$8028$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13821,8 +13899,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6052
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7607$0 , \port$6052$0 , \port$8000$0  };
-  assign w_data = { \port$7607$0 , \port$6052$0 , \port$8000$0  };
+  assign w_port__data = { \port$7633$0 , \port$6057$0 , \port$8028$0  };
+  assign w_data = { \port$7633$0 , \port$6057$0 , \port$8028$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -35288,7 +35366,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6514$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6540$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35559,8 +35637,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6514$0 ;
-  wire [4:0] \port$6514$0 ;
+  input [4:0] \port$6540$0 ;
+  wire [4:0] \port$6540$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35584,81 +35662,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6514$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6540$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6514$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6540$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6514$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6540$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6514$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6540$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6514$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6540$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6514$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6540$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6514$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6540$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6514$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6540$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6514$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6514$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6540$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6540$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6514$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6540$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6514$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6540$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6514$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6540$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3], \port$6514$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3], \port$6540$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6514$0 [0], \port$6514$0 [0], \port$6514$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6514$0 [1], \port$6514$0 [1], \port$6514$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6540$0 [0], \port$6540$0 [0], \port$6540$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6540$0 [1], \port$6540$0 [1], \port$6540$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6514$0 [2], \port$6514$0 [2], \port$6514$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6540$0 [2], \port$6540$0 [2], \port$6540$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6514$0 [4], \port$6514$0 [4], \port$6514$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6540$0 [4], \port$6540$0 [4], \port$6540$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35675,7 +35753,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6514$0 , \port$2$0  };
+  assign select = { \port$6540$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -10,6 +10,7 @@ from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block, expert_rq_tables, rq_tables
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import (
+    F_ACC,
     F_EPS,
     F_HOST_EXPERT,
     F_L2,
@@ -25,6 +26,7 @@ from nanokpu.isa import (
     Instr,
     Op,
     SizeArgs,
+    weight_panels,
 )
 
 
@@ -470,6 +472,36 @@ def test_conv_then_requant_is_kdas_short_convolution():
         assert np.array_equal(sim.spad[T * C:(T + k - 1) * C].reshape(k - 1, C), new_tail), T
     bare = FuncSim(profile("tiny"))
     assert bare.run([prog[0], Instr(Op.HALT)]).error == Err.BAD_OPCODE
+
+
+def test_wf_gemm_bias_and_per_column_requant_is_kdas_decay_branch():
+    """KDA's decay from its W_f projection: GEMM raw, ADD with F_ACC (the bias dt_bias in
+    accumulator units, acc-width, saturating), REQUANT with F_RQ_CHANNEL (exp(A_log) of each
+    column's head in its multiplier), DECAY == golden decay_q(proj_f(x, f_bias)) for 2 tokens;
+    BAD_SHAPE without layer_ops."""
+    from golden import kda as KD
+
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(15)
+    P = k3.init_kda(cfg, rng)
+    Q, x_q = KD.quantize_kda(P, rng.standard_normal((2, cfg.d_model)), cfg)
+    W, rq, bias = Q.proj_f.W, Q.proj_f.rq, Q.f_bias
+    C, d = W.shape
+    assert rq.per_column and len(set(rq.mult)) > 1
+    sim = FuncSim(cfg, host=weight_panels(W, cfg).astype(np.int8).tobytes())
+    sim.spad[:2 * d] = x_q.ravel()
+    sim.spad[1000:1000 + 2 * C] = np.tile(bias, 2)
+    sim.spad[2000:2000 + 2 * C] = np.stack([rq.mult, rq.shift], axis=-1).ravel()
+    prog = [Instr(Op.GEMM, m=2, k=d, n=C, a=0, c=3000, host=0, width=0),
+            Instr(Op.ADD, flags=F_ACC, m=2, n=C, a=3000, b=1000, c=3000),
+            Instr(Op.REQUANT, flags=F_RQ_CHANNEL, m=2, n=C, a=3000, b=2000, c=3000, width=rq.width),
+            Instr(Op.DECAY, m=2, n=C, a=3000, c=3000), Instr(Op.HALT)]
+    assert sim.run(prog).error == Err.NONE
+    want = I.decay_q(Q.proj_f(x_q, cfg, bias), cfg)
+    assert np.array_equal(sim.spad[3000:3000 + 2 * C].reshape(2, C), want)
+    bare = FuncSim(profile("tiny"))
+    for ins in prog[1:3]:
+        assert bare.run([ins, Instr(Op.HALT)]).error == Err.BAD_SHAPE, ins.op
 
 
 def test_mul_of_one_row_gates_element_by_element():

@@ -8,7 +8,7 @@ from amaranth.sim import Simulator
 
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.isa import F_B_SPAD, F_B_T, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
+from nanokpu.isa import F_ACC, F_B_SPAD, F_B_T, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Instr, Op, bus_bytes
 from nanokpu.kpu.decode import Decode
 
 CFG = profile("tiny")
@@ -190,6 +190,21 @@ def test_conv_decodes_only_with_layer_ops():
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
         if cfg.layer_ops:
             assert got[0][2] == 7 * 6
+
+
+def test_requant_per_column_and_add_at_acc_width_decode_only_with_layer_ops():
+    """REQUANT with F_RQ_CHANNEL: its table of 2*n words at b checked to its last word, on the
+    result OVERLAP; ADD with F_ACC as ADD; both BAD_SHAPE without layer_ops, where REQUANT without
+    the flag reads no table (FuncSim agrees each way)."""
+    D = CFG.dmem_depth
+    rq = dict(op=Op.REQUANT, flags=F_RQ_CHANNEL, m=2, n=5, a=0, c=100, mult=3, width=8)
+    ops = [Instr(**rq, b=50), Instr(**rq, b=D - 10), Instr(**rq, b=D - 9), Instr(**rq, b=91), Instr(**rq, b=90),
+           Instr(**rq | {"flags": 0}, b=D), Instr(Op.ADD, flags=F_ACC, m=2, n=5, a=0, b=20, c=40)]
+    layer = profile("tiny", layer_ops=True)
+    for cfg, want in ((CFG, [Err.BAD_SHAPE] * 5 + [Err.NONE, Err.BAD_SHAPE]),
+                      (layer, [Err.NONE, Err.NONE, Err.SPAD_RANGE, Err.OVERLAP, Err.NONE, Err.NONE, Err.NONE])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
 
 
 def test_norm_eps_word_decodes_only_with_layer_ops():

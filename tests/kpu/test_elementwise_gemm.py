@@ -15,6 +15,7 @@ from golden.intops import sigmoid_q
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.isa import (
+    F_ACC,
     F_B_SPAD,
     F_B_T,
     F_EPS,
@@ -247,6 +248,54 @@ def test_conv_matches_funcsim(one_write_port, T, k):
     assert got == want and err == Err.NONE
     assert [got[320 + i] for i in range(T * n)] == list(I.short_conv_int(x, W, LAYER.acc_width).ravel())
     assert 320 + T * n not in got
+
+
+@pytest.mark.parametrize(("flags", "expert", "width"), [(F_RQ_CHANNEL, None, 8), (F_RQ_CHANNEL, None, 2),
+                                                    (F_RQ_CHANNEL | F_RQ_EXPERT, 5, 24)],
+                         ids=["channel-8", "channel-2", "channel-expert-24"])
+def test_requant_per_column_matches_funcsim(flags, expert, width):
+    """REQUANT with F_RQ_CHANNEL (layer_ops): each value requantised with its column's entry (and
+    expert's), random per column with the extremes (mult 0, 1 and 2**16 - 1, shift 0 and 63, and
+    with random upper bits), acc-width values at both ends, saturated to width (2: nearly all), in
+    place too, under read blocking and with one write port: FuncSim's result."""
+    cfg = LAYER
+    m, n = 3, 7
+    rng = np.random.default_rng(width + flags)
+    E = cfg.n_experts if flags & F_RQ_EXPERT else 1
+    mult = rng.integers(0, 1 << cfg.mult_width, (n, E))
+    shift = rng.integers(0, 40, (n, E))
+    mult[:3, :], shift[:3, :] = np.array([[1], [(1 << cfg.mult_width) - 1], [0]]), np.array([[0], [63], [5]])
+    table = np.stack([mult | rng.integers(0, 1 << 8, (n, E)) << cfg.mult_width,
+                      shift | rng.integers(0, 1 << 8, (n, E)) << 6], axis=-1).ravel()
+    acc = rng.integers(-(1 << (cfg.acc_width - 1)), 1 << (cfg.acc_width - 1), m * n)
+    acc[:4] = [-(1 << (cfg.acc_width - 1)), (1 << (cfg.acc_width - 1)) - 1, 2, -2]
+    words = acc + (rng.integers(-8, 8, acc.size) << cfg.acc_width)
+    for c, one_write_port in ((400, False), (16, True)):
+        ins = Instr(Op.REQUANT, flags=flags, m=m, n=n, a=16, b=600, c=c, mult=3, shift=1, width=width)
+        spad = {16 + i: int(v) for i, v in enumerate(words)} | {600 + i: int(v) for i, v in enumerate(table)}
+        got, want, err, _ = _run(ins, spad, seed=c + width, expert=expert, cfg=cfg, spad_stall=0.3,
+                                 one_write_port=one_write_port)
+        assert got == want and err == Err.NONE, (c, width)
+
+
+@pytest.mark.parametrize("one_write_port", [False, True])
+def test_add_at_acc_width_matches_funcsim(one_write_port):
+    """ADD with F_ACC (layer_ops): add_sat at acc_width of raw sums and a bias, saturating both
+    ways, random upper bits ignored, in place too, under read blocking: FuncSim's result, and the
+    plain ADD's would differ."""
+    rng = np.random.default_rng(31)
+    accw = LAYER.acc_width
+    lo, hi = -(1 << (accw - 1)), (1 << (accw - 1)) - 1
+    a = rng.integers(lo, hi + 1, 24)
+    b = rng.integers(lo, hi + 1, 24) >> rng.integers(0, accw, 24)
+    a[:4], b[:4] = [hi, lo, hi, 70000], [hi, lo, lo, 70000]
+    spad = {16 + i: int(v) + (int(rng.integers(-8, 8)) << accw) for i, v in enumerate(a)}
+    spad |= {200 + i: int(v) + (int(rng.integers(-8, 8)) << accw) for i, v in enumerate(b)}
+    for c in (320, 16):
+        ins = Instr(Op.ADD, flags=F_ACC, m=4, n=6, a=16, b=200, c=c)
+        got, want, err, _ = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.3, seed=c)
+        assert got == want and err == Err.NONE, c
+        assert [got[c + i] for i in range(4)] == [hi, lo, -1, 140000]
 
 
 def test_conv_takes_a_cycle_per_tap():

@@ -11,11 +11,12 @@ from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import Out
 
 from nanokpu.config import KpuConfig
-from nanokpu.isa import F_EPS, F_L2, F_RQ_EXPERT, Err, Op, word_width
+from nanokpu.isa import F_ACC, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Op, word_width
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
 from nanokpu.kpu.executors.wide_requant import WideRequant
+from nanokpu.units.pwl import saturate
 from nanokpu.units.pwl_functions import Decay, Silu
 from nanokpu.units.sigmoid import Sigmoid
 from nanokpu.units.situ import Situ
@@ -149,6 +150,7 @@ class Elementwise(wiring.Component):
         # the running op as registered flags: the engine selects by these, not by comparing the
         # opcode, whose decode would otherwise sit on the scratchpad's address and enable paths
         is_rq, is_situ, is_split, is_softmax, is_conv = Signal(), Signal(), Signal(), Signal(), Signal()
+        is_acc = Signal()       # ADD with F_ACC: a + b saturated to acc_width, here (not on the vector unit)
         is_table = {op: Signal(name=f"is_{op.name.lower()}") for op in tables}   # SIGMOID and the layer's
         low = Signal()          # SPLIT: the second pass (the low digits)
         results = Signal(SW + 1)    # results the op writes: len, or 2 * len for SPLIT
@@ -176,6 +178,18 @@ class Elementwise(wiring.Component):
         if cfg.layer_ops:
             eps = Signal(2 * act, init=vec.eps_q)   # NORM's epsilon: F_EPS reads it from b
             l2 = Signal()                           # NORM with F_L2: the l2norm
+            # REQUANT with F_RQ_CHANNEL (the RQC states): its column's entry at t_addr, from
+            # t_base (b, + 2*expert with F_RQ_EXPERT) a column (2*E words, else 2) at a time
+            E = cfg.n_experts
+            rqc = Signal()
+            t_base, t_addr, t_step = Signal(AW), Signal(AW), Signal(range(2 * E + 1))
+            t_col = Signal(16)
+            with m.If(rqc):
+                m.d.comb += rq.o.ready.eq(1)
+                with m.If(rq.o.valid):
+                    m.d.comb += [wr.addr.eq(ins.c + el), wr.en.eq(1),
+                                 wr.data.eq(saturate_to_width(rq.o.payload[0], width, accw))]
+                    m.d.sync += el.eq(el + 1)
         out_valid = Signal()
         out_data = Signal(signed(ww))
         act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
@@ -247,6 +261,10 @@ class Elementwise(wiring.Component):
             with m.Elif(is_situ):
                 m.d.comb += [situ.i.valid.eq(h_valid), unit_ready.eq(situ.i.ready),
                              out_valid.eq(situ.o.valid), out_data.eq(situ.o.payload[0])]
+            if cfg.layer_ops:
+                with m.Elif(is_acc):
+                    m.d.comb += [unit_ready.eq(1), out_valid.eq(h_valid),
+                                 out_data.eq(saturate(a_word[:accw].as_signed() + b_word[:accw].as_signed(), accw))]
             with m.Elif(is_split):  # golden.intops.split_digits of the low 2*D bits, a beat a cycle
                 if built_wide:
                     two = a_word[:2 * D]
@@ -266,6 +284,7 @@ class Elementwise(wiring.Component):
                     m.d.sync += [is_rq.eq(op == Op.REQUANT), *(f.eq(op == o) for o, f in is_table.items()),
                                  is_situ.eq(op == Op.SITU), is_softmax.eq(cfg.layer_ops & (op == Op.SOFTMAX)),
                                  is_conv.eq(is_conv_now),
+                                 is_acc.eq(cfg.layer_ops & (op == Op.ADD) & ((ins.flags & F_ACC) != 0)),
                                  is_split.eq(built_wide & (op == Op.SPLIT)), low.eq(0),
                                  results.eq(Mux(built_wide & (op == Op.SPLIT), ln << 1,
                                                 Mux(is_conv_now, ln - ins.p2 + ins.n, ln))),
@@ -301,6 +320,13 @@ class Elementwise(wiring.Component):
                         if built_wide:
                             m.d.comb += wide.start.eq(1)
                             m.next = "WIDE"
+                    if cfg.layer_ops:   # F_RQ_CHANNEL: a value at a time, with its column's entry
+                        per_expert = (ins.flags & F_RQ_EXPERT) != 0
+                        with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_CHANNEL) != 0)):
+                            t0 = ins.b + Mux(per_expert, ins.expert << 1, 0)
+                            m.d.sync += [t_base.eq(t0), t_addr.eq(t0), t_step.eq(Mux(per_expert, 2 * E, 2)),
+                                         t_col.eq(0), q_read.eq(0), pa.eq(ins.a), rqc.eq(1)]
+                            m.next = "RQC"
                     with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_EXPERT) != 0)):
                         m.next = "RQ_TABLE"
                     if cfg.layer_ops:
@@ -324,6 +350,38 @@ class Elementwise(wiring.Component):
                 with m.State("EPS2"):
                     m.d.sync += eps.eq(rd0.data[:2 * act])
                     m.next = "RUN"
+            if cfg.layer_ops:
+                # REQUANT with F_RQ_CHANNEL: value i (column t_col) and its column's mult read once
+                # the reads are served, captured, the shift read, captured, the value sent alone
+                # (lane 0) with them; the results written as they come (el), in every RQC state
+                with m.State("RQC"):
+                    m.d.comb += [rd0.addr.eq(pa), rd1.addr.eq(t_addr), rd0.en.eq(~blocked), rd1.en.eq(~blocked)]
+                    with m.If(~blocked):
+                        m.next = "RQC_CAP"
+                with m.State("RQC_CAP"):
+                    m.d.sync += [pack[0].eq(rd0.data[:accw].as_signed()), mult.eq(rd1.data[:cfg.mult_width])]
+                    m.next = "RQC_SHIFT"
+                with m.State("RQC_SHIFT"):
+                    m.d.comb += [rd1.addr.eq(t_addr + 1), rd1.en.eq(~blocked)]
+                    with m.If(~blocked):
+                        m.next = "RQC_SHIFT2"
+                with m.State("RQC_SHIFT2"):
+                    m.d.sync += shift.eq(rd1.data[:6])
+                    m.next = "RQC_SEND"
+                with m.State("RQC_SEND"):
+                    m.d.comb += rq.i.valid.eq(1)
+                    with m.If(rq.i.ready):
+                        last_col = t_col + 1 == ins.n
+                        m.d.sync += [pa.eq(pa + 1), q_read.eq(q_read + 1), t_col.eq(Mux(last_col, 0, t_col + 1)),
+                                     t_addr.eq(Mux(last_col, t_base, t_addr + t_step))]
+                        m.next = "RQC"
+                        with m.If(q_read + 1 == ln):
+                            m.next = "RQC_DRAIN"
+                with m.State("RQC_DRAIN"):
+                    with m.If(el >= ln):
+                        m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
+                        m.d.sync += rqc.eq(0)
+                        m.next = "IDLE"
             with m.State("RUN"):
                 m.d.comb += run.eq(1)
                 with m.If(out_valid):
