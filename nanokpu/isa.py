@@ -104,6 +104,13 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   (``W[ch, j] = b[ch*k + j]``, ``in_width`` bits), the sums raw in ``acc_width`` bits,
                   wrapping as ``GEMM``'s (a ``REQUANT`` takes them to the act format); ``k <= m``
                   (built with ``layer_ops``).
+``KDA_STEP``      KDA's recurrent state update (:func:`golden.kda.kda_head_step_int`) for ``m`` tokens and
+                  ``n`` heads of ``k = kda_head_dim``: the state ``S [n, k, k]`` at ``a`` (``2*act_width``
+                  bits, updated in place, token after token), token ``t``'s vectors at ``vb = b +
+                  t*n*(4k+1)``: ``q``, ``k`` (unit format), ``v`` (act format), ``decay`` (unsigned
+                  ``score_width``) ``[n, k]`` each at ``vb + {0, 1, 2, 3}*n*k``, ``beta [n]`` at ``vb + 4*n*k``;
+                  ``c[(t*n + h)*k + j] = requantize(r[j], mult, shift, width)`` of the read-out ``r = S^T
+                  q`` (golden ``rq_read``); ``a`` must not overlap ``b`` (built with ``layer_ops``).
 ``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
 ``DECAY``         ``c[i] = decay_q(a[i])``: the KDA decay ``exp(kda_gate_min sigmoid(a[i]))`` of act-format
                   gate logits, unsigned, ``score_frac`` bits (built with ``layer_ops``).
@@ -169,7 +176,7 @@ __all__ = ["Op", "Err", "WIDE_ROUTER_OPS", "built_ops", "Reg", "F_M_COUNT", "F_H
            "INSTR_WORDS", "INSTR_LAYOUT", "IN_PLACE_OPS", "IMEM_BASE", "LOADS_BASE", "ADDR_WIDTH",
            "OP_EXECUTOR", "EXECUTORS", "OP_RULES", "OpRule", "RQ_WIDTHS", "SIZES", "SizeArgs",
            "CTRL_LAYOUT", "STATUS_LAYOUT", "ctrl_word", "status_fields",
-           "Instr", "word_width", "bus_bytes", "weight_panels", "route_table", "encode_program"]
+           "Instr", "word_width", "kda_vectors", "bus_bytes", "weight_panels", "route_table", "encode_program"]
 
 
 class Op(enum.IntEnum):
@@ -197,12 +204,13 @@ class Op(enum.IntEnum):
     SOFTMAX = 19
     MUL = 20
     CONV = 21
+    KDA_STEP = 22
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
 #: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
-LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL, Op.CONV)
+LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL, Op.CONV, Op.KDA_STEP)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
@@ -336,6 +344,10 @@ class OpRule:
         ``REQUANT``'s :data:`F_RQ_CHANNEL`.
     ``taps``
         ``k <= m`` (a result of ``m - k + 1`` rows).
+    ``head_dim``
+        ``k`` must be :attr:`~nanokpu.config.KpuConfig.kda_head_dim`.
+    ``a_written``
+        The op writes its ``a`` region too (in place): ``a`` must not overlap ``b`` (``OVERLAP``).
     ``scores``
         ``a`` (``m*n`` words) must be the region the last ``SIGMOID`` wrote (``NO_SCORES``).
     ``route``, ``expert``
@@ -360,6 +372,8 @@ class OpRule:
     b_spad: bool = False
     layer_flags: int = 0
     taps: bool = False
+    head_dim: bool = False
+    a_written: bool = False
     scores: bool = False
     route: bool = False
     expert: bool = False
@@ -411,6 +425,8 @@ OP_RULES: dict[Op, OpRule] = {
     Op.SOFTMAX: OpRule("act", a="m*n", c="m*n", in_place=True, positive="mn", softmax_row=True),
     Op.MUL: OpRule("vector", a="m*n", b="n", c="m*n", in_place=True, positive="mn"),
     Op.CONV: OpRule("vector", a="m*n", b="k*n", c="(m-k+1)*n", positive="mnk", taps=True),
+    Op.KDA_STEP: OpRule("vector", a="n*k*k", b="m*n*(4k+1)", c="m*n*k", positive="mnk", widths=(RQ_WIDTHS,),
+                        head_dim=True, a_written=True),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())
@@ -461,11 +477,20 @@ SIZES = {
     "eps": lambda s: 1 if s.flags & F_EPS else 0,                   # NORM's epsilon word
     "k*n": lambda s: s.k * s.n,                                     # CONV's kernels
     "(m-k+1)*n": lambda s: max(s.m - s.k + 1, 0) * s.n,             # CONV's result rows
+    "n*k*k": lambda s: s.n * s.k * s.k,                             # KDA_STEP's state
+    "m*n*(4k+1)": lambda s: s.m * s.n * (4 * s.k + 1),              # ... its vectors
+    "m*n*k": lambda s: s.m * s.n * s.k,                             # ... its read-out
     "route": lambda s: route_table(0, s.m, s.cfg)["end"],           # 4*m*top_k + 2*n_experts
     "m*n*width": lambda s: s.m * s.n * s.width,                     # host bytes: LOAD/STORE elements
     "panels": lambda s: 0 if s.flags & F_B_SPAD else -(-s.n // s.cfg.cols) * s.k * bus_bytes(s.cfg),   # GEMM's W
 }
 assert {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host")} <= {None, *SIZES}
+
+
+def kda_vectors(q, k, v, decay, beta) -> np.ndarray:
+    """One token's ``KDA_STEP`` vector block: ``q``, ``k``, ``v``, ``decay`` (``[n, K]`` each), then
+    ``beta [n]``, flattened (``n*(4K + 1)`` words)."""
+    return np.concatenate([np.ravel(x) for x in (q, k, v, decay, beta)])
 
 
 def bus_bytes(cfg: KpuConfig) -> int:

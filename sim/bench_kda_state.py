@@ -32,7 +32,8 @@ from nanokpu.units.kda_state import KdaStateUpdate, kda_row_layout
 from sim.lib.side_by_side import SideBySide
 from sim.runner import bench_config, bench_params
 
-__all__ = ["KdaStateBench", "Step", "directed_steps", "random_steps", "golden_chain", "BENCH_CONFIGS", "run"]
+__all__ = ["KdaStateBench", "Step", "directed_steps", "random_steps", "token_steps", "golden_chain", "BENCH_CONFIGS",
+           "run"]
 
 #: One step's inputs: ``(S [K, K], decay [K], k [K], v [K], beta, q [K])``, the argument order of
 #: :func:`golden.kda.kda_head_step_int`.
@@ -144,6 +145,16 @@ def directed_steps(cfg: KpuConfig, rng: np.random.Generator) -> list[Step]:
     steps.append((S, full(one), rand_v, rand_v, 0, hot(0, value=unit >> 1)))
     steps.append((np.zeros((K, K), dtype=np.int64), z, z, z, 0, z))
     return steps
+
+
+def token_steps(steps: list[Step], T: int, H: int):
+    """``T * H`` steps as ``T`` tokens of ``H`` heads (token-major): ``(S [H, K, K], decay [T, H, K],
+    k, v [T, H, K], beta [T, H], q [T, H, K])``, ``S`` the first token's states (a ``KDA_STEP``
+    carries the state from token to token)."""
+    def field(i):
+        return np.array([st[i] for st in steps[:T * H]]).reshape(T, H, *np.shape(steps[0][i]))
+
+    return (np.stack([st[0] for st in steps[:H]]), *(field(i) for i in (1, 2, 3, 4, 5)))
 
 
 def golden_steps(steps: list[Step], cfg: KpuConfig) -> tuple[np.ndarray, np.ndarray]:

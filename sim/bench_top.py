@@ -47,6 +47,7 @@ from nanokpu.isa import (
     Op,
     Reg,
     ctrl_word,
+    kda_vectors,
     route_table,
     status_fields,
 )
@@ -412,6 +413,48 @@ async def test_layer_ops(dut):
     assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
     assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
         f"seed {tb.seed}: SILU/DECAY/NORM/l2norm/CONV results differ from FuncSim's"
+
+
+@cocotb.test()
+async def test_kda_decode_steps(dut):
+    """KDA's state update (``KDA_STEP``, ``layer_ops``) as 4 decode steps in a row: the state ``S``
+    of every head and 4 tokens' vectors (``sim.bench_kda_state``'s random steps over the ports' whole
+    ranges, random upper bits) loaded, one ``KDA_STEP`` per token (the state carried in the
+    scratchpad), the state and the read-outs stored: equal to golden ``kda_head_step_int`` token
+    after token (then ``requantize``) and the host memory FuncSim's (under the bench's bus stalls)."""
+    from golden.intops import requantize
+    from golden.kda import kda_head_step_int
+    from sim import bench_kda_state as B
+
+    tb = TB(dut)
+    await tb.reset()
+    cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    H, K, T = cfg.n_heads, cfg.kda_head_dim, 4
+    S, decay, k, v, beta, q = B.token_steps(B.random_steps(cfg, rng, T * H), T, H)
+    blocks = np.concatenate([S.ravel()] + [kda_vectors(q[t], k[t], v[t], decay[t], beta[t]) for t in range(T)])
+    words = (blocks + (rng.integers(-8, 8, blocks.size) << 20) * (np.arange(blocks.size) >= S.size)).astype("<i4")
+    blk, mult, shift, width = H * (4 * K + 1), 23456, 30, cfg.act_width
+    vb, o_at = S.size, blocks.size
+    prog = [Instr(Op.LOAD, m=1, n=blocks.size, c=0, host=0, width=4)]
+    prog += [Instr(Op.KDA_STEP, m=1, n=H, k=K, a=0, b=vb + t * blk, c=o_at + t * H * K, mult=mult, shift=shift,
+                   width=width) for t in range(T)]
+    prog += [Instr(Op.STORE, m=1, n=S.size, a=0, host=4 * blocks.size, width=4),
+             Instr(Op.STORE, m=T, n=H * K, a=o_at, host=4 * (blocks.size + S.size), width=4), Instr(Op.HALT)]
+    image = words.tobytes() + bytes(4 * (S.size + T * H * K))
+    sim = FuncSim(cfg, image, 0, len(image))
+    expected = sim.run(prog)
+    assert expected.error == Err.NONE, expected
+    await tb.load(prog, image)
+    err, pc, done = await tb.run(poll=2000)
+    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
+    got = np.frombuffer(tb.ram.read(0, len(image)), dtype="<i4")
+    o = []
+    for t in range(T):
+        S, r = kda_head_step_int(S, decay[t], k[t], v[t], beta[t], q[t], cfg)
+        o.append(requantize(r, mult, shift, width, cfg.rounding))
+    assert np.array_equal(got[blocks.size:blocks.size + S.size], S.ravel()), f"seed {tb.seed}: the state after 4 steps"
+    assert np.array_equal(got[blocks.size + S.size:], np.concatenate(o).ravel()), f"seed {tb.seed}: the read-outs"
+    assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), f"seed {tb.seed}: host memory != FuncSim's"
 
 
 @cocotb.test()

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from golden import intops as I
+from golden.kda import kda_head_step_int
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_ACC,
@@ -201,6 +202,7 @@ class FuncSim:
               f"{op.name} with F_B_SPAD needs layer_ops and no F_RQ_EXPERT, F_RQ_CHANNEL or F_HOST_EXPERT;"
               " F_B_T needs F_B_SPAD")
         check(not rule.taps or k <= m, Err.BAD_SHAPE, f"{op.name} needs k <= m")
+        check(not rule.head_dim or k == cfg.kda_head_dim, Err.BAD_SHAPE, f"{op.name} needs k = kda_head_dim")
         check(rule.layer_flags_ok(ins.flags, cfg), Err.BAD_SHAPE,
               f"{op.name} with flags {ins.flags & rule.layer_flags:#x} needs layer_ops")
         if rule.engine:
@@ -218,6 +220,10 @@ class FuncSim:
         result = region(c, rule.c)
         for addr, words in operands + ([result] if result else []):
             self._region(addr, words)
+        if rule.a_written and len(operands) == 2:
+            (xa, wa), (xb, wb) = operands
+            check(not (xa < xb + wb and xb < xa + wa), Err.OVERLAP,
+                  f"{op.name}'s a [{xa}, {xa + wa}) (written) overlaps b [{xb}, {xb + wb})")
         if result:
             rc, wc = result
             for addr, words in operands:
@@ -284,6 +290,8 @@ class FuncSim:
         elif op == Op.MUL:
             prod = self._read(a, ln, act).reshape(m, n) * self._read(b, n, cfg.mult_width)
             self._write(c, I.saturate(I.round_shift(prod, ins.shift, cfg.rounding), cfg.out_width))
+        elif op == Op.KDA_STEP:
+            self._kda_step(ins, m, n, k)
         elif op == Op.CONV:
             W = self._read(b, n * k, cfg.in_width).reshape(n, k)
             self._write(c, I.short_conv_int(self._read(a, ln, act).reshape(m, n), W, cfg.acc_width))
@@ -334,6 +342,21 @@ class FuncSim:
         else:
             mult, shift = ins.mult, ins.shift
         return mult & ((1 << self.cfg.mult_width) - 1), shift & 63
+
+    def _kda_step(self, ins: Instr, m: int, n: int, K: int):
+        """``KDA_STEP``: golden :func:`~golden.kda.kda_head_step_int` token after token, the state at
+        ``a`` written back after each (as the executor does), the read-out requantised to ``c``."""
+        cfg, act, sw = self.cfg, self.cfg.act_width, self.cfg.score_width
+        S = self._read(ins.a, n * K * K, cfg.kda_state_width).reshape(n, K, K)
+        for t in range(m):
+            vb = ins.b + t * n * (4 * K + 1)
+            q, k, v = (self._read(vb + i * n * K, n * K, act).reshape(n, K) for i in range(3))
+            decay = (self._read(vb + 3 * n * K, n * K) & ((1 << sw) - 1)).reshape(n, K)
+            beta = self._read(vb + 4 * n * K, n) & ((1 << sw) - 1)
+            S, r = kda_head_step_int(S, decay, k, v, beta, q, cfg)
+            self._write(ins.a, S)
+            self._write(ins.c + t * n * K, I.requantize(r, ins.mult & ((1 << cfg.mult_width) - 1), ins.shift,
+                                                       ins.width, cfg.rounding))
 
     def _rq_columns(self, ins: Instr) -> tuple[np.ndarray, np.ndarray]:
         """``(mult [n], shift [n])`` of a ``GEMM`` with :data:`F_RQ_CHANNEL`: column ``j``'s entry

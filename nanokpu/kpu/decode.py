@@ -172,13 +172,15 @@ class Decode(wiring.Component):
         assert all(set(r.widths) <= {1, 2, 4} for r in OP_RULES.values() if r.host == "m*n*width"), \
             "host elements of 1, 2 or 4 bytes (width_log)"
         schedule = {
-            0: {"m*n": (m_eff, ins.n, 0)},
+            0: {"m*n": (m_eff, ins.n, 0), "m*n*k": (m_eff, ins.n, 0)},        # m*n*k: ln first
             1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0),
-                "(m-k+1)*n": (m_eff - ins.k + 1, ins.n, 0)},
-            2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0), "k*n": (ins.k, ins.n, 0)},
-            3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0)},   # m*k*n: p2, committed now
+                "(m-k+1)*n": (m_eff - ins.k + 1, ins.n, 0), "m*n*k": (ins.k, sat(lane_acc), 0)},
+            2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0), "k*n": (ins.k, ins.n, 0),
+                "n*k*k": (ins.k, ins.k, 0)},
+            3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0),   # m*k*n: p2, committed now
+                "n*k*k": (ins.n, sat(lane_acc), 0)},
             4: {"panels": (Mux(b_on, ins.n, ceil_div(ins.n, C)), Mux(b_on, ins.k, ins.k << BW_LOG), 0),   # or n*k
-                "m*n*width": (m_eff, ins.n << width_log, BW - 1)},
+                "m*n*width": (m_eff, ins.n << width_log, BW - 1), "m*n*(4k+1)": ((ins.k << 2) + 1, ln, 0)},
         }
         with m.Switch(step):
             for i, products_at in schedule.items():
@@ -218,6 +220,7 @@ class Decode(wiring.Component):
                 terms += [ins.k <= cfg.spad_b_depth // 2, p2 <= cfg.spad_a_depth, p3 <= cfg.spad_c_depth]
             if r.taps:
                 terms.append(ins.k <= m_eff)
+            terms += [ins.k == cfg.kda_head_dim] if r.head_dim else []
             if r.layer_flags and not cfg.layer_ops:   # (OpRule.layer_flags_ok)
                 terms.append((ins.flags & r.layer_flags) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
@@ -237,7 +240,8 @@ class Decode(wiring.Component):
         wb = Signal(SW)
         wc = Signal(SW)
         sizes = {
-            "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "route": sat(mk + 2 * E), "m*k*n": p3,
+            "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "m*n*k": mk, "n*k*k": p3,
+            "m*n*(4k+1)": sat(l4), "route": sat(mk + 2 * E), "m*k*n": p3,
             "n": sat(ins.n), "2*n": sat(ins.n << 1), "2*m*n": sat(ln << 1), "4*m*n": sat(ln << 2),
             "list": sat(offset + count),
         }
@@ -276,7 +280,10 @@ class Decode(wiring.Component):
         spad_ok = Signal()
         host_ok = Signal()
         overlap_q = Signal()
-        m.d.sync += [shape_q.eq(shape_ok), overlap_q.eq(overlaps(ins.a, wa) | overlaps(ins.b, wb)),
+        # an op that writes a too (KDA_STEP's state): a must not overlap b
+        a_on_b = any_op(lambda r: r.a_written) & (wa != 0) & (wb != 0) & (ins.a[:SW] < ins.b[:SW] + wb) \
+            & (ins.b[:SW] < ins.a[:SW] + wa)
+        m.d.sync += [shape_q.eq(shape_ok), overlap_q.eq(overlaps(ins.a, wa) | overlaps(ins.b, wb) | a_on_b),
                      spad_ok.eq(region_ok(ins.a, wa) & region_ok(ins.b, wb) & region_ok(ins.c, wc)),
                      host_ok.eq((host_eff[:BW_LOG] == 0) & (host_eff >= host_base)
                                 & (host_eff + nbytes <= host_base + host_size))]

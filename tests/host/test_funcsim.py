@@ -26,6 +26,7 @@ from nanokpu.isa import (
     Instr,
     Op,
     SizeArgs,
+    kda_vectors,
     weight_panels,
 )
 
@@ -253,12 +254,13 @@ _RULED = [op for op, r in OP_RULES.items() if (r.a or r.c) and not (r.route or r
 
 def _valid(op, cfg, **fields):
     """A program ending in one ``op`` that passes every check: m = 1 (2 with taps: k <= m), n = 2
-    (n_experts), k = 2 (top_k), the first allowed width; a at 0, b at 100, c at 200 (a ROUTE's
-    scores written by a SIGMOID before it)."""
+    (n_experts), k = 2 (top_k, kda_head_dim), the first allowed width; a at 0, b at 100 (300 for
+    KDA_STEP's state of 2*K*K words), c at 200 (a ROUTE's scores written by a SIGMOID before it)."""
     r = OP_RULES[op]
     width = next((w for w in r.widths if w != RQ_WIDTHS), 8) if r.widths else 0
-    values = dict(m=2 if r.taps else 1, n=cfg.n_experts if r.n_experts else 2, k=cfg.top_k if r.top_k else 2,
-                  a=0, b=100, c=200, width=width)
+    k = cfg.top_k if r.top_k else cfg.kda_head_dim if r.head_dim else 2
+    values = dict(m=2 if r.taps else 1, n=cfg.n_experts if r.n_experts else 2, k=k,
+                  a=0, b=300 if r.a_written else 100, c=200, width=width)
     values.update(fields)
     pre = [Instr(Op.SIGMOID, m=values["m"], n=values["n"], a=300, c=values["a"])] if r.scores else []
     return pre + [Instr(op, **values)]
@@ -303,6 +305,9 @@ def test_each_shape_rule_is_checked(op):
         assert [_code(_valid(op, cfg, n=n), cfg) for n in (top, top + 1)] == [Err.NONE, Err.BAD_SHAPE]
     if r.taps:
         assert [_code(_valid(op, cfg, k=k), cfg) for k in (1, 2, 3)] == [Err.NONE, Err.NONE, Err.BAD_SHAPE]
+    if r.head_dim:
+        K = cfg.kda_head_dim
+        assert [_code(_valid(op, cfg, k=k), cfg) for k in (K - 1, K + 1)] == [Err.BAD_SHAPE] * 2
     for width in range(64):
         if not r.width_ok(width, cfg):
             assert _code(_valid(op, cfg, width=width), cfg) == Err.BAD_SHAPE, f"width {width}"
@@ -337,6 +342,10 @@ def test_each_region_is_checked(op):
             f"c on {field}"
         if words and r.in_place:
             assert _code(_valid(op, cfg, c=getattr(probe, field) + 1), cfg) == Err.OVERLAP, f"c on {field} + 1"
+    if r.a_written:     # a is a result too: b on its last word overlaps it, b just after it does not
+        wa = SIZES[r.a](args)
+        assert [_code(_valid(op, cfg, b=probe.a + wa - 1), cfg), _code(_valid(op, cfg, b=probe.a + wa), cfg)] \
+            == [Err.OVERLAP, Err.NONE]
 
 
 @pytest.mark.parametrize("op, table", [(Op.SILU, "silu_q"), (Op.DECAY, "decay_q")], ids=["SILU", "DECAY"])
@@ -502,6 +511,40 @@ def test_wf_gemm_bias_and_per_column_requant_is_kdas_decay_branch():
     bare = FuncSim(profile("tiny"))
     for ins in prog[1:3]:
         assert bare.run([ins, Instr(Op.HALT)]).error == Err.BAD_SHAPE, ins.op
+
+
+def test_kda_step_chains_decode_steps_as_golden_kda():
+    """KDA_STEP over 4 tokens == 4 decode steps of 1 token, the state left in the scratchpad between
+    them == golden kda_step_int token after token (the state and o = rq_read(S^T q)) of a quantised
+    mixer's read-out requantiser; BAD_OPCODE without layer_ops."""
+    from golden import kda as KD
+    from sim import bench_kda_state as B
+
+    cfg = profile("tiny", layer_ops=True)
+    rng = np.random.default_rng(16)
+    Q, _ = KD.quantize_kda(k3.init_kda(cfg, rng), rng.standard_normal((4, cfg.d_model)), cfg)
+    H, K, T = cfg.n_heads, cfg.kda_head_dim, 4
+    S0, decay, k, v, beta, q = B.token_steps(B.random_steps(cfg, rng, T * H), T, H)
+    blocks = np.concatenate([kda_vectors(q[t], k[t], v[t], decay[t], beta[t]) for t in range(T)])
+    rq = Q.rq_read
+    step = dict(n=H, k=K, a=0, c=3000, mult=rq.mult, shift=rq.shift, width=rq.width)
+    results = []
+    for prog in ([Instr(Op.KDA_STEP, m=T, b=1000, **step)],
+                 [Instr(Op.KDA_STEP, m=1, b=1000 + t * H * (4 * K + 1), **step | {"c": 3000 + t * H * K})
+                  for t in range(T)]):
+        sim = FuncSim(cfg)
+        sim.spad[:S0.size] = S0.ravel()
+        sim.spad[1000:1000 + blocks.size] = blocks
+        assert sim.run(prog + [Instr(Op.HALT)]).error == Err.NONE
+        results.append((sim.spad[:S0.size].copy(), sim.spad[3000:3000 + T * H * K].copy()))
+    S, o = S0, []
+    for t in range(T):
+        S, o_t = KD.kda_step_int(S, q[t], k[t], v[t], decay[t], beta[t], Q, cfg)
+        o.append(o_t)
+    for got_S, got_o in results:
+        assert np.array_equal(got_S, S.ravel()) and np.array_equal(got_o, np.concatenate(o).ravel())
+    bare = FuncSim(profile("tiny"))
+    assert bare.run([Instr(Op.KDA_STEP, m=1, b=1000, **step), Instr(Op.HALT)]).error == Err.BAD_OPCODE
 
 
 def test_mul_of_one_row_gates_element_by_element():

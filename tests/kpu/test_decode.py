@@ -207,6 +207,27 @@ def test_requant_per_column_and_add_at_acc_width_decode_only_with_layer_ops():
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
 
 
+def test_kda_step_decodes_only_with_layer_ops():
+    """KDA_STEP: the state n*K*K words at a, the vectors m*n*(4K+1) at b, the read-out m*n*K at c,
+    each checked to its last word (one past: SPAD_RANGE), the state on the vectors OVERLAP (it is
+    written), the read-out on either OVERLAP, k = kda_head_dim (else BAD_SHAPE), width in [2,
+    acc_width]; BAD_OPCODE without layer_ops (FuncSim agrees each way)."""
+    D, K = CFG.dmem_depth, CFG.kda_head_dim
+    kda = dict(op=Op.KDA_STEP, m=3, n=2, k=K, a=0, b=200, c=500, width=16)     # a 128, b 198, c 48 words
+    ops = [Instr(**kda), Instr(**kda | {"a": D - 128}), Instr(**kda | {"a": D - 127}),
+           Instr(**kda | {"b": D - 198}), Instr(**kda | {"b": D - 197}), Instr(**kda | {"c": D - 48}),
+           Instr(**kda | {"c": D - 47}), Instr(**kda | {"b": 127}), Instr(**kda | {"b": 128}),
+           Instr(**kda | {"c": 397}), Instr(**kda | {"c": 398}), Instr(**kda | {"k": K + 1}),
+           Instr(**kda | {"width": 1})]
+    layer = profile("tiny", layer_ops=True)
+    N = Err.NONE
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 13),
+                      (layer, [N, N, Err.SPAD_RANGE, N, Err.SPAD_RANGE, N, Err.SPAD_RANGE, Err.OVERLAP, N,
+                               Err.OVERLAP, N, Err.BAD_SHAPE, Err.BAD_SHAPE])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
+
+
 def test_norm_eps_word_decodes_only_with_layer_ops():
     """NORM with F_EPS: its epsilon word at b checked like an operand (the last word, one past the end,
     on the result), in place as before; F_L2 alone reads no b (b out of range passes), with F_EPS its

@@ -26,6 +26,7 @@ from nanokpu.isa import (
     Instr,
     Op,
     bus_bytes,
+    kda_vectors,
     weight_panels,
 )
 from nanokpu.kpu.dmem import banks
@@ -296,6 +297,47 @@ def test_add_at_acc_width_matches_funcsim(one_write_port):
         got, want, err, _ = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.3, seed=c)
         assert got == want and err == Err.NONE, c
         assert [got[c + i] for i in range(4)] == [hi, lo, -1, 140000]
+
+
+def _kda_operands(cfg, rng, m, n, directed=False):
+    """KDA_STEP's scratchpad: the state S [n, K, K] at 16, the vector blocks of m tokens at 1200
+    (q, k, v, decay, beta: sim.bench_kda_state's random or directed steps, random upper bits),
+    and (S, q, k, v, decay, beta) as golden takes them."""
+    from sim import bench_kda_state as B
+
+    steps = B.directed_steps(cfg, rng) if directed else B.random_steps(cfg, rng, m * n)
+    S, decay, k, v, beta, q = B.token_steps(steps, m, n)
+    spad = {16 + i: int(x) for i, x in enumerate(S.ravel())}
+    for t in range(m):
+        block = kda_vectors(q[t], k[t], v[t], decay[t], beta[t])
+        upper = rng.integers(-8, 8, block.size) << 20
+        spad |= {1200 + t * block.size + i: int(x) + int(u) for i, (x, u) in enumerate(zip(block, upper, strict=True))}
+    return spad, (S, q, k, v, decay, beta)
+
+
+@pytest.mark.parametrize(("m", "n", "directed", "one_write_port"), [(2, 2, False, False), (1, 12, True, True),
+                                                                    (3, 1, False, True)])
+def test_kda_step_matches_funcsim_and_golden(m, n, directed, one_write_port):
+    """KDA_STEP (layer_ops): m tokens of n heads on the state update unit, the state carried token to
+    token in the scratchpad, under read blocking: FuncSim's scratchpad, and golden
+    kda_head_step_int's state and requantised read-out (random steps over the ports' whole ranges,
+    and the directed ones: saturation both ways, forgetting, keeping, extremes, ties)."""
+    from golden.kda import kda_head_step_int
+
+    cfg = LAYER
+    K = cfg.kda_head_dim
+    rng = np.random.default_rng(m * 10 + n)
+    spad, (S, q, k, v, decay, beta) = _kda_operands(cfg, rng, m, n, directed)
+    mult, shift, width = 23456, 30, cfg.act_width
+    ins = Instr(Op.KDA_STEP, m=m, n=n, k=K, a=16, b=1200, c=900, mult=mult, shift=shift, width=width)
+    got, want, err, _ = _run(ins, spad, cfg=cfg, one_write_port=one_write_port, spad_stall=0.2, seed=m + n)
+    assert got == want and err == Err.NONE
+    o = []
+    for t in range(m):
+        S, r = kda_head_step_int(S, decay[t], k[t], v[t], beta[t], q[t], cfg)
+        o.append(I.requantize(r, mult, shift, width, cfg.rounding))
+    assert [got[16 + i] for i in range(n * K * K)] == list(I.wrap(S.ravel(), 32))
+    assert [got[900 + i] for i in range(m * n * K)] == list(np.concatenate(o).ravel())
 
 
 def test_conv_takes_a_cycle_per_tap():

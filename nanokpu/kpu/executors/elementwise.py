@@ -1,7 +1,8 @@
 """The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
 ``SPLIT``, ``SILU``, ``DECAY``, ``SOFTMAX``, ``MUL`` and ``CONV`` on one streaming engine that walks the
-operands through the scratchpad, one element per cycle, and ``REQUANT_WIDE`` on a
-:class:`~nanokpu.kpu.executors.wide_requant.WideRequant`."""
+operands through the scratchpad, one element per cycle; ``REQUANT_WIDE`` on a
+:class:`~nanokpu.kpu.executors.wide_requant.WideRequant` and ``KDA_STEP`` on a
+:class:`~nanokpu.kpu.executors.kda_step.KdaStep`."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from nanokpu.isa import F_ACC, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Op, 
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
+from nanokpu.kpu.executors.kda_step import KdaStep
 from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.pwl import saturate
 from nanokpu.units.pwl_functions import Decay, Silu
@@ -39,7 +41,9 @@ class Elementwise(wiring.Component):
     :attr:`~nanokpu.config.KpuConfig.wide_router`); ``SILU``, ``DECAY`` and ``SOFTMAX`` on
     :class:`~nanokpu.units.pwl_functions.Silu`, :class:`~nanokpu.units.pwl_functions.Decay` and
     :class:`~nanokpu.units.softmax.Softmax` (rows of up to ``attnres_candidates``; built only with
-    :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` and ``CONV`` on the vector unit).
+    :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` and ``CONV`` on the vector unit, and
+    ``KDA_STEP`` on its :class:`~nanokpu.kpu.executors.kda_step.KdaStep`, which has the scratchpad
+    port while it runs, as ``REQUANT_WIDE``'s).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
@@ -87,8 +91,11 @@ class Elementwise(wiring.Component):
             m.submodules.softmax = smx = Softmax(cfg)
         # SPLIT and REQUANT_WIDE only with a wide router (nanokpu.isa.built_ops: decode refuses them otherwise)
         built_wide = cfg.wide_router
+        delegates = {}      # sub-executors with the scratchpad port while they run, by their state
         if built_wide:
-            m.submodules.wide = wide = WideRequant(cfg)
+            m.submodules.wide = delegates["WIDE"] = wide = WideRequant(cfg)
+        if cfg.layer_ops:
+            m.submodules.kda = delegates["KDA"] = kda = KdaStep(cfg)
         D = cfg.in_width
 
         # the walk: rem[j] counts the steps of level j left, this one included, down from cnt[j]
@@ -320,6 +327,10 @@ class Elementwise(wiring.Component):
                         if built_wide:
                             m.d.comb += wide.start.eq(1)
                             m.next = "WIDE"
+                    with m.Elif(cfg.layer_ops & (op == Op.KDA_STEP)):
+                        if cfg.layer_ops:
+                            m.d.comb += kda.start.eq(1)
+                            m.next = "KDA"
                     if cfg.layer_ops:   # F_RQ_CHANNEL: a value at a time, with its column's entry
                         per_expert = (ins.flags & F_RQ_EXPERT) != 0
                         with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_CHANNEL) != 0)):
@@ -390,16 +401,15 @@ class Elementwise(wiring.Component):
                 with m.If(el >= results):
                     m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                     m.next = "IDLE"
-            if built_wide:
-                with m.State("WIDE"):   # the scratchpad port is WideRequant's
-                    m.d.comb += [self.done.eq(wide.done), self.error.eq(wide.error)]
+            for state, sub in delegates.items():
+                with m.State(state):    # the scratchpad port is the sub-executor's until it is done
+                    m.d.comb += [self.done.eq(sub.done), self.error.eq(sub.error)]
                     for port in ("rd0", "rd1"):
-                        ours, its = getattr(spad, port), getattr(wide.spad, port)
+                        ours, its = getattr(spad, port), getattr(sub.spad, port)
                         m.d.comb += [ours.en.eq(its.en), ours.addr.eq(its.addr)]
-                    m.d.comb += [wr.en.eq(wide.spad.wr.en), wr.addr.eq(wide.spad.wr.addr),
-                                 wr.data.eq(wide.spad.wr.data)]
-                    with m.If(wide.done):
+                    m.d.comb += [wr.en.eq(sub.spad.wr.en), wr.addr.eq(sub.spad.wr.addr), wr.data.eq(sub.spad.wr.data)]
+                    with m.If(sub.done):
                         m.next = "IDLE"
-                m.d.comb += [wide.ins.eq(ins), wide.spad.rd0.data.eq(rd0.data), wide.spad.rd1.data.eq(rd1.data),
-                             wide.spad.blocked.eq(blocked)]
+                m.d.comb += [sub.ins.eq(ins), sub.spad.rd0.data.eq(rd0.data), sub.spad.rd1.data.eq(rd1.data),
+                             sub.spad.blocked.eq(blocked)]
         return m
