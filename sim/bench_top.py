@@ -342,14 +342,7 @@ async def test_requant_lengths(dut):
     out = 4 * len(values)
     prog += [Instr(Op.STORE, m=1, n=c - len(values), a=len(values), host=out, width=4), Instr(Op.HALT)]
     image = b"".join(v.to_bytes(4, "little", signed=True) for v in values) + bytes(4 * (c - len(values)))
-    sim = FuncSim(cfg, image, 0, len(image))
-    expected = sim.run(prog)
-    assert expected.error == Err.NONE, expected
-    await tb.load(prog, image)
-    err, pc, done = await tb.run(poll=200)
-    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-    got, want = tb.ram.read(0, len(image)), bytes(sim.host[:len(image)])
-    assert got == want, f"seed {tb.seed}: REQUANT results differ from FuncSim's ({prog})"
+    await run_like_funcsim(tb, prog, image, f"REQUANT ({prog})", poll=200)
 
 
 @cocotb.test()
@@ -405,14 +398,7 @@ async def test_layer_ops(dut):
     eps_word = np.array([(1 << 2 * act) - 1], dtype="<u4")
     image = (words.tobytes() + bytes(8 * size) + eps_word.tobytes() + bytes(12 * size) + table_words.tobytes()
              + bytes(4 * out_rows * n))
-    sim = FuncSim(cfg, image, 0, len(image))
-    expected = sim.run(prog)
-    assert expected.error == Err.NONE, expected
-    await tb.load(prog, image)
-    err, pc, done = await tb.run(poll=2000)
-    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-    assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), \
-        f"seed {tb.seed}: SILU/DECAY/NORM/l2norm/CONV results differ from FuncSim's"
+    await run_like_funcsim(tb, prog, image, "SILU/DECAY/NORM/l2norm/CONV")
 
 
 @cocotb.test()
@@ -441,20 +427,14 @@ async def test_kda_decode_steps(dut):
     prog += [Instr(Op.STORE, m=1, n=S.size, a=0, host=4 * blocks.size, width=4),
              Instr(Op.STORE, m=T, n=H * K, a=o_at, host=4 * (blocks.size + S.size), width=4), Instr(Op.HALT)]
     image = words.tobytes() + bytes(4 * (S.size + T * H * K))
-    sim = FuncSim(cfg, image, 0, len(image))
-    expected = sim.run(prog)
-    assert expected.error == Err.NONE, expected
-    await tb.load(prog, image)
-    err, pc, done = await tb.run(poll=2000)
-    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-    got = np.frombuffer(tb.ram.read(0, len(image)), dtype="<i4")
+    final, _ = await run_like_funcsim(tb, prog, image, "KDA_STEP")
+    got = np.frombuffer(final, dtype="<i4")
     o = []
     for t in range(T):
         S, r = kda_head_step_int(S, decay[t], k[t], v[t], beta[t], q[t], cfg)
         o.append(requantize(r, mult, shift, width, cfg.rounding))
     assert np.array_equal(got[blocks.size:blocks.size + S.size], S.ravel()), f"seed {tb.seed}: the state after 4 steps"
     assert np.array_equal(got[blocks.size + S.size:], np.concatenate(o).ravel()), f"seed {tb.seed}: the read-outs"
-    assert tb.ram.read(0, len(image)) == bytes(sim.host[:len(image)]), f"seed {tb.seed}: host memory != FuncSim's"
 
 
 @cocotb.test()
@@ -486,12 +466,7 @@ async def test_attention_scores(dut):
     results = 2 * H * T * S + H * T * dv
     prog += [Instr(Op.STORE, m=1, n=results, a=scores, host=4 * operands.size, width=4), Instr(Op.HALT)]
     image = words.tobytes() + bytes(4 * results)
-    sim = FuncSim(cfg, image)
-    assert sim.run(prog).error == Err.NONE
-    await tb.load(prog, image)
-    err, pc, done = await tb.run(poll=2000)
-    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}: stopped with {Err(err).name} at pc {pc}"
-    final = tb.ram.read(0, len(image))
+    final, _ = await run_like_funcsim(tb, prog, image, "attention scores")
     got = np.frombuffer(final[4 * operands.size:], dtype="<i4")
     acc = np.stack([matmul_int(q[h], K[h].T, cfg.acc_width) for h in range(H)])
     p = requantize(acc, mult, shift, 8, cfg.rounding)
@@ -501,7 +476,21 @@ async def test_attention_scores(dut):
     assert np.array_equal(got[H * T * S:2 * H * T * S].reshape(H, T, S), acc), \
         f"seed {tb.seed}: raw scores differ from matmul_int"
     assert np.array_equal(got[2 * H * T * S:].reshape(H, T, dv), o), f"seed {tb.seed}: p V differs from matmul_int"
-    assert final == bytes(sim.host), f"seed {tb.seed}: host memory differs from FuncSim's"
+
+
+async def run_like_funcsim(tb, instrs, image: bytes, what: str, poll: int = 2000):
+    """Run ``instrs`` over the host memory ``image`` on FuncSim and on the nano-KPU: both stop
+    without error and the nano-KPU's host memory then equals FuncSim's (``what`` names the case in
+    a failure). Returns that host memory and FuncSim's :class:`~nanokpu.host.funcsim.RunResult`."""
+    sim = FuncSim(tb.cfg, image, 0, len(image))
+    res = sim.run(instrs)
+    assert res.error == Err.NONE, f"{what}: FuncSim stopped with {res}"
+    await tb.load(instrs, image)
+    err, pc, done = await tb.run(poll=poll)
+    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}, {what}: stopped with {Err(err).name} at pc {pc}"
+    final = tb.ram.read(0, len(image))
+    assert final == bytes(sim.host[:len(image)]), f"seed {tb.seed}, {what}: host memory differs from FuncSim's"
+    return final, res
 
 
 async def run_rows_program(tb, prog, want, what: str) -> dict:
@@ -509,15 +498,8 @@ async def run_rows_program(tb, prog, want, what: str) -> dict:
     its result must equal ``want`` (the golden function's) and the host memory FuncSim's; ``what``
     names the case in a failure. Returns the counters (:meth:`~sim.lib.kpu_tb.TB.counters`), the
     instructions retired and the multiply-accumulates of its GEMMs (``macs``)."""
-    sim = FuncSim(tb.cfg, prog.image)
-    res = sim.run(prog.instrs)
-    assert res.error == Err.NONE, f"{what}: FuncSim stopped with an error"
-    await tb.load(prog.instrs, prog.image)
-    err, pc, done = await tb.run(poll=2000)
-    assert (err, done) == (Err.NONE, True), f"seed {tb.seed}, {what}: stopped with {Err(err).name} at pc {pc}"
-    final = tb.ram.read(0, len(prog.image))
+    final, res = await run_like_funcsim(tb, prog.instrs, prog.image, what)
     assert np.array_equal(prog.outputs(final), want), f"seed {tb.seed}, {what}: the result differs from the golden one"
-    assert final == bytes(sim.host), f"seed {tb.seed}, {what}: host memory differs from FuncSim's"
     return await tb.counters() | {"instructions": res.retired, "macs": res.macs}
 
 
