@@ -106,9 +106,9 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   (built with ``layer_ops``).
 ``KDA_STEP``      KDA's recurrent state update (:func:`golden.kda.kda_head_step_int`) for ``m`` tokens and
                   ``n`` heads of ``k = kda_head_dim``: the state ``S [n, k, k]`` at ``a`` (``2*act_width``
-                  bits, updated in place, token after token), token ``t``'s vectors at ``vb = b +
-                  t*n*(4k+1)``: ``q``, ``k`` (unit format), ``v`` (act format), ``decay`` (unsigned
-                  ``score_width``) ``[n, k]`` each at ``vb + {0, 1, 2, 3}*n*k``, ``beta [n]`` at ``vb + 4*n*k``;
+                  bits, updated in place, token after token), the vector planes at ``b``: ``q``, ``k`` (unit
+                  format), ``v`` (act format), ``decay`` (unsigned ``score_width``) ``[m, n, k]`` each at ``b
+                  + {0, 1, 2, 3}*m*n*k``, ``beta [m, n]`` at ``b + 4*m*n*k`` (:func:`kda_vectors`);
                   ``c[(t*n + h)*k + j] = requantize(r[j], mult, shift, width)`` of the read-out ``r = S^T
                   q`` (golden ``rq_read``); ``a`` must not overlap ``b`` (built with ``layer_ops``).
 ``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
@@ -488,8 +488,8 @@ assert {getattr(r, f) for r in OP_RULES.values() for f in ("a", "b", "c", "host"
 
 
 def kda_vectors(q, k, v, decay, beta) -> np.ndarray:
-    """One token's ``KDA_STEP`` vector block: ``q``, ``k``, ``v``, ``decay`` (``[n, K]`` each), then
-    ``beta [n]``, flattened (``n*(4K + 1)`` words)."""
+    """``KDA_STEP``'s vector planes, as its ``b`` operand: ``q``, ``k``, ``v``, ``decay`` (``[m, n, K]``
+    each), then ``beta [m, n]``, each flattened (``m*n*(4K + 1)`` words)."""
     return np.concatenate([np.ravel(x) for x in (q, k, v, decay, beta)])
 
 

@@ -348,12 +348,12 @@ class FuncSim:
         ``a`` written back after each (as the executor does), the read-out requantised to ``c``."""
         cfg, act, sw = self.cfg, self.cfg.act_width, self.cfg.score_width
         S = self._read(ins.a, n * K * K, cfg.kda_state_width).reshape(n, K, K)
+        P = m * n * K
+        q, k, v = (self._read(ins.b + i * P, P, act).reshape(m, n, K) for i in range(3))
+        decay = (self._read(ins.b + 3 * P, P) & ((1 << sw) - 1)).reshape(m, n, K)
+        beta = (self._read(ins.b + 4 * P, m * n) & ((1 << sw) - 1)).reshape(m, n)
         for t in range(m):
-            vb = ins.b + t * n * (4 * K + 1)
-            q, k, v = (self._read(vb + i * n * K, n * K, act).reshape(n, K) for i in range(3))
-            decay = (self._read(vb + 3 * n * K, n * K) & ((1 << sw) - 1)).reshape(n, K)
-            beta = self._read(vb + 4 * n * K, n) & ((1 << sw) - 1)
-            S, r = kda_head_step_int(S, decay, k, v, beta, q, cfg)
+            S, r = kda_head_step_int(S, decay[t], k[t], v[t], beta[t], q[t], cfg)
             self._write(ins.a, S)
             self._write(ins.c + t * n * K, I.requantize(r, ins.mult & ((1 << cfg.mult_width) - 1), ins.shift,
                                                        ins.width, cfg.rounding))

@@ -525,16 +525,17 @@ def test_kda_step_chains_decode_steps_as_golden_kda():
     Q, _ = KD.quantize_kda(k3.init_kda(cfg, rng), rng.standard_normal((4, cfg.d_model)), cfg)
     H, K, T = cfg.n_heads, cfg.kda_head_dim, 4
     S0, decay, k, v, beta, q = B.token_steps(B.random_steps(cfg, rng, T * H), T, H)
-    blocks = np.concatenate([kda_vectors(q[t], k[t], v[t], decay[t], beta[t]) for t in range(T)])
+    planes = kda_vectors(q, k, v, decay, beta)                               # [T, H, K] planes, one call
+    steps = np.concatenate([kda_vectors(q[t], k[t], v[t], decay[t], beta[t]) for t in range(T)])   # one a step
     rq = Q.rq_read
     step = dict(n=H, k=K, a=0, c=3000, mult=rq.mult, shift=rq.shift, width=rq.width)
     results = []
-    for prog in ([Instr(Op.KDA_STEP, m=T, b=1000, **step)],
-                 [Instr(Op.KDA_STEP, m=1, b=1000 + t * H * (4 * K + 1), **step | {"c": 3000 + t * H * K})
-                  for t in range(T)]):
+    for prog, vectors in (([Instr(Op.KDA_STEP, m=T, b=1000, **step)], planes),
+                          ([Instr(Op.KDA_STEP, m=1, b=1000 + t * H * (4 * K + 1), **step | {"c": 3000 + t * H * K})
+                            for t in range(T)], steps)):
         sim = FuncSim(cfg)
         sim.spad[:S0.size] = S0.ravel()
-        sim.spad[1000:1000 + blocks.size] = blocks
+        sim.spad[1000:1000 + vectors.size] = vectors
         assert sim.run(prog + [Instr(Op.HALT)]).error == Err.NONE
         results.append((sim.spad[:S0.size].copy(), sim.spad[3000:3000 + T * H * K].copy()))
     S, o = S0, []

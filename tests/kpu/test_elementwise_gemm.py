@@ -300,18 +300,16 @@ def test_add_at_acc_width_matches_funcsim(one_write_port):
 
 
 def _kda_operands(cfg, rng, m, n, directed=False):
-    """KDA_STEP's scratchpad: the state S [n, K, K] at 16, the vector blocks of m tokens at 1200
+    """KDA_STEP's scratchpad: the state S [n, K, K] at 16, the vector planes of m tokens at 1200
     (q, k, v, decay, beta: sim.bench_kda_state's random or directed steps, random upper bits),
     and (S, q, k, v, decay, beta) as golden takes them."""
     from sim import bench_kda_state as B
 
     steps = B.directed_steps(cfg, rng) if directed else B.random_steps(cfg, rng, m * n)
     S, decay, k, v, beta, q = B.token_steps(steps, m, n)
-    spad = {16 + i: int(x) for i, x in enumerate(S.ravel())}
-    for t in range(m):
-        block = kda_vectors(q[t], k[t], v[t], decay[t], beta[t])
-        upper = rng.integers(-8, 8, block.size) << 20
-        spad |= {1200 + t * block.size + i: int(x) + int(u) for i, (x, u) in enumerate(zip(block, upper, strict=True))}
+    planes = kda_vectors(q, k, v, decay, beta)
+    planes += rng.integers(-8, 8, planes.size) << 20
+    spad = {16 + i: int(x) for i, x in enumerate(S.ravel())} | {1200 + i: int(x) for i, x in enumerate(planes)}
     return spad, (S, q, k, v, decay, beta)
 
 

@@ -22,8 +22,9 @@ class KdaStep(wiring.Component):
     """``KDA_STEP`` (:mod:`nanokpu.isa`): for each token ``t < m`` and head ``h < n`` (``k = K =
     kda_head_dim``), one step of :class:`~nanokpu.units.kda_state.KdaStateUpdate` on the head's state
     ``S[h]`` (``K x K`` words at ``a + h*K*K``, row-major, ``2*act_width`` bits, written back in
-    place) and the token's vectors at ``vb = b + t*n*(4K + 1)``: ``q``, ``k``, ``v``, ``decay`` at
-    ``vb + {0, 1, 2, 3}*n*K + h*K`` (``K`` words each) and ``beta`` at ``vb + 4*n*K + h``; the
+    place) and the vector planes at ``b``: ``q``, ``k``, ``v``, ``decay`` ``[m, n, K]`` at ``b + {0, 1,
+    2, 3}*P``, ``P = m*n*K`` (head ``h`` of token ``t`` at row ``t*n + h``) and ``beta [m, n]`` at
+    ``b + 4*P``, as the ops before it write them over all tokens at once; the
     read-out ``r`` requantised (``mult``, ``shift``, saturated to ``width``: golden ``rq_read``) to
     ``o[t, h]`` at ``c + (t*n + h)*K``.
 
@@ -54,8 +55,8 @@ class KdaStep(wiring.Component):
         r_width = len(unit.r.payload[0])
         m.submodules.rq = rq = Requantiser(cfg, 1, accw, acc_width=r_width, serial=True)
 
-        nk = Signal(SW)                 # n*K: the stride of the vector block's parts
-        vb = Signal(AW)                 # the token's vector block
+        plane = Signal(SW)              # P = m*n*K: the stride of the vector planes
+        bt = Signal(AW)                 # beta of head h of token t: b + 4P + t*n + h
         s_rd = Signal(AW)               # the next state word read (a linear walk over S per token)
         s_wr = Signal(AW)               # the next state word written
         o_ptr = Signal(AW)              # the next o written
@@ -67,15 +68,15 @@ class KdaStep(wiring.Component):
         g_col = Signal(range(K + 1))
         beat = Signal(unit.i.payload.shape())
         beat_valid = Signal()
-        hv = Signal(AW)                 # vb + h*K: the head's part of each vector
-        vec_addr = Array([hv, hv + nk, hv + (nk << 1), hv + (nk << 1) + nk])     # q, k, v, decay at row offset
+        hv = Signal(AW)                 # b + (t*n + h)*K: the head's row of the q plane
+        vec_addr = Array([hv, hv + plane, hv + (plane << 1), hv + (plane << 1) + plane])   # q, k, v, decay
         n_vec = 5                       # rd1 reads per row: q, k, v, decay, beta (row 0 only; others re-read it)
 
         # -- gather row `row`: state words col = 0..K-1 on rd0, vector words on rd1 ---------------
         gathering = Signal()
         issue = gathering & ~beat_valid & ~blocked & (col < K)
         m.d.comb += [rd0.addr.eq(s_rd), rd0.en.eq(issue),
-                     rd1.addr.eq(Mux(col < 4, vec_addr[col[:2]] + row, vb + (nk << 2) + h)),
+                     rd1.addr.eq(Mux(col < 4, vec_addr[col[:2]] + row, bt)),
                      rd1.en.eq(issue & (col < n_vec))]
         m.d.sync += [g_valid.eq(issue), g_col.eq(col)]
         with m.If(issue):
@@ -137,7 +138,8 @@ class KdaStep(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 with m.If(self.start):
-                    m.d.sync += [nk.eq(times_const(ins.n, K)), vb.eq(ins.b), hv.eq(ins.b), s_rd.eq(ins.a),
+                    p = times_const(ins.len, K)
+                    m.d.sync += [plane.eq(p), hv.eq(ins.b), bt.eq(ins.b + (p << 2)), s_rd.eq(ins.a),
                                  s_wr.eq(ins.a), o_ptr.eq(ins.c), t.eq(0), h.eq(0), width.eq(ins.width)]
                     m.next = "HEAD"
             with m.State("HEAD"):
@@ -147,11 +149,11 @@ class KdaStep(wiring.Component):
             with m.State("RUN"):
                 with m.If(head_done):
                     last_head = h + 1 == ins.n
-                    m.d.sync += [h.eq(Mux(last_head, 0, h + 1)), hv.eq(hv + K)]
+                    # the next head's rows of the planes (of this token or the next)
+                    m.d.sync += [h.eq(Mux(last_head, 0, h + 1)), hv.eq(hv + K), bt.eq(bt + 1)]
                     with m.If(last_head):
-                        # the next token: its vector block, the state from its start again
-                        next_vb = vb + (nk << 2) + ins.n
-                        m.d.sync += [t.eq(t + 1), vb.eq(next_vb), hv.eq(next_vb), s_rd.eq(ins.a), s_wr.eq(ins.a)]
+                        # the next token: the state from its start again
+                        m.d.sync += [t.eq(t + 1), s_rd.eq(ins.a), s_wr.eq(ins.a)]
                         with m.If(t + 1 == ins.m):
                             m.d.comb += [self.done.eq(1), self.error.eq(Err.NONE)]
                             m.next = "IDLE"
