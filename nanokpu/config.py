@@ -351,6 +351,12 @@ class KpuConfig:
         return self.beta1 * self.beta2
 
     @property
+    def mul_factor_width(self) -> int:
+        """Width of ``MUL``'s signed factor: ``max(mult_width, score_width + 1)``, an RMSNorm weight
+        (``mult_width`` bits) or a sigmoid gate (unsigned, up to ``2**score_frac``)."""
+        return max(self.mult_width, self.score_width + 1)
+
+    @property
     def kda_unit_frac(self) -> int:
         """Fractional bits of the KDA mixer's l2-normalised ``q``, ``k``: ``act_width - 2`` (the unit
         format ``Q<act_width>.<act_width - 2>``, +-1.0 and a sign)."""

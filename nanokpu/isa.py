@@ -118,7 +118,8 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   unsigned weights of ``weight_frac`` bits (the format ``COMBINE`` takes), a row of
                   ``n <= attnres_candidates`` (built with ``layer_ops``).
 ``MUL``           ``c[t*n + j] = saturate(round_shift(a[t*n + j] * b[j], shift), out_width)``, ``t < m``,
-                  ``j < n``: act-format ``a`` times a row ``b [n]`` of signed ``mult_width``-bit factors
+                  ``j < n``: act-format ``a`` times a row ``b [n]`` of signed factors of
+                  :attr:`~nanokpu.config.KpuConfig.mul_factor_width` bits
                   (repeated for every row; ``m = 1`` multiplies element by element), rounded by
                   ``cfg.rounding``: an RMSNorm's weight (:func:`golden.intops.rmsnorm_weight_int`) or a
                   sigmoid gate (built with ``layer_ops``).

@@ -379,8 +379,8 @@ MUTANTS: tuple[Mutant, ...] = (
            ("tests/kpu/test_elementwise_gemm.py::test_mul_matches_funcsim[False]",),
            what="MUL walks on through b after the first row instead of repeating it"),
     Mutant("mul-factor-width", "nanokpu/kpu/executors/elementwise.py",
-           "act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width].as_signed(),",
-           "act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width - 1].as_signed(),",
+           "act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mul_factor_width].as_signed(),",
+           "act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mul_factor_width - 1].as_signed(),",
            ("tests/kpu/test_elementwise_gemm.py::test_mul_matches_funcsim[False]",),
            what="MUL takes its factor one bit narrow"),
     # -- the golden model ----------------------------------------------------------------

@@ -288,7 +288,7 @@ class FuncSim:
         elif op == Op.SOFTMAX:
             self._write(c, I.softmax_int(self._read(a, ln, act).reshape(m, n), cfg))
         elif op == Op.MUL:
-            prod = self._read(a, ln, act).reshape(m, n) * self._read(b, n, cfg.mult_width)
+            prod = self._read(a, ln, act).reshape(m, n) * self._read(b, n, cfg.mul_factor_width)
             self._write(c, I.saturate(I.round_shift(prod, ins.shift, cfg.rounding), cfg.out_width))
         elif op == Op.KDA_STEP:
             self._kda_step(ins, m, n, k)

@@ -24,7 +24,7 @@ Three operations on one input stream (four with ``layer_ops``), bit-exact to :mo
   to ``M = frac + NORM_GUARD`` bits on the same divider; pass 1 emits ``round_shift(a * recip,
   p + M - frac - e/2)`` (``p = R - 1 - z``, a run-time shift; no saturation: ``|y| <= 2**frac + 1``).
 * ``MUL`` (``layer_ops``): ``o = saturate(round_shift(a * b, shift, rounding), out_width)``, ``b`` a
-  signed ``mult_width``-bit factor (an RMSNorm weight, :func:`~golden.intops.rmsnorm_weight_int`, or a
+  signed factor of ``mul_factor_width`` bits (an RMSNorm weight, :func:`~golden.intops.rmsnorm_weight_int`, or a
   gate), one result per beat.
 """
 
@@ -57,14 +57,14 @@ class VecOp(enum.IntEnum):
 
 def vector_in_layout(cfg: KpuConfig) -> data.StructLayout:
     """One input beat: ``a`` (act format), ``b`` (act format, an unsigned weight of
-    ``weight_width`` bits for ``COMBINE``, a signed ``mult_width``-bit factor for ``MUL``; held in
-    ``max(act_width, weight_width + 1)`` signed bits, and ``mult_width`` with ``layer_ops``),
+    ``weight_width`` bits for ``COMBINE``, a signed ``mul_factor_width``-bit factor for ``MUL``; held in
+    ``max(act_width, weight_width + 1)`` signed bits, and ``mul_factor_width`` with ``layer_ops``),
     ``last`` (end of a ``COMBINE`` group or of a ``NORM`` pass)."""
     return data.StructLayout({"a": signed(cfg.act_width), "b": signed(_b_width(cfg)), "last": 1})
 
 
 def _b_width(cfg: KpuConfig) -> int:
-    return max(cfg.act_width, cfg.weight_width + 1, cfg.mult_width if cfg.layer_ops else 0)
+    return max(cfg.act_width, cfg.weight_width + 1, cfg.mul_factor_width if cfg.layer_ops else 0)
 
 
 def _leading_zeros(value):
@@ -214,7 +214,7 @@ class VectorUnit(wiring.Component):
         recip_bits = max(self.recip_bits, self.l2_recip_bits if layer_ops else 0)
         recip = Signal(recip_bits + 1)
         q_a = Signal.like(beat.a)
-        q_b = Signal(signed(max(act, recip_bits + 2, hi + 1, cfg.mult_width if layer_ops else 0)))
+        q_b = Signal(signed(max(act, recip_bits + 2, hi + 1, cfg.mul_factor_width if layer_ops else 0)))
         q_top = Signal.like(beat.a)         # COMBINE: a when b's top bit is set; else 0
         dot = self.dot if layer_ops else Const(0)    # COMBINE as a dot product: b a signed factor, as MUL's
         q_b_next = Mux(self.op == VecOp.NORM, Mux(scale_pass, recip, beat.a),

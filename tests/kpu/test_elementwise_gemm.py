@@ -368,6 +368,22 @@ def test_softmax_matches_funcsim(one_write_port):
             assert got == want and err == Err.NONE, (n, c)
 
 
+def test_mul_takes_a_sigmoid_gate_of_score_frac_16():
+    """MUL's factor is mul_factor_width = max(mult_width, score_width + 1) bits: a sigmoid gate of
+    score_frac 16 (0 to 2**16, past a signed 16-bit factor) element by element, FuncSim's result."""
+    cfg = profile("tiny", layer_ops=True, score_frac=16, bias_width=20)
+    rng = np.random.default_rng(22)
+    n = 24
+    a = _act(rng, n)
+    a[:4] = [-100, 77, 5, -99]                      # within out_width: 1.0, just below 1.0, 0, 0.5 (a tie)
+    g = rng.integers(0, (1 << 16) + 1, n)
+    g[:4] = [1 << 16, (1 << 16) - 1, 0, 1 << 15]
+    spad = {16 + i: int(v) for i, v in enumerate(a)} | {200 + j: int(v) for j, v in enumerate(g)}
+    got, want, err, _ = _run(Instr(Op.MUL, m=1, n=n, a=16, b=200, c=320, shift=16), spad, cfg=cfg, spad_stall=0.2)
+    assert got == want and err == Err.NONE
+    assert [got[320 + i] for i in range(4)] == [-100, 77, 0, -50]
+
+
 @pytest.mark.parametrize("one_write_port", [False, True])
 def test_mul_matches_funcsim(one_write_port):
     """MUL (layer_ops): rows of act-format values times one row of signed mult_width-bit factors,

@@ -199,9 +199,9 @@ class Elementwise(wiring.Component):
                     m.d.sync += el.eq(el + 1)
         out_valid = Signal()
         out_data = Signal(signed(ww))
-        act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mult_width bits
+        act_b = b_word[:act].as_signed()    # b as an activation; MUL's factor: signed mul_factor_width bits
         if cfg.layer_ops:                   # CONV's kernel taps: signed in_width bits
-            act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mult_width].as_signed(),
+            act_b = Mux(vec_op == VecOp.MUL, b_word[:cfg.mul_factor_width].as_signed(),
                         Mux(is_conv, b_word[:cfg.in_width].as_signed(), act_b))
         m.d.comb += [
             sig.i.payload[0].eq(a_word[:cfg.router_logit_width].as_signed()),   # the logit format
