@@ -438,6 +438,41 @@ async def test_kda_decode_steps(dut):
 
 
 @cocotb.test()
+async def test_kda_mixer(dut):
+    """The KDA mixer (:func:`nanokpu.host.kda.compile_kda`, ``layer_ops``) as 4 decode steps in a
+    row: one program run 4 times, the next token's ``x`` written into host memory before each run
+    and the state (the conv tails and ``S``) carried there by the program: each step's ``y`` equals
+    golden :func:`~golden.kda.kda_int`'s token by token, the host memory FuncSim's, and the state
+    after the 4 steps golden's (under the bench's bus stalls)."""
+    from golden import k3
+    from golden import kda as KD
+    from nanokpu.host.kda import compile_kda, read_state
+
+    tb = TB(dut)
+    await tb.reset()
+    cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    Q, x_q = KD.quantize_kda(k3.init_kda(cfg, rng), rng.standard_normal((4, cfg.d_model)) * 2, cfg)
+    prog = compile_kda(x_q[:1], Q, cfg)
+    at = prog.symbols["x"]
+    image, state = bytearray(prog.image), None
+    await tb.load(prog.instrs, image)
+    for t in range(4):
+        image[at:at + cfg.d_model] = x_q[t].astype(np.int8).tobytes()
+        tb.ram.write(at, x_q[t].astype(np.int8).tobytes())
+        sim = FuncSim(cfg, image, 0, len(image))
+        assert sim.run(prog.instrs).error == Err.NONE
+        image = bytearray(sim.host[:len(image)])
+        err, pc, done = await tb.run(poll=2000)
+        assert (err, done) == (Err.NONE, True), f"seed {tb.seed}, step {t}: stopped with {Err(err).name} at pc {pc}"
+        final = tb.ram.read(0, len(image))
+        y, state = KD.kda_int(x_q[t:t + 1], Q, cfg, state)
+        assert np.array_equal(prog.outputs(final), y), f"seed {tb.seed}, step {t}: y differs from kda_int's"
+        assert final == bytes(image), f"seed {tb.seed}, step {t}: host memory differs from FuncSim's"
+    got = read_state(prog, final)
+    assert np.array_equal(got.S, state.S) and np.array_equal(got.conv, state.conv), f"seed {tb.seed}: the state"
+
+
+@cocotb.test()
 async def test_attention_scores(dut):
     """GEMMs with their B operand from the scratchpad (``F_B_SPAD``, ``layer_ops``): the scores ``q K^T``
     of 8 queries against 6 keys (a part-filled last panel) for each of 2 heads of 16 (int8 in int32

@@ -61,9 +61,9 @@ AFTER_LAYER = {**fidelity.AFTER, "layer_ops": True}
 def test_tiny_blocks_after_scheme():
     """Issue 26's AFTER scheme, all of it: per-channel scales (REQUANT_WIDE per column too), the
     16-bit router GEMM, router logits in Q20.16 (requantised to 20 bits, the sigmoid's 512-segment
-    table over them), 16-bit scores, 20-bit bias; 6 random blocks under bus stalls, RTL ==
+    table over them), 16-bit scores, 20-bit bias; 4 random blocks under bus stalls, RTL ==
     latent_moe_int == FuncSim bit for bit."""
-    _bench("tiny", "test_block", tag="_after_layer", tokens=8, seed=50, seeds=6, vary_tokens=True, pause=0.3,
+    _bench("tiny", "test_block", tag="_after_layer", tokens=8, seed=50, seeds=4, vary_tokens=True, pause=0.3,
            overrides=AFTER_LAYER)
 
 
@@ -87,6 +87,13 @@ def test_kda_decode_steps_on_the_whole_kpu():
     in the scratchpad: the state and read-outs == golden kda_head_step_int token after token, host
     memory == FuncSim's (sim/bench_top.py test_kda_decode_steps)."""
     _bench("tiny", "test_kda_decode_steps", tag="_after_layer", seed=5, pause=0.2, overrides=AFTER_LAYER)
+
+
+def test_kda_mixer_decode_steps_on_the_whole_kpu():
+    """The KDA mixer (nanokpu.host.kda) as 4 decode steps in a row on the whole nano-KPU under bus
+    stalls, the state carried in host memory: each y == golden kda_int's, host memory == FuncSim's,
+    the state after them golden's (sim/bench_top.py test_kda_mixer)."""
+    _bench("tiny", "test_kda_mixer", tag="_after_layer", seed=6, pause=0.2, overrides=AFTER_LAYER)
 
 
 def test_attention_scores_on_the_whole_kpu():
@@ -135,7 +142,7 @@ def test_soft_reset_mid_run():
 
 @pytest.mark.slow(65)
 def test_tiny_blocks_heavy_stalls():
-    _bench("tiny", "test_block", tokens=16, seed=100, seeds=5, pause=0.5)
+    _bench("tiny", "test_block", tokens=16, seed=100, seeds=3, pause=0.5)
 
 
 @pytest.mark.slow(290)
