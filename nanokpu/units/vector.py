@@ -157,8 +157,9 @@ class VectorUnit(wiring.Component):
             if self.l2_frac + 2 > max(cfg.act_width, cfg.out_width):
                 raise ValueError(f"kda_unit_frac = {self.l2_frac}: the l2norm's |y| <= 2**{self.l2_frac} + 1 "
                                  f"needs more than max(act_width, out_width) bits")
-        if self.eps_q >= 1 << (2 * cfg.act_width):
-            raise ValueError(f"rms_eps = {cfg.rms_eps}: eps_q = {self.eps_q} too large for act_width")
+        for name, eps_q in (("rms_eps", self.eps_q), ("l2_eps", getattr(self, "l2_eps_q", 0))):
+            if eps_q >= 1 << (2 * cfg.act_width):
+                raise ValueError(f"{name} = {getattr(cfg, name)}: eps_q = {eps_q} too large for act_width")
         super().__init__({
             "op": In(VecOp),
             "n": In(unsigned(N_WIDTH)),

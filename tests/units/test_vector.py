@@ -248,3 +248,13 @@ def test_norm_row_cycles_are_exact(n, l2):
     assert np.array_equal(np.array(got), ref), f"n = {n}: {got} != {ref}"
     starts = [taken[2 * n * row + n] - taken[2 * n * row] for row in range(len(u))]
     assert starts == [dut.norm_row_cycles(n, l2)] * len(u), (starts, dut.norm_row_cycles(n, l2))
+
+
+@pytest.mark.parametrize("field", ["rms_eps", "l2_eps"])
+def test_an_epsilon_past_the_eps_port_is_refused(field):
+    """An epsilon whose eps_q (in act-format units squared) does not fit 2*act_width bits fails at
+    construction naming its field (the eps register would drop its top bits)."""
+    cfg = profile("tiny", layer_ops=True, **{field: 2.0 ** 17})
+    with pytest.raises(ValueError, match=field):
+        VectorUnit(cfg)
+    VectorUnit(profile("tiny", layer_ops=True, **{field: 2.0 ** 15}))
