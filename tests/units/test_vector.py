@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The vector unit against golden.intops (add_sat, combine_int, rmsnorm_int, l2norm_int), bit for bit."""
 
 import numpy as np
