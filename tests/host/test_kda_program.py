@@ -48,6 +48,7 @@ def test_kda_program_runs_decode_steps_in_a_row():
     of the 4 tokens)."""
     cfg, Q, x_q = _mixer("tensor", 7, 4)
     prog = compile_kda(x_q[:1], Q, cfg)
+    assert len(prog.instrs) == 40               # the README's figure
     host = bytearray(prog.image)
     state, ys = None, []
     for t in range(4):

@@ -338,6 +338,21 @@ def test_kda_step_matches_funcsim_and_golden(m, n, directed, one_write_port):
     assert [got[900 + i] for i in range(m * n * K)] == list(np.concatenate(o).ravel())
 
 
+def test_kda_step_takes_281_cycles_per_head_and_token():
+    """KDA_STEP on tiny (K = 8) without stalls: exactly 281 cycles a head and token (each row's 8
+    state words read a cycle each beside its vector words, the unit's two passes, the new state
+    written a word a cycle, the 8 read-out values through the bit-serial requantiser), from start
+    to done, for 1 head of 1 token, 2 heads, and 2 tokens of 2 heads (the README's figure)."""
+    cycles = {}
+    for m, n in ((1, 1), (1, 2), (2, 2)):
+        spad, _ = _kda_operands(LAYER, np.random.default_rng(m + n), m, n)
+        ins = Instr(Op.KDA_STEP, m=m, n=n, k=LAYER.kda_head_dim, a=16, b=1200, c=900, mult=23456, shift=30,
+                    width=16)
+        got, want, err, cycles[m, n] = _run(ins, spad, cfg=LAYER)
+        assert got == want and err == Err.NONE
+    assert cycles == {(1, 1): 281, (1, 2): 562, (2, 2): 1124}, cycles
+
+
 def test_conv_takes_a_cycle_per_tap():
     """CONV streams a tap a cycle: 4 more result rows of 6 channels over 4 taps take 4*6*4 cycles more."""
     cycles = []
