@@ -75,7 +75,7 @@ from golden import block, k3
 from golden import intops as I
 from nanokpu.config import KpuConfig
 
-__all__ = ["QuantWeight", "QuantKDA", "KDAState", "unit_frac", "state_width", "state_frac",
+__all__ = ["random_state", "QuantWeight", "QuantKDA", "KDAState", "unit_frac", "state_width", "state_frac",
            "quantize_kda", "kda_int", "kda_step_int", "kda_head_step_int"]
 
 
@@ -138,6 +138,13 @@ class KDAState(NamedTuple):
 
     S: np.ndarray
     conv: np.ndarray
+
+
+def random_state(cfg: KpuConfig, rng: np.random.Generator) -> KDAState:
+    """A random :class:`KDAState` for tests: ``S`` within 2**20, the conv tails within 2**12."""
+    H, K = cfg.n_heads, cfg.kda_head_dim
+    return KDAState(rng.integers(-(1 << 20), 1 << 20, (H, K, K)),
+                    rng.integers(-(1 << 12), 1 << 12, (3, cfg.kda_conv - 1, H * K)))
 
 
 def _projection(W, in_scale: float, out_frac: int, out_width: int, cfg: KpuConfig) -> QuantWeight:

@@ -44,7 +44,7 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["QuantLayer", "quantize_act", "quantize_dense_ffn", "quantize_layer", "layer_int", "ffn_sublayer_int",
-           "random_ffn_case"]
+           "random_ffn_case", "random_layer_case"]
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,18 @@ def random_ffn_case(cfg: KpuConfig, L: int, tokens: int, n_blocks: int, rng: np.
     V[-1, 0, ::2] = -(1 << (cfg.act_width - 1))
     V[-1, 0, 1::2] = (1 << (cfg.act_width - 1)) - 1
     return Q, V[-1], list(V[:-1])
+
+
+def random_layer_case(cfg: KpuConfig, L: int, tokens: int, rng: np.random.Generator):
+    """``(Q, P, Bl, state, params)`` for :func:`layer_int`: layer ``L`` of ``cfg`` (its float
+    parameters ``params``, :func:`golden.k3.init_layer`) quantised on N(0, 1) inputs; act-format
+    ``P [tokens, d]`` and ``Bl`` (the blocks finished before ``L``) of N(0, 1) values, ``P``'s first
+    token at the act format's ends (alternately); for a KDA layer a random
+    :func:`golden.kda.random_state`, for an MLA layer None."""
+    V = quantize_act(rng.standard_normal((-(-L // cfg.attnres_block) + 1, tokens, cfg.d_model)), cfg)
+    act = 2.0 ** -cfg.act_frac
+    params = k3.init_layer(L, cfg, rng)
+    Q, _, _ = quantize_layer(L, params, V[-1] * act, [b * act for b in V[:-1]], cfg)
+    V[-1, 0, ::2], V[-1, 0, 1::2] = -(1 << (cfg.act_width - 1)), (1 << (cfg.act_width - 1)) - 1
+    state = kda.random_state(cfg, rng) if isinstance(Q.mixer, kda.QuantKDA) else None
+    return Q, V[-1], list(V[:-1]), state, params

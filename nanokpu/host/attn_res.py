@@ -45,20 +45,22 @@ def check_candidates(P, Bl, cfg: KpuConfig) -> np.ndarray:
     return V
 
 
-def attn_res_steps(V, Q: QuantAttnRes, host: HostImage, spad: SpadMap, cfg: KpuConfig) -> list:
+def attn_res_steps(V, Q: QuantAttnRes, host: HostImage, spad: SpadMap, cfg: KpuConfig,
+                   v_words: bool = False) -> list:
     """The instructions of :func:`golden.attn_res.attn_res_int` on the candidates ``V [N, T, d]``
-    (:func:`check_candidates`): ``V`` (token-major) and the query's panel put in ``host``, the
+    (:func:`check_candidates`): ``V`` (token-major; int16, or int32 words with ``v_words``: a buffer
+    another program stores, :mod:`nanokpu.host.link`) and the query's panel put in ``host``, the
     buffers ``V``, ``K``, ``s``, ``a``, ``h`` allocated in ``spad``; ``h [T, d]`` (act format) is at
     ``spad.map["h"]`` after them."""
     N, T, d = V.shape
     rows = T * N
-    h_v = host.put("V", V.transpose(1, 0, 2).astype("<i2").tobytes())
+    h_v = host.act("V", V.transpose(1, 0, 2), v_words)
     h_q = host.int8("q", weight_panels(np.asarray(Q.q)[None, :], cfg))
     s_v, s_k, s_s, s_a, s_h = (spad.alloc(name, words) for name, words in
                                (("V", rows * d), ("K", rows * d), ("s", rows), ("a", rows), ("h", T * d)))
     rq = Q.rq_score
     return [
-        Instr(Op.LOAD, m=rows, n=d, c=s_v, host=h_v, width=2),
+        Instr(Op.LOAD, m=rows, n=d, c=s_v, host=h_v, width=4 if v_words else 2),
         Instr(Op.NORM, m=rows, n=d, a=s_v, c=s_k),
         Instr(Op.GEMM, m=rows, k=d, n=1, a=s_k, c=s_s, host=h_q, mult=rq.mult, shift=rq.shift, width=rq.width),
         Instr(Op.SOFTMAX, m=T, n=N, a=s_s, c=s_a),

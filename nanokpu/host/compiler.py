@@ -151,6 +151,12 @@ class HostImage:
     def int32(self, name: str, arr) -> int:
         return self.put(name, np.asarray(arr, dtype=np.int64).astype("<i4").tobytes())
 
+    def act(self, name: str, arr, words: bool = False) -> int:
+        """Act-format values: int16 (``LOAD`` width 2), or int32 words with ``words`` (width 4: a
+        buffer another linked program stores, :mod:`nanokpu.host.link`)."""
+        return self.int32(name, arr) if words else self.put(name, np.asarray(arr, dtype=np.int64)
+                                                              .astype("<i2").tobytes())
+
 
 class SpadMap:
     """Scratchpad buffers placed one after another: ``map`` from name to first word, ``top`` the

@@ -32,10 +32,13 @@ from nanokpu.isa import F_ACC, F_EPS, F_L2, F_RQ_CHANNEL, Instr, Op, bus_bytes, 
 __all__ = ["compile_kda", "read_state"]
 
 
-def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None) -> RowsProgram:
+def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
+                x_words: bool = False) -> RowsProgram:
     """The program of :func:`golden.kda.kda_int` for int8 ``x_q [T, d]`` from ``state`` (zeros when
     None): a :class:`~nanokpu.host.compiler.RowsProgram` whose output ``y`` is at the symbol ``y``;
     the state after the call is at the symbols ``tails`` and ``S`` (:func:`read_state`).
+    ``x_words``: ``x`` in host memory as int32 words (a buffer another program stores,
+    :mod:`nanokpu.host.link`), else int8.
 
     ``ValueError`` naming the argument when a shape or value does not fit, or the config lacks
     ``layer_ops``, room or instruction memory.
@@ -58,7 +61,7 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None)
             raise ValueError(f"x_q: {T} tokens: {why}")
 
     host, spad = HostImage(bus_bytes(cfg)), SpadMap(cfg.dmem_depth)
-    h_x = host.int8("x", x_q)
+    h_x = host.int32("x", x_q) if x_words else host.int8("x", x_q)
     h_w = {name: host.int8(f"w_{name}", weight_panels(p.W, cfg)) for name, (p, _, _) in gemms.items()}
     h_conv = host.int32("conv", np.concatenate([c.W.ravel() for c in (Q.conv_q, Q.conv_k, Q.conv_v)]))
     # the tables' words, in one LOAD: per-column requantiser tables, the bias rows, eps, o_norm
@@ -99,7 +102,7 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None)
         fields = dict(width=0) if raw else rq_fields(p.rq, name, f"Q.proj_{name}")
         return Instr(Op.GEMM, m=T, k=k, n=n_out, a=a, c=c, host=h_w[name], **fields)
 
-    instrs = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=1),
+    instrs = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=4 if x_words else 1),
               Instr(Op.LOAD, m=1, n=3 * C * n, c=s_conv, host=h_conv, width=4),
               Instr(Op.LOAD, m=1, n=at - s_tables, c=s_tables, host=h_tab, width=4)]
     for i, (c, conv) in enumerate(zip("qkv", (Q.conv_q, Q.conv_k, Q.conv_v), strict=True)):
@@ -138,11 +141,12 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None)
     return RowsProgram(instrs, host.image, host.symbols, T, cfg, out="y", spad=dict(spad.map))
 
 
-def read_state(prog: RowsProgram, host) -> KDAState:
-    """The :class:`~golden.kda.KDAState` a run of ``prog`` (:func:`compile_kda`) left in ``host``."""
-    cfg = prog.cfg
+def read_state(prog: RowsProgram, host, part: str = "") -> KDAState:
+    """The :class:`~golden.kda.KDAState` a run of ``prog`` (:func:`compile_kda`, or a linked program
+    with it as the part named ``part``) left in ``host``."""
+    cfg, prefix = prog.cfg, f"{part}." if part else ""
     H, K, n, C = cfg.n_heads, cfg.kda_head_dim, cfg.kda_conv, cfg.n_heads * cfg.kda_head_dim
     words = np.frombuffer(bytes(host), dtype="<i4").astype(np.int64)
-    tails = words[prog.symbols["tails"] // 4:][:3 * (n - 1) * C].reshape(3, n - 1, C)
-    S = words[prog.symbols["S"] // 4:][:H * K * K].reshape(H, K, K)
+    tails = words[prog.symbols[f"{prefix}tails"] // 4:][:3 * (n - 1) * C].reshape(3, n - 1, C)
+    S = words[prog.symbols[f"{prefix}S"] // 4:][:H * K * K].reshape(H, K, K)
     return KDAState(S, tails)

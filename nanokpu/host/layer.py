@@ -1,7 +1,14 @@
-"""Lower the FFN half of a K3 layer (:func:`golden.layer.ffn_sublayer_int`) to a nano-KPU program
-(needs ``layer_ops``): three programs linked into one (:func:`nanokpu.host.link.link`), each
-handing its result to the next through host memory (``T * d`` words)::
+"""Lower a K3 layer to one nano-KPU program (needs ``layer_ops``): the FFN half
+(:func:`golden.layer.ffn_sublayer_int`, :func:`compile_ffn_sublayer`) and a whole KDA layer
+(:func:`golden.layer.layer_int`, :func:`compile_layer`), as programs linked into one
+(:func:`nanokpu.host.link.link`), each handing its result to the next through host memory (``T *
+d`` words)::
 
+    mixer_norm: Attention Residuals of P over Bl with q_attn (none when Bl is empty) -> h,
+                LOAD attn_norm; NORM h -> x; MUL x by attn_norm; STORE x       (compile_layer)
+    kda:        the KDA mixer (nanokpu.host.kda.compile_kda, x as int32 words) -> y     (compile_layer)
+    mixer_add:  LOAD y; (LOAD P; ADD); STORE out, and a STORE a token into the FFN half's
+                candidates V (int32 words)                                      (compile_layer)
     norm: Attention Residuals of P over Bl with q_mlp -> h      (nanokpu.host.attn_res.attn_res_steps)
           LOAD mlp_norm [d]; NORM h -> x; MUL x by mlp_norm     (rmsnorm_weight_int: the FFN's int8 input)
           (LatentMoE with a wide router: REQUANT x -> x << (router_operand_width - in_width))
@@ -10,18 +17,22 @@ handing its result to the next through host memory (``T * d`` words)::
           or the LatentMoE block (nanokpu.host.compiler.compile_block, its x loaded as int32 words)
     add:  LOAD P; LOAD y; ADD; STORE out
 
-Host image: the parts' buffers, named ``"<part>.<buffer>"`` in ``symbols``: ``norm.V``,
-``norm.q``, ``norm.mlp_norm`` (int32), ``norm.x``; the dense FFN's ``ffn.w_gate``, ``ffn.w_up``,
-``ffn.w_down`` (:func:`~nanokpu.isa.weight_panels`), ``ffn.rq`` (with ``weight_scales =
-"channel"``: the three GEMMs' per-column tables), ``ffn.y``, or the block's buffers
-(:mod:`nanokpu.host.compiler`); ``add.P`` (int16) and the output ``add.out`` (int32 ``[T, d]``).
+Host image: the parts' buffers, named ``"<part>.<buffer>"`` in ``symbols``: ``norm.V`` (the
+candidates, token-major), ``norm.q``, ``norm.weight`` (int32: the RMSNorm's), ``norm.x``; the dense
+FFN's ``ffn.w_gate``, ``ffn.w_up``, ``ffn.w_down`` (:func:`~nanokpu.isa.weight_panels`), ``ffn.rq``
+(with ``weight_scales = "channel"``: the three GEMMs' per-column tables), ``ffn.y``, or the block's
+buffers (:mod:`nanokpu.host.compiler`); ``add.P`` and the output ``add.out`` (int32 ``[T, d]``).
+The mixer half's parts ``mixer_norm`` (as ``norm``), ``kda`` (:mod:`nanokpu.host.kda`'s buffers:
+the state at ``kda.tails`` and ``kda.S``) and ``mixer_add`` (``a``, ``P``, ``out``, ``V``). Inputs
+another part stores are int32 words; those from the host (``P``, ``Bl``) int16.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from golden.block import QuantExpert
+from golden.block import QuantExpert, QuantLatentMoE
+from golden.kda import KDAState, QuantKDA
 from golden.layer import QuantLayer
 from nanokpu.config import KpuConfig
 from nanokpu.host.attn_res import attn_res_steps, check_candidates, check_room
@@ -34,10 +45,21 @@ from nanokpu.host.compiler import (
     glu_steps,
     rq_words,
 )
+from nanokpu.host.kda import compile_kda
 from nanokpu.host.link import Part, link
 from nanokpu.isa import Instr, Op, bus_bytes, weight_panels
 
-__all__ = ["compile_ffn_sublayer"]
+__all__ = ["LAYER_IMEM_DEPTH", "compile_ffn_sublayer", "compile_layer", "layer_config"]
+
+#: Instruction memory a whole layer's program needs: up to 107 instructions on ``tiny`` at 8 tokens
+#: (a LatentMoE layer with the wide router; the mixer_add part takes a ``STORE`` a token).
+LAYER_IMEM_DEPTH = 128
+
+
+def layer_config(cfg: KpuConfig) -> KpuConfig:
+    """``cfg`` as built to run whole layers: the layer's ops (``layer_ops``) and an instruction
+    memory of at least :data:`LAYER_IMEM_DEPTH`, its weight-scale scheme unchanged."""
+    return cfg.replace(layer_ops=True, imem_depth=max(cfg.imem_depth, LAYER_IMEM_DEPTH))
 
 #: The dense FFN's GEMMs: name -> (its Requant in QuantExpert, weight member).
 _GEMMS = {"gate": ("rq_gate", "W_gate"), "up": ("rq_up", "W_up"), "down": ("rq_out", "W_down")}
@@ -48,23 +70,32 @@ def _part(name, instrs, host: HostImage, spad: SpadMap, T: int, cfg: KpuConfig) 
     return Part(name, instrs + [Instr(Op.HALT)], host.image, host.symbols)
 
 
-def _norm(V, Q: QuantLayer, widen: int, cfg: KpuConfig) -> Part:
-    """Attention Residuals, the weighted RMSNorm (shifted left by ``widen``), ``x`` stored."""
-    T, d = V.shape[1:]
-    weight = np.asarray(Q.mlp_norm, dtype=np.int64)
-    if weight.shape != (d,) or np.abs(weight).max() >= 1 << (cfg.mult_width - 1) or not 0 <= Q.mlp_norm_shift < 64:
-        raise ValueError(f"Q.mlp_norm: must be [{d}] signed mult_width = {cfg.mult_width} bits, shift in [0, 63]")
+def _norm(name: str, V, q, weight, shift: int, what: str, widen: int, cfg: KpuConfig,
+          v_words: bool = False) -> Part:
+    """Attention Residuals of the candidates ``V [N, T, d]`` with the query ``q`` (``N = 1``: ``h =
+    V[0]``, none), the weighted RMSNorm (``weight`` of the field ``Q.<what>``, ``shift``; shifted left
+    by ``widen``), ``x`` stored as int32 words; ``V`` int32 words with ``v_words``."""
+    N, T, d = V.shape
+    weight = np.asarray(weight, dtype=np.int64)
+    if weight.shape != (d,) or np.abs(weight).max() >= 1 << (cfg.mult_width - 1) or not 0 <= shift < 64:
+        raise ValueError(f"Q.{what}: must be [{d}] signed mult_width = {cfg.mult_width} bits, shift in [0, 63]")
     host, spad = HostImage(bus_bytes(cfg)), SpadMap(cfg.dmem_depth)
-    instrs = attn_res_steps(V, Q.q_mlp, host, spad, cfg)
-    h_w, h_x = host.int32("mlp_norm", weight), host.int32("x", np.zeros(T * d))
-    s_h, s_w, s_x = spad.map["h"], spad.alloc("w", d), spad.alloc("x", T * d)
+    if N == 1:
+        s_h = spad.alloc("h", T * d)
+        instrs = [Instr(Op.LOAD, m=T, n=d, c=s_h, host=host.act("V", V[0], v_words),
+                        width=4 if v_words else 2)]
+    else:
+        instrs = attn_res_steps(V, q, host, spad, cfg, v_words)
+        s_h = spad.map["h"]
+    h_w, h_x = host.int32("weight", weight), host.int32("x", np.zeros(T * d))
+    s_w, s_x = spad.alloc("w", d), spad.alloc("x", T * d)
     instrs += [Instr(Op.LOAD, m=1, n=d, c=s_w, host=h_w, width=4),
                Instr(Op.NORM, m=T, n=d, a=s_h, c=s_x),
-               Instr(Op.MUL, m=T, n=d, a=s_x, b=s_w, c=s_x, shift=Q.mlp_norm_shift)]
+               Instr(Op.MUL, m=T, n=d, a=s_x, b=s_w, c=s_x, shift=shift)]
     if widen:
         instrs.append(Instr(Op.REQUANT, m=T, n=d, a=s_x, c=s_x, mult=1 << widen, width=cfg.router_operand_width))
     instrs.append(Instr(Op.STORE, m=T, n=d, a=s_x, host=h_x, width=4))
-    return _part("norm", instrs, host, spad, T, cfg)
+    return _part(name, instrs, host, spad, T, cfg)
 
 
 def _dense_ffn(ex: QuantExpert, T: int, cfg: KpuConfig) -> Part:
@@ -98,18 +129,43 @@ def _dense_ffn(ex: QuantExpert, T: int, cfg: KpuConfig) -> Part:
     return _part("ffn", instrs, host, spad, T, cfg)
 
 
-def _add(P, cfg: KpuConfig) -> Part:
-    """``out = add_sat(P, y)``, ``y`` (int32 words in host memory) the FFN's."""
+def _add(P, cfg: KpuConfig, p_words: bool = False) -> Part:
+    """``out = add_sat(P, y)``, ``y`` (int32 words in host memory) the FFN's; ``P`` int32 words with
+    ``p_words``."""
     T, d = P.shape
     host, spad = HostImage(bus_bytes(cfg)), SpadMap(cfg.dmem_depth)
-    h_p, h_y, h_out = host.put("P", P.astype("<i2").tobytes()), host.int32("y", np.zeros(T * d)), \
+    h_p, h_y, h_out = host.act("P", P, p_words), host.int32("y", np.zeros(T * d)), \
         host.int32("out", np.zeros(T * d))
     s_p, s_y, s_out = (spad.alloc(name, T * d) for name in ("P", "y", "out"))
-    instrs = [Instr(Op.LOAD, m=T, n=d, c=s_p, host=h_p, width=2),
+    instrs = [Instr(Op.LOAD, m=T, n=d, c=s_p, host=h_p, width=4 if p_words else 2),
               Instr(Op.LOAD, m=T, n=d, c=s_y, host=h_y, width=4),
               Instr(Op.ADD, m=T, n=d, a=s_p, b=s_y, c=s_out),
               Instr(Op.STORE, m=T, n=d, a=s_out, host=h_out, width=4)]
     return _part("add", instrs, host, spad, T, cfg)
+
+
+def _ffn_parts(V, Q: QuantLayer, cfg: KpuConfig, words: bool = False) -> tuple[list, dict]:
+    """The FFN half's parts ``norm``, ``ffn``, ``add`` on the candidates ``V [N, T, d]`` (``P =
+    V[-1]``) and their binds; with ``words`` its inputs ``norm.V`` and ``add.P`` are int32 words."""
+    T, d = V.shape[1:]
+    dense = isinstance(Q.ffn, QuantExpert)
+    widen = 0 if dense else cfg.router_operand_width - cfg.in_width
+    if dense:
+        ffn = _dense_ffn(Q.ffn, T, cfg)
+    else:
+        block = compile_block(Q.ffn, np.zeros((T, d), dtype=np.int64), cfg, x_words=True)
+        ffn = Part("ffn", block.instrs, block.image, block.symbols)
+    norm = _norm("norm", V, Q.q_mlp, Q.mlp_norm, Q.mlp_norm_shift, "mlp_norm", widen, cfg, words)
+    return [norm, ffn, _add(V[-1], cfg, words)], {"ffn.x": "norm.x", "add.y": "ffn.y"}
+
+
+def _program(parts, binds, T: int, cfg: KpuConfig) -> RowsProgram:
+    """The linked program of ``parts``, its output at ``add.out``; ``ValueError`` when it exceeds
+    the instruction memory."""
+    linked = link(parts, binds, bus_bytes(cfg))
+    if len(linked.instrs) > cfg.imem_depth:
+        raise ValueError(f"imem_depth = {cfg.imem_depth}: the program needs {len(linked.instrs)} instructions")
+    return RowsProgram(linked.instrs, linked.image, linked.symbols, T, cfg, out="add.out")
 
 
 def compile_ffn_sublayer(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> RowsProgram:
@@ -124,16 +180,71 @@ def compile_ffn_sublayer(P, Bl, Q: QuantLayer, cfg: KpuConfig) -> RowsProgram:
     if not len(Bl):
         raise ValueError("Bl: empty; the FFN half of a layer has at least one finished block")
     V = check_candidates(P, Bl, cfg)
+    parts, binds = _ffn_parts(V, Q, cfg)
+    return _program(parts, binds, V.shape[1], cfg)
+
+
+def _mixer_add(P, V, cfg: KpuConfig) -> Part:
+    """``out = add_sat(P, a)`` (``a`` the mixer's output, int32 words in host memory; ``out = a``
+    when ``P`` is None: a layer that starts a block), stored as int32 words twice: at ``out`` and
+    as the last candidate of ``V [N, T, d]`` (int32 words, token-major: row ``t*N + N - 1``, a
+    ``STORE`` a token), the FFN half's candidates."""
+    N, T, d = V.shape
+    host, spad = HostImage(bus_bytes(cfg)), SpadMap(cfg.dmem_depth)
+    h_a, h_out = host.int32("a", np.zeros(T * d)), host.int32("out", np.zeros(T * d))
+    h_v = host.int32("V", V.transpose(1, 0, 2))
+    s_a = spad.alloc("a", T * d)
+    instrs = [Instr(Op.LOAD, m=T, n=d, c=s_a, host=h_a, width=4)]
+    s_out = s_a
+    if P is not None:
+        h_p, s_p, s_out = host.act("P", P), spad.alloc("P", T * d), spad.alloc("out", T * d)
+        instrs += [Instr(Op.LOAD, m=T, n=d, c=s_p, host=h_p, width=2),
+                   Instr(Op.ADD, m=T, n=d, a=s_p, b=s_a, c=s_out)]
+    instrs.append(Instr(Op.STORE, m=T, n=d, a=s_out, host=h_out, width=4))
+    instrs += [Instr(Op.STORE, m=1, n=d, a=s_out + t * d, host=h_v + 4 * (t * N + N - 1) * d, width=4)
+               for t in range(T)]
+    return _part("mixer_add", instrs, host, spad, T, cfg)
+
+
+def compile_layer(L: int, P, Bl, Q: QuantLayer, cfg: KpuConfig, state: KDAState | None = None) -> RowsProgram:
+    """The program of :func:`golden.layer.layer_int` for a KDA layer ``L``: ``P [T, d]`` and ``Bl``
+    (list of ``[T, d]``) act format, the mixer's ``state`` after the previous tokens (None: zeros).
+    Six parts linked (their symbols prefixed by the part's name)::
+
+        mixer_norm  Attention Residuals of P over Bl with q_attn (none when Bl is empty), the
+                    weighted RMSNorm (attn_norm) -> x
+        kda         the KDA mixer (nanokpu.host.kda) on x -> y; its state at kda.tails, kda.S
+        mixer_add   P + y (y alone when L starts a block) -> out, and into the FFN half's
+                    candidates mixer_add.V (Bl, with P when L starts a block, then out)
+        norm, ffn, add   the FFN half (compile_ffn_sublayer) on those candidates -> add.out
+
+    A :class:`~nanokpu.host.compiler.RowsProgram` whose output (the layer's ``P``) is at
+    ``add.out``; the state after the call: :func:`nanokpu.host.kda.read_state` with ``part="kda"``;
+    ``Bl`` after the layer is ``Bl + [P]`` when ``L % attnres_block == 0``, else ``Bl``.
+
+    ``ValueError`` naming the argument when ``L`` is an MLA layer (no MLA executor yet), ``Q`` is
+    not of layer ``L``'s kinds, a shape or value does not fit, or the config lacks ``layer_ops``,
+    room or instruction memory.
+    """
+    if not 0 <= L < cfg.n_layers:
+        raise ValueError(f"L = {L}: must be in [0, n_layers = {cfg.n_layers})")
+    if cfg.is_mla_layer(L):
+        raise ValueError(f"L = {L}: an MLA layer; the nano-KPU runs KDA layers only (no MLA executor yet)")
+    ffn_cls = QuantExpert if L < cfg.dense_layers else QuantLatentMoE
+    for part, cls in ((Q.mixer, QuantKDA), (Q.ffn, ffn_cls)):
+        if not isinstance(part, cls):
+            raise ValueError(f"Q: layer {L} of profile {cfg.name!r} needs {cls.__name__}, got {type(part).__name__}")
+    V = check_candidates(P, Bl, cfg)
     T, d = V.shape[1:]
-    dense = isinstance(Q.ffn, QuantExpert)
-    widen = 0 if dense else cfg.router_operand_width - cfg.in_width
-    if dense:
-        ffn = _dense_ffn(Q.ffn, T, cfg)
-    else:
-        block = compile_block(Q.ffn, np.zeros((T, d), dtype=np.int64), cfg, x_words=True)
-        ffn = Part("ffn", block.instrs, block.image, block.symbols)
-    linked = link([_norm(V, Q, widen, cfg), ffn, _add(V[-1], cfg)], {"ffn.x": "norm.x", "add.y": "ffn.y"},
-                  bus_bytes(cfg))
-    if len(linked.instrs) > cfg.imem_depth:
-        raise ValueError(f"imem_depth = {cfg.imem_depth}: the program needs {len(linked.instrs)} instructions")
-    return RowsProgram(linked.instrs, linked.image, linked.symbols, T, cfg, out="add.out")
+    P = V[-1]
+    starts = L % cfg.attnres_block == 0
+    Bl_next = [*Bl, P] if starts else list(Bl)
+    V_next = check_candidates(np.zeros((T, d), dtype=np.int64), Bl_next, cfg)
+    mixer_norm = _norm("mixer_norm", V, Q.q_attn, Q.attn_norm, Q.attn_norm_shift, "attn_norm", 0, cfg)
+    kda = compile_kda(np.zeros((T, d), dtype=np.int64), Q.mixer, cfg, state, x_words=True)
+    ffn_parts, ffn_binds = _ffn_parts(V_next, Q, cfg, words=True)
+    parts = [mixer_norm, Part("kda", kda.instrs, kda.image, kda.symbols),
+             _mixer_add(None if starts else P, V_next, cfg), *ffn_parts]
+    binds = {"kda.x": "mixer_norm.x", "mixer_add.a": "kda.y", "norm.V": "mixer_add.V", "add.P": "mixer_add.out",
+             **ffn_binds}
+    return _program(parts, binds, T, cfg)

@@ -28,9 +28,7 @@ def test_kda_program_is_kda_int(scheme, T):
     gate's sigmoid up to 2**16, MUL's factor 18 bits)."""
     cfg, Q, x_q = _mixer(scheme, T, T)
     rng = np.random.default_rng(T + 100)
-    H, K, C = cfg.n_heads, cfg.kda_head_dim, cfg.n_heads * cfg.kda_head_dim
-    state = KD.KDAState(rng.integers(-(1 << 20), 1 << 20, (H, K, K)),
-                        rng.integers(-(1 << 12), 1 << 12, (3, cfg.kda_conv - 1, C)))
+    state = KD.random_state(cfg, rng)
     y, after = KD.kda_int(x_q, Q, cfg, state)
     prog = compile_kda(x_q, Q, cfg, state)
     sim = FuncSim(cfg, prog.image)

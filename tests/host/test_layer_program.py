@@ -1,6 +1,7 @@
 """nanokpu.host.layer: the FFN half of a K3 layer (Attention Residuals, the weighted RMSNorm as NORM
-and MUL, the dense SiTU-GLU FFN or the LatentMoE block, the residual add) lowered to one linked
-program, run on FuncSim, equal to golden.layer.ffn_sublayer_int (the RTL run: tests/kpu/test_top.py);
+and MUL, the dense SiTU-GLU FFN or the LatentMoE block, the residual add) and a whole KDA layer (the
+mixer's half before it) lowered to one linked program, run on FuncSim, equal to
+golden.layer.ffn_sublayer_int and layer_int (the RTL runs: tests/kpu/test_top.py);
 nanokpu.host.link's relocation, binds and errors."""
 
 import numpy as np
@@ -10,23 +11,29 @@ from golden import fidelity
 from golden import layer as LY
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.host.layer import compile_ffn_sublayer
+from nanokpu.host.kda import read_state
+from nanokpu.host.layer import compile_ffn_sublayer, compile_layer, layer_config
 from nanokpu.host.link import Part, link
 from nanokpu.isa import Err, Instr, Op
 
 LAYER = profile("tiny", layer_ops=True)
 SCHEMES = {"tensor": LAYER, "after": fidelity.scheme(LAYER, fidelity.AFTER)}
+WHOLE = {name: layer_config(cfg) for name, cfg in SCHEMES.items()}
 
 
 def dense_case(cfg, tokens, n_blocks, seed):
     return LY.random_ffn_case(cfg, 0, tokens, n_blocks, np.random.default_rng(seed))
 
 
-def run_funcsim(prog):
+def run_funcsim(prog, with_host=False):
     sim = FuncSim(prog.cfg, prog.image)
     res = sim.run(prog.instrs)
     assert res.error == Err.NONE, res
-    return prog.outputs(sim.host)
+    return (prog.outputs(sim.host), sim.host) if with_host else prog.outputs(sim.host)
+
+
+def layer_case(cfg, L, tokens, seed):
+    return LY.random_layer_case(cfg, L, tokens, np.random.default_rng(seed))[:4]
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -52,6 +59,70 @@ def test_latent_moe_ffn_sublayer_on_funcsim_is_the_golden_one(scheme):
         assert Op.EXPERT in ops and ops.count(Op.HALT) == 1 and ops[-1] == Op.HALT
         assert (Op.REQUANT in ops[:ops.index(Op.STORE)]) == cfg.wide_router
         assert np.array_equal(run_funcsim(prog), LY.ffn_sublayer_int(P, Bl, Q, cfg)), (tokens, n_blocks)
+
+
+@pytest.mark.parametrize("scheme", WHOLE)
+def test_kda_layers_on_funcsim_are_the_golden_ones(scheme):
+    """Layer 0 (dense FFN, no finished block: the mixer's norm on P alone, P starts Bl), 1 and 2
+    (LatentMoE inside a block) and 4 (starts the second block: P joins Bl before the FFN half), from
+    a random state: the layer's P and the state after it == golden layer_int's, both schemes."""
+    cfg = WHOLE[scheme]
+    sizes = {}
+    for L, tokens in ((0, 4), (1, 8), (2, 1), (4, 3)):
+        Q, P, Bl, state = layer_case(cfg, L, tokens, L + 10)
+        P_next, _, after = LY.layer_int(L, P, Bl, Q, cfg, state)
+        prog = compile_layer(L, P, Bl, Q, cfg, state)
+        got, host = run_funcsim(prog, with_host=True)
+        assert np.array_equal(got, P_next), (L, tokens)
+        carried = read_state(prog, host, part="kda")
+        assert np.array_equal(carried.S, after.S) and np.array_equal(carried.conv, after.conv), L
+        assert [i.op for i in prog.instrs].count(Op.KDA_STEP) == 1 and prog.instrs[-1].op == Op.HALT
+        sizes[L] = len(prog.instrs)
+    # the README's figures: a LatentMoE layer of 8 tokens (the after scheme's wide router: SPLIT,
+    # four digit GEMMs, REQUANT_WIDE, and the widening REQUANT)
+    assert sizes[1] == {"tensor": 101, "after": 107}[scheme]
+
+
+def test_small_kda_layers_on_funcsim_are_the_golden_ones():
+    """small (d_model 256, 64 experts, top-4) layers 0 and 1 on 3 tokens from a random state, built
+    as nanokpu sim --layer builds it: P and the state == layer_int's."""
+    cfg = layer_config(profile("small"))
+    for L in (0, 1):
+        Q, P, Bl, state = layer_case(cfg, L, 3, 30 + L)
+        P_next, _, after = LY.layer_int(L, P, Bl, Q, cfg, state)
+        prog = compile_layer(L, P, Bl, Q, cfg, state)
+        got, host = run_funcsim(prog, with_host=True)
+        carried = read_state(prog, host, part="kda")
+        assert np.array_equal(got, P_next) and np.array_equal(carried.S, after.S), L
+
+
+def test_kda_layer_decode_steps_carry_the_state():
+    """4 decode steps of layer 1, a token each, the state read back from host memory after each and
+    compiled into the next: each P == layer_int's token by token, == one call of the 4 tokens."""
+    cfg = WHOLE["tensor"]
+    Q, P, Bl, _ = layer_case(cfg, 1, 4, 21)
+    whole, _, _ = LY.layer_int(1, P, Bl, Q, cfg)
+    state = None
+    for t in range(4):
+        prog = compile_layer(1, P[t:t + 1], [b[t:t + 1] for b in Bl], Q, cfg, state)
+        got, host = run_funcsim(prog, with_host=True)
+        assert np.array_equal(got, whole[t:t + 1]), t
+        state = read_state(prog, host, part="kda")
+
+
+def test_bad_layers_are_refused():
+    cfg = WHOLE["tensor"]
+    Q, P, Bl, _ = layer_case(cfg, 1, 8, 2)
+    with pytest.raises(ValueError, match="^L = 3: an MLA layer"):
+        compile_layer(3, P, Bl, Q, cfg)
+    with pytest.raises(ValueError, match="^L = 8: must be in"):
+        compile_layer(8, P, Bl, Q, cfg)
+    with pytest.raises(ValueError, match="^Q: layer 0 of profile 'tiny' needs QuantExpert, got QuantLatentMoE"):
+        compile_layer(0, P, [], Q, cfg)
+    with pytest.raises(ValueError, match="^imem_depth = 64: the program needs 101 instructions"):
+        compile_layer(1, P, Bl, Q, cfg.replace(imem_depth=64))
+    with pytest.raises(ValueError, match="layer_ops"):
+        compile_layer(1, P, Bl, Q, profile("tiny", imem_depth=128))
 
 
 def test_link_relocates_targets_and_host_addresses_and_binds():
