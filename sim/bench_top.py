@@ -12,7 +12,8 @@ simulated ``run_clocks`` and wall ``run_seconds`` are written there), ``replay``
 ``test_block`` with one seed writes the run there for the C++ harness, :mod:`sim.lib.raw_run`),
 ``trace`` (the summary gains ``busy_trace``: each executor instruction's ``BUSY`` cycles, in
 order, from the controller's one-hot ``cur_executor``; their sums are checked against the
-``BUSY`` counters).
+``BUSY`` counters); ``test_layers``: ``layers`` (comma-separated layer indices), ``tokens`` (the
+first call's) and ``steps`` (decode steps after it).
 """
 
 from __future__ import annotations
@@ -29,11 +30,12 @@ from cocotb.utils import get_sim_time
 from golden.attn_res import attn_res_int, quantize_attn_res
 from golden.block import block_error, latent_moe_int, random_block, same_routing
 from golden.intops import matmul_int, requantize
-from golden.layer import ffn_sublayer_int, random_ffn_case
+from golden.layer import ffn_sublayer_int, layer_int, random_ffn_case, random_layer_case
 from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.host.layer import compile_ffn_sublayer
+from nanokpu.host.kda import read_state
+from nanokpu.host.layer import compile_ffn_sublayer, compile_layer
 from nanokpu.isa import (
     EXECUTORS,
     F_ACC,
@@ -536,6 +538,52 @@ async def run_rows_program(tb, prog, want, what: str) -> dict:
     final, res = await run_like_funcsim(tb, prog.instrs, prog.image, what)
     assert np.array_equal(prog.outputs(final), want), f"seed {tb.seed}, {what}: the result differs from the golden one"
     return await tb.counters() | {"instructions": res.retired, "macs": res.macs}
+
+
+@cocotb.test()
+async def test_layers(dut):
+    """Whole K3 layers (:func:`nanokpu.host.layer.compile_layer`: the mixer's Attention Residuals and
+    weighted RMSNorm, KDA, the residual add, the FFN half; ``layer_ops``): each of ``layers`` (default
+    ``0,1``: the dense first layer, then KDA + LatentMoE) on a sequence from the zero state, ``tokens``
+    tokens in one call (default 4), then ``steps`` decode steps of a token each (default 4), every
+    call's program compiled with the KDA state read back from the nano-KPU's host memory after the
+    call before: each call's ``P`` equals golden :func:`~golden.layer.layer_int`'s on the whole
+    sequence at once (its rows), the host memory FuncSim's (under the bench's bus stalls), the state
+    after the last call golden's; the error of the sequence against the float layer
+    (:func:`golden.k3.layer`) is logged. With ``summary`` each call's counters, instructions and
+    MACs are written there (``nanokpu bench-block``'s layer rows)."""
+    from golden import k3
+
+    tb = TB(dut)
+    await tb.reset()
+    cfg, rng = tb.cfg, np.random.default_rng(tb.seed)
+    layers = [int(v) for v in str(tb.p.get("layers", "0,1")).split(",")]
+    tokens, steps = int(tb.p.get("tokens", 4)), int(tb.p.get("steps", 4))
+    calls = [(0, tokens)] + [(tokens + t, tokens + t + 1) for t in range(steps)]
+    results = []
+    for L in layers:
+        Q, P, Bl, _, params = random_layer_case(cfg, L, calls[-1][1], rng)
+        want, _, want_state = layer_int(L, P, Bl, Q, cfg)
+        state, got = None, []
+        for lo, hi in calls:
+            what = f"layer {L}, tokens {lo}..{hi - 1}"
+            prog = compile_layer(L, P[lo:hi], [b[lo:hi] for b in Bl], Q, cfg, state)
+            final, res = await run_like_funcsim(tb, prog.instrs, prog.image, what)
+            got.append(prog.outputs(final))
+            assert np.array_equal(got[-1], want[lo:hi]), f"seed {tb.seed}, {what}: P differs from layer_int's"
+            state = read_state(prog, final, part="kda")
+            results.append(await tb.counters() | {"instructions": res.retired, "macs": res.macs, "layer": L,
+                                                  "tokens": hi - lo, "static": len(prog.instrs)})
+        assert np.array_equal(state.S, want_state.S) and np.array_equal(state.conv, want_state.conv), \
+            f"seed {tb.seed}, layer {L}: the KDA state after {len(calls)} calls differs from layer_int's"
+        act = 2.0 ** -cfg.act_frac
+        e = block_error(np.concatenate(got), k3.layer(L, P * act, [b * act for b in Bl], params, cfg)[0], cfg)
+        results[-1]["error"] = e
+        dut._log.info(f"layer {L}: {len(calls)} calls bit-exact ({calls[-1][1]} tokens); against the float "
+                      f"layer: cosine {e['cosine']:.5f}, max abs {e['max_abs']:.4f}")
+    if tb.p.get("summary"):
+        with open(tb.p["summary"], "w") as f:
+            json.dump(results, f)
 
 
 @cocotb.test()

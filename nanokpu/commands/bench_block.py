@@ -9,9 +9,10 @@ nothing else), utilization = ideal / cycles, and each unit's busy share (cycles 
 ran / all cycles). The same run is then replayed on the same Verilog by a C++ harness with no
 Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count, register value or
 host memory byte is an error): reported are the simulated cycles per second of the run phase
-under cocotb and on the harness, and their ratio. Then the parts of a K3 layer that run on the
-nano-KPU (:data:`LAYERS`: the FFN half of the dense layer 0 and the LatentMoE layer 1 on ``tiny``):
-cycles, MACs, utilization, busy shares. Written to ``docs/bench/block.md``.
+under cocotb and on the harness, and their ratio. Then K3 layers on ``tiny`` (:data:`LAYERS`):
+the FFN half of the dense layer 0 and the LatentMoE layer 1, and both layers whole (a call of 8
+tokens, then decode steps): cycles, MACs, utilization, busy shares. Written to
+``docs/bench/block.md``.
 """
 
 from __future__ import annotations
@@ -169,10 +170,22 @@ The FFN half of a layer (`nanokpu.host.layer`: Attention Residuals over the fini
 `P`, the weighted RMSNorm as NORM and MUL, the FFN, the residual ADD; three programs linked into
 one) on `tiny` with issue 26's after scheme and `layer_ops`, 8 tokens, no bus stalls, each
 bit-exact to `golden.layer.ffn_sublayer_int` (`sim/bench_top.py` `test_ffn_sublayer`, seed
-{seed}). Layer 0's FFN is dense (SiTU-GLU, `d_dense` wide), layer 1's the LatentMoE block. The
-mixers (KDA, MLA) do not run on the nano-KPU yet.
+{seed}). Layer 0's FFN is dense (SiTU-GLU, `d_dense` wide), layer 1's the LatentMoE block.
 
 {table}
+
+## Whole K3 layers
+
+A whole KDA layer (`nanokpu.host.layer.compile_layer`: the mixer's Attention Residuals and
+RMSNorm, the KDA mixer, the residual add, then the FFN half above; six programs linked into one)
+on `tiny` per tensor with `layer_ops` and a 128-instruction memory (the build of `nanokpu sim
+--layer` and the main job), no bus stalls, from the zero state: 8 tokens in one call, then 4
+decode steps of a token each with the KDA state read back from host memory between calls, each
+call bit-exact to `golden.layer.layer_int` (`sim/bench_top.py` `test_layers`, seed {seed}). A
+decode step's row is the mean of the 4; the vector unit's share includes `KDA_STEP`. MLA layers
+do not run on the nano-KPU yet.
+
+{whole}
 """
 
 #: The parts of a layer measured (:data:`LAYERS`): the design (tiny, after scheme, layer_ops).
@@ -189,6 +202,40 @@ def layer_parts(seed: int) -> list[dict]:
         run_kpu_bench(profile("tiny", **LAYER_CFG), "bench_top", testcase="test_ffn_sublayer", seed=seed,
                       params={"summary": str(summary), "pause": 0.0}, fast=True, tag="_after_layer")
         return json.loads(summary.read_text())
+
+
+def whole_layers(seed: int) -> list[dict]:
+    """Run ``test_layers`` (layers 0 and 1: 8 tokens, then 4 decode steps) on the layer build of
+    tiny (per tensor: the build of ``nanokpu sim --layer`` and the main job) without bus stalls;
+    the summary rows."""
+    from nanokpu.commands.simulate import simulate_layers
+
+    r = simulate_layers(profile("tiny"), [0, 1], 8, 4, seed, progress=False)
+    if not r.get("bit_exact"):
+        raise RuntimeError(f"whole layers: NOT bit-exact: {r.get('failure')}")
+    return r["rows"]
+
+
+def whole_layer_table(rows: list[dict]) -> str:
+    """Per layer: its first call, and its decode steps' mean."""
+    cfg = profile("tiny")
+    lines = ["| layer | FFN | call | tokens | instructions (program) | instructions retired | cycles | MACs | "
+             "ideal cycles | utilization | " + " | ".join(f"{u} busy" for u in EXECUTORS) + " |",
+             "|" + "---|" * (10 + len(EXECUTORS))]
+    for L in dict.fromkeys(r["layer"] for r in rows):
+        mine = [r for r in rows if r["layer"] == L]
+        kind = "dense" if L < cfg.dense_layers else "LatentMoE"
+        for call, group in (("first", mine[:1]), (f"decode step (mean of {len(mine) - 1})", mine[1:])):
+            if not group:
+                continue
+            mean = {k: sum(r[k] for r in group) / len(group) for k in ("cycles", "macs", "instructions", "static",
+                                                                        *EXECUTORS)}
+            ideal = mean["macs"] / (cfg.rows * cfg.cols)
+            lines.append(f"| {L} (KDA) | {kind} | {call} | {group[0]['tokens']} | {mean['static']:.0f} | "
+                         f"{mean['instructions']:.0f} | {mean['cycles']:,.0f} | {mean['macs']:.0f} | {ideal:.0f} | "
+                         f"{ideal / mean['cycles']:.1%} | "
+                         + " | ".join(f"{mean[u] / mean['cycles']:.1%}" for u in EXECUTORS) + " |")
+    return "\n".join(lines)
 
 
 def layer_table(rows: list[dict]) -> str:
@@ -342,6 +389,8 @@ def run(args) -> int:
             progress.advance(f"{tag}: {r['cycles']:,} cycles")
         with progress.stage("[bench-block] the FFN half of layers 0 and 1 (tiny, after scheme, layer_ops)"):
             layers = layer_table(layer_parts(args.seed))
+        with progress.stage("[bench-block] whole layers 0 and 1 (tiny, layer_ops)"):
+            whole = whole_layer_table(whole_layers(args.seed))
     text = table(rows)
     speeds = speed_table(rows)
     roof = roofline_table(rows)
@@ -351,6 +400,7 @@ def run(args) -> int:
     print(roof)
     print(queues)
     print(layers)
+    print(whole)
     print(speeds)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("# A whole LatentMoE block on the nano-KPU RTL\n\n"
@@ -358,7 +408,7 @@ def run(args) -> int:
                         f"seed {args.seed}, no bus stalls).\n\n" + text + "\n"
                         + ROOFLINE.format(table=roof)
                         + OVERLAP.format(table=queues)
-                        + LAYERS.format(seed=args.seed, table=layers)
+                        + LAYERS.format(seed=args.seed, table=layers, whole=whole)
                         + SPEED.format(table=speeds)
                         + EXPLANATION.format(decomposition=decomposition(rows)))
     print(f"wrote {args.out}")

@@ -5,7 +5,9 @@ The steps, each printed as it runs:
 1. golden: one LatentMoE block on the float and the integer path (:mod:`nanokpu.commands.demo`);
 2. generate: the Verilog of every unit into ``rtl/<profile>/`` (:mod:`nanokpu.commands.generate`);
 3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
-   for bit against the golden integer block (:mod:`nanokpu.commands.simulate`);
+   for bit against the golden integer block, then layer :data:`FLOW_LAYER` (KDA and LatentMoE) on
+   the profile built with ``layer_ops``, a call and decode steps checked against the golden
+   integer layer (:mod:`nanokpu.commands.simulate`);
 4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
    (:data:`nanokpu.commands.synth.DEFAULT_TARGET`: ``tiny`` on the ECP5-25F, ``small`` on the
    ECP5-85F), placed and routed with its Fmax. Reports land in ``fpga/build/flow/``.
@@ -35,13 +37,13 @@ def _step(n: int, title: str) -> float:
     return time.perf_counter()
 
 
-def _synthesize(cfg, target: str, seed: int, progress=None) -> dict:
-    """The ``kpu`` of ``cfg`` through Yosys and nextpnr on ``target``; the report is written to
-    :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
+def _synthesize(cfg, target: str, seed: int, progress=None, pnr: bool = True) -> dict:
+    """The ``kpu`` of ``cfg`` through Yosys and (with ``pnr``) nextpnr on ``target``; the report is
+    written to :data:`FLOW_DIR` (JSON, Markdown, PNG) next to the tools' logs."""
     from fpga.report import write_reports
     from nanokpu.commands import synth
 
-    r = synth.run_units(cfg.name, target, ["kpu"], pnr=True, seed=seed, progress=progress)[0]  # prints its summary
+    r = synth.run_units(cfg.name, target, ["kpu"], pnr=pnr, seed=seed, progress=progress)[0]  # prints its summary
     print(f"  tool logs: {r['build_dir']}/")
     for path in write_reports([r], FLOW_DIR, f"{cfg.name}-{target}", f"nanokpu flow --profile {cfg.name}"):
         print(f"  wrote {path}")
@@ -54,7 +56,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--target", default=None, choices=sorted(TARGETS),
                         help="FPGA target (default: the profile's own)")
     parser.add_argument("--no-synth", action="store_true", help="skip step 4 (Yosys and nextpnr)")
+    parser.add_argument("--no-pnr", action="store_true",
+                        help="step 4 runs Yosys only (resources, fit against the part): no place and route, no Fmax")
     add_quiet(parser)
+
+
+#: The whole layer the main job runs (step 3): layer 1, the KDA mixer and the LatentMoE FFN, on
+#: LAYER_TOKENS tokens, then FLOW_STEPS decode steps.
+FLOW_LAYER, FLOW_STEPS = 1, 2
 
 
 def run(args) -> int:
@@ -82,7 +91,7 @@ def run(args) -> int:
                 f"({time.perf_counter() - t0:.1f} s)")
     progress.advance("generate done")
 
-    t0 = _step(3, "simulate a block on the RTL (Verilator, cocotb, AXI)")
+    t0 = _step(3, f"simulate a block and layer {FLOW_LAYER} on the RTL (Verilator, cocotb, AXI)")
     tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)
     result = simulate.simulate(cfg, tokens, args.seed, pause=0.2, progress=not args.quiet)
     print(simulate.format_summary(cfg, result))
@@ -90,6 +99,16 @@ def run(args) -> int:
     done.append(f"simulated {tokens} tokens on the RTL: "
                 + (f"{result['cycles']:,} cycles, bit-exact with the golden integer block"
                    if exact else "NOT bit-exact"))
+    layer = simulate.simulate_layers(cfg, [FLOW_LAYER], simulate.LAYER_TOKENS, FLOW_STEPS, args.seed, pause=0.2,
+                                     progress=not args.quiet)
+    print(simulate.format_layers(layer))
+    layer_exact = bool(layer.get("bit_exact"))
+    done.append(f"simulated layer {FLOW_LAYER} (KDA mixer, LatentMoE FFN; built with layer_ops) on the RTL: "
+                f"{simulate.LAYER_TOKENS} tokens, then {FLOW_STEPS} decode steps carrying the KDA state: "
+                + (f"{sum(r['cycles'] for r in layer['rows']):,} cycles, bit-exact with the golden integer layer "
+                   f"(cosine {layer['rows'][-1]['error']['cosine']:.5f} against the float layer)"
+                   if layer_exact else "NOT bit-exact"))
+    exact &= layer_exact
     progress.advance("simulate done")
 
     status = 0 if exact else 1
@@ -97,13 +116,18 @@ def run(args) -> int:
         done.append("synthesis skipped (--no-synth)")
     else:
         target = args.target or synth.DEFAULT_TARGET[cfg.name]
-        t0 = _step(4, f"synthesize the nano-KPU for {target} (Yosys, nextpnr; takes minutes)")
-        r = _synthesize(cfg, target, args.seed, progress)
+        tools = "Yosys" if args.no_pnr else "Yosys, nextpnr"
+        t0 = _step(4, f"synthesize the nano-KPU for {target} ({tools}; takes minutes)")
+        r = _synthesize(cfg, target, args.seed, progress, pnr=not args.no_pnr)
         progress.advance("synthesize done")
         status |= bool(r["latches"] or r["unmapped"] or r.get("over"))
         done.append(f"synthesized for {target}: {summary_line(r)} ({time.perf_counter() - t0:.0f} s)")
-        done.append(f"synthesis reports in fpga/build/flow/ (Fmax of nextpnr seed {args.seed}: placements differ "
-                    "by about 10 % from seed to seed; fpga/reports/summary.md gives the committed figures and seeds)")
+        if args.no_pnr:
+            done.append("place and route skipped (--no-pnr): no Fmax; synthesis reports in fpga/build/flow/")
+        else:
+            done.append(f"synthesis reports in fpga/build/flow/ (Fmax of nextpnr seed {args.seed}: placements "
+                        "differ by about 10 % from seed to seed; fpga/reports/summary.md gives the committed figures "
+                        "and seeds)")
 
     progress.close()
     print(f"\n== nanokpu flow, profile '{cfg.name}': done in {time.perf_counter() - t_all:.0f} s")

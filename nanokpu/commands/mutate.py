@@ -426,6 +426,15 @@ MUTANTS: tuple[Mutant, ...] = (
            "float(np.max(np.abs(h_s))), 1.0, cfg)", "float(np.max(np.abs(h_s))), 0.95, cfg)",
            ("tests/golden/test_quantiser.py::test_each_stage_tracks_float[0-tiny]",),
            what="the shared expert's output gain 5 % low"),
+    # -- the layer compiler ----------------------------------------------------------------
+    Mutant("layer-candidate-row", "nanokpu/host/layer.py",
+           "host=h_v + 4 * (t * N + N - 1) * d", "host=h_v + 4 * (t * N + N - 2) * d",
+           ("tests/host/test_layer_program.py::test_kda_layers_on_funcsim_are_the_golden_ones[tensor]",),
+           what="the mixer's P stored over the last finished block's row instead of its own"),
+    Mutant("layer-block-start", "nanokpu/host/layer.py",
+           "starts = L % cfg.attnres_block == 0", "starts = L == 0",
+           ("tests/host/test_layer_program.py::test_kda_layers_on_funcsim_are_the_golden_ones[tensor]",),
+           what="only layer 0 starts a block: layer 4's P never joins Bl"),
 )
 
 

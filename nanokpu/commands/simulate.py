@@ -1,4 +1,5 @@
-"""``nanokpu sim``: one LatentMoE block of a profile on the nano-KPU RTL (Verilator), end to end.
+"""``nanokpu sim``: one LatentMoE block of a profile on the nano-KPU RTL (Verilator), end to end;
+with ``--layer L [L ...]`` whole K3 layers instead (:func:`simulate_layers`).
 
 Compiles a random block (:mod:`nanokpu.host.compiler`), builds the top level on Verilator (cached in
 ``sim_build/``), and runs ``sim/bench_top.py``: the host image goes into an AXI RAM model, the
@@ -23,6 +24,8 @@ from nanokpu.host.compiler import check_tokens
 
 #: Default batch size per profile.
 DEFAULT_TOKENS = {"tiny": 8, "small": 16}
+#: ``--layer`` runs: the first call's tokens and the decode steps after it, by default.
+LAYER_TOKENS, LAYER_STEPS = 4, 4
 
 
 def add_arguments(parser) -> None:
@@ -30,6 +33,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--tokens", type=int_in(1), default=None,
                         help="tokens in the batch (default: 8 for tiny, 16 for small; at most what the "
                              "profile's scratchpad holds)")
+    parser.add_argument("--layer", type=int_in(0), nargs="+", default=None, metavar="L",
+                        help="run whole K3 layers L instead of a block (KDA layers; the profile built with "
+                             "layer_ops and a 128-instruction memory): a call of --tokens tokens (default 4), "
+                             "then --steps decode steps carrying the KDA state")
+    parser.add_argument("--steps", type=int_in(0), default=LAYER_STEPS,
+                        help=f"with --layer: decode steps of a token after the first call (default {LAYER_STEPS})")
     parser.add_argument("--seed", type=seed, default=1, help="random block and batch")
     parser.add_argument("--pause", type=fraction, default=0.0,
                         help="probability in [0, 1) of an idle/backpressure cycle on every AXI channel")
@@ -77,6 +86,96 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     return result
 
 
+def check_layers(cfg, layers, tokens: int, steps: int) -> None:
+    """``ValueError`` naming the argument when a layer of ``layers`` cannot run on the layer build
+    of ``cfg`` (:func:`nanokpu.host.layer.layer_config`) with ``tokens`` then ``steps`` calls of
+    one token: out of range, an MLA layer, or a program beyond the scratchpad or instruction
+    memory (each layer's first call compiled on a random case)."""
+    import numpy as np
+
+    from golden.layer import random_layer_case
+    from nanokpu.host.layer import compile_layer, layer_config
+
+    lcfg = layer_config(cfg)
+    for L in layers:
+        if not 0 <= L < cfg.n_layers:
+            raise ValueError(f"layer = {L}: profile {cfg.name!r} has layers 0 .. {cfg.n_layers - 1}")
+        if cfg.is_mla_layer(L):
+            raise ValueError(f"layer = {L}: an MLA layer (every {cfg.mla_period}th); the nano-KPU runs KDA "
+                             f"layers only (no MLA executor yet)")
+        Q, P, Bl, _, _ = random_layer_case(lcfg, L, tokens + steps, np.random.default_rng(0))
+        try:
+            compile_layer(L, P[:tokens], [b[:tokens] for b in Bl], Q, lcfg)
+        except ValueError as exc:
+            raise ValueError(f"tokens = {tokens}: layer {L}: {exc}") from None
+
+
+def simulate_layers(cfg, layers, tokens: int, steps: int, seed: int, pause: float = 0.0, waves: bool = False,
+                    progress: bool = True) -> dict:
+    """Run whole layers on the RTL (``sim/bench_top.py`` ``test_layers`` on the layer build of
+    ``cfg``): each of ``layers`` on a call of ``tokens`` tokens from the zero state, then ``steps``
+    decode steps. Returns ``bit_exact``, ``rows`` (each call's counters, ``instructions``
+    retired, ``static`` instructions, ``macs``, ``layer``, ``tokens``; a layer's last row has
+    ``error``, against the float layer), ``waves``, ``seconds``, ``build``, ``cfg`` (the layer
+    build's config)."""
+    from nanokpu.host.layer import layer_config
+    from nanokpu.kpu.top import NanoKPU
+    from sim.lib.kpu_launch import kpu_build, kpu_build_name, run_kpu_bench
+    from sim.runner import BenchFailure, waves_file
+
+    check_layers(cfg, layers, tokens, steps)
+    if not 0 <= pause < 1:
+        raise ValueError(f"pause = {pause}: must be in [0, 1)")
+    lcfg = layer_config(cfg)
+    t0 = time.time()
+    stages = Progress(quiet=not progress)
+    dut = NanoKPU(lcfg)
+    with stages.stage(f"[nanokpu sim] build {kpu_build_name(lcfg, '_layer')} on Verilator (cached under sim_build/)"):
+        build_dir = kpu_build(lcfg, waves=waves, tag="_layer", dut=dut)
+    names = ", ".join(str(L) for L in layers)
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = Path(tmp) / "summary.json"
+        params = {"layers": ",".join(str(L) for L in layers), "tokens": tokens, "steps": steps, "pause": pause,
+                  "summary": str(summary)}
+        try:
+            with stages.stage(f"[nanokpu sim] run layer {names} ({tokens} tokens, then {steps} decode steps, "
+                              f"seed {seed})"):
+                run_kpu_bench(lcfg, "bench_top", testcase="test_layers", seed=seed, params=params, waves=waves,
+                              tag="_layer", dut=dut)
+        except BenchFailure as exc:
+            return {"bit_exact": False, "failure": str(exc), "seconds": time.time() - t0, "cfg": lcfg}
+        rows = json.loads(summary.read_text())
+    return {"bit_exact": True, "rows": rows, "waves": str(waves_file(build_dir)) if waves else None,
+            "seconds": time.time() - t0, "build": str(build_dir), "cfg": lcfg}
+
+
+def format_layers(r: dict) -> str:
+    """The summary of :func:`simulate_layers`: per layer its calls' cycles and the float error."""
+    if not r.get("bit_exact"):
+        return f"bit-exact: NO\n{r.get('failure', '')}"
+    cfg = r["cfg"]
+    lines = []
+    for L in dict.fromkeys(row["layer"] for row in r["rows"]):
+        rows = [row for row in r["rows"] if row["layer"] == L]
+        kind = "KDA mixer, " + ("dense FFN" if L < cfg.dense_layers else "LatentMoE FFN")
+        first, steps = rows[0], rows[1:]
+        ideal = first["macs"] / (cfg.rows * cfg.cols)
+        spread = sorted({s["cycles"] for s in steps})
+        each = f"{spread[0]:,}" + (f"-{spread[-1]:,}" if len(spread) > 1 else "") if steps else ""
+        lines.append(f"layer {L} ({kind}), profile {cfg.name} with layer_ops: {first['tokens']} tokens in "
+                     f"{first['cycles']:,} cycles ({first['static']} instructions, utilization "
+                     f"{ideal / first['cycles']:.1%})"
+                     + (f", then {len(steps)} decode steps of {each} cycles each" if steps else ""))
+        lines.append("  bit-exact with golden.layer.layer_int: yes (each call; the KDA state carried in host memory)")
+        e = rows[-1]["error"]
+        lines.append(f"  error vs the float layer: cosine {e['cosine']:.5f}, max abs {e['max_abs']:.4f}, "
+                     f"rms relative {e['rms_rel']:.4f}")
+    lines.append(f"({r['seconds']:.1f} s wall)")
+    if r.get("waves"):
+        lines.append(f"waves: {r['waves']}")
+    return "\n".join(lines)
+
+
 def format_summary(cfg, r: dict) -> str:
     if not r.get("bit_exact"):
         return f"bit-exact: NO\n{r.get('failure', '')}"
@@ -100,6 +199,12 @@ def format_summary(cfg, r: dict) -> str:
 
 def run(args) -> int:
     cfg = profile(args.profile)
+    if args.layer is not None:
+        tokens = LAYER_TOKENS if args.tokens is None else args.tokens
+        r = simulate_layers(cfg, args.layer, tokens, args.steps, args.seed, args.pause, args.waves,
+                            progress=not args.quiet)
+        print(format_layers(r))
+        return 0 if r.get("bit_exact") else 1
     tokens = DEFAULT_TOKENS.get(args.profile, 8) if args.tokens is None else args.tokens
     check_tokens(cfg, tokens)   # before anything is built: the block must fit the scratchpads
     r = simulate(cfg, tokens, args.seed, args.pause, args.waves, progress=not args.quiet)

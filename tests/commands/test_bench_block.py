@@ -12,11 +12,13 @@ from nanokpu.commands.bench_block import (
     layer_table,
     roofline,
     roofline_table,
+    whole_layer_table,
 )
-from nanokpu.commands.simulate import format_summary
+from nanokpu.commands.simulate import format_layers, format_summary
 from nanokpu.config import profile
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
+from nanokpu.host.layer import layer_config
 
 
 def test_gemm_tiles_bound_the_macs():
@@ -69,3 +71,32 @@ def test_layer_rows_name_the_ffn_and_divide_by_the_array():
     lines = layer_table([r | {"layer": 0}, r]).splitlines()
     assert lines[2].startswith("| FFN half of layer 0 | dense | 8 | 2 | 40 | 2000 | 16000 | 1000 | 50.0% | ")
     assert lines[3].startswith("| FFN half of layer 1 | LatentMoE |") and lines[3].endswith("| 2.5% |")
+
+
+def test_whole_layer_rows_split_the_first_call_from_the_decode_steps_mean():
+    """A layer's first call, then the mean of its decode steps; utilization over the array."""
+    first = {"layer": 1, "tokens": 8, "static": 101, "instructions": 200, "cycles": 4000, "macs": 32000,
+             "dma": 400, "gemm": 1000, "act": 300, "route": 50, "vector": 200, "move": 50}
+    steps = [first | {"tokens": 1, "cycles": c, "macs": 16000, "instructions": 150, "static": 94} for c in (1000, 3000)]
+    lines = whole_layer_table([first, *steps]).splitlines()
+    assert lines[2].startswith("| 1 (KDA) | LatentMoE | first | 8 | 101 | 200 | 4,000 | 32000 | 2000 | 50.0% | 10.0% |")
+    assert lines[3].startswith("| 1 (KDA) | LatentMoE | decode step (mean of 2) | 1 | 94 | 150 | 2,000 | 16000 | "
+                               "1000 | 50.0% | 20.0% |")
+
+
+def test_layer_summary_names_the_kinds_and_the_decode_steps():
+    """nanokpu sim --layer's summary: the layer's mixer and FFN, the first call, the decode steps'
+    cycles (one figure when they agree), the float error; NO and the failure when not bit-exact."""
+    cfg = layer_config(profile("tiny"))
+    err = {"cosine": 0.99, "max_abs": 1.5, "rms_rel": 0.1}
+    rows = [{"layer": 0, "tokens": 4, "cycles": 2000, "static": 70, "macs": 16000},
+            *({"layer": 0, "tokens": 1, "cycles": c, "static": 66, "macs": 4000} for c in (700, 700)),
+            {"layer": 1, "tokens": 4, "cycles": 4000, "static": 97, "macs": 16000},
+            *({"layer": 1, "tokens": 1, "cycles": c, "static": 94, "macs": 4000} for c in (900, 902))]
+    rows[2]["error"] = rows[-1]["error"] = err
+    lines = format_layers({"bit_exact": True, "cfg": cfg, "seconds": 3.0, "rows": rows}).splitlines()
+    assert lines[0] == ("layer 0 (KDA mixer, dense FFN), profile tiny with layer_ops: 4 tokens in 2,000 cycles "
+                        "(70 instructions, utilization 50.0%), then 2 decode steps of 700 cycles each")
+    assert lines[3].endswith("then 2 decode steps of 900-902 cycles each") and "LatentMoE FFN" in lines[3]
+    assert lines[2] == "  error vs the float layer: cosine 0.99000, max abs 1.5000, rms relative 0.1000"
+    assert format_layers({"bit_exact": False, "failure": "P differs"}) == "bit-exact: NO\nP differs"

@@ -347,17 +347,31 @@ def test_board_at_another_bit_rate_elaborates_and_a_bad_one_names_the_field(caps
     assert "freq = 50.0: a board build's goal is its board's clock" in capsys.readouterr().err
 
 
-@pytest.mark.slow(270)
+@pytest.mark.slow(60)
 def test_board_build_icebreaker():
-    """The iCEBreaker bitstream: the UART bridge around the tiny GEMM engine (about 2 minutes)."""
+    """The iCEBreaker bitstream chain (Yosys on the board's pins, nextpnr-ice40 at the 12 MHz board
+    clock, icepack) on a small unit behind the UART bridge, the sigmoid: the board's own unit, the
+    tiny GEMM engine, fills most of the UP5K and takes ~4 minutes of place and route (its fit is
+    the test below; `nanokpu synth --board icebreaker` builds it, fpga/reports/board-icebreaker.md)."""
     from fpga.boards import build_board
     out = BUILD_DIR / "test-board-reports"   # not the committed report
-    report = build_board("icebreaker", out=out)
+    report = build_board("icebreaker", unit="sigmoid", out=out)
     assert json.loads((out / "board-icebreaker.json").read_text())["bitstream_bytes"] == report["bitstream_bytes"]
     assert report["bitstream_bytes"] > 100_000  # an UP5K image is 104090 bytes
     assert report["fmax_mhz"] > report["clock_mhz"]
     assert report["utilization"]["SB_IO"]["used"] == 3  # clk, rx, tx
-    assert report["unit"] == "nanokpu.units.gemm:kpu_engine" and report["utilization"]["ICESTORM_DSP"]["used"] == 8
+    assert report["unit"] == "sigmoid"
+
+
+def test_icebreaker_design_fits_the_up5k():
+    """The iCEBreaker's own design, the tiny GEMM engine (16 int8 MACs on 8 SB_MAC16 DSPs) behind
+    the UART bridge, fits the UP5K's logic cells, DSPs and RAMs after nextpnr's packer."""
+    from fpga.boards import BAUD, board_design
+    spec = BOARDS["icebreaker"]
+    design = board_design(spec.unit, profile(spec.profile, dsp="ice40"), 12_000_000, BAUD)
+    r = synthesize(design, "board_icebreaker", spec.target, build_dir=BUILD_DIR / "test-board-fit")
+    assert not r["over"] and not r["latches"] and not r["unmapped"], summary_line(r)
+    assert r["resources"]["dsp"] == 8 and 0 < r["resources"]["lc"] <= r["totals"]["lc"], summary_line(r)
 
 
 def test_reuse_returns_the_same_report_without_running():

@@ -8,6 +8,7 @@ import nanokpu.kpu.dmem as dmem_module
 from golden import fidelity
 from nanokpu.commands.bench_block import gemm_tiles, overlap
 from nanokpu.config import profile
+from nanokpu.host.layer import layer_config
 from nanokpu.units.memport import inverting_read_port
 from sim.lib.kpu_launch import run_kpu_bench
 
@@ -33,7 +34,7 @@ def test_tiny_blocks_10_seeds():
 def test_tiny_blocks_one_write_port(monkeypatch, overrides):
     """The scratchpad as ECP5 builds it (one true-dual-port copy: a cycle that writes reads
     nothing, so reads wait for writes), with the generic multipliers (the ECP5 MULT18X18D has
-    no simulation model): 6 random blocks under bus stalls, bit for bit; per tensor and per
+    no simulation model): 4 random blocks under bus stalls, bit for bit; per tensor and per
     channel (every GEMM requantised by its per-column table, F_RQ_CHANNEL: the same design,
     another program), and per channel with the 16-bit router (SPLIT and REQUANT_WIDE waiting
     on the blocked reads)."""
@@ -42,7 +43,7 @@ def test_tiny_blocks_one_write_port(monkeypatch, overrides):
     for module in (dmem_module, spad_module):
         monkeypatch.setattr(module, "writes_block_reads", lambda cfg: True)
     tag = "_one_write_port" + ("_router16" if "router_width" in overrides else "")
-    _bench("tiny", "test_block", tag=tag, tokens=8, seed=30, seeds=6, vary_tokens=True, pause=0.3, overrides=overrides)
+    _bench("tiny", "test_block", tag=tag, tokens=8, seed=30, seeds=4, vary_tokens=True, pause=0.3, overrides=overrides)
 
 
 @pytest.mark.slow(75)
@@ -142,22 +143,45 @@ def test_soft_reset_mid_run():
 
 @pytest.mark.slow(65)
 def test_tiny_blocks_heavy_stalls():
-    _bench("tiny", "test_block", tokens=16, seed=100, seeds=3, pause=0.5)
+    _bench("tiny", "test_block", tokens=16, seed=100, seeds=2, pause=0.5)
 
 
-@pytest.mark.slow(290)
+@pytest.mark.slow(60)
+def test_kda_layers_on_the_whole_kpu():
+    """Whole K3 layers on tiny built with layer_ops (nanokpu.host.layer.layer_config, the build
+    ``nanokpu sim --layer`` and the main job use): the dense layer 0 and the LatentMoE layer 1, each
+    on 4 tokens from the zero state then 4 decode steps with the KDA state read back from host
+    memory between calls, under bus stalls: every call's P == golden layer_int's, the host memory
+    FuncSim's, the state after the last call golden's (sim/bench_top.py test_layers)."""
+    run_kpu_bench(layer_config(profile("tiny")), "bench_top", testcase="test_layers", seed=3, tag="_layer",
+                  params={"layers": "0,1", "tokens": 4, "steps": 4, "pause": 0.2})
+
+
+@pytest.mark.slow(150)
 def test_small_block_end_to_end():
-    """small (8x8 array, 64 experts, top-4) on 8 tokens under bus stalls: RTL == latent_moe_int ==
-    FuncSim bit for bit (16 tokens: nanokpu bench-block)."""
-    _bench("small", "test_block", tokens=8, seed=5, seeds=1, pause=0.1)
+    """small (8x8 array, 64 experts, top-4) on 2 tokens under bus stalls (a part-filled 8-row tile):
+    RTL == latent_moe_int == FuncSim bit for bit (16 tokens, two full tiles: nanokpu bench-block)."""
+    _bench("small", "test_block", tokens=2, seed=5, seeds=1, pause=0.1)
 
 
-@pytest.mark.slow(180)
+@pytest.mark.slow(130)
 def test_small_block_after_scheme():
-    """Issue 26's after scheme on small (3 tokens: a part-filled 8-row tile, where the test above
-    fills it; 8x8 array, 48-bit router accumulator, bus stalls): RTL == latent_moe_int == FuncSim
-    bit for bit (16 tokens: nanokpu bench-block)."""
-    _bench("small", "test_block", tag="_after", tokens=3, seed=6, seeds=1, pause=0.1, overrides=fidelity.AFTER)
+    """Issue 26's after scheme on small (1 token: one row of an 8-row tile; 8x8 array, 48-bit
+    router accumulator, bus stalls): RTL == latent_moe_int == FuncSim bit for bit (16 tokens:
+    nanokpu bench-block)."""
+    _bench("small", "test_block", tag="_after", tokens=1, seed=6, seeds=1, pause=0.1, overrides=fidelity.AFTER)
+
+
+def test_layer_cycles_are_exact(tmp_path):
+    """The block benchmark's whole-layer rows (docs/bench/block.md, the README; seed 1, no bus
+    stalls): layers 0 and 1 on the layer build of tiny, 8 tokens then 4 decode steps, each call's
+    cycles and program size exact."""
+    summary = tmp_path / "summary.json"
+    run_kpu_bench(layer_config(profile("tiny")), "bench_top", testcase="test_layers", seed=1, tag="_layer",
+                  params={"layers": "0,1", "tokens": 8, "steps": 4, "pause": 0.0, "summary": str(summary)})
+    rows = json.loads(summary.read_text())
+    assert [r["cycles"] for r in rows] == [27305, 6817, 6817, 6817, 6817, 35259, 8324, 8322, 8324, 8324]
+    assert [r["static"] for r in rows] == [75, 68, 68, 68, 68, 101, 94, 94, 94, 94]
 
 
 def test_block_cycles_are_exact(tmp_path):

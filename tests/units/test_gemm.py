@@ -19,11 +19,10 @@ from nanokpu.units.memport import inverting_read_port
 from sim.runner import run_bench
 
 # (id, profile, overrides, out_width, seed): at least 2x2, 4x4, 8x8 and a non-square array; all
-# three rounding modes; the narrowest accumulator a config allows (22 bits for 64 products of
-# int8); a raw 32-bit read-out.
+# three rounding modes (half_even on the others); the narrowest accumulator a config allows (22
+# bits for 64 products of int8); a raw 32-bit read-out.
 CASES = [
     ("8x8", "small", {}, None, 11),
-    ("2x2", "tiny", {"rows": 2, "cols": 2}, None, 23),
     ("2x4-raw", "tiny", {"rows": 2, "cols": 4, "acc_width": 32}, 32, 23),
     ("2x2-floor-acc22", "tiny", {"rows": 2, "cols": 2, "rounding": "floor", "acc_width": 22}, None, 23),
     ("2x2-half_up", "tiny", {"rows": 2, "cols": 2, "rounding": "half_up"}, None, 23),
