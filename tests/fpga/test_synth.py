@@ -99,6 +99,7 @@ def test_bad_target_names_the_field():
         synthesize(LATCH_RTLIL, "test_latch", "xc7a35t")
 
 
+@pytest.mark.xdist_group("mac_unit-ecp5-25f")   # one build directory: fpga/build/tiny-ecp5-25f-mac_unit
 def test_cli_writes_json_markdown_and_chart():
     from nanokpu.cli import main
     out = BUILD_DIR / "test-cli-reports"
@@ -115,6 +116,7 @@ def test_cli_writes_json_markdown_and_chart():
     assert made_by in table
 
 
+@pytest.mark.xdist_group("mac_unit-ecp5-25f")   # one build directory: fpga/build/tiny-ecp5-25f-mac_unit
 def test_cli_compares_against_an_earlier_run(capsys):
     """``--against``: a second run prints each unit unchanged against the first's JSON, a
     changed baseline shows the differences, and a missing file names the flag."""
