@@ -39,7 +39,8 @@ The last key that raised ``m`` added ``p = 2**score_frac`` and no later rescale 
 ``l >= 2**score_frac`` (no division by zero). Rescaling never grows ``l`` or ``|acc|`` and each key
 adds at most ``2**score_frac`` to ``l`` and ``2**(score_frac + in_width - 1)`` to ``|acc|``: after
 ``S`` keys ``l <= S 2**score_frac`` and ``|acc| <= S 2**(score_frac + in_width - 1)``, both in
-:data:`ONLINE_WIDTH`-bit registers for ``S <=`` :func:`mla_max_tokens` (4095 with the defaults;
+:data:`~nanokpu.config.ONLINE_WIDTH`-bit registers for ``S <=``
+:attr:`~nanokpu.config.KpuConfig.mla_max_tokens` (4095 with the defaults;
 the latent cache of tiny fills the data scratchpad at 682 tokens, of small at 1638).
 """
 
@@ -53,14 +54,10 @@ import numpy as np
 
 from golden import block, k3
 from golden import intops as I
-from nanokpu.config import KpuConfig
+from nanokpu.config import ONLINE_WIDTH, KpuConfig
 
-__all__ = ["ONLINE_WIDTH", "RECIP_BITS", "QuantMLA", "MLACache", "quantize_mla", "mla_max_tokens",
-           "online_softmax_int", "mla_int"]
-
-#: Width of the online softmax registers: the running sum ``l`` (unsigned) and each numerator
-#: ``acc`` (signed).
-ONLINE_WIDTH = 32
+__all__ = ["RECIP_BITS", "QuantMLA", "MLACache", "quantize_mla", "online_softmax_int", "gate_int",
+           "attend_int", "mla_int"]
 
 #: The final reciprocal ``floor(2**(b + RECIP_BITS) / l)``, ``2**b <= l < 2**(b+1)``, lies in
 #: ``(2**(RECIP_BITS-1), 2**RECIP_BITS]``: ``1 / l`` truncated to ``RECIP_BITS`` significant bits, low by a
@@ -159,13 +156,6 @@ def quantize_mla(P: k3.MLAParams, x, cfg: KpuConfig, x_scale: float | None = Non
     return Q, x_q
 
 
-def mla_max_tokens(cfg: KpuConfig) -> int:
-    """The most keys (cached and new) one query may attend to: ``S`` with ``S 2**(score_frac +
-    in_width - 1) < 2**(ONLINE_WIDTH - 1)`` (the numerator bound) and ``S 2**score_frac <
-    2**ONLINE_WIDTH`` (the running sum's)."""
-    return (1 << (ONLINE_WIDTH - 1 - cfg.score_frac - (cfg.in_width - 1))) - 1
-
-
 def online_softmax_int(s, v, pos, cfg: KpuConfig) -> np.ndarray:
     """Causal softmax attention by online softmax (the module docstring's recurrence).
 
@@ -175,9 +165,9 @@ def online_softmax_int(s, v, pos, cfg: KpuConfig) -> np.ndarray:
     """
     s, v, pos = np.asarray(s, dtype=np.int64), np.asarray(v, dtype=np.int64), np.asarray(pos)
     H, T, S = s.shape
-    if S > mla_max_tokens(cfg):
+    if S > cfg.mla_max_tokens:
         raise ValueError(f"{S} keys: the online softmax registers ({ONLINE_WIDTH} bits) hold at most "
-                         f"mla_max_tokens = {mla_max_tokens(cfg)}")
+                         f"mla_max_tokens = {cfg.mla_max_tokens}")
     sf, width = cfg.score_frac, cfg.act_width
     m = np.full((H, T), -(1 << (width - 1)), dtype=np.int64)
     total = np.zeros((H, T), dtype=np.int64)
@@ -194,6 +184,23 @@ def online_softmax_int(s, v, pos, cfg: KpuConfig) -> np.ndarray:
     recip = (np.int64(1) << (b + RECIP_BITS)) // total
     o = I.round_shift(acc * recip[..., None], (b + RECIP_BITS - sf)[..., None], cfg.rounding)
     return o.transpose(1, 0, 2)
+
+
+def gate_int(o, g, cfg: KpuConfig) -> np.ndarray:
+    """MLA's output gate: ``saturate(round_shift(o * g, 2 score_frac), in_width)`` of ``o`` (v units,
+    ``score_frac`` bits) and the sigmoid gate ``g`` (unsigned, ``score_frac`` bits): int8, ``v``'s scale."""
+    prod = np.asarray(o, dtype=np.int64) * np.asarray(g, dtype=np.int64)
+    return I.saturate(I.round_shift(prod, 2 * cfg.score_frac, cfg.rounding), cfg.in_width)
+
+
+def attend_int(s, v, g, cfg: KpuConfig) -> np.ndarray:
+    """One head's gated causal read-out, as ``ATTEND`` computes it: ``s [T, S]`` act-format scores of
+    the last ``T`` of ``S`` positions (query ``t`` attends keys ``0 .. S - T + t``), ``v [S, dv]``
+    int8 values, ``g [T, dv]`` the gate; returns ``gate_int(online_softmax_int(...), g)`` ``[T, dv]``."""
+    s = np.asarray(s, dtype=np.int64)
+    T, S = s.shape
+    o = online_softmax_int(s[None], np.asarray(v)[:, None, :], np.arange(S - T, S), cfg)[:, 0]
+    return gate_int(o, g, cfg)
 
 
 def mla_int(x_q, Q: QuantMLA, cfg: KpuConfig, cache: MLACache | None = None):
@@ -220,6 +227,6 @@ def mla_int(x_q, Q: QuantMLA, cfg: KpuConfig, cache: MLACache | None = None):
     score = np.stack([Q.rq_score(I.matmul_int(q[:, h], keys[:, h].T, acc_w), cfg) for h in range(H)])
     o = online_softmax_int(score, kv[..., dn:], np.arange(S - T, S), cfg).reshape(T, H * dv)
     g = I.sigmoid_q(Q.rq_g(I.matmul_int(x_q, Q.W_g.T, acc_w), cfg), cfg)
-    og = I.saturate(I.round_shift(o * g, 2 * cfg.score_frac, cfg.rounding), cfg.in_width)
+    og = gate_int(o, g, cfg)
     y = Q.rq_o(I.matmul_int(og, Q.W_o.T, acc_w), cfg)
     return y, MLACache(n_kv, k_r)

@@ -14,8 +14,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
-__all__ = ["DSP_TARGETS", "KpuConfig", "PROFILES", "ROUNDING_MODES", "WEIGHT_SCALES", "config_from_dict",
-           "config_to_dict", "profile"]
+__all__ = ["DSP_TARGETS", "KpuConfig", "ONLINE_WIDTH", "PROFILES", "ROUNDING_MODES", "WEIGHT_SCALES",
+           "config_from_dict", "config_to_dict", "profile"]
 
 #: Rounding modes understood by :func:`golden.intops.round_shift` and the RTL requantiser.
 ROUNDING_MODES = ("half_even", "half_up", "floor")
@@ -32,6 +32,10 @@ WEIGHT_SCALES = ("tensor", "channel")
 #: Widest router GEMM operand (``router_width``): one 16-bit pass of an ECP5 MULT18X18D or an iCE40
 #: SB_MAC16 in 16x16 mode, or two byte-sliced int8 passes per operand.
 ROUTER_WIDTH_MAX = 16
+
+#: Width of the online softmax registers of MLA's attention (:func:`golden.mla.online_softmax_int`,
+#: ``ATTEND``): the running sum ``l`` (unsigned) and each numerator ``acc`` (signed).
+ONLINE_WIDTH = 32
 
 #: Widest router logit (``logit_width``): the sigmoid table is fitted and checked over every input.
 LOGIT_WIDTH_MAX = 24
@@ -382,6 +386,13 @@ class KpuConfig:
         """``N`` of the deepest Attention Residuals: the embedding, one representative per
         later block (``ceil(n_layers / attnres_block)`` in all) and the partial sum ``P``."""
         return -(-self.n_layers // self.attnres_block) + 1
+
+    @property
+    def mla_max_tokens(self) -> int:
+        """The most keys (cached and new) one MLA query may attend to: ``S`` with ``S 2**(score_frac +
+        in_width - 1) < 2**(ONLINE_WIDTH - 1)`` (the numerator bound of the online softmax) and ``S
+        2**score_frac < 2**ONLINE_WIDTH`` (the running sum's); ``ATTEND``'s ``k`` at most."""
+        return (1 << (ONLINE_WIDTH - 1 - self.score_frac - (self.in_width - 1))) - 1
 
     @property
     def weight_width(self) -> int:

@@ -111,6 +111,13 @@ Semantics (``len = m * n``; ``x[i]`` is scratchpad word ``x + i``):
                   + {0, 1, 2, 3}*m*n*k``, ``beta [m, n]`` at ``b + 4*m*n*k`` (:func:`kda_vectors`);
                   ``c[(t*n + h)*k + j] = requantize(r[j], mult, shift, width)`` of the read-out ``r = S^T
                   q`` (golden ``rq_read``); ``a`` must not overlap ``b`` (built with ``layer_ops``).
+``ATTEND``        MLA's gated causal read-out of one head (:func:`golden.mla.attend_int`): the act-format
+                  scores ``a [m, k]`` of ``m`` queries, the last ``m`` of ``k`` positions (query ``t`` attends
+                  keys ``0 .. k - m + t``), the gate ``g [m, n]`` at ``b`` (unsigned ``score_width``) and the
+                  values ``V [k, n]`` at ``b + m*n`` (``in_width`` bits); ``c[t*n + j] = gate_int(o[t, j], g[t,
+                  j])``, ``o`` the online softmax (:func:`golden.mla.online_softmax_int`: keys in order, one
+                  reciprocal per row). ``m <= k <=`` :attr:`~nanokpu.config.KpuConfig.mla_max_tokens`, ``n <=
+                  v_head_dim`` (the accumulators), else ``BAD_SHAPE`` (built with ``layer_ops``).
 ``SILU``          ``c[i] = silu_q(a[i])`` (act format in and out; built with ``layer_ops``).
 ``DECAY``         ``c[i] = decay_q(a[i])``: the KDA decay ``exp(kda_gate_min sigmoid(a[i]))`` of act-format
                   gate logits, unsigned, ``score_frac`` bits (built with ``layer_ops``).
@@ -150,7 +157,7 @@ with :data:`F_RQ_EXPERT`, else 0, ``"gemm_b"`` = ``n*k`` with :data:`F_B_SPAD`, 
 ``4*m*top_k + 2*n_experts``; host ``"m*n*width"``, ``"panels"`` (0 with :data:`F_B_SPAD`: no host
 access)), whether it may run in place, its shape rules (the letters that must be ``>= 1``, ``n =
 n_experts``, ``k = top_k``, the allowed ``width`` values, the GEMM engine's limits, ``CONV``'s
-taps), and whether it reads the scores, needs a
+taps, ``ATTEND``'s keys), and whether it reads the scores, needs a
 ``ROUTE`` or a current expert, or jumps. For example::
 
     Op.GEMM: OpRule("gemm", a="m*k", b="gemm_b", c="m*n", host="panels", positive="mnk",
@@ -206,12 +213,13 @@ class Op(enum.IntEnum):
     MUL = 20
     CONV = 21
     KDA_STEP = 22
+    ATTEND = 23
 
 
 #: The ops built only with a wide router (:attr:`~nanokpu.config.KpuConfig.wide_router`).
 WIDE_ROUTER_OPS = (Op.SPLIT, Op.REQUANT_WIDE)
 #: The K3 layer's ops, built only with :attr:`~nanokpu.config.KpuConfig.layer_ops`.
-LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL, Op.CONV, Op.KDA_STEP)
+LAYER_OPS = (Op.SILU, Op.DECAY, Op.SOFTMAX, Op.MUL, Op.CONV, Op.KDA_STEP, Op.ATTEND)
 
 
 def built_ops(cfg: KpuConfig) -> tuple[Op, ...]:
@@ -347,6 +355,9 @@ class OpRule:
         ``k <= m`` (a result of ``m - k + 1`` rows).
     ``head_dim``
         ``k`` must be :attr:`~nanokpu.config.KpuConfig.kda_head_dim`.
+    ``keys``
+        ``m <= k <=`` :attr:`~nanokpu.config.KpuConfig.mla_max_tokens` and ``n <=``
+        :attr:`~nanokpu.config.KpuConfig.v_head_dim` (``ATTEND``).
     ``a_written``
         The op writes its ``a`` region too (in place): ``a`` must not overlap ``b`` (``OVERLAP``).
     ``scores``
@@ -374,6 +385,7 @@ class OpRule:
     layer_flags: int = 0
     taps: bool = False
     head_dim: bool = False
+    keys: bool = False
     a_written: bool = False
     scores: bool = False
     route: bool = False
@@ -428,6 +440,7 @@ OP_RULES: dict[Op, OpRule] = {
     Op.CONV: OpRule("vector", a="m*n", b="k*n", c="(m-k+1)*n", positive="mnk", taps=True),
     Op.KDA_STEP: OpRule("vector", a="n*k*k", b="m*n*(4k+1)", c="m*n*k", positive="mnk", widths=(RQ_WIDTHS,),
                         head_dim=True, a_written=True),
+    Op.ATTEND: OpRule("vector", a="m*k", b="(k+m)*n", c="m*n", positive="mnk", keys=True),
 }
 assert set(OP_RULES) == set(Op)
 assert all(r.executor in (None, *EXECUTORS) for r in OP_RULES.values())
@@ -478,6 +491,7 @@ SIZES = {
     "eps": lambda s: 1 if s.flags & F_EPS else 0,                   # NORM's epsilon word
     "k*n": lambda s: s.k * s.n,                                     # CONV's kernels
     "(m-k+1)*n": lambda s: max(s.m - s.k + 1, 0) * s.n,             # CONV's result rows
+    "(k+m)*n": lambda s: (s.k + s.m) * s.n,                         # ATTEND's gate and values
     "n*k*k": lambda s: s.n * s.k * s.k,                             # KDA_STEP's state
     "m*n*(4k+1)": lambda s: s.m * s.n * (4 * s.k + 1),              # ... its vectors
     "m*n*k": lambda s: s.m * s.n * s.k,                             # ... its read-out

@@ -86,7 +86,7 @@ def test_sizes_are_the_semantics():
     s = SizeArgs.of(Instr(Op.COMBINE, m=3, k=2, n=5, width=4), cfg, count=7, offset=11)
     assert {name: f(s) for name, f in SIZES.items()} == {
         "m*n": 15, "m*k": 6, "m*k*n": 30, "n": 5, "2*n": 10, "count*n": 35, "list": 18, "rq": 0,
-        "gemm_b": 0, "eps": 0, "k*n": 10, "(m-k+1)*n": 10, "n*k*k": 20, "m*n*(4k+1)": 135, "m*n*k": 30,
+        "gemm_b": 0, "eps": 0, "k*n": 10, "(m-k+1)*n": 10, "(k+m)*n": 25, "n*k*k": 20, "m*n*(4k+1)": 135, "m*n*k": 30,
         "2*m*n": 30, "4*m*n": 60, "route": route_table(0, 3, cfg)["end"],
         "m*n*width": 60, "panels": -(-5 // cfg.cols) * 2 * bus_bytes(cfg)}
     assert SIZES["route"](s) == 4 * 3 * K + 2 * E

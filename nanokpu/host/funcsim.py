@@ -16,6 +16,7 @@ import numpy as np
 
 from golden import intops as I
 from golden.kda import kda_head_step_int
+from golden.mla import attend_int
 from nanokpu.config import KpuConfig
 from nanokpu.isa import (
     F_ACC,
@@ -203,6 +204,8 @@ class FuncSim:
               " F_B_T needs F_B_SPAD")
         check(not rule.taps or k <= m, Err.BAD_SHAPE, f"{op.name} needs k <= m")
         check(not rule.head_dim or k == cfg.kda_head_dim, Err.BAD_SHAPE, f"{op.name} needs k = kda_head_dim")
+        check(not rule.keys or m <= k <= cfg.mla_max_tokens and n <= cfg.v_head_dim, Err.BAD_SHAPE,
+              f"{op.name} needs m <= k <= mla_max_tokens = {cfg.mla_max_tokens}, n <= v_head_dim = {cfg.v_head_dim}")
         check(rule.layer_flags_ok(ins.flags, cfg), Err.BAD_SHAPE,
               f"{op.name} with flags {ins.flags & rule.layer_flags:#x} needs layer_ops")
         if rule.engine:
@@ -292,6 +295,10 @@ class FuncSim:
             self._write(c, I.saturate(I.round_shift(prod, ins.shift, cfg.rounding), cfg.out_width))
         elif op == Op.KDA_STEP:
             self._kda_step(ins, m, n, k)
+        elif op == Op.ATTEND:
+            g = self._read(b, ln) & ((1 << cfg.score_width) - 1)
+            self._write(c, attend_int(self._read(a, m * k, act).reshape(m, k),
+                                      self._read(b + ln, k * n, cfg.in_width).reshape(k, n), g.reshape(m, n), cfg))
         elif op == Op.CONV:
             W = self._read(b, n * k, cfg.in_width).reshape(n, k)
             self._write(c, I.short_conv_int(self._read(a, ln, act).reshape(m, n), W, cfg.acc_width))

@@ -123,7 +123,8 @@ class Decode(wiring.Component):
         #   ln = m*n (len, every op naming "m*n");
         #   mk = m*k ("m*k"), count*n ("count*n"), 4*m*top_k ("route": the table is mk + 2*E),
         #   (m-k+1)*n ("(m-k+1)*n": CONV's result, k <= m checked);
-        #   p2 = k*n ("m*k*n", "k*n"), ceil(m/rows)*k (engine), then row*n for each GATHER/SCATTER row;
+        #   p2 = k*n ("m*k*n", "k*n"), (k+m)*n ("(k+m)*n"), ceil(m/rows)*k (engine), then row*n for each
+        #   GATHER/SCATTER row;
         #   p3 = m*(k*n) ("m*k*n": p2 as it is committed), ceil(m/rows)*n (engine);
         #   l4 = host bytes, in whole beats: ceil(n/cols)*(k*BW) ("panels"; n*k with F_B_SPAD), BW-1 + m*(n*width)
         #   ("m*n*width": rounded down to a beat), LBW bits; host_eff = host + expert*stride.
@@ -176,7 +177,7 @@ class Decode(wiring.Component):
             1: {"m*k": (m_eff, ins.k, 0), "count*n": (count, ins.n, 0), "route": (m_eff, 4 * top_k, 0),
                 "(m-k+1)*n": (m_eff - ins.k + 1, ins.n, 0), "m*n*k": (ins.k, sat(lane_acc), 0)},
             2: {"m*k*n": (ins.k, ins.n, 0), "engine": (mb, ins.k, 0), "k*n": (ins.k, ins.n, 0),
-                "n*k*k": (ins.k, ins.k, 0)},
+                "n*k*k": (ins.k, ins.k, 0), "(k+m)*n": (ins.n, ins.k + m_eff, 0)},
             3: {"m*k*n": (m_eff, sat(lane_acc), 0), "engine": (mb, ins.n, 0),   # m*k*n: p2, committed now
                 "n*k*k": (ins.n, sat(lane_acc), 0)},
             4: {"panels": (Mux(b_on, ins.n, ceil_div(ins.n, C)), Mux(b_on, ins.k, ins.k << BW_LOG), 0),   # or n*k
@@ -221,6 +222,7 @@ class Decode(wiring.Component):
             if r.taps:
                 terms.append(ins.k <= m_eff)
             terms += [ins.k == cfg.kda_head_dim] if r.head_dim else []
+            terms += [m_eff <= ins.k, ins.k <= cfg.mla_max_tokens, ins.n <= cfg.v_head_dim] if r.keys else []
             if r.layer_flags and not cfg.layer_ops:   # (OpRule.layer_flags_ok)
                 terms.append((ins.flags & r.layer_flags) == 0)
             if r.b_spad:   # (OpRule.b_spad_ok)
@@ -240,7 +242,7 @@ class Decode(wiring.Component):
         wb = Signal(SW)
         wc = Signal(SW)
         sizes = {
-            "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "m*n*k": mk, "n*k*k": p3,
+            "m*n": ln, "m*k": mk, "count*n": mk, "(m-k+1)*n": mk, "k*n": p2, "(k+m)*n": p2, "m*n*k": mk, "n*k*k": p3,
             "m*n*(4k+1)": sat(l4), "route": sat(mk + 2 * E), "m*k*n": p3,
             "n": sat(ins.n), "2*n": sat(ins.n << 1), "2*m*n": sat(ln << 1), "4*m*n": sat(ln << 2),
             "list": sat(offset + count),

@@ -48,48 +48,51 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$134 ;
   wire \$135 ;
   wire \$136 ;
-  wire [13:0] \$137 ;
-  wire [13:0] \$138 ;
-  wire [13:0] \$139 ;
+  wire \$137 ;
+  wire \$138 ;
+  wire \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire [4:0] \$141 ;
-  wire \$142 ;
+  wire [13:0] \$140 ;
+  wire [13:0] \$141 ;
+  wire [13:0] \$142 ;
   wire \$143 ;
-  wire [13:0] \$144 ;
-  wire [13:0] \$145 ;
+  wire [4:0] \$144 ;
+  wire \$145 ;
   wire \$146 ;
-  wire \$147 ;
-  wire \$148 ;
+  wire [13:0] \$147 ;
+  wire [13:0] \$148 ;
   wire \$149 ;
   wire \$15 ;
   wire \$150 ;
-  reg [1:0] \$151 ;
-  reg [31:0] \$152 ;
-  reg [31:0] \$153 ;
-  reg \$154 ;
-  reg \$155 ;
-  reg [7:0] \$156 ;
-  reg [12:0] \$157 ;
+  wire \$151 ;
+  wire \$152 ;
+  wire \$153 ;
+  reg [1:0] \$154 ;
+  reg [31:0] \$155 ;
+  reg [31:0] \$156 ;
+  reg \$157 ;
   reg \$158 ;
-  reg \$159 ;
+  reg [7:0] \$159 ;
   wire [13:0] \$16 ;
-  reg \$160 ;
-  reg [3:0] \$161 ;
-  reg [7:0] \$162 ;
-  reg [5:0] \$163 ;
-  reg \$164 ;
-  reg [281:0] \$165 ;
-  reg [4:0] \$166 ;
-  reg [3:0] \$167 ;
-  reg [12:0] \$168 ;
-  reg [13:0] \$169 ;
+  reg [12:0] \$160 ;
+  reg \$161 ;
+  reg \$162 ;
+  reg \$163 ;
+  reg [3:0] \$164 ;
+  reg [7:0] \$165 ;
+  reg [5:0] \$166 ;
+  reg \$167 ;
+  reg [281:0] \$168 ;
+  reg [4:0] \$169 ;
   wire \$17 ;
   reg [3:0] \$170 ;
-  reg [15:0] \$171 ;
+  reg [12:0] \$171 ;
   reg [13:0] \$172 ;
-  wire [5:0] \$173 ;
-  wire [5:0] \$174 ;
+  reg [3:0] \$173 ;
+  reg [15:0] \$174 ;
+  reg [13:0] \$175 ;
+  wire [5:0] \$176 ;
+  wire [5:0] \$177 ;
   wire \$18 ;
   wire \$19 ;
   wire \$2 ;
@@ -128,10 +131,10 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$5 ;
   wire \$50 ;
   wire \$51 ;
-  wire [13:0] \$52 ;
+  wire \$52 ;
   wire [13:0] \$53 ;
-  wire [14:0] \$54 ;
-  wire \$55 ;
+  wire [13:0] \$54 ;
+  wire [14:0] \$55 ;
   wire \$56 ;
   wire \$57 ;
   wire \$58 ;
@@ -146,9 +149,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   wire \$66 ;
   wire \$67 ;
   wire \$68 ;
-  wire [2:0] \$69 ;
+  wire \$69 ;
   wire \$7 ;
-  wire \$70 ;
+  wire [2:0] \$70 ;
   wire \$71 ;
   wire \$72 ;
   wire \$73 ;
@@ -922,155 +925,158 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \$43  = ins[5:0] == 5'h14;
   assign \$44  = ins[5:0] == 5'h15;
   assign \$45  = ins[5:0] == 5'h16;
-  assign \$46  = ins[5:0] == 4'h8;
-  assign \$47  = ins[5:0] == 4'ha;
-  assign \$48  = ins[5:0] == 4'hb;
-  assign \$49  = | { \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
-  assign \$50  = \$28  & \$49 ;
-  assign \$51  = scan >= 4'h8;
-  assign \$52  = cur[34:22] + scan;
-  assign \$53  = cur[34:22] + 4'h8;
-  assign \$54  = \$53  + scan;
-  assign \$55  = | \$like ;
-  assign \$56  = ~ running;
-  assign \$57  = soft_reset & \$56 ;
-  assign \$58  = ! ctrl_state;
-  assign \$59  = ctrl_state == 1'h1;
-  assign \$60  = ctrl_state == 2'h2;
-  assign \$61  = ctrl_state == 2'h3;
-  assign \$62  = ctrl_state == 3'h4;
-  assign \$63  = ctrl_state == 3'h5;
-  assign \$64  = ctrl_state == 3'h6;
-  assign \$65  = ctrl_state == 3'h7;
-  assign \$66  = ctrl_state == 4'h8;
-  assign \$67  = ctrl_state == 4'h9;
-  assign \$68  = | settle;
-  assign \$69  = settle - 1'h1;
-  assign \$70  = pc >= 7'h40;
-  assign \$71  = \done$364  | pf_ready;
-  assign \$72  = ~ \$71 ;
-  assign \$73  = | settle;
-  assign \$74  = \$72  | \$73 ;
-  assign \$75  = ! ins[5:0];
-  assign \$76  = | \error$367 ;
-  assign \$77  = ins[5:0] == 4'he;
-  assign \$78  = ins[5:0] == 4'h9;
-  assign \$79  = \done$364  | pf_ready;
-  assign \$80  = cur[5:0] == 1'h1;
-  assign \$81  = cur[5:0] == 2'h2;
-  assign \$82  = cur[5:0] == 2'h3;
-  assign \$83  = cur[5:0] == 3'h4;
-  assign \$84  = cur[5:0] == 3'h5;
-  assign \$85  = cur[5:0] == 3'h6;
-  assign \$86  = cur[5:0] == 3'h7;
-  assign \$87  = cur[5:0] == 4'h8;
-  assign \$88  = cur[5:0] == 4'ha;
-  assign \$89  = cur[5:0] == 4'hb;
-  assign \$90  = cur[5:0] == 4'hc;
-  assign \$91  = cur[5:0] == 4'hd;
-  assign \$92  = cur[5:0] == 4'hf;
-  assign \$93  = cur[5:0] == 5'h10;
-  assign \$94  = cur[5:0] == 5'h11;
-  assign \$95  = cur[5:0] == 5'h12;
-  assign \$96  = cur[5:0] == 5'h13;
-  assign \$97  = cur[5:0] == 5'h14;
-  assign \$98  = cur[5:0] == 5'h15;
-  assign \$99  = cur[5:0] == 5'h16;
-  assign \$100  = cur[5:0] == 3'h5;
-  assign \$101  = cur[5:0] == 3'h5;
-  assign \$102  = running_exec[3] | \$101 ;
-  assign \$103  = | exec_error;
-  assign \$104  = pc >= 6'h3f;
-  assign \$105  = \done$364  | pf_ready;
-  assign \$106  = ! settle;
-  assign \$107  = \$105  & \$106 ;
-  assign \$108  = ~ running_exec[3];
+  assign \$46  = ins[5:0] == 5'h17;
+  assign \$47  = ins[5:0] == 4'h8;
+  assign \$48  = ins[5:0] == 4'ha;
+  assign \$49  = ins[5:0] == 4'hb;
+  assign \$50  = | { \$49 , \$48 , \$47 , \$46 , \$45 , \$44 , \$43 , \$42 , \$41 , \$40 , \$39 , \$38 , \$37 , \$36 , \$35 , \$34 , \$33 , \$32 , \$31 , \$30 , \$29  };
+  assign \$51  = \$28  & \$50 ;
+  assign \$52  = scan >= 4'h8;
+  assign \$53  = cur[34:22] + scan;
+  assign \$54  = cur[34:22] + 4'h8;
+  assign \$55  = \$54  + scan;
+  assign \$56  = | \$like ;
+  assign \$57  = ~ running;
+  assign \$58  = soft_reset & \$57 ;
+  assign \$59  = ! ctrl_state;
+  assign \$60  = ctrl_state == 1'h1;
+  assign \$61  = ctrl_state == 2'h2;
+  assign \$62  = ctrl_state == 2'h3;
+  assign \$63  = ctrl_state == 3'h4;
+  assign \$64  = ctrl_state == 3'h5;
+  assign \$65  = ctrl_state == 3'h6;
+  assign \$66  = ctrl_state == 3'h7;
+  assign \$67  = ctrl_state == 4'h8;
+  assign \$68  = ctrl_state == 4'h9;
+  assign \$69  = | settle;
+  assign \$70  = settle - 1'h1;
+  assign \$71  = pc >= 7'h40;
+  assign \$72  = \done$364  | pf_ready;
+  assign \$73  = ~ \$72 ;
+  assign \$74  = | settle;
+  assign \$75  = \$73  | \$74 ;
+  assign \$76  = ! ins[5:0];
+  assign \$77  = | \error$367 ;
+  assign \$78  = ins[5:0] == 4'he;
+  assign \$79  = ins[5:0] == 4'h9;
+  assign \$80  = \done$364  | pf_ready;
+  assign \$81  = cur[5:0] == 1'h1;
+  assign \$82  = cur[5:0] == 2'h2;
+  assign \$83  = cur[5:0] == 2'h3;
+  assign \$84  = cur[5:0] == 3'h4;
+  assign \$85  = cur[5:0] == 3'h5;
+  assign \$86  = cur[5:0] == 3'h6;
+  assign \$87  = cur[5:0] == 3'h7;
+  assign \$88  = cur[5:0] == 4'h8;
+  assign \$89  = cur[5:0] == 4'ha;
+  assign \$90  = cur[5:0] == 4'hb;
+  assign \$91  = cur[5:0] == 4'hc;
+  assign \$92  = cur[5:0] == 4'hd;
+  assign \$93  = cur[5:0] == 4'hf;
+  assign \$94  = cur[5:0] == 5'h10;
+  assign \$95  = cur[5:0] == 5'h11;
+  assign \$96  = cur[5:0] == 5'h12;
+  assign \$97  = cur[5:0] == 5'h13;
+  assign \$98  = cur[5:0] == 5'h14;
+  assign \$99  = cur[5:0] == 5'h15;
+  assign \$100  = cur[5:0] == 5'h16;
+  assign \$101  = cur[5:0] == 5'h17;
+  assign \$102  = cur[5:0] == 3'h5;
+  assign \$103  = cur[5:0] == 3'h5;
+  assign \$104  = running_exec[3] | \$103 ;
+  assign \$105  = | exec_error;
+  assign \$106  = pc >= 6'h3f;
+  assign \$107  = \done$364  | pf_ready;
+  assign \$108  = ! settle;
   assign \$109  = \$107  & \$108 ;
-  assign \$110  = cur[5:0] == 3'h5;
-  assign \$111  = ~ \$110 ;
-  assign \$112  = \$109  & \$111 ;
-  assign \$113  = ! \error$367 ;
-  assign \$114  = \$112  & \$113 ;
-  assign \$115  = ins[5:0] == 1'h1;
-  assign \$116  = ins[5:0] == 2'h2;
-  assign \$117  = ins[5:0] == 2'h3;
-  assign \$118  = ins[5:0] == 3'h4;
-  assign \$119  = ins[5:0] == 3'h5;
-  assign \$120  = ins[5:0] == 3'h6;
-  assign \$121  = ins[5:0] == 3'h7;
-  assign \$122  = ins[5:0] == 4'hc;
-  assign \$123  = ins[5:0] == 4'hd;
-  assign \$124  = ins[5:0] == 4'hf;
-  assign \$125  = ins[5:0] == 5'h10;
-  assign \$126  = ins[5:0] == 5'h11;
-  assign \$127  = ins[5:0] == 5'h12;
-  assign \$128  = ins[5:0] == 5'h13;
-  assign \$129  = ins[5:0] == 5'h14;
-  assign \$130  = ins[5:0] == 5'h15;
-  assign \$131  = ins[5:0] == 5'h16;
-  assign \$132  = ins[5:0] == 4'h8;
-  assign \$133  = ins[5:0] == 4'ha;
-  assign \$134  = ins[5:0] == 4'hb;
-  assign \$135  = | { \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117 , \$116 , \$115  };
-  assign \$136  = \$114  & \$135 ;
-  assign \$137  = pc + 1'h1;
-  assign \$138  = pc + 1'h1;
-  assign \$139  = pc + 1'h1;
-  assign \$140  = scan >= 4'h8;
-  assign \$141  = scan + 1'h1;
-  assign \$142  = | \$like ;
-  assign \$143  = | rd1_q[23:14];
-  assign \$144  = \$143  ? 14'h3fff : rd1_q[13:0];
-  assign \$145  = pc + 1'h1;
-  assign \$146  = ~ dma__rd_busy;
-  assign \$147  = ~ dma__wr_busy;
-  assign \$148  = \$146  & \$147 ;
-  assign \$149  = ~ running;
-  assign \$150  = soft_reset & \$149 ;
+  assign \$110  = ~ running_exec[3];
+  assign \$111  = \$109  & \$110 ;
+  assign \$112  = cur[5:0] == 3'h5;
+  assign \$113  = ~ \$112 ;
+  assign \$114  = \$111  & \$113 ;
+  assign \$115  = ! \error$367 ;
+  assign \$116  = \$114  & \$115 ;
+  assign \$117  = ins[5:0] == 1'h1;
+  assign \$118  = ins[5:0] == 2'h2;
+  assign \$119  = ins[5:0] == 2'h3;
+  assign \$120  = ins[5:0] == 3'h4;
+  assign \$121  = ins[5:0] == 3'h5;
+  assign \$122  = ins[5:0] == 3'h6;
+  assign \$123  = ins[5:0] == 3'h7;
+  assign \$124  = ins[5:0] == 4'hc;
+  assign \$125  = ins[5:0] == 4'hd;
+  assign \$126  = ins[5:0] == 4'hf;
+  assign \$127  = ins[5:0] == 5'h10;
+  assign \$128  = ins[5:0] == 5'h11;
+  assign \$129  = ins[5:0] == 5'h12;
+  assign \$130  = ins[5:0] == 5'h13;
+  assign \$131  = ins[5:0] == 5'h14;
+  assign \$132  = ins[5:0] == 5'h15;
+  assign \$133  = ins[5:0] == 5'h16;
+  assign \$134  = ins[5:0] == 5'h17;
+  assign \$135  = ins[5:0] == 4'h8;
+  assign \$136  = ins[5:0] == 4'ha;
+  assign \$137  = ins[5:0] == 4'hb;
+  assign \$138  = | { \$137 , \$136 , \$135 , \$134 , \$133 , \$132 , \$131 , \$130 , \$129 , \$128 , \$127 , \$126 , \$125 , \$124 , \$123 , \$122 , \$121 , \$120 , \$119 , \$118 , \$117  };
+  assign \$139  = \$116  & \$138 ;
+  assign \$140  = pc + 1'h1;
+  assign \$141  = pc + 1'h1;
+  assign \$142  = pc + 1'h1;
+  assign \$143  = scan >= 4'h8;
+  assign \$144  = scan + 1'h1;
+  assign \$145  = | \$like ;
+  assign \$146  = | rd1_q[23:14];
+  assign \$147  = \$146  ? 14'h3fff : rd1_q[13:0];
+  assign \$148  = pc + 1'h1;
+  assign \$149  = ~ dma__rd_busy;
+  assign \$150  = ~ dma__wr_busy;
+  assign \$151  = \$149  & \$150 ;
+  assign \$152  = ~ running;
+  assign \$153  = soft_reset & \$152 ;
   always @(posedge clk)
-    settle <= \$151 ;
+    settle <= \$154 ;
   always @(posedge clk)
-    \$like  <= \$152 ;
+    \$like  <= \$155 ;
   always @(posedge clk)
-    rd1_q <= \$153 ;
+    rd1_q <= \$156 ;
   always @(posedge clk)
-    running <= \$154 ;
+    running <= \$157 ;
   always @(posedge clk)
-    done <= \$155 ;
+    done <= \$158 ;
   always @(posedge clk)
-    error <= \$156 ;
+    error <= \$159 ;
   always @(posedge clk)
-    pc <= \$157 ;
+    pc <= \$160 ;
   always @(posedge clk)
-    route_done <= \$158 ;
+    route_done <= \$161 ;
   always @(posedge clk)
-    exp_active <= \$159 ;
+    exp_active <= \$162 ;
   always @(posedge clk)
-    scores_ok <= \$160 ;
+    scores_ok <= \$163 ;
   always @(posedge clk)
-    ctrl_state <= \$161 ;
+    ctrl_state <= \$164 ;
   always @(posedge clk)
-    stop_code <= \$162 ;
+    stop_code <= \$165 ;
   always @(posedge clk)
-    executor <= \$163 ;
+    executor <= \$166 ;
   always @(posedge clk)
-    pf_ready <= \$164 ;
+    pf_ready <= \$167 ;
   always @(posedge clk)
-    cur <= \$165 ;
+    cur <= \$168 ;
   always @(posedge clk)
-    running_exec <= \$166 ;
+    running_exec <= \$169 ;
   always @(posedge clk)
-    scan <= \$167 ;
+    scan <= \$170 ;
   always @(posedge clk)
-    scores_a <= \$168 ;
+    scores_a <= \$171 ;
   always @(posedge clk)
-    scores_len <= \$169 ;
+    scores_len <= \$172 ;
   always @(posedge clk)
-    expert <= \$170 ;
+    expert <= \$173 ;
   always @(posedge clk)
-    count <= \$171 ;
+    count <= \$174 ;
   always @(posedge clk)
-    offset <= \$172 ;
+    offset <= \$175 ;
   \nanokpu_kpu.bank  bank (
     .bus__araddr(s_axil__araddr),
     .bus__arprot(s_axil__arprot),
@@ -1099,7 +1105,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .imem_wr__addr(imem_wr__addr),
     .imem_wr__en(imem_wr__en),
     .pc(pc),
-    .\port$681$0 (\load_data$288 ),
+    .\port$686$0 (\load_data$288 ),
     .retire(retire),
     .rst(rst),
     .running(running),
@@ -1140,9 +1146,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .bus__wvalid(m_axi__wvalid),
     .clk(clk),
     .error(dma__error),
-    .\port$421$0 (\$173 ),
-    .\port$439$0 (\$174 ),
-    .\port$6558$254 (cur[269:254]),
+    .\port$426$0 (\$176 ),
+    .\port$444$0 (\$177 ),
+    .\port$6566$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1366,7 +1372,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6560$0 (running_exec),
+    .\port$6568$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -1476,20 +1482,20 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
             if (\$17 ) begin
             end else if (\$18 ) begin
               retire = 1'h1;
-            end else if (\$50 ) begin
+            end else if (\$51 ) begin
               retire = 1'h1;
             end else begin
               retire = 1'h1;
             end
           end
       4'h5:
-          if (\$51 ) begin
+          if (\$52 ) begin
             retire = 1'h1;
           end
       4'h8:
           /* empty */;
       4'h9:
-          if (\$55 ) begin
+          if (\$56 ) begin
             retire = 1'h1;
           end
     endcase
@@ -1528,9 +1534,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$51 ) begin
+          if (\$52 ) begin
           end else begin
-            clients__0__rd0__addr = \$52 [12:0];
+            clients__0__rd0__addr = \$53 [12:0];
           end
     endcase
   end
@@ -1552,9 +1558,9 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$51 ) begin
+          if (\$52 ) begin
           end else begin
-            clients__0__rd1__addr = \$54 [12:0];
+            clients__0__rd1__addr = \$55 [12:0];
           end
     endcase
   end
@@ -1576,7 +1582,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$51 ) begin
+          if (\$52 ) begin
           end else begin
             clients__0__rd0__en = 1'h1;
           end
@@ -1600,7 +1606,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h5:
           (* full_case = 32'd1 *)
-          if (\$51 ) begin
+          if (\$52 ) begin
           end else begin
             clients__0__rd1__en = 1'h1;
           end
@@ -1657,18 +1663,805 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h2:
           unit_rst = 1'h1;
     endcase
-    if (\$57 ) begin
+    if (\$58 ) begin
       unit_rst = 1'h1;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$151  = settle;
+    \$154  = settle;
     if (window_wr) begin
-      \$151  = 2'h2;
-    end else if (\$68 ) begin
-      \$151  = \$69 [1:0];
+      \$154  = 2'h2;
+    end else if (\$69 ) begin
+      \$154  = \$70 [1:0];
     end
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$104 ) begin
+              \$154  = 2'h2;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$154  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$155  = spad__rd0__lanes[31:0];
+    if (rst) begin
+      \$155  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$156  = spad__rd1__data;
+    if (rst) begin
+      \$156  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$157  = running;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$157  = 1'h1;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+            \$157  = 1'h0;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$151 ) begin
+            \$157  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$157  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$158  = done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$158  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+            \$158  = 1'h1;
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$151 ) begin
+            \$158  = 1'h0;
+          end
+    endcase
+    if (\$153 ) begin
+      \$158  = 1'h0;
+    end
+    if (rst) begin
+      \$158  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$159  = error;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$159  = 8'h00;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          /* empty */;
+      4'h2:
+          if (\$151 ) begin
+            \$159  = stop_code;
+          end
+    endcase
+    if (\$153 ) begin
+      \$159  = 8'h00;
+    end
+    if (rst) begin
+      \$159  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$160  = pc;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$160  = 13'h0000;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+          end else if (\$78 ) begin
+            \$160  = { 1'h0, ins[255:244] };
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$105 ) begin
+            end else if (\$106 ) begin
+              \$160  = \$140 [12:0];
+            end else if (\$139 ) begin
+              \$160  = \$141 [12:0];
+            end else begin
+              \$160  = \$142 [12:0];
+            end
+          end
+      4'h5:
+          if (\$143 ) begin
+            \$160  = { 1'h0, cur[281:270] };
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$145 ) begin
+            \$160  = \$148 [12:0];
+          end
+    endcase
+    if (rst) begin
+      \$160  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$161  = route_done;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$161  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$161  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$161  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$162  = exp_active;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$162  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$162  = 1'h0;
+            end
+          end
+      4'h5:
+          if (\$143 ) begin
+            \$162  = 1'h0;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$145 ) begin
+            \$162  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$162  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$163  = scores_ok;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$163  = 1'h0;
+          end
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$102 ) begin
+              \$163  = 1'h1;
+            end
+          end
+    endcase
+    if (rst) begin
+      \$163  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$164  = ctrl_state;
+    casez (ctrl_state)
+      4'h0:
+          if (\start$381 ) begin
+            \$164  = 4'h1;
+          end
+      4'h1:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$71 ) begin
+            \$164  = 4'h2;
+          end else begin
+            \$164  = 4'h3;
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h3:
+        begin
+          if (start) begin
+            \$164  = 4'h4;
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h4:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+            \$164  = 4'h0;
+          end else if (\$77 ) begin
+            \$164  = 4'h2;
+          end else if (\$78 ) begin
+            \$164  = 4'h1;
+          end else if (\$79 ) begin
+            \$164  = 4'h5;
+          end else begin
+            \$164  = 4'h6;
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h6:
+        begin
+          \$164  = 4'h7;
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$105 ) begin
+              \$164  = 4'h2;
+            end else if (\$106 ) begin
+              \$164  = 4'h1;
+            end else if (\$139 ) begin
+              \$164  = 4'h6;
+            end else begin
+              \$164  = 4'h4;
+            end
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h5:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$143 ) begin
+            \$164  = 4'h1;
+          end else begin
+            \$164  = 4'h8;
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h8:
+        begin
+          \$164  = 4'h9;
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h9:
+        begin
+          (* full_case = 32'd1 *)
+          if (\$145 ) begin
+            \$164  = 4'h1;
+          end else begin
+            \$164  = 4'h5;
+          end
+          if (soft_reset) begin
+            \$164  = 4'h2;
+          end
+        end
+      4'h2:
+          if (\$151 ) begin
+            \$164  = 4'h0;
+          end
+    endcase
+    if (rst) begin
+      \$164  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$165  = stop_code;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$71 ) begin
+            \$165  = 8'h06;
+          end
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+      4'h4:
+        begin
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+            \$165  = \error$367 ;
+          end
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+        end
+      4'h6:
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+      4'h7:
+        begin
+          if (exec_done) begin
+            if (\$105 ) begin
+              \$165  = exec_error;
+            end
+          end
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+        end
+      4'h5:
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+      4'h8:
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+      4'h9:
+          if (soft_reset) begin
+            \$165  = 8'h00;
+          end
+    endcase
+    if (rst) begin
+      \$165  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$166  = executor;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+        begin
+          if (\$71 ) begin
+            \$166  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+      4'h3:
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+      4'h4:
+        begin
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+            \$166  = 6'h00;
+          end else if (\$78 ) begin
+            \$166  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+      4'h6:
+        begin
+          if (\$81 ) begin
+            \$166  = 6'h01;
+          end
+          if (\$82 ) begin
+            \$166  = 6'h01;
+          end
+          if (\$83 ) begin
+            \$166  = 6'h02;
+          end
+          if (\$84 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$85 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$86 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$87 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$88 ) begin
+            \$166  = 6'h08;
+          end
+          if (\$89 ) begin
+            \$166  = 6'h20;
+          end
+          if (\$90 ) begin
+            \$166  = 6'h20;
+          end
+          if (\$91 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$92 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$93 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$94 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$95 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$96 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$97 ) begin
+            \$166  = 6'h04;
+          end
+          if (\$98 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$99 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$100 ) begin
+            \$166  = 6'h10;
+          end
+          if (\$101 ) begin
+            \$166  = 6'h10;
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+      4'h7:
+        begin
+          if (exec_done) begin
+            (* full_case = 32'd1 *)
+            if (\$105 ) begin
+              \$166  = 6'h00;
+            end else if (\$106 ) begin
+              \$166  = 6'h00;
+            end else if (\$139 ) begin
+              \$166  = 6'h00;
+            end else begin
+              \$166  = 6'h00;
+            end
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+      4'h5:
+        begin
+          if (\$143 ) begin
+            \$166  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+      4'h8:
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+      4'h9:
+        begin
+          if (\$145 ) begin
+            \$166  = 6'h00;
+          end
+          if (soft_reset) begin
+            \$166  = 6'h00;
+          end
+        end
+    endcase
+    if (rst) begin
+      \$166  = 6'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$167  = pf_ready;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          (* full_case = 32'd1 *)
+          if (\$71 ) begin
+          end else begin
+            \$167  = 1'h0;
+          end
+      4'h3:
+          /* empty */;
+      4'h4:
+        begin
+          \$167  = 1'h0;
+          if (\$75 ) begin
+            \$167  = \$80 ;
+          end
+        end
+      4'h6:
+          /* empty */;
+      4'h7:
+        begin
+          if (\done$364 ) begin
+            \$167  = 1'h1;
+          end
+          if (exec_done) begin
+            if (\$105 ) begin
+            end else if (\$106 ) begin
+            end else if (\$139 ) begin
+              \$167  = 1'h0;
+            end
+          end
+        end
+    endcase
+    if (rst) begin
+      \$167  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$168  = cur;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+          end else if (\$78 ) begin
+          end else if (\$79 ) begin
+            \$168 [220:0] = decoded;
+            \$168 [253:221] = host;
+            \$168 [269:254] = beats;
+            \$168 [281:270] = ins[255:244];
+          end else begin
+            \$168 [220:0] = decoded;
+            \$168 [253:221] = host;
+            \$168 [269:254] = beats;
+            \$168 [281:270] = ins[255:244];
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (\$105 ) begin
+            end else if (\$106 ) begin
+            end else if (\$139 ) begin
+              \$168 [220:0] = decoded;
+              \$168 [253:221] = host;
+              \$168 [269:254] = beats;
+              \$168 [281:270] = ins[255:244];
+            end
+          end
+    endcase
+    if (rst) begin
+      \$168  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$169  = running_exec;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          (* full_case = 32'd1 *)
+          if (\$75 ) begin
+          end else if (\$76 ) begin
+          end else if (\$77 ) begin
+          end else if (\$78 ) begin
+          end else if (\$79 ) begin
+          end else begin
+            casez (ins[5:0])
+              6'h01, 6'h02:
+                  \$169  = 5'h01;
+              6'h03:
+                  \$169  = 5'h02;
+              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15, 6'h16, 6'h17:
+                  \$169  = 5'h04;
+              6'h08:
+                  \$169  = 5'h08;
+              6'h0a, 6'h0b:
+                  \$169  = 5'h10;
+            endcase
+          end
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            \$169  = 5'h00;
+            if (\$105 ) begin
+            end else if (\$106 ) begin
+            end else if (\$139 ) begin
+              casez (ins[5:0])
+                6'h01, 6'h02:
+                    \$169  = 5'h01;
+                6'h03:
+                    \$169  = 5'h02;
+                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15, 6'h16, 6'h17:
+                    \$169  = 5'h04;
+                6'h08:
+                    \$169  = 5'h08;
+                6'h0a, 6'h0b:
+                    \$169  = 5'h10;
+              endcase
+            end
+          end
+    endcase
+    if (rst) begin
+      \$169  = 5'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$170  = scan;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          if (exec_done) begin
+            if (running_exec[3]) begin
+              \$170  = 4'h0;
+            end
+          end
+      4'h5:
+          if (\$143 ) begin
+            \$170  = 4'h8;
+          end
+      4'h8:
+          /* empty */;
+      4'h9:
+          \$170  = \$144 [3:0];
+    endcase
+    if (rst) begin
+      \$170  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$171  = scores_a;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -1683,743 +2476,17 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
       4'h7:
           if (exec_done) begin
             if (\$102 ) begin
-              \$151  = 2'h2;
+              \$171  = cur[60:48];
             end
           end
     endcase
     if (rst) begin
-      \$151  = 2'h0;
+      \$171  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$152  = spad__rd0__lanes[31:0];
-    if (rst) begin
-      \$152  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$153  = spad__rd1__data;
-    if (rst) begin
-      \$153  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$154  = running;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$154  = 1'h1;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-            \$154  = 1'h0;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$148 ) begin
-            \$154  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$154  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$155  = done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$155  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-            \$155  = 1'h1;
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$148 ) begin
-            \$155  = 1'h0;
-          end
-    endcase
-    if (\$150 ) begin
-      \$155  = 1'h0;
-    end
-    if (rst) begin
-      \$155  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$156  = error;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$156  = 8'h00;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          /* empty */;
-      4'h2:
-          if (\$148 ) begin
-            \$156  = stop_code;
-          end
-    endcase
-    if (\$150 ) begin
-      \$156  = 8'h00;
-    end
-    if (rst) begin
-      \$156  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$157  = pc;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$157  = 13'h0000;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-          end else if (\$77 ) begin
-            \$157  = { 1'h0, ins[255:244] };
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$103 ) begin
-            end else if (\$104 ) begin
-              \$157  = \$137 [12:0];
-            end else if (\$136 ) begin
-              \$157  = \$138 [12:0];
-            end else begin
-              \$157  = \$139 [12:0];
-            end
-          end
-      4'h5:
-          if (\$140 ) begin
-            \$157  = { 1'h0, cur[281:270] };
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$142 ) begin
-            \$157  = \$145 [12:0];
-          end
-    endcase
-    if (rst) begin
-      \$157  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$158  = route_done;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$158  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$158  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$158  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$159  = exp_active;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$159  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (running_exec[3]) begin
-              \$159  = 1'h0;
-            end
-          end
-      4'h5:
-          if (\$140 ) begin
-            \$159  = 1'h0;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$142 ) begin
-            \$159  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$159  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$160  = scores_ok;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$160  = 1'h0;
-          end
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$100 ) begin
-              \$160  = 1'h1;
-            end
-          end
-    endcase
-    if (rst) begin
-      \$160  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$161  = ctrl_state;
-    casez (ctrl_state)
-      4'h0:
-          if (\start$381 ) begin
-            \$161  = 4'h1;
-          end
-      4'h1:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$70 ) begin
-            \$161  = 4'h2;
-          end else begin
-            \$161  = 4'h3;
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h3:
-        begin
-          if (start) begin
-            \$161  = 4'h4;
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h4:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-            \$161  = 4'h0;
-          end else if (\$76 ) begin
-            \$161  = 4'h2;
-          end else if (\$77 ) begin
-            \$161  = 4'h1;
-          end else if (\$78 ) begin
-            \$161  = 4'h5;
-          end else begin
-            \$161  = 4'h6;
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h6:
-        begin
-          \$161  = 4'h7;
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$103 ) begin
-              \$161  = 4'h2;
-            end else if (\$104 ) begin
-              \$161  = 4'h1;
-            end else if (\$136 ) begin
-              \$161  = 4'h6;
-            end else begin
-              \$161  = 4'h4;
-            end
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h5:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$140 ) begin
-            \$161  = 4'h1;
-          end else begin
-            \$161  = 4'h8;
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h8:
-        begin
-          \$161  = 4'h9;
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h9:
-        begin
-          (* full_case = 32'd1 *)
-          if (\$142 ) begin
-            \$161  = 4'h1;
-          end else begin
-            \$161  = 4'h5;
-          end
-          if (soft_reset) begin
-            \$161  = 4'h2;
-          end
-        end
-      4'h2:
-          if (\$148 ) begin
-            \$161  = 4'h0;
-          end
-    endcase
-    if (rst) begin
-      \$161  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$162  = stop_code;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$70 ) begin
-            \$162  = 8'h06;
-          end
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-      4'h4:
-        begin
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-            \$162  = \error$367 ;
-          end
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-        end
-      4'h6:
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-      4'h7:
-        begin
-          if (exec_done) begin
-            if (\$103 ) begin
-              \$162  = exec_error;
-            end
-          end
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-        end
-      4'h5:
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-      4'h8:
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-      4'h9:
-          if (soft_reset) begin
-            \$162  = 8'h00;
-          end
-    endcase
-    if (rst) begin
-      \$162  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$163  = executor;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-        begin
-          if (\$70 ) begin
-            \$163  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-      4'h3:
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-      4'h4:
-        begin
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-            \$163  = 6'h00;
-          end else if (\$77 ) begin
-            \$163  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-      4'h6:
-        begin
-          if (\$80 ) begin
-            \$163  = 6'h01;
-          end
-          if (\$81 ) begin
-            \$163  = 6'h01;
-          end
-          if (\$82 ) begin
-            \$163  = 6'h02;
-          end
-          if (\$83 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$84 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$85 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$86 ) begin
-            \$163  = 6'h10;
-          end
-          if (\$87 ) begin
-            \$163  = 6'h08;
-          end
-          if (\$88 ) begin
-            \$163  = 6'h20;
-          end
-          if (\$89 ) begin
-            \$163  = 6'h20;
-          end
-          if (\$90 ) begin
-            \$163  = 6'h10;
-          end
-          if (\$91 ) begin
-            \$163  = 6'h10;
-          end
-          if (\$92 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$93 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$94 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$95 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$96 ) begin
-            \$163  = 6'h04;
-          end
-          if (\$97 ) begin
-            \$163  = 6'h10;
-          end
-          if (\$98 ) begin
-            \$163  = 6'h10;
-          end
-          if (\$99 ) begin
-            \$163  = 6'h10;
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-      4'h7:
-        begin
-          if (exec_done) begin
-            (* full_case = 32'd1 *)
-            if (\$103 ) begin
-              \$163  = 6'h00;
-            end else if (\$104 ) begin
-              \$163  = 6'h00;
-            end else if (\$136 ) begin
-              \$163  = 6'h00;
-            end else begin
-              \$163  = 6'h00;
-            end
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-      4'h5:
-        begin
-          if (\$140 ) begin
-            \$163  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-      4'h8:
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-      4'h9:
-        begin
-          if (\$142 ) begin
-            \$163  = 6'h00;
-          end
-          if (soft_reset) begin
-            \$163  = 6'h00;
-          end
-        end
-    endcase
-    if (rst) begin
-      \$163  = 6'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$164  = pf_ready;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          (* full_case = 32'd1 *)
-          if (\$70 ) begin
-          end else begin
-            \$164  = 1'h0;
-          end
-      4'h3:
-          /* empty */;
-      4'h4:
-        begin
-          \$164  = 1'h0;
-          if (\$74 ) begin
-            \$164  = \$79 ;
-          end
-        end
-      4'h6:
-          /* empty */;
-      4'h7:
-        begin
-          if (\done$364 ) begin
-            \$164  = 1'h1;
-          end
-          if (exec_done) begin
-            if (\$103 ) begin
-            end else if (\$104 ) begin
-            end else if (\$136 ) begin
-              \$164  = 1'h0;
-            end
-          end
-        end
-    endcase
-    if (rst) begin
-      \$164  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$165  = cur;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-          end else if (\$77 ) begin
-          end else if (\$78 ) begin
-            \$165 [220:0] = decoded;
-            \$165 [253:221] = host;
-            \$165 [269:254] = beats;
-            \$165 [281:270] = ins[255:244];
-          end else begin
-            \$165 [220:0] = decoded;
-            \$165 [253:221] = host;
-            \$165 [269:254] = beats;
-            \$165 [281:270] = ins[255:244];
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$103 ) begin
-            end else if (\$104 ) begin
-            end else if (\$136 ) begin
-              \$165 [220:0] = decoded;
-              \$165 [253:221] = host;
-              \$165 [269:254] = beats;
-              \$165 [281:270] = ins[255:244];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$165  = 282'h00000000000000000000000000000000000000000000000000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$166  = running_exec;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          (* full_case = 32'd1 *)
-          if (\$74 ) begin
-          end else if (\$75 ) begin
-          end else if (\$76 ) begin
-          end else if (\$77 ) begin
-          end else if (\$78 ) begin
-          end else begin
-            casez (ins[5:0])
-              6'h01, 6'h02:
-                  \$166  = 5'h01;
-              6'h03:
-                  \$166  = 5'h02;
-              6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15, 6'h16:
-                  \$166  = 5'h04;
-              6'h08:
-                  \$166  = 5'h08;
-              6'h0a, 6'h0b:
-                  \$166  = 5'h10;
-            endcase
-          end
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            \$166  = 5'h00;
-            if (\$103 ) begin
-            end else if (\$104 ) begin
-            end else if (\$136 ) begin
-              casez (ins[5:0])
-                6'h01, 6'h02:
-                    \$166  = 5'h01;
-                6'h03:
-                    \$166  = 5'h02;
-                6'h04, 6'h05, 6'h06, 6'h07, 6'h0c, 6'h0d, 6'h0f, 6'h10, 6'h11, 6'h12, 6'h13, 6'h14, 6'h15, 6'h16:
-                    \$166  = 5'h04;
-                6'h08:
-                    \$166  = 5'h08;
-                6'h0a, 6'h0b:
-                    \$166  = 5'h10;
-              endcase
-            end
-          end
-    endcase
-    if (rst) begin
-      \$166  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$167  = scan;
+    \$172  = scores_len;
     casez (ctrl_state)
       4'h0:
           /* empty */;
@@ -2433,158 +2500,100 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
           /* empty */;
       4'h7:
           if (exec_done) begin
-            if (running_exec[3]) begin
-              \$167  = 4'h0;
+            if (\$102 ) begin
+              \$172  = cur[122:109];
             end
-          end
-      4'h5:
-          if (\$140 ) begin
-            \$167  = 4'h8;
-          end
-      4'h8:
-          /* empty */;
-      4'h9:
-          \$167  = \$141 [3:0];
-    endcase
-    if (rst) begin
-      \$167  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$168  = scores_a;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$100 ) begin
-              \$168  = cur[60:48];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$168  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$169  = scores_len;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          if (exec_done) begin
-            if (\$100 ) begin
-              \$169  = cur[122:109];
-            end
-          end
-    endcase
-    if (rst) begin
-      \$169  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$170  = expert;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$142 ) begin
-            \$170  = scan;
-          end
-    endcase
-    if (rst) begin
-      \$170  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$171  = count;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$142 ) begin
-            \$171  = \$like [15:0];
-          end
-    endcase
-    if (rst) begin
-      \$171  = 16'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$172  = offset;
-    casez (ctrl_state)
-      4'h0:
-          /* empty */;
-      4'h1:
-          /* empty */;
-      4'h3:
-          /* empty */;
-      4'h4:
-          /* empty */;
-      4'h6:
-          /* empty */;
-      4'h7:
-          /* empty */;
-      4'h5:
-          /* empty */;
-      4'h8:
-          /* empty */;
-      4'h9:
-          if (\$142 ) begin
-            \$172  = \$144 ;
           end
     endcase
     if (rst) begin
       \$172  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$173  = expert;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$145 ) begin
+            \$173  = scan;
+          end
+    endcase
+    if (rst) begin
+      \$173  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$174  = count;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$145 ) begin
+            \$174  = \$like [15:0];
+          end
+    endcase
+    if (rst) begin
+      \$174  = 16'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$175  = offset;
+    casez (ctrl_state)
+      4'h0:
+          /* empty */;
+      4'h1:
+          /* empty */;
+      4'h3:
+          /* empty */;
+      4'h4:
+          /* empty */;
+      4'h6:
+          /* empty */;
+      4'h7:
+          /* empty */;
+      4'h5:
+          /* empty */;
+      4'h8:
+          /* empty */;
+      4'h9:
+          if (\$145 ) begin
+            \$175  = \$147 ;
+          end
+    endcase
+    if (rst) begin
+      \$175  = 14'h0000;
     end
   end
   assign bus__araddr = s_axil__araddr;
@@ -2612,14 +2621,14 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign \bus__araddr$76  = m_axi__araddr;
   assign bus__arburst = 2'h1;
   assign bus__arid = 1'h0;
-  assign bus__arlen = { \$173 [5], \$173 [5], \$173  };
+  assign bus__arlen = { \$176 [5], \$176 [5], \$176  };
   assign \bus__arready$80  = m_axi__arready;
   assign bus__arsize = 3'h2;
   assign \bus__arvalid$82  = m_axi__arvalid;
   assign \bus__awaddr$83  = m_axi__awaddr;
   assign bus__awburst = 2'h1;
   assign bus__awid = 1'h0;
-  assign bus__awlen = { \$174 [5], \$174 [5], \$174  };
+  assign bus__awlen = { \$177 [5], \$177 [5], \$177  };
   assign \bus__awready$87  = m_axi__awready;
   assign bus__awsize = 3'h2;
   assign \bus__awvalid$89  = m_axi__awvalid;
@@ -2792,12 +2801,12 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
   assign s_axil__rresp = 2'h0;
   assign m_axi__awid = 1'h0;
   assign m_axi__arid = 1'h0;
-  assign m_axi__awlen = { \$174 [5], \$174 [5], \$174  };
+  assign m_axi__awlen = { \$177 [5], \$177 [5], \$177  };
   assign m_axi__awsize = 3'h2;
   assign m_axi__awburst = 2'h1;
   assign m_axi__wdata = wr_data__payload[31:0];
   assign m_axi__bready = 1'h1;
-  assign m_axi__arlen = { \$173 [5], \$173 [5], \$173  };
+  assign m_axi__arlen = { \$176 [5], \$176 [5], \$176  };
   assign m_axi__arsize = 3'h2;
   assign m_axi__arburst = 2'h1;
   assign \rq__i__payload[0]  = rq__i__payload[23:0];
@@ -3065,7 +3074,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$681$0 
+module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus__wvalid, bus__bready, bus__araddr, bus__arprot, bus__arvalid, bus__rready, clk, rst, start, soft_reset, clear_loads, imem_wr__en, window_wr, bus__awready, bus__wready, bus__arready, \port$686$0 
 , retire, running, done, error, pc, executor, host_base, host_size, imem_wr__addr, wr_data, bus__bvalid, bus__rvalid, bus__rdata, bus__awaddr);
   reg \$auto$verilog_backend.cc:2355:dump_module$2  = 0;
   wire \$1 ;
@@ -3195,8 +3204,8 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   wire [31:0] load_data;
   input [12:0] pc;
   wire [12:0] pc;
-  input [15:0] \port$681$0 ;
-  wire [15:0] \port$681$0 ;
+  input [15:0] \port$686$0 ;
+  wire [15:0] \port$686$0 ;
   wire [19:0] rd_addr;
   reg [31:0] rd_data;
   wire rd_en;
@@ -3305,7 +3314,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
     if (\$auto$verilog_backend.cc:2355:dump_module$2 ) begin end
     rd_data = 32'd0;
     if (\$18 ) begin
-      rd_data = { 16'h0000, \port$681$0  };
+      rd_data = { 16'h0000, \port$686$0  };
     end else if (\$21 ) begin
       casez (rsel[6:2])
         5'h01:
@@ -3446,7 +3455,7 @@ module \nanokpu_kpu.bank (bus__awprot, bus__awvalid, bus__wdata, bus__wstrb, bus
   assign load_addr = bus__araddr[17:2];
   assign rd_addr = bus__araddr;
   assign imem_wr__data = wr_data;
-  assign load_data = { 16'h0000, \port$681$0  };
+  assign load_data = { 16'h0000, \port$686$0  };
   assign imem_wr__addr = wr_addr[10:2];
   assign \status.busy  = status[0];
   assign \status.done  = status[1];
@@ -5247,8 +5256,8 @@ module \nanokpu_kpu.decode.lane (rst, busy, unit_rst, load, \y$5 , \x$7 , acc_in
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$421$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$439$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6558$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$426$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$444$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6566$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5387,12 +5396,12 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   reg error = 1'h0;
   wire [4:0] n;
   wire [4:0] \n$22 ;
-  output [5:0] \port$421$0 ;
-  wire [5:0] \port$421$0 ;
-  output [5:0] \port$439$0 ;
-  wire [5:0] \port$439$0 ;
-  input [15:0] \port$6558$254 ;
-  wire [15:0] \port$6558$254 ;
+  output [5:0] \port$426$0 ;
+  wire [5:0] \port$426$0 ;
+  output [5:0] \port$444$0 ;
+  wire [5:0] \port$444$0 ;
+  input [15:0] \port$6566$254 ;
+  wire [15:0] \port$6566$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5557,7 +5566,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6558$254  };
+      \$74  = { 8'h00, \port$6566$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5593,7 +5602,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6558$254  };
+      \$77  = { 8'h00, \port$6566$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5638,11 +5647,11 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6558$254  };
+  assign rd_beats = { 8'h00, \port$6566$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6558$254  };
-  assign \port$421$0  = \$9 ;
-  assign \port$439$0  = \$23 ;
+  assign wr_beats = { 8'h00, \port$6566$254  };
+  assign \port$426$0  = \$9 ;
+  assign \port$444$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
   assign \wr_data__payload.strb  = wr_data__payload[35:32];
   assign \$83  = 1'h1;
@@ -5724,9 +5733,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1054 ;
   wire \$1055 ;
   wire \$1056 ;
-  wire [23:0] \$1057 ;
+  wire \$1057 ;
   wire \$1058 ;
-  wire \$1059 ;
+  wire [23:0] \$1059 ;
   wire \$106 ;
   wire \$1060 ;
   wire \$1061 ;
@@ -5752,11 +5761,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$108 ;
   wire \$1080 ;
   wire \$1081 ;
-  wire [23:0] \$1082 ;
-  wire [23:0] \$1083 ;
+  wire \$1082 ;
+  wire \$1083 ;
   wire [23:0] \$1084 ;
-  wire \$1085 ;
-  wire \$1086 ;
+  wire [23:0] \$1085 ;
+  wire [23:0] \$1086 ;
   wire \$1087 ;
   wire \$1088 ;
   wire \$1089 ;
@@ -5833,9 +5842,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1152 ;
   wire \$1153 ;
   wire \$1154 ;
-  wire [23:0] \$1155 ;
+  wire \$1155 ;
   wire \$1156 ;
-  wire \$1157 ;
+  wire [23:0] \$1157 ;
   wire \$1158 ;
   wire \$1159 ;
   wire [17:0] \$116 ;
@@ -5861,11 +5870,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1178 ;
   wire \$1179 ;
   wire \$118 ;
-  wire [23:0] \$1180 ;
-  wire [23:0] \$1181 ;
+  wire \$1180 ;
+  wire \$1181 ;
   wire [23:0] \$1182 ;
-  wire \$1183 ;
-  wire \$1184 ;
+  wire [23:0] \$1183 ;
+  wire [23:0] \$1184 ;
   wire \$1185 ;
   wire \$1186 ;
   wire \$1187 ;
@@ -5942,9 +5951,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1250 ;
   wire \$1251 ;
   wire \$1252 ;
-  wire [23:0] \$1253 ;
+  wire \$1253 ;
   wire \$1254 ;
-  wire \$1255 ;
+  wire [23:0] \$1255 ;
   wire \$1256 ;
   wire \$1257 ;
   wire \$1258 ;
@@ -5969,12 +5978,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1275 ;
   wire \$1276 ;
   wire \$1277 ;
-  wire [23:0] \$1278 ;
-  wire [23:0] \$1279 ;
+  wire \$1278 ;
+  wire \$1279 ;
   wire \$128 ;
   wire [23:0] \$1280 ;
-  wire \$1281 ;
-  wire \$1282 ;
+  wire [23:0] \$1281 ;
+  wire [23:0] \$1282 ;
   wire \$1283 ;
   wire \$1284 ;
   wire \$1285 ;
@@ -5982,7 +5991,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1287 ;
   wire \$1288 ;
   wire \$1289 ;
-  wire [9:0] \$129 ;
+  wire \$129 ;
   wire \$1290 ;
   wire \$1291 ;
   wire \$1292 ;
@@ -6005,7 +6014,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1307 ;
   wire \$1308 ;
   wire \$1309 ;
-  wire \$131 ;
+  wire [9:0] \$131 ;
   wire \$1310 ;
   wire \$1311 ;
   wire \$1312 ;
@@ -6027,7 +6036,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1327 ;
   wire \$1328 ;
   wire \$1329 ;
-  wire [14:0] \$133 ;
+  wire \$133 ;
   wire \$1330 ;
   wire \$1331 ;
   wire \$1332 ;
@@ -6049,11 +6058,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1347 ;
   wire \$1348 ;
   wire \$1349 ;
-  wire \$135 ;
+  wire [14:0] \$135 ;
   wire \$1350 ;
-  wire [23:0] \$1351 ;
+  wire \$1351 ;
   wire \$1352 ;
-  wire \$1353 ;
+  wire [23:0] \$1353 ;
   wire \$1354 ;
   wire \$1355 ;
   wire \$1356 ;
@@ -6078,14 +6087,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1373 ;
   wire \$1374 ;
   wire \$1375 ;
-  wire [23:0] \$1376 ;
-  wire [23:0] \$1377 ;
+  wire \$1376 ;
+  wire \$1377 ;
   wire [23:0] \$1378 ;
-  reg [23:0] \$1379 ;
+  wire [23:0] \$1379 ;
   wire \$138 ;
-  wire [2:0] \$1380 ;
-  wire \$1381 ;
-  wire \$1382 ;
+  wire [23:0] \$1380 ;
+  reg [23:0] \$1381 ;
+  wire [2:0] \$1382 ;
   wire \$1383 ;
   wire \$1384 ;
   wire \$1385 ;
@@ -6138,7 +6147,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1427 ;
   wire \$1428 ;
   wire \$1429 ;
-  wire [2:0] \$143 ;
+  wire \$143 ;
   wire \$1430 ;
   wire \$1431 ;
   wire \$1432 ;
@@ -6149,7 +6158,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1437 ;
   wire \$1438 ;
   wire \$1439 ;
-  wire [3:0] \$144 ;
+  wire \$144 ;
   wire \$1440 ;
   wire \$1441 ;
   wire \$1442 ;
@@ -6160,18 +6169,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1447 ;
   wire \$1448 ;
   wire \$1449 ;
-  wire \$145 ;
+  wire [2:0] \$145 ;
   wire \$1450 ;
-  wire [23:0] \$1451 ;
+  wire \$1451 ;
   wire \$1452 ;
-  wire \$1453 ;
+  wire [23:0] \$1453 ;
   wire \$1454 ;
   wire \$1455 ;
   wire \$1456 ;
   wire \$1457 ;
   wire \$1458 ;
   wire \$1459 ;
-  wire \$146 ;
+  wire [3:0] \$146 ;
   wire \$1460 ;
   wire \$1461 ;
   wire \$1462 ;
@@ -6189,12 +6198,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1473 ;
   wire \$1474 ;
   wire \$1475 ;
-  wire [23:0] \$1476 ;
-  wire [23:0] \$1477 ;
+  wire \$1476 ;
+  wire \$1477 ;
   wire [23:0] \$1478 ;
-  wire \$1479 ;
+  wire [23:0] \$1479 ;
   wire \$148 ;
-  wire \$1480 ;
+  wire [23:0] \$1480 ;
   wire \$1481 ;
   wire \$1482 ;
   wire \$1483 ;
@@ -6204,7 +6213,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1487 ;
   wire \$1488 ;
   wire \$1489 ;
-  wire [2:0] \$149 ;
+  wire \$149 ;
   wire \$1490 ;
   wire \$1491 ;
   wire \$1492 ;
@@ -6216,7 +6225,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1498 ;
   wire \$1499 ;
   wire [3:0] \$15 ;
-  wire [3:0] \$150 ;
+  wire \$150 ;
   wire \$1500 ;
   wire \$1501 ;
   wire \$1502 ;
@@ -6227,7 +6236,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1507 ;
   wire \$1508 ;
   wire \$1509 ;
-  wire \$151 ;
+  wire [2:0] \$151 ;
   wire \$1510 ;
   wire \$1511 ;
   wire \$1512 ;
@@ -6238,7 +6247,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1517 ;
   wire \$1518 ;
   wire \$1519 ;
-  wire \$152 ;
+  wire [3:0] \$152 ;
   wire \$1520 ;
   wire \$1521 ;
   wire \$1522 ;
@@ -6249,7 +6258,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1527 ;
   wire \$1528 ;
   wire \$1529 ;
-  wire [3:0] \$153 ;
+  wire \$153 ;
   wire \$1530 ;
   wire \$1531 ;
   wire \$1532 ;
@@ -6270,10 +6279,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1546 ;
   wire \$1547 ;
   wire \$1548 ;
-  wire [23:0] \$1549 ;
+  wire \$1549 ;
   wire [3:0] \$155 ;
   wire \$1550 ;
-  wire \$1551 ;
+  wire [23:0] \$1551 ;
   wire \$1552 ;
   wire \$1553 ;
   wire \$1554 ;
@@ -6282,7 +6291,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1557 ;
   wire \$1558 ;
   wire \$1559 ;
-  wire [14:0] \$156 ;
+  wire \$156 ;
   wire \$1560 ;
   wire \$1561 ;
   wire \$1562 ;
@@ -6293,18 +6302,18 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1567 ;
   wire \$1568 ;
   wire \$1569 ;
-  wire \$157 ;
+  wire [3:0] \$157 ;
   wire \$1570 ;
   wire \$1571 ;
   wire \$1572 ;
   wire \$1573 ;
-  wire [23:0] \$1574 ;
-  wire [23:0] \$1575 ;
+  wire \$1574 ;
+  wire \$1575 ;
   wire [23:0] \$1576 ;
-  wire \$1577 ;
-  wire \$1578 ;
+  wire [23:0] \$1577 ;
+  wire [23:0] \$1578 ;
   wire \$1579 ;
-  wire \$158 ;
+  wire [14:0] \$158 ;
   wire \$1580 ;
   wire \$1581 ;
   wire \$1582 ;
@@ -6315,7 +6324,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1587 ;
   wire \$1588 ;
   wire \$1589 ;
-  wire [3:0] \$159 ;
+  wire \$159 ;
   wire \$1590 ;
   wire \$1591 ;
   wire \$1592 ;
@@ -6327,7 +6336,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1598 ;
   wire \$1599 ;
   wire \$16 ;
-  wire [14:0] \$160 ;
+  wire \$160 ;
   wire \$1600 ;
   wire \$1601 ;
   wire \$1602 ;
@@ -6338,7 +6347,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1607 ;
   wire \$1608 ;
   wire \$1609 ;
-  wire \$161 ;
+  wire [3:0] \$161 ;
   wire \$1610 ;
   wire \$1611 ;
   wire \$1612 ;
@@ -6360,7 +6369,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1627 ;
   wire \$1628 ;
   wire \$1629 ;
-  wire [14:0] \$163 ;
+  wire \$163 ;
   wire \$1630 ;
   wire \$1631 ;
   wire \$1632 ;
@@ -6379,10 +6388,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1644 ;
   wire \$1645 ;
   wire \$1646 ;
-  wire [23:0] \$1647 ;
+  wire \$1647 ;
   wire \$1648 ;
-  wire \$1649 ;
-  wire \$165 ;
+  wire [23:0] \$1649 ;
+  wire [14:0] \$165 ;
   wire \$1650 ;
   wire \$1651 ;
   wire \$1652 ;
@@ -6393,7 +6402,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1657 ;
   wire \$1658 ;
   wire \$1659 ;
-  wire \$166 ;
+  wire [14:0] \$166 ;
   wire \$1660 ;
   wire \$1661 ;
   wire \$1662 ;
@@ -6407,15 +6416,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$167 ;
   wire \$1670 ;
   wire \$1671 ;
-  wire [23:0] \$1672 ;
-  wire [23:0] \$1673 ;
+  wire \$1672 ;
+  wire \$1673 ;
   wire [23:0] \$1674 ;
-  wire \$1675 ;
-  wire \$1676 ;
+  wire [23:0] \$1675 ;
+  wire [23:0] \$1676 ;
   wire \$1677 ;
   wire \$1678 ;
   wire \$1679 ;
-  wire [16:0] \$168 ;
+  wire \$168 ;
   wire \$1680 ;
   wire \$1681 ;
   wire \$1682 ;
@@ -6438,7 +6447,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1698 ;
   wire \$1699 ;
   wire \$17 ;
-  wire \$170 ;
+  wire [16:0] \$170 ;
   wire \$1700 ;
   wire \$1701 ;
   wire \$1702 ;
@@ -6488,9 +6497,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1742 ;
   wire \$1743 ;
   wire \$1744 ;
-  wire [23:0] \$1745 ;
+  wire \$1745 ;
   wire \$1746 ;
-  wire \$1747 ;
+  wire [23:0] \$1747 ;
   wire \$1748 ;
   wire \$1749 ;
   wire \$175 ;
@@ -6516,100 +6525,102 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$1768 ;
   wire \$1769 ;
   wire \$177 ;
-  wire [23:0] \$1770 ;
-  wire [23:0] \$1771 ;
+  wire \$1770 ;
+  wire \$1771 ;
   wire [23:0] \$1772 ;
-  reg [23:0] \$1773 ;
-  wire \$1774 ;
-  wire \$1775 ;
+  wire [23:0] \$1773 ;
+  wire [23:0] \$1774 ;
+  reg [23:0] \$1775 ;
   wire \$1776 ;
-  wire [16:0] \$1777 ;
-  wire [17:0] \$1778 ;
+  wire \$1777 ;
+  wire \$1778 ;
   wire [16:0] \$1779 ;
   wire \$178 ;
   wire [17:0] \$1780 ;
-  wire [18:0] \$1781 ;
-  wire \$1782 ;
-  wire \$1783 ;
-  wire [14:0] \$1784 ;
+  wire [16:0] \$1781 ;
+  wire [17:0] \$1782 ;
+  wire [18:0] \$1783 ;
+  wire \$1784 ;
   wire \$1785 ;
-  wire \$1786 ;
+  wire [14:0] \$1786 ;
   wire \$1787 ;
   wire \$1788 ;
   wire \$1789 ;
-  wire [3:0] \$179 ;
-  reg [64:0] \$1790 ;
-  reg \$1791 ;
-  reg \$1792 ;
+  wire \$179 ;
+  wire \$1790 ;
+  wire \$1791 ;
+  reg [64:0] \$1792 ;
   reg \$1793 ;
-  reg [13:0] \$1794 ;
-  reg [12:0] \$1795 ;
-  reg [12:0] \$1796 ;
-  reg [13:0] \$1797 ;
+  reg \$1794 ;
+  reg \$1795 ;
+  reg [13:0] \$1796 ;
+  reg [12:0] \$1797 ;
   reg [12:0] \$1798 ;
-  reg [12:0] \$1799 ;
+  reg [13:0] \$1799 ;
   wire \$18 ;
   wire \$180 ;
-  reg [13:0] \$1800 ;
+  reg [12:0] \$1800 ;
   reg [12:0] \$1801 ;
-  reg [12:0] \$1802 ;
-  reg \$1803 ;
-  reg [13:0] \$1804 ;
+  reg [13:0] \$1802 ;
+  reg [12:0] \$1803 ;
+  reg [12:0] \$1804 ;
   reg \$1805 ;
-  reg [1:0] \$1806 ;
-  reg [2:0] \$1807 ;
+  reg [13:0] \$1806 ;
+  reg \$1807 ;
   reg [1:0] \$1808 ;
-  reg \$1809 ;
+  reg [2:0] \$1809 ;
   wire [3:0] \$181 ;
-  reg [95:0] \$1810 ;
-  reg [13:0] \$1811 ;
-  reg [1:0] \$1812 ;
-  reg \$1813 ;
-  reg [95:0] \$1814 ;
+  reg [1:0] \$1810 ;
+  reg \$1811 ;
+  reg [95:0] \$1812 ;
+  reg [13:0] \$1813 ;
+  reg [1:0] \$1814 ;
   reg \$1815 ;
-  reg \$1816 ;
+  reg [95:0] \$1816 ;
   reg \$1817 ;
   reg \$1818 ;
   reg \$1819 ;
-  wire [14:0] \$182 ;
+  wire \$182 ;
   reg \$1820 ;
   reg \$1821 ;
   reg \$1822 ;
-  reg [14:0] \$1823 ;
-  reg [1:0] \$1824 ;
-  reg [5:0] \$1825 ;
-  reg [15:0] \$1826 ;
+  reg \$1823 ;
+  reg \$1824 ;
+  reg [14:0] \$1825 ;
+  reg [1:0] \$1826 ;
   reg [5:0] \$1827 ;
-  reg [13:0] \$1828 ;
-  reg [13:0] \$1829 ;
-  wire \$183 ;
-  reg [12:0] \$1830 ;
-  reg \$1831 ;
+  reg [15:0] \$1828 ;
+  reg [5:0] \$1829 ;
+  wire [3:0] \$183 ;
+  reg [13:0] \$1830 ;
+  reg [13:0] \$1831 ;
   reg [12:0] \$1832 ;
   reg \$1833 ;
-  reg \$1834 ;
-  reg [12:0] \$1835 ;
-  reg [1:0] \$1836 ;
-  wire \$184 ;
-  wire [3:0] \$185 ;
-  wire [14:0] \$186 ;
-  wire \$187 ;
+  reg [12:0] \$1834 ;
+  reg \$1835 ;
+  reg \$1836 ;
+  reg [12:0] \$1837 ;
+  reg [1:0] \$1838 ;
+  wire [14:0] \$184 ;
+  wire \$185 ;
+  wire \$186 ;
+  wire [3:0] \$187 ;
   wire [14:0] \$188 ;
-  wire [14:0] \$189 ;
+  wire \$189 ;
   wire \$19 ;
   wire [14:0] \$190 ;
-  wire [3:0] \$191 ;
-  wire \$192 ;
-  wire [14:0] \$193 ;
+  wire [14:0] \$191 ;
+  wire [14:0] \$192 ;
+  wire [3:0] \$193 ;
   wire \$194 ;
-  wire \$195 ;
+  wire [14:0] \$195 ;
   wire \$196 ;
   wire \$197 ;
-  wire [14:0] \$198 ;
+  wire \$198 ;
   wire \$199 ;
   wire \$2 ;
   wire [14:0] \$20 ;
-  wire \$200 ;
+  wire [14:0] \$200 ;
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
@@ -6684,10 +6695,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$266 ;
   wire \$267 ;
   wire \$268 ;
-  wire [23:0] \$269 ;
+  wire \$269 ;
   wire [13:0] \$27 ;
   wire \$270 ;
-  wire \$271 ;
+  wire [23:0] \$271 ;
   wire \$272 ;
   wire \$273 ;
   wire \$274 ;
@@ -6712,11 +6723,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$291 ;
   wire \$292 ;
   wire \$293 ;
-  wire [23:0] \$294 ;
-  wire [23:0] \$295 ;
+  wire \$294 ;
+  wire \$295 ;
   wire [23:0] \$296 ;
-  wire \$297 ;
-  wire \$298 ;
+  wire [23:0] \$297 ;
+  wire [23:0] \$298 ;
   wire \$299 ;
   wire [64:0] \$3 ;
   wire [13:0] \$30 ;
@@ -6793,9 +6804,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$364 ;
   wire \$365 ;
   wire \$366 ;
-  wire [23:0] \$367 ;
+  wire \$367 ;
   wire \$368 ;
-  wire \$369 ;
+  wire [23:0] \$369 ;
   wire \$37 ;
   wire \$370 ;
   wire \$371 ;
@@ -6821,11 +6832,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$39 ;
   wire \$390 ;
   wire \$391 ;
-  wire [23:0] \$392 ;
-  wire [23:0] \$393 ;
+  wire \$392 ;
+  wire \$393 ;
   wire [23:0] \$394 ;
-  wire \$395 ;
-  wire \$396 ;
+  wire [23:0] \$395 ;
+  wire [23:0] \$396 ;
   wire \$397 ;
   wire \$398 ;
   wire \$399 ;
@@ -6902,9 +6913,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$462 ;
   wire \$463 ;
   wire \$464 ;
-  wire [23:0] \$465 ;
+  wire \$465 ;
   wire \$466 ;
-  wire \$467 ;
+  wire [23:0] \$467 ;
   wire \$468 ;
   wire \$469 ;
   wire \$47 ;
@@ -6930,11 +6941,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$488 ;
   wire \$489 ;
   wire \$49 ;
-  wire [23:0] \$490 ;
-  wire [23:0] \$491 ;
+  wire \$490 ;
+  wire \$491 ;
   wire [23:0] \$492 ;
-  wire \$493 ;
-  wire \$494 ;
+  wire [23:0] \$493 ;
+  wire [23:0] \$494 ;
   wire \$495 ;
   wire \$496 ;
   wire \$497 ;
@@ -7011,9 +7022,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$560 ;
   wire \$561 ;
   wire \$562 ;
-  wire [23:0] \$563 ;
+  wire \$563 ;
   wire \$564 ;
-  wire \$565 ;
+  wire [23:0] \$565 ;
   wire \$566 ;
   wire \$567 ;
   wire \$568 ;
@@ -7038,14 +7049,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$585 ;
   wire \$586 ;
   wire \$587 ;
-  wire [23:0] \$588 ;
-  wire [23:0] \$589 ;
+  wire \$588 ;
+  wire \$589 ;
   wire \$59 ;
   wire [23:0] \$590 ;
-  reg [23:0] \$591 ;
-  wire [2:0] \$592 ;
-  wire \$593 ;
-  wire \$594 ;
+  wire [23:0] \$591 ;
+  wire [23:0] \$592 ;
+  reg [23:0] \$593 ;
+  wire [2:0] \$594 ;
   wire \$595 ;
   wire \$596 ;
   wire \$597 ;
@@ -7122,9 +7133,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$660 ;
   wire \$661 ;
   wire \$662 ;
-  wire [23:0] \$663 ;
+  wire \$663 ;
   wire \$664 ;
-  wire \$665 ;
+  wire [23:0] \$665 ;
   wire \$666 ;
   wire \$667 ;
   wire \$668 ;
@@ -7149,12 +7160,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$685 ;
   wire \$686 ;
   wire \$687 ;
-  wire [23:0] \$688 ;
-  wire [23:0] \$689 ;
+  wire \$688 ;
+  wire \$689 ;
   wire [2:0] \$69 ;
   wire [23:0] \$690 ;
-  wire \$691 ;
-  wire \$692 ;
+  wire [23:0] \$691 ;
+  wire [23:0] \$692 ;
   wire \$693 ;
   wire \$694 ;
   wire \$695 ;
@@ -7231,9 +7242,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$759 ;
   wire \$76 ;
   wire \$760 ;
-  wire [23:0] \$761 ;
+  wire \$761 ;
   wire \$762 ;
-  wire \$763 ;
+  wire [23:0] \$763 ;
   wire \$764 ;
   wire \$765 ;
   wire \$766 ;
@@ -7258,12 +7269,12 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$783 ;
   wire \$784 ;
   wire \$785 ;
-  wire [23:0] \$786 ;
-  wire [23:0] \$787 ;
+  wire \$786 ;
+  wire \$787 ;
   wire [23:0] \$788 ;
-  wire \$789 ;
+  wire [23:0] \$789 ;
   reg [23:0] \$79 ;
-  wire \$790 ;
+  wire [23:0] \$790 ;
   wire \$791 ;
   wire \$792 ;
   wire \$793 ;
@@ -7339,10 +7350,10 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$856 ;
   wire \$857 ;
   wire \$858 ;
-  wire [23:0] \$859 ;
+  wire \$859 ;
   wire [3:0] \$86 ;
   wire \$860 ;
-  wire \$861 ;
+  wire [23:0] \$861 ;
   wire \$862 ;
   wire \$863 ;
   wire \$864 ;
@@ -7367,11 +7378,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$881 ;
   wire \$882 ;
   wire \$883 ;
-  wire [23:0] \$884 ;
-  wire [23:0] \$885 ;
+  wire \$884 ;
+  wire \$885 ;
   wire [23:0] \$886 ;
-  wire \$887 ;
-  wire \$888 ;
+  wire [23:0] \$887 ;
+  wire [23:0] \$888 ;
   wire \$889 ;
   wire \$89 ;
   wire \$890 ;
@@ -7448,9 +7459,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$954 ;
   wire \$955 ;
   wire \$956 ;
-  wire [23:0] \$957 ;
+  wire \$957 ;
   wire \$958 ;
-  wire \$959 ;
+  wire [23:0] \$959 ;
   wire \$96 ;
   wire \$960 ;
   wire \$961 ;
@@ -7476,13 +7487,13 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   wire \$98 ;
   wire \$980 ;
   wire \$981 ;
-  wire [23:0] \$982 ;
-  wire [23:0] \$983 ;
+  wire \$982 ;
+  wire \$983 ;
   wire [23:0] \$984 ;
-  reg [23:0] \$985 ;
-  wire [2:0] \$986 ;
-  wire \$987 ;
-  wire \$988 ;
+  wire [23:0] \$985 ;
+  wire [23:0] \$986 ;
+  reg [23:0] \$987 ;
+  wire [2:0] \$988 ;
   wire \$989 ;
   wire \$99 ;
   wire \$990 ;
@@ -7738,11 +7749,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$48  = wvalid & rq__i__ready;
   assign \$49  = \$47  | \$48 ;
   assign \$50  = q_pend & \$49 ;
-  assign \$51  = \$signal$17  + \$164 [2:0];
-  assign \$52  = q_read + \$164 [2:0];
-  assign \$53  = \$signal$43  + \$164 [2:0];
+  assign \$51  = \$signal$17  + \$166 [2:0];
+  assign \$52  = q_read + \$166 [2:0];
+  assign \$53  = \$signal$43  + \$166 [2:0];
   assign \$54  = \$53  == 3'h4;
-  assign \$55  = \$signal$43  + \$164 [2:0];
+  assign \$55  = \$signal$43  + \$166 [2:0];
   assign \$56  = \$54  ? 4'h0 : \$55 ;
   assign \$57  = wvalid & rq__i__ready;
   assign \$58  = ~ wvalid;
@@ -7795,1747 +7806,1748 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$123  = \$117  ? 2'h2 : \$122 ;
   assign \$124  = ins[5:0] == 5'h10;
   assign \$126  = ins[5:0] == 5'h16;
-  assign \$128  = ins[5:0] == 3'h4;
-  assign \$131  = \$128  & \$130 ;
-  assign \$133  = el + 1'h1;
-  assign \$134  = el >= results;
-  assign \$135  = ~ h_valid;
-  assign r_en = \$135  | unit_ready;
-  assign \$136  = ~ h_valid;
-  assign \$137  = \$136  | unit_ready;
-  assign \$138  = ~ r_rdy;
-  assign \$139  = \$137  & \$138 ;
-  assign \$140  = ~ \$139 ;
-  assign w_en = \$signal$10  & \$140 ;
-  assign \$143  = \$signal$10  + level;
-  assign \$144  = \$143  + h_valid;
-  assign \$145  = \$144  < 2'h3;
-  assign \$146  = \$142  & \$145 ;
-  assign \$149  = \$signal$10  + level;
-  assign \$150  = \$149  + h_valid;
-  assign \$151  = \$150  < 2'h3;
-  assign \$152  = \$148  & \$151 ;
-  assign \$153  = 3'h4 - \$signal$43 ;
-  assign \$154  = $signed(\$153 ) < $signed(4'h4);
+  assign \$128  = ins[5:0] == 5'h17;
+  assign \$130  = ins[5:0] == 3'h4;
+  assign \$133  = \$130  & \$132 ;
+  assign \$135  = el + 1'h1;
+  assign \$136  = el >= results;
+  assign \$137  = ~ h_valid;
+  assign r_en = \$137  | unit_ready;
+  assign \$138  = ~ h_valid;
+  assign \$139  = \$138  | unit_ready;
+  assign \$140  = ~ r_rdy;
+  assign \$141  = \$139  & \$140 ;
+  assign \$142  = ~ \$141 ;
+  assign w_en = \$signal$10  & \$142 ;
+  assign \$145  = \$signal$10  + level;
+  assign \$146  = \$145  + h_valid;
+  assign \$147  = \$146  < 2'h3;
+  assign \$148  = \$144  & \$147 ;
+  assign \$151  = \$signal$10  + level;
+  assign \$152  = \$151  + h_valid;
+  assign \$153  = \$152  < 2'h3;
+  assign \$154  = \$150  & \$153 ;
   assign \$155  = 3'h4 - \$signal$43 ;
-  assign \$156  = ins[122:109] - q_read;
-  assign \$157  = $signed(\$155 ) < $signed(\$156 );
-  assign \$158  = \$154  & \$157 ;
-  assign \$159  = 3'h4 - \$signal$43 ;
-  assign \$160  = ins[122:109] - q_read;
-  assign \$161  = $signed(\$160 ) < $signed(4'h4);
+  assign \$156  = $signed(\$155 ) < $signed(4'h4);
+  assign \$157  = 3'h4 - \$signal$43 ;
+  assign \$158  = ins[122:109] - q_read;
+  assign \$159  = $signed(\$157 ) < $signed(\$158 );
+  assign \$160  = \$156  & \$159 ;
+  assign \$161  = 3'h4 - \$signal$43 ;
   assign \$162  = ins[122:109] - q_read;
-  assign \$163  = \$161  ? \$162  : 15'h0004;
-  assign \$164  = \$158  ? { \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159 [3], \$159  } : \$163 ;
-  assign \$165  = vec_op == 1'h1;
-  assign \$166  = ~ \$signal$59 ;
-  assign \$167  = \$165  & \$166 ;
-  assign \$168  = \$167  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
-  assign \$169  = q_read < ins[122:109];
-  assign \$172  = ~ q_pend;
-  assign \$173  = ~ wvalid;
-  assign \$174  = wvalid & rq__i__ready;
-  assign \$175  = \$173  | \$174 ;
-  assign \$176  = q_pend & \$175 ;
-  assign \$177  = \$172  | \$176 ;
-  assign \$178  = \$171  & \$177 ;
-  assign \$179  = 3'h4 - \$signal$50 ;
-  assign \$180  = $signed(\$179 ) < $signed(4'h4);
+  assign \$163  = $signed(\$162 ) < $signed(4'h4);
+  assign \$164  = ins[122:109] - q_read;
+  assign \$165  = \$163  ? \$164  : 15'h0004;
+  assign \$166  = \$160  ? { \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161 [3], \$161  } : \$165 ;
+  assign \$167  = vec_op == 1'h1;
+  assign \$168  = ~ \$signal$59 ;
+  assign \$169  = \$167  & \$168 ;
+  assign \$170  = \$169  ? { 1'h0, beat[47:32] } : { beat[47], beat[47:32] };
+  assign \$171  = q_read < ins[122:109];
+  assign \$174  = ~ q_pend;
+  assign \$175  = ~ wvalid;
+  assign \$176  = wvalid & rq__i__ready;
+  assign \$177  = \$175  | \$176 ;
+  assign \$178  = q_pend & \$177 ;
+  assign \$179  = \$174  | \$178 ;
+  assign \$180  = \$173  & \$179 ;
   assign \$181  = 3'h4 - \$signal$50 ;
-  assign \$182  = ins[122:109] - el;
-  assign \$183  = $signed(\$181 ) < $signed(\$182 );
-  assign \$184  = \$180  & \$183 ;
-  assign \$185  = 3'h4 - \$signal$50 ;
-  assign \$186  = ins[122:109] - el;
-  assign \$187  = $signed(\$186 ) < $signed(4'h4);
+  assign \$182  = $signed(\$181 ) < $signed(4'h4);
+  assign \$183  = 3'h4 - \$signal$50 ;
+  assign \$184  = ins[122:109] - el;
+  assign \$185  = $signed(\$183 ) < $signed(\$184 );
+  assign \$186  = \$182  & \$185 ;
+  assign \$187  = 3'h4 - \$signal$50 ;
   assign \$188  = ins[122:109] - el;
-  assign \$189  = \$187  ? \$188  : 15'h0004;
-  assign \$190  = \$184  ? { \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185 [3], \$185  } : \$189 ;
-  assign \$191  = 3'h4 - \$signal$50 ;
-  assign \$192  = $signed(\$191 ) <= $signed(4'h4);
-  assign \$193  = ins[122:109] - el;
+  assign \$189  = $signed(\$188 ) < $signed(4'h4);
+  assign \$190  = ins[122:109] - el;
+  assign \$191  = \$189  ? \$190  : 15'h0004;
+  assign \$192  = \$186  ? { \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187 [3], \$187  } : \$191 ;
+  assign \$193  = 3'h4 - \$signal$50 ;
   assign \$194  = $signed(\$193 ) <= $signed(4'h4);
-  assign \$195  = \$192  | \$194 ;
-  assign \$196  = ~ hold_valid;
-  assign \$197  = \$196  | \$signal$51 ;
-  assign \$198  = ins[60:48] + el;
-  assign \$199  = width > 1'h1;
-  assign \$200  = width > 2'h2;
-  assign \$201  = width > 2'h3;
-  assign \$202  = width > 3'h4;
-  assign \$203  = width > 3'h5;
-  assign \$204  = width > 3'h6;
-  assign \$205  = width > 3'h7;
-  assign \$206  = width > 4'h8;
-  assign \$207  = width > 4'h9;
-  assign \$208  = width > 4'ha;
-  assign \$209  = width > 4'hb;
-  assign \$210  = width > 4'hc;
-  assign \$211  = width > 4'hd;
-  assign \$212  = width > 4'he;
-  assign \$213  = width > 4'hf;
-  assign \$214  = width > 5'h10;
-  assign \$215  = width > 5'h11;
-  assign \$216  = width > 5'h12;
-  assign \$217  = width > 5'h13;
-  assign \$218  = width > 5'h14;
-  assign \$219  = width > 5'h15;
-  assign \$220  = width > 5'h16;
-  assign \$221  = width > 5'h17;
-  assign \$222  = $signed(hold[23:0]) > $signed({ 1'h0, \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201 , \$200 , \$199  });
-  assign \$223  = width > 1'h1;
-  assign \$224  = width > 2'h2;
-  assign \$225  = width > 2'h3;
-  assign \$226  = width > 3'h4;
-  assign \$227  = width > 3'h5;
-  assign \$228  = width > 3'h6;
-  assign \$229  = width > 3'h7;
-  assign \$230  = width > 4'h8;
-  assign \$231  = width > 4'h9;
-  assign \$232  = width > 4'ha;
-  assign \$233  = width > 4'hb;
-  assign \$234  = width > 4'hc;
-  assign \$235  = width > 4'hd;
-  assign \$236  = width > 4'he;
-  assign \$237  = width > 4'hf;
-  assign \$238  = width > 5'h10;
-  assign \$239  = width > 5'h11;
-  assign \$240  = width > 5'h12;
-  assign \$241  = width > 5'h13;
-  assign \$242  = width > 5'h14;
-  assign \$243  = width > 5'h15;
-  assign \$244  = width > 5'h16;
-  assign \$245  = width > 5'h17;
-  assign \$246  = width > 1'h1;
-  assign \$247  = width > 2'h2;
-  assign \$248  = width > 2'h3;
-  assign \$249  = width > 3'h4;
-  assign \$250  = width > 3'h5;
-  assign \$251  = width > 3'h6;
-  assign \$252  = width > 3'h7;
-  assign \$253  = width > 4'h8;
-  assign \$254  = width > 4'h9;
-  assign \$255  = width > 4'ha;
-  assign \$256  = width > 4'hb;
-  assign \$257  = width > 4'hc;
-  assign \$258  = width > 4'hd;
-  assign \$259  = width > 4'he;
-  assign \$260  = width > 4'hf;
-  assign \$261  = width > 5'h10;
-  assign \$262  = width > 5'h11;
-  assign \$263  = width > 5'h12;
-  assign \$264  = width > 5'h13;
-  assign \$265  = width > 5'h14;
-  assign \$266  = width > 5'h15;
-  assign \$267  = width > 5'h16;
-  assign \$268  = width > 5'h17;
-  assign \$269  = ~ { 1'h0, \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248 , \$247 , \$246  };
-  assign \$270  = $signed(hold[23:0]) < $signed(\$269 );
-  assign \$271  = width > 1'h1;
-  assign \$272  = width > 2'h2;
-  assign \$273  = width > 2'h3;
-  assign \$274  = width > 3'h4;
-  assign \$275  = width > 3'h5;
-  assign \$276  = width > 3'h6;
-  assign \$277  = width > 3'h7;
-  assign \$278  = width > 4'h8;
-  assign \$279  = width > 4'h9;
-  assign \$280  = width > 4'ha;
-  assign \$281  = width > 4'hb;
-  assign \$282  = width > 4'hc;
-  assign \$283  = width > 4'hd;
-  assign \$284  = width > 4'he;
-  assign \$285  = width > 4'hf;
-  assign \$286  = width > 5'h10;
-  assign \$287  = width > 5'h11;
-  assign \$288  = width > 5'h12;
-  assign \$289  = width > 5'h13;
-  assign \$290  = width > 5'h14;
-  assign \$291  = width > 5'h15;
-  assign \$292  = width > 5'h16;
-  assign \$293  = width > 5'h17;
-  assign \$294  = ~ { 1'h0, \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275 , \$274 , \$273 , \$272 , \$271  };
-  assign \$295  = \$270  ? \$294  : hold[23:0];
-  assign \$296  = \$222  ? { 1'h0, \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225 , \$224 , \$223  } : \$295 ;
-  assign \$297  = width > 1'h1;
-  assign \$298  = width > 2'h2;
-  assign \$299  = width > 2'h3;
-  assign \$300  = width > 3'h4;
-  assign \$301  = width > 3'h5;
-  assign \$302  = width > 3'h6;
-  assign \$303  = width > 3'h7;
-  assign \$304  = width > 4'h8;
-  assign \$305  = width > 4'h9;
-  assign \$306  = width > 4'ha;
-  assign \$307  = width > 4'hb;
-  assign \$308  = width > 4'hc;
-  assign \$309  = width > 4'hd;
-  assign \$310  = width > 4'he;
-  assign \$311  = width > 4'hf;
-  assign \$312  = width > 5'h10;
-  assign \$313  = width > 5'h11;
-  assign \$314  = width > 5'h12;
-  assign \$315  = width > 5'h13;
-  assign \$316  = width > 5'h14;
-  assign \$317  = width > 5'h15;
-  assign \$318  = width > 5'h16;
-  assign \$319  = width > 5'h17;
-  assign \$320  = $signed(hold[47:24]) > $signed({ 1'h0, \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299 , \$298 , \$297  });
-  assign \$321  = width > 1'h1;
-  assign \$322  = width > 2'h2;
-  assign \$323  = width > 2'h3;
-  assign \$324  = width > 3'h4;
-  assign \$325  = width > 3'h5;
-  assign \$326  = width > 3'h6;
-  assign \$327  = width > 3'h7;
-  assign \$328  = width > 4'h8;
-  assign \$329  = width > 4'h9;
-  assign \$330  = width > 4'ha;
-  assign \$331  = width > 4'hb;
-  assign \$332  = width > 4'hc;
-  assign \$333  = width > 4'hd;
-  assign \$334  = width > 4'he;
-  assign \$335  = width > 4'hf;
-  assign \$336  = width > 5'h10;
-  assign \$337  = width > 5'h11;
-  assign \$338  = width > 5'h12;
-  assign \$339  = width > 5'h13;
-  assign \$340  = width > 5'h14;
-  assign \$341  = width > 5'h15;
-  assign \$342  = width > 5'h16;
-  assign \$343  = width > 5'h17;
-  assign \$344  = width > 1'h1;
-  assign \$345  = width > 2'h2;
-  assign \$346  = width > 2'h3;
-  assign \$347  = width > 3'h4;
-  assign \$348  = width > 3'h5;
-  assign \$349  = width > 3'h6;
-  assign \$350  = width > 3'h7;
-  assign \$351  = width > 4'h8;
-  assign \$352  = width > 4'h9;
-  assign \$353  = width > 4'ha;
-  assign \$354  = width > 4'hb;
-  assign \$355  = width > 4'hc;
-  assign \$356  = width > 4'hd;
-  assign \$357  = width > 4'he;
-  assign \$358  = width > 4'hf;
-  assign \$359  = width > 5'h10;
-  assign \$360  = width > 5'h11;
-  assign \$361  = width > 5'h12;
-  assign \$362  = width > 5'h13;
-  assign \$363  = width > 5'h14;
-  assign \$364  = width > 5'h15;
-  assign \$365  = width > 5'h16;
-  assign \$366  = width > 5'h17;
-  assign \$367  = ~ { 1'h0, \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346 , \$345 , \$344  };
-  assign \$368  = $signed(hold[47:24]) < $signed(\$367 );
-  assign \$369  = width > 1'h1;
-  assign \$370  = width > 2'h2;
-  assign \$371  = width > 2'h3;
-  assign \$372  = width > 3'h4;
-  assign \$373  = width > 3'h5;
-  assign \$374  = width > 3'h6;
-  assign \$375  = width > 3'h7;
-  assign \$376  = width > 4'h8;
-  assign \$377  = width > 4'h9;
-  assign \$378  = width > 4'ha;
-  assign \$379  = width > 4'hb;
-  assign \$380  = width > 4'hc;
-  assign \$381  = width > 4'hd;
-  assign \$382  = width > 4'he;
-  assign \$383  = width > 4'hf;
-  assign \$384  = width > 5'h10;
-  assign \$385  = width > 5'h11;
-  assign \$386  = width > 5'h12;
-  assign \$387  = width > 5'h13;
-  assign \$388  = width > 5'h14;
-  assign \$389  = width > 5'h15;
-  assign \$390  = width > 5'h16;
-  assign \$391  = width > 5'h17;
-  assign \$392  = ~ { 1'h0, \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371 , \$370 , \$369  };
-  assign \$393  = \$368  ? \$392  : hold[47:24];
-  assign \$394  = \$320  ? { 1'h0, \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323 , \$322 , \$321  } : \$393 ;
-  assign \$395  = width > 1'h1;
-  assign \$396  = width > 2'h2;
-  assign \$397  = width > 2'h3;
-  assign \$398  = width > 3'h4;
-  assign \$399  = width > 3'h5;
-  assign \$400  = width > 3'h6;
-  assign \$401  = width > 3'h7;
-  assign \$402  = width > 4'h8;
-  assign \$403  = width > 4'h9;
-  assign \$404  = width > 4'ha;
-  assign \$405  = width > 4'hb;
-  assign \$406  = width > 4'hc;
-  assign \$407  = width > 4'hd;
-  assign \$408  = width > 4'he;
-  assign \$409  = width > 4'hf;
-  assign \$410  = width > 5'h10;
-  assign \$411  = width > 5'h11;
-  assign \$412  = width > 5'h12;
-  assign \$413  = width > 5'h13;
-  assign \$414  = width > 5'h14;
-  assign \$415  = width > 5'h15;
-  assign \$416  = width > 5'h16;
-  assign \$417  = width > 5'h17;
-  assign \$418  = $signed(hold[71:48]) > $signed({ 1'h0, \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397 , \$396 , \$395  });
-  assign \$419  = width > 1'h1;
-  assign \$420  = width > 2'h2;
-  assign \$421  = width > 2'h3;
-  assign \$422  = width > 3'h4;
-  assign \$423  = width > 3'h5;
-  assign \$424  = width > 3'h6;
-  assign \$425  = width > 3'h7;
-  assign \$426  = width > 4'h8;
-  assign \$427  = width > 4'h9;
-  assign \$428  = width > 4'ha;
-  assign \$429  = width > 4'hb;
-  assign \$430  = width > 4'hc;
-  assign \$431  = width > 4'hd;
-  assign \$432  = width > 4'he;
-  assign \$433  = width > 4'hf;
-  assign \$434  = width > 5'h10;
-  assign \$435  = width > 5'h11;
-  assign \$436  = width > 5'h12;
-  assign \$437  = width > 5'h13;
-  assign \$438  = width > 5'h14;
-  assign \$439  = width > 5'h15;
-  assign \$440  = width > 5'h16;
-  assign \$441  = width > 5'h17;
-  assign \$442  = width > 1'h1;
-  assign \$443  = width > 2'h2;
-  assign \$444  = width > 2'h3;
-  assign \$445  = width > 3'h4;
-  assign \$446  = width > 3'h5;
-  assign \$447  = width > 3'h6;
-  assign \$448  = width > 3'h7;
-  assign \$449  = width > 4'h8;
-  assign \$450  = width > 4'h9;
-  assign \$451  = width > 4'ha;
-  assign \$452  = width > 4'hb;
-  assign \$453  = width > 4'hc;
-  assign \$454  = width > 4'hd;
-  assign \$455  = width > 4'he;
-  assign \$456  = width > 4'hf;
-  assign \$457  = width > 5'h10;
-  assign \$458  = width > 5'h11;
-  assign \$459  = width > 5'h12;
-  assign \$460  = width > 5'h13;
-  assign \$461  = width > 5'h14;
-  assign \$462  = width > 5'h15;
-  assign \$463  = width > 5'h16;
-  assign \$464  = width > 5'h17;
-  assign \$465  = ~ { 1'h0, \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445 , \$444 , \$443 , \$442  };
-  assign \$466  = $signed(hold[71:48]) < $signed(\$465 );
-  assign \$467  = width > 1'h1;
-  assign \$468  = width > 2'h2;
-  assign \$469  = width > 2'h3;
-  assign \$470  = width > 3'h4;
-  assign \$471  = width > 3'h5;
-  assign \$472  = width > 3'h6;
-  assign \$473  = width > 3'h7;
-  assign \$474  = width > 4'h8;
-  assign \$475  = width > 4'h9;
-  assign \$476  = width > 4'ha;
-  assign \$477  = width > 4'hb;
-  assign \$478  = width > 4'hc;
-  assign \$479  = width > 4'hd;
-  assign \$480  = width > 4'he;
-  assign \$481  = width > 4'hf;
-  assign \$482  = width > 5'h10;
-  assign \$483  = width > 5'h11;
-  assign \$484  = width > 5'h12;
-  assign \$485  = width > 5'h13;
-  assign \$486  = width > 5'h14;
-  assign \$487  = width > 5'h15;
-  assign \$488  = width > 5'h16;
-  assign \$489  = width > 5'h17;
-  assign \$490  = ~ { 1'h0, \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471 , \$470 , \$469 , \$468 , \$467  };
-  assign \$491  = \$466  ? \$490  : hold[71:48];
-  assign \$492  = \$418  ? { 1'h0, \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421 , \$420 , \$419  } : \$491 ;
-  assign \$493  = width > 1'h1;
-  assign \$494  = width > 2'h2;
-  assign \$495  = width > 2'h3;
-  assign \$496  = width > 3'h4;
-  assign \$497  = width > 3'h5;
-  assign \$498  = width > 3'h6;
-  assign \$499  = width > 3'h7;
-  assign \$500  = width > 4'h8;
-  assign \$501  = width > 4'h9;
-  assign \$502  = width > 4'ha;
-  assign \$503  = width > 4'hb;
-  assign \$504  = width > 4'hc;
-  assign \$505  = width > 4'hd;
-  assign \$506  = width > 4'he;
-  assign \$507  = width > 4'hf;
-  assign \$508  = width > 5'h10;
-  assign \$509  = width > 5'h11;
-  assign \$510  = width > 5'h12;
-  assign \$511  = width > 5'h13;
-  assign \$512  = width > 5'h14;
-  assign \$513  = width > 5'h15;
-  assign \$514  = width > 5'h16;
-  assign \$515  = width > 5'h17;
-  assign \$516  = $signed(hold[95:72]) > $signed({ 1'h0, \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495 , \$494 , \$493  });
-  assign \$517  = width > 1'h1;
-  assign \$518  = width > 2'h2;
-  assign \$519  = width > 2'h3;
-  assign \$520  = width > 3'h4;
-  assign \$521  = width > 3'h5;
-  assign \$522  = width > 3'h6;
-  assign \$523  = width > 3'h7;
-  assign \$524  = width > 4'h8;
-  assign \$525  = width > 4'h9;
-  assign \$526  = width > 4'ha;
-  assign \$527  = width > 4'hb;
-  assign \$528  = width > 4'hc;
-  assign \$529  = width > 4'hd;
-  assign \$530  = width > 4'he;
-  assign \$531  = width > 4'hf;
-  assign \$532  = width > 5'h10;
-  assign \$533  = width > 5'h11;
-  assign \$534  = width > 5'h12;
-  assign \$535  = width > 5'h13;
-  assign \$536  = width > 5'h14;
-  assign \$537  = width > 5'h15;
-  assign \$538  = width > 5'h16;
-  assign \$539  = width > 5'h17;
-  assign \$540  = width > 1'h1;
-  assign \$541  = width > 2'h2;
-  assign \$542  = width > 2'h3;
-  assign \$543  = width > 3'h4;
-  assign \$544  = width > 3'h5;
-  assign \$545  = width > 3'h6;
-  assign \$546  = width > 3'h7;
-  assign \$547  = width > 4'h8;
-  assign \$548  = width > 4'h9;
-  assign \$549  = width > 4'ha;
-  assign \$550  = width > 4'hb;
-  assign \$551  = width > 4'hc;
-  assign \$552  = width > 4'hd;
-  assign \$553  = width > 4'he;
-  assign \$554  = width > 4'hf;
-  assign \$555  = width > 5'h10;
-  assign \$556  = width > 5'h11;
-  assign \$557  = width > 5'h12;
-  assign \$558  = width > 5'h13;
-  assign \$559  = width > 5'h14;
-  assign \$560  = width > 5'h15;
-  assign \$561  = width > 5'h16;
-  assign \$562  = width > 5'h17;
-  assign \$563  = ~ { 1'h0, \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543 , \$542 , \$541 , \$540  };
-  assign \$564  = $signed(hold[95:72]) < $signed(\$563 );
-  assign \$565  = width > 1'h1;
-  assign \$566  = width > 2'h2;
-  assign \$567  = width > 2'h3;
-  assign \$568  = width > 3'h4;
-  assign \$569  = width > 3'h5;
-  assign \$570  = width > 3'h6;
-  assign \$571  = width > 3'h7;
-  assign \$572  = width > 4'h8;
-  assign \$573  = width > 4'h9;
-  assign \$574  = width > 4'ha;
-  assign \$575  = width > 4'hb;
-  assign \$576  = width > 4'hc;
-  assign \$577  = width > 4'hd;
-  assign \$578  = width > 4'he;
-  assign \$579  = width > 4'hf;
-  assign \$580  = width > 5'h10;
-  assign \$581  = width > 5'h11;
-  assign \$582  = width > 5'h12;
-  assign \$583  = width > 5'h13;
-  assign \$584  = width > 5'h14;
-  assign \$585  = width > 5'h15;
-  assign \$586  = width > 5'h16;
-  assign \$587  = width > 5'h17;
-  assign \$588  = ~ { 1'h0, \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571 , \$570 , \$569 , \$568 , \$567 , \$566 , \$565  };
-  assign \$589  = \$564  ? \$588  : hold[95:72];
-  assign \$590  = \$516  ? { 1'h0, \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519 , \$518 , \$517  } : \$589 ;
-  assign \$592  = \$signal$50  + 1'h1;
-  assign \$593  = width > 1'h1;
-  assign \$594  = width > 2'h2;
-  assign \$595  = width > 2'h3;
-  assign \$596  = width > 3'h4;
-  assign \$597  = width > 3'h5;
-  assign \$598  = width > 3'h6;
-  assign \$599  = width > 3'h7;
-  assign \$600  = width > 4'h8;
-  assign \$601  = width > 4'h9;
-  assign \$602  = width > 4'ha;
-  assign \$603  = width > 4'hb;
-  assign \$604  = width > 4'hc;
-  assign \$605  = width > 4'hd;
-  assign \$606  = width > 4'he;
-  assign \$607  = width > 4'hf;
-  assign \$608  = width > 5'h10;
-  assign \$609  = width > 5'h11;
-  assign \$610  = width > 5'h12;
-  assign \$611  = width > 5'h13;
-  assign \$612  = width > 5'h14;
-  assign \$613  = width > 5'h15;
-  assign \$614  = width > 5'h16;
-  assign \$615  = width > 5'h17;
-  assign \$616  = $signed(hold[23:0]) > $signed({ 1'h0, \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595 , \$594 , \$593  });
-  assign \$617  = width > 1'h1;
-  assign \$618  = width > 2'h2;
-  assign \$619  = width > 2'h3;
-  assign \$620  = width > 3'h4;
-  assign \$621  = width > 3'h5;
-  assign \$622  = width > 3'h6;
-  assign \$623  = width > 3'h7;
-  assign \$624  = width > 4'h8;
-  assign \$625  = width > 4'h9;
-  assign \$626  = width > 4'ha;
-  assign \$627  = width > 4'hb;
-  assign \$628  = width > 4'hc;
-  assign \$629  = width > 4'hd;
-  assign \$630  = width > 4'he;
-  assign \$631  = width > 4'hf;
-  assign \$632  = width > 5'h10;
-  assign \$633  = width > 5'h11;
-  assign \$634  = width > 5'h12;
-  assign \$635  = width > 5'h13;
-  assign \$636  = width > 5'h14;
-  assign \$637  = width > 5'h15;
-  assign \$638  = width > 5'h16;
-  assign \$639  = width > 5'h17;
-  assign \$640  = width > 1'h1;
-  assign \$641  = width > 2'h2;
-  assign \$642  = width > 2'h3;
-  assign \$643  = width > 3'h4;
-  assign \$644  = width > 3'h5;
-  assign \$645  = width > 3'h6;
-  assign \$646  = width > 3'h7;
-  assign \$647  = width > 4'h8;
-  assign \$648  = width > 4'h9;
-  assign \$649  = width > 4'ha;
-  assign \$650  = width > 4'hb;
-  assign \$651  = width > 4'hc;
-  assign \$652  = width > 4'hd;
-  assign \$653  = width > 4'he;
-  assign \$654  = width > 4'hf;
-  assign \$655  = width > 5'h10;
-  assign \$656  = width > 5'h11;
-  assign \$657  = width > 5'h12;
-  assign \$658  = width > 5'h13;
-  assign \$659  = width > 5'h14;
-  assign \$660  = width > 5'h15;
-  assign \$661  = width > 5'h16;
-  assign \$662  = width > 5'h17;
-  assign \$663  = ~ { 1'h0, \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643 , \$642 , \$641 , \$640  };
-  assign \$664  = $signed(hold[23:0]) < $signed(\$663 );
-  assign \$665  = width > 1'h1;
-  assign \$666  = width > 2'h2;
-  assign \$667  = width > 2'h3;
-  assign \$668  = width > 3'h4;
-  assign \$669  = width > 3'h5;
-  assign \$670  = width > 3'h6;
-  assign \$671  = width > 3'h7;
-  assign \$672  = width > 4'h8;
-  assign \$673  = width > 4'h9;
-  assign \$674  = width > 4'ha;
-  assign \$675  = width > 4'hb;
-  assign \$676  = width > 4'hc;
-  assign \$677  = width > 4'hd;
-  assign \$678  = width > 4'he;
-  assign \$679  = width > 4'hf;
-  assign \$680  = width > 5'h10;
-  assign \$681  = width > 5'h11;
-  assign \$682  = width > 5'h12;
-  assign \$683  = width > 5'h13;
-  assign \$684  = width > 5'h14;
-  assign \$685  = width > 5'h15;
-  assign \$686  = width > 5'h16;
-  assign \$687  = width > 5'h17;
-  assign \$688  = ~ { 1'h0, \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669 , \$668 , \$667 , \$666 , \$665  };
-  assign \$689  = \$664  ? \$688  : hold[23:0];
-  assign \$690  = \$616  ? { 1'h0, \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619 , \$618 , \$617  } : \$689 ;
-  assign \$691  = width > 1'h1;
-  assign \$692  = width > 2'h2;
-  assign \$693  = width > 2'h3;
-  assign \$694  = width > 3'h4;
-  assign \$695  = width > 3'h5;
-  assign \$696  = width > 3'h6;
-  assign \$697  = width > 3'h7;
-  assign \$698  = width > 4'h8;
-  assign \$699  = width > 4'h9;
-  assign \$700  = width > 4'ha;
-  assign \$701  = width > 4'hb;
-  assign \$702  = width > 4'hc;
-  assign \$703  = width > 4'hd;
-  assign \$704  = width > 4'he;
-  assign \$705  = width > 4'hf;
-  assign \$706  = width > 5'h10;
-  assign \$707  = width > 5'h11;
-  assign \$708  = width > 5'h12;
-  assign \$709  = width > 5'h13;
-  assign \$710  = width > 5'h14;
-  assign \$711  = width > 5'h15;
-  assign \$712  = width > 5'h16;
-  assign \$713  = width > 5'h17;
-  assign \$714  = $signed(hold[47:24]) > $signed({ 1'h0, \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693 , \$692 , \$691  });
-  assign \$715  = width > 1'h1;
-  assign \$716  = width > 2'h2;
-  assign \$717  = width > 2'h3;
-  assign \$718  = width > 3'h4;
-  assign \$719  = width > 3'h5;
-  assign \$720  = width > 3'h6;
-  assign \$721  = width > 3'h7;
-  assign \$722  = width > 4'h8;
-  assign \$723  = width > 4'h9;
-  assign \$724  = width > 4'ha;
-  assign \$725  = width > 4'hb;
-  assign \$726  = width > 4'hc;
-  assign \$727  = width > 4'hd;
-  assign \$728  = width > 4'he;
-  assign \$729  = width > 4'hf;
-  assign \$730  = width > 5'h10;
-  assign \$731  = width > 5'h11;
-  assign \$732  = width > 5'h12;
-  assign \$733  = width > 5'h13;
-  assign \$734  = width > 5'h14;
-  assign \$735  = width > 5'h15;
-  assign \$736  = width > 5'h16;
-  assign \$737  = width > 5'h17;
-  assign \$738  = width > 1'h1;
-  assign \$739  = width > 2'h2;
-  assign \$740  = width > 2'h3;
-  assign \$741  = width > 3'h4;
-  assign \$742  = width > 3'h5;
-  assign \$743  = width > 3'h6;
-  assign \$744  = width > 3'h7;
-  assign \$745  = width > 4'h8;
-  assign \$746  = width > 4'h9;
-  assign \$747  = width > 4'ha;
-  assign \$748  = width > 4'hb;
-  assign \$749  = width > 4'hc;
-  assign \$750  = width > 4'hd;
-  assign \$751  = width > 4'he;
-  assign \$752  = width > 4'hf;
-  assign \$753  = width > 5'h10;
-  assign \$754  = width > 5'h11;
-  assign \$755  = width > 5'h12;
-  assign \$756  = width > 5'h13;
-  assign \$757  = width > 5'h14;
-  assign \$758  = width > 5'h15;
-  assign \$759  = width > 5'h16;
-  assign \$760  = width > 5'h17;
-  assign \$761  = ~ { 1'h0, \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741 , \$740 , \$739 , \$738  };
-  assign \$762  = $signed(hold[47:24]) < $signed(\$761 );
-  assign \$763  = width > 1'h1;
-  assign \$764  = width > 2'h2;
-  assign \$765  = width > 2'h3;
-  assign \$766  = width > 3'h4;
-  assign \$767  = width > 3'h5;
-  assign \$768  = width > 3'h6;
-  assign \$769  = width > 3'h7;
-  assign \$770  = width > 4'h8;
-  assign \$771  = width > 4'h9;
-  assign \$772  = width > 4'ha;
-  assign \$773  = width > 4'hb;
-  assign \$774  = width > 4'hc;
-  assign \$775  = width > 4'hd;
-  assign \$776  = width > 4'he;
-  assign \$777  = width > 4'hf;
-  assign \$778  = width > 5'h10;
-  assign \$779  = width > 5'h11;
-  assign \$780  = width > 5'h12;
-  assign \$781  = width > 5'h13;
-  assign \$782  = width > 5'h14;
-  assign \$783  = width > 5'h15;
-  assign \$784  = width > 5'h16;
-  assign \$785  = width > 5'h17;
-  assign \$786  = ~ { 1'h0, \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767 , \$766 , \$765 , \$764 , \$763  };
-  assign \$787  = \$762  ? \$786  : hold[47:24];
-  assign \$788  = \$714  ? { 1'h0, \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717 , \$716 , \$715  } : \$787 ;
-  assign \$789  = width > 1'h1;
-  assign \$790  = width > 2'h2;
-  assign \$791  = width > 2'h3;
-  assign \$792  = width > 3'h4;
-  assign \$793  = width > 3'h5;
-  assign \$794  = width > 3'h6;
-  assign \$795  = width > 3'h7;
-  assign \$796  = width > 4'h8;
-  assign \$797  = width > 4'h9;
-  assign \$798  = width > 4'ha;
-  assign \$799  = width > 4'hb;
-  assign \$800  = width > 4'hc;
-  assign \$801  = width > 4'hd;
-  assign \$802  = width > 4'he;
-  assign \$803  = width > 4'hf;
-  assign \$804  = width > 5'h10;
-  assign \$805  = width > 5'h11;
-  assign \$806  = width > 5'h12;
-  assign \$807  = width > 5'h13;
-  assign \$808  = width > 5'h14;
-  assign \$809  = width > 5'h15;
-  assign \$810  = width > 5'h16;
-  assign \$811  = width > 5'h17;
-  assign \$812  = $signed(hold[71:48]) > $signed({ 1'h0, \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791 , \$790 , \$789  });
-  assign \$813  = width > 1'h1;
-  assign \$814  = width > 2'h2;
-  assign \$815  = width > 2'h3;
-  assign \$816  = width > 3'h4;
-  assign \$817  = width > 3'h5;
-  assign \$818  = width > 3'h6;
-  assign \$819  = width > 3'h7;
-  assign \$820  = width > 4'h8;
-  assign \$821  = width > 4'h9;
-  assign \$822  = width > 4'ha;
-  assign \$823  = width > 4'hb;
-  assign \$824  = width > 4'hc;
-  assign \$825  = width > 4'hd;
-  assign \$826  = width > 4'he;
-  assign \$827  = width > 4'hf;
-  assign \$828  = width > 5'h10;
-  assign \$829  = width > 5'h11;
-  assign \$830  = width > 5'h12;
-  assign \$831  = width > 5'h13;
-  assign \$832  = width > 5'h14;
-  assign \$833  = width > 5'h15;
-  assign \$834  = width > 5'h16;
-  assign \$835  = width > 5'h17;
-  assign \$836  = width > 1'h1;
-  assign \$837  = width > 2'h2;
-  assign \$838  = width > 2'h3;
-  assign \$839  = width > 3'h4;
-  assign \$840  = width > 3'h5;
-  assign \$841  = width > 3'h6;
-  assign \$842  = width > 3'h7;
-  assign \$843  = width > 4'h8;
-  assign \$844  = width > 4'h9;
-  assign \$845  = width > 4'ha;
-  assign \$846  = width > 4'hb;
-  assign \$847  = width > 4'hc;
-  assign \$848  = width > 4'hd;
-  assign \$849  = width > 4'he;
-  assign \$850  = width > 4'hf;
-  assign \$851  = width > 5'h10;
-  assign \$852  = width > 5'h11;
-  assign \$853  = width > 5'h12;
-  assign \$854  = width > 5'h13;
-  assign \$855  = width > 5'h14;
-  assign \$856  = width > 5'h15;
-  assign \$857  = width > 5'h16;
-  assign \$858  = width > 5'h17;
-  assign \$859  = ~ { 1'h0, \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839 , \$838 , \$837 , \$836  };
-  assign \$860  = $signed(hold[71:48]) < $signed(\$859 );
-  assign \$861  = width > 1'h1;
-  assign \$862  = width > 2'h2;
-  assign \$863  = width > 2'h3;
-  assign \$864  = width > 3'h4;
-  assign \$865  = width > 3'h5;
-  assign \$866  = width > 3'h6;
-  assign \$867  = width > 3'h7;
-  assign \$868  = width > 4'h8;
-  assign \$869  = width > 4'h9;
-  assign \$870  = width > 4'ha;
-  assign \$871  = width > 4'hb;
-  assign \$872  = width > 4'hc;
-  assign \$873  = width > 4'hd;
-  assign \$874  = width > 4'he;
-  assign \$875  = width > 4'hf;
-  assign \$876  = width > 5'h10;
-  assign \$877  = width > 5'h11;
-  assign \$878  = width > 5'h12;
-  assign \$879  = width > 5'h13;
-  assign \$880  = width > 5'h14;
-  assign \$881  = width > 5'h15;
-  assign \$882  = width > 5'h16;
-  assign \$883  = width > 5'h17;
-  assign \$884  = ~ { 1'h0, \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865 , \$864 , \$863 , \$862 , \$861  };
-  assign \$885  = \$860  ? \$884  : hold[71:48];
-  assign \$886  = \$812  ? { 1'h0, \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815 , \$814 , \$813  } : \$885 ;
-  assign \$887  = width > 1'h1;
-  assign \$888  = width > 2'h2;
-  assign \$889  = width > 2'h3;
-  assign \$890  = width > 3'h4;
-  assign \$891  = width > 3'h5;
-  assign \$892  = width > 3'h6;
-  assign \$893  = width > 3'h7;
-  assign \$894  = width > 4'h8;
-  assign \$895  = width > 4'h9;
-  assign \$896  = width > 4'ha;
-  assign \$897  = width > 4'hb;
-  assign \$898  = width > 4'hc;
-  assign \$899  = width > 4'hd;
-  assign \$900  = width > 4'he;
-  assign \$901  = width > 4'hf;
-  assign \$902  = width > 5'h10;
-  assign \$903  = width > 5'h11;
-  assign \$904  = width > 5'h12;
-  assign \$905  = width > 5'h13;
-  assign \$906  = width > 5'h14;
-  assign \$907  = width > 5'h15;
-  assign \$908  = width > 5'h16;
-  assign \$909  = width > 5'h17;
-  assign \$910  = $signed(hold[95:72]) > $signed({ 1'h0, \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889 , \$888 , \$887  });
-  assign \$911  = width > 1'h1;
-  assign \$912  = width > 2'h2;
-  assign \$913  = width > 2'h3;
-  assign \$914  = width > 3'h4;
-  assign \$915  = width > 3'h5;
-  assign \$916  = width > 3'h6;
-  assign \$917  = width > 3'h7;
-  assign \$918  = width > 4'h8;
-  assign \$919  = width > 4'h9;
-  assign \$920  = width > 4'ha;
-  assign \$921  = width > 4'hb;
-  assign \$922  = width > 4'hc;
-  assign \$923  = width > 4'hd;
-  assign \$924  = width > 4'he;
-  assign \$925  = width > 4'hf;
-  assign \$926  = width > 5'h10;
-  assign \$927  = width > 5'h11;
-  assign \$928  = width > 5'h12;
-  assign \$929  = width > 5'h13;
-  assign \$930  = width > 5'h14;
-  assign \$931  = width > 5'h15;
-  assign \$932  = width > 5'h16;
-  assign \$933  = width > 5'h17;
-  assign \$934  = width > 1'h1;
-  assign \$935  = width > 2'h2;
-  assign \$936  = width > 2'h3;
-  assign \$937  = width > 3'h4;
-  assign \$938  = width > 3'h5;
-  assign \$939  = width > 3'h6;
-  assign \$940  = width > 3'h7;
-  assign \$941  = width > 4'h8;
-  assign \$942  = width > 4'h9;
-  assign \$943  = width > 4'ha;
-  assign \$944  = width > 4'hb;
-  assign \$945  = width > 4'hc;
-  assign \$946  = width > 4'hd;
-  assign \$947  = width > 4'he;
-  assign \$948  = width > 4'hf;
-  assign \$949  = width > 5'h10;
-  assign \$950  = width > 5'h11;
-  assign \$951  = width > 5'h12;
-  assign \$952  = width > 5'h13;
-  assign \$953  = width > 5'h14;
-  assign \$954  = width > 5'h15;
-  assign \$955  = width > 5'h16;
-  assign \$956  = width > 5'h17;
-  assign \$957  = ~ { 1'h0, \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937 , \$936 , \$935 , \$934  };
-  assign \$958  = $signed(hold[95:72]) < $signed(\$957 );
-  assign \$959  = width > 1'h1;
-  assign \$960  = width > 2'h2;
-  assign \$961  = width > 2'h3;
-  assign \$962  = width > 3'h4;
-  assign \$963  = width > 3'h5;
-  assign \$964  = width > 3'h6;
-  assign \$965  = width > 3'h7;
-  assign \$966  = width > 4'h8;
-  assign \$967  = width > 4'h9;
-  assign \$968  = width > 4'ha;
-  assign \$969  = width > 4'hb;
-  assign \$970  = width > 4'hc;
-  assign \$971  = width > 4'hd;
-  assign \$972  = width > 4'he;
-  assign \$973  = width > 4'hf;
-  assign \$974  = width > 5'h10;
-  assign \$975  = width > 5'h11;
-  assign \$976  = width > 5'h12;
-  assign \$977  = width > 5'h13;
-  assign \$978  = width > 5'h14;
-  assign \$979  = width > 5'h15;
-  assign \$980  = width > 5'h16;
-  assign \$981  = width > 5'h17;
-  assign \$982  = ~ { 1'h0, \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965 , \$964 , \$963 , \$962 , \$961 , \$960 , \$959  };
-  assign \$983  = \$958  ? \$982  : hold[95:72];
-  assign \$984  = \$910  ? { 1'h0, \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913 , \$912 , \$911  } : \$983 ;
-  assign \$986  = \$signal$50  + 2'h2;
-  assign \$987  = width > 1'h1;
-  assign \$988  = width > 2'h2;
-  assign \$989  = width > 2'h3;
-  assign \$990  = width > 3'h4;
-  assign \$991  = width > 3'h5;
-  assign \$992  = width > 3'h6;
-  assign \$993  = width > 3'h7;
-  assign \$994  = width > 4'h8;
-  assign \$995  = width > 4'h9;
-  assign \$996  = width > 4'ha;
-  assign \$997  = width > 4'hb;
-  assign \$998  = width > 4'hc;
-  assign \$999  = width > 4'hd;
-  assign \$1000  = width > 4'he;
-  assign \$1001  = width > 4'hf;
-  assign \$1002  = width > 5'h10;
-  assign \$1003  = width > 5'h11;
-  assign \$1004  = width > 5'h12;
-  assign \$1005  = width > 5'h13;
-  assign \$1006  = width > 5'h14;
-  assign \$1007  = width > 5'h15;
-  assign \$1008  = width > 5'h16;
-  assign \$1009  = width > 5'h17;
-  assign \$1010  = $signed(hold[23:0]) > $signed({ 1'h0, \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989 , \$988 , \$987  });
-  assign \$1011  = width > 1'h1;
-  assign \$1012  = width > 2'h2;
-  assign \$1013  = width > 2'h3;
-  assign \$1014  = width > 3'h4;
-  assign \$1015  = width > 3'h5;
-  assign \$1016  = width > 3'h6;
-  assign \$1017  = width > 3'h7;
-  assign \$1018  = width > 4'h8;
-  assign \$1019  = width > 4'h9;
-  assign \$1020  = width > 4'ha;
-  assign \$1021  = width > 4'hb;
-  assign \$1022  = width > 4'hc;
-  assign \$1023  = width > 4'hd;
-  assign \$1024  = width > 4'he;
-  assign \$1025  = width > 4'hf;
-  assign \$1026  = width > 5'h10;
-  assign \$1027  = width > 5'h11;
-  assign \$1028  = width > 5'h12;
-  assign \$1029  = width > 5'h13;
-  assign \$1030  = width > 5'h14;
-  assign \$1031  = width > 5'h15;
-  assign \$1032  = width > 5'h16;
-  assign \$1033  = width > 5'h17;
-  assign \$1034  = width > 1'h1;
-  assign \$1035  = width > 2'h2;
-  assign \$1036  = width > 2'h3;
-  assign \$1037  = width > 3'h4;
-  assign \$1038  = width > 3'h5;
-  assign \$1039  = width > 3'h6;
-  assign \$1040  = width > 3'h7;
-  assign \$1041  = width > 4'h8;
-  assign \$1042  = width > 4'h9;
-  assign \$1043  = width > 4'ha;
-  assign \$1044  = width > 4'hb;
-  assign \$1045  = width > 4'hc;
-  assign \$1046  = width > 4'hd;
-  assign \$1047  = width > 4'he;
-  assign \$1048  = width > 4'hf;
-  assign \$1049  = width > 5'h10;
-  assign \$1050  = width > 5'h11;
-  assign \$1051  = width > 5'h12;
-  assign \$1052  = width > 5'h13;
-  assign \$1053  = width > 5'h14;
-  assign \$1054  = width > 5'h15;
-  assign \$1055  = width > 5'h16;
-  assign \$1056  = width > 5'h17;
-  assign \$1057  = ~ { 1'h0, \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037 , \$1036 , \$1035 , \$1034  };
-  assign \$1058  = $signed(hold[23:0]) < $signed(\$1057 );
-  assign \$1059  = width > 1'h1;
-  assign \$1060  = width > 2'h2;
-  assign \$1061  = width > 2'h3;
-  assign \$1062  = width > 3'h4;
-  assign \$1063  = width > 3'h5;
-  assign \$1064  = width > 3'h6;
-  assign \$1065  = width > 3'h7;
-  assign \$1066  = width > 4'h8;
-  assign \$1067  = width > 4'h9;
-  assign \$1068  = width > 4'ha;
-  assign \$1069  = width > 4'hb;
-  assign \$1070  = width > 4'hc;
-  assign \$1071  = width > 4'hd;
-  assign \$1072  = width > 4'he;
-  assign \$1073  = width > 4'hf;
-  assign \$1074  = width > 5'h10;
-  assign \$1075  = width > 5'h11;
-  assign \$1076  = width > 5'h12;
-  assign \$1077  = width > 5'h13;
-  assign \$1078  = width > 5'h14;
-  assign \$1079  = width > 5'h15;
-  assign \$1080  = width > 5'h16;
-  assign \$1081  = width > 5'h17;
-  assign \$1082  = ~ { 1'h0, \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063 , \$1062 , \$1061 , \$1060 , \$1059  };
-  assign \$1083  = \$1058  ? \$1082  : hold[23:0];
-  assign \$1084  = \$1010  ? { 1'h0, \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013 , \$1012 , \$1011  } : \$1083 ;
-  assign \$1085  = width > 1'h1;
-  assign \$1086  = width > 2'h2;
-  assign \$1087  = width > 2'h3;
-  assign \$1088  = width > 3'h4;
-  assign \$1089  = width > 3'h5;
-  assign \$1090  = width > 3'h6;
-  assign \$1091  = width > 3'h7;
-  assign \$1092  = width > 4'h8;
-  assign \$1093  = width > 4'h9;
-  assign \$1094  = width > 4'ha;
-  assign \$1095  = width > 4'hb;
-  assign \$1096  = width > 4'hc;
-  assign \$1097  = width > 4'hd;
-  assign \$1098  = width > 4'he;
-  assign \$1099  = width > 4'hf;
-  assign \$1100  = width > 5'h10;
-  assign \$1101  = width > 5'h11;
-  assign \$1102  = width > 5'h12;
-  assign \$1103  = width > 5'h13;
-  assign \$1104  = width > 5'h14;
-  assign \$1105  = width > 5'h15;
-  assign \$1106  = width > 5'h16;
-  assign \$1107  = width > 5'h17;
-  assign \$1108  = $signed(hold[47:24]) > $signed({ 1'h0, \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087 , \$1086 , \$1085  });
-  assign \$1109  = width > 1'h1;
-  assign \$1110  = width > 2'h2;
-  assign \$1111  = width > 2'h3;
-  assign \$1112  = width > 3'h4;
-  assign \$1113  = width > 3'h5;
-  assign \$1114  = width > 3'h6;
-  assign \$1115  = width > 3'h7;
-  assign \$1116  = width > 4'h8;
-  assign \$1117  = width > 4'h9;
-  assign \$1118  = width > 4'ha;
-  assign \$1119  = width > 4'hb;
-  assign \$1120  = width > 4'hc;
-  assign \$1121  = width > 4'hd;
-  assign \$1122  = width > 4'he;
-  assign \$1123  = width > 4'hf;
-  assign \$1124  = width > 5'h10;
-  assign \$1125  = width > 5'h11;
-  assign \$1126  = width > 5'h12;
-  assign \$1127  = width > 5'h13;
-  assign \$1128  = width > 5'h14;
-  assign \$1129  = width > 5'h15;
-  assign \$1130  = width > 5'h16;
-  assign \$1131  = width > 5'h17;
-  assign \$1132  = width > 1'h1;
-  assign \$1133  = width > 2'h2;
-  assign \$1134  = width > 2'h3;
-  assign \$1135  = width > 3'h4;
-  assign \$1136  = width > 3'h5;
-  assign \$1137  = width > 3'h6;
-  assign \$1138  = width > 3'h7;
-  assign \$1139  = width > 4'h8;
-  assign \$1140  = width > 4'h9;
-  assign \$1141  = width > 4'ha;
-  assign \$1142  = width > 4'hb;
-  assign \$1143  = width > 4'hc;
-  assign \$1144  = width > 4'hd;
-  assign \$1145  = width > 4'he;
-  assign \$1146  = width > 4'hf;
-  assign \$1147  = width > 5'h10;
-  assign \$1148  = width > 5'h11;
-  assign \$1149  = width > 5'h12;
-  assign \$1150  = width > 5'h13;
-  assign \$1151  = width > 5'h14;
-  assign \$1152  = width > 5'h15;
-  assign \$1153  = width > 5'h16;
-  assign \$1154  = width > 5'h17;
-  assign \$1155  = ~ { 1'h0, \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135 , \$1134 , \$1133 , \$1132  };
-  assign \$1156  = $signed(hold[47:24]) < $signed(\$1155 );
-  assign \$1157  = width > 1'h1;
-  assign \$1158  = width > 2'h2;
-  assign \$1159  = width > 2'h3;
-  assign \$1160  = width > 3'h4;
-  assign \$1161  = width > 3'h5;
-  assign \$1162  = width > 3'h6;
-  assign \$1163  = width > 3'h7;
-  assign \$1164  = width > 4'h8;
-  assign \$1165  = width > 4'h9;
-  assign \$1166  = width > 4'ha;
-  assign \$1167  = width > 4'hb;
-  assign \$1168  = width > 4'hc;
-  assign \$1169  = width > 4'hd;
-  assign \$1170  = width > 4'he;
-  assign \$1171  = width > 4'hf;
-  assign \$1172  = width > 5'h10;
-  assign \$1173  = width > 5'h11;
-  assign \$1174  = width > 5'h12;
-  assign \$1175  = width > 5'h13;
-  assign \$1176  = width > 5'h14;
-  assign \$1177  = width > 5'h15;
-  assign \$1178  = width > 5'h16;
-  assign \$1179  = width > 5'h17;
-  assign \$1180  = ~ { 1'h0, \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161 , \$1160 , \$1159 , \$1158 , \$1157  };
-  assign \$1181  = \$1156  ? \$1180  : hold[47:24];
-  assign \$1182  = \$1108  ? { 1'h0, \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111 , \$1110 , \$1109  } : \$1181 ;
-  assign \$1183  = width > 1'h1;
-  assign \$1184  = width > 2'h2;
-  assign \$1185  = width > 2'h3;
-  assign \$1186  = width > 3'h4;
-  assign \$1187  = width > 3'h5;
-  assign \$1188  = width > 3'h6;
-  assign \$1189  = width > 3'h7;
-  assign \$1190  = width > 4'h8;
-  assign \$1191  = width > 4'h9;
-  assign \$1192  = width > 4'ha;
-  assign \$1193  = width > 4'hb;
-  assign \$1194  = width > 4'hc;
-  assign \$1195  = width > 4'hd;
-  assign \$1196  = width > 4'he;
-  assign \$1197  = width > 4'hf;
-  assign \$1198  = width > 5'h10;
-  assign \$1199  = width > 5'h11;
-  assign \$1200  = width > 5'h12;
-  assign \$1201  = width > 5'h13;
-  assign \$1202  = width > 5'h14;
-  assign \$1203  = width > 5'h15;
-  assign \$1204  = width > 5'h16;
-  assign \$1205  = width > 5'h17;
-  assign \$1206  = $signed(hold[71:48]) > $signed({ 1'h0, \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185 , \$1184 , \$1183  });
-  assign \$1207  = width > 1'h1;
-  assign \$1208  = width > 2'h2;
-  assign \$1209  = width > 2'h3;
-  assign \$1210  = width > 3'h4;
-  assign \$1211  = width > 3'h5;
-  assign \$1212  = width > 3'h6;
-  assign \$1213  = width > 3'h7;
-  assign \$1214  = width > 4'h8;
-  assign \$1215  = width > 4'h9;
-  assign \$1216  = width > 4'ha;
-  assign \$1217  = width > 4'hb;
-  assign \$1218  = width > 4'hc;
-  assign \$1219  = width > 4'hd;
-  assign \$1220  = width > 4'he;
-  assign \$1221  = width > 4'hf;
-  assign \$1222  = width > 5'h10;
-  assign \$1223  = width > 5'h11;
-  assign \$1224  = width > 5'h12;
-  assign \$1225  = width > 5'h13;
-  assign \$1226  = width > 5'h14;
-  assign \$1227  = width > 5'h15;
-  assign \$1228  = width > 5'h16;
-  assign \$1229  = width > 5'h17;
-  assign \$1230  = width > 1'h1;
-  assign \$1231  = width > 2'h2;
-  assign \$1232  = width > 2'h3;
-  assign \$1233  = width > 3'h4;
-  assign \$1234  = width > 3'h5;
-  assign \$1235  = width > 3'h6;
-  assign \$1236  = width > 3'h7;
-  assign \$1237  = width > 4'h8;
-  assign \$1238  = width > 4'h9;
-  assign \$1239  = width > 4'ha;
-  assign \$1240  = width > 4'hb;
-  assign \$1241  = width > 4'hc;
-  assign \$1242  = width > 4'hd;
-  assign \$1243  = width > 4'he;
-  assign \$1244  = width > 4'hf;
-  assign \$1245  = width > 5'h10;
-  assign \$1246  = width > 5'h11;
-  assign \$1247  = width > 5'h12;
-  assign \$1248  = width > 5'h13;
-  assign \$1249  = width > 5'h14;
-  assign \$1250  = width > 5'h15;
-  assign \$1251  = width > 5'h16;
-  assign \$1252  = width > 5'h17;
-  assign \$1253  = ~ { 1'h0, \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233 , \$1232 , \$1231 , \$1230  };
-  assign \$1254  = $signed(hold[71:48]) < $signed(\$1253 );
-  assign \$1255  = width > 1'h1;
-  assign \$1256  = width > 2'h2;
-  assign \$1257  = width > 2'h3;
-  assign \$1258  = width > 3'h4;
-  assign \$1259  = width > 3'h5;
-  assign \$1260  = width > 3'h6;
-  assign \$1261  = width > 3'h7;
-  assign \$1262  = width > 4'h8;
-  assign \$1263  = width > 4'h9;
-  assign \$1264  = width > 4'ha;
-  assign \$1265  = width > 4'hb;
-  assign \$1266  = width > 4'hc;
-  assign \$1267  = width > 4'hd;
-  assign \$1268  = width > 4'he;
-  assign \$1269  = width > 4'hf;
-  assign \$1270  = width > 5'h10;
-  assign \$1271  = width > 5'h11;
-  assign \$1272  = width > 5'h12;
-  assign \$1273  = width > 5'h13;
-  assign \$1274  = width > 5'h14;
-  assign \$1275  = width > 5'h15;
-  assign \$1276  = width > 5'h16;
-  assign \$1277  = width > 5'h17;
-  assign \$1278  = ~ { 1'h0, \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259 , \$1258 , \$1257 , \$1256 , \$1255  };
-  assign \$1279  = \$1254  ? \$1278  : hold[71:48];
-  assign \$1280  = \$1206  ? { 1'h0, \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209 , \$1208 , \$1207  } : \$1279 ;
-  assign \$1281  = width > 1'h1;
-  assign \$1282  = width > 2'h2;
-  assign \$1283  = width > 2'h3;
-  assign \$1284  = width > 3'h4;
-  assign \$1285  = width > 3'h5;
-  assign \$1286  = width > 3'h6;
-  assign \$1287  = width > 3'h7;
-  assign \$1288  = width > 4'h8;
-  assign \$1289  = width > 4'h9;
-  assign \$1290  = width > 4'ha;
-  assign \$1291  = width > 4'hb;
-  assign \$1292  = width > 4'hc;
-  assign \$1293  = width > 4'hd;
-  assign \$1294  = width > 4'he;
-  assign \$1295  = width > 4'hf;
-  assign \$1296  = width > 5'h10;
-  assign \$1297  = width > 5'h11;
-  assign \$1298  = width > 5'h12;
-  assign \$1299  = width > 5'h13;
-  assign \$1300  = width > 5'h14;
-  assign \$1301  = width > 5'h15;
-  assign \$1302  = width > 5'h16;
-  assign \$1303  = width > 5'h17;
-  assign \$1304  = $signed(hold[95:72]) > $signed({ 1'h0, \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283 , \$1282 , \$1281  });
-  assign \$1305  = width > 1'h1;
-  assign \$1306  = width > 2'h2;
-  assign \$1307  = width > 2'h3;
-  assign \$1308  = width > 3'h4;
-  assign \$1309  = width > 3'h5;
-  assign \$1310  = width > 3'h6;
-  assign \$1311  = width > 3'h7;
-  assign \$1312  = width > 4'h8;
-  assign \$1313  = width > 4'h9;
-  assign \$1314  = width > 4'ha;
-  assign \$1315  = width > 4'hb;
-  assign \$1316  = width > 4'hc;
-  assign \$1317  = width > 4'hd;
-  assign \$1318  = width > 4'he;
-  assign \$1319  = width > 4'hf;
-  assign \$1320  = width > 5'h10;
-  assign \$1321  = width > 5'h11;
-  assign \$1322  = width > 5'h12;
-  assign \$1323  = width > 5'h13;
-  assign \$1324  = width > 5'h14;
-  assign \$1325  = width > 5'h15;
-  assign \$1326  = width > 5'h16;
-  assign \$1327  = width > 5'h17;
-  assign \$1328  = width > 1'h1;
-  assign \$1329  = width > 2'h2;
-  assign \$1330  = width > 2'h3;
-  assign \$1331  = width > 3'h4;
-  assign \$1332  = width > 3'h5;
-  assign \$1333  = width > 3'h6;
-  assign \$1334  = width > 3'h7;
-  assign \$1335  = width > 4'h8;
-  assign \$1336  = width > 4'h9;
-  assign \$1337  = width > 4'ha;
-  assign \$1338  = width > 4'hb;
-  assign \$1339  = width > 4'hc;
-  assign \$1340  = width > 4'hd;
-  assign \$1341  = width > 4'he;
-  assign \$1342  = width > 4'hf;
-  assign \$1343  = width > 5'h10;
-  assign \$1344  = width > 5'h11;
-  assign \$1345  = width > 5'h12;
-  assign \$1346  = width > 5'h13;
-  assign \$1347  = width > 5'h14;
-  assign \$1348  = width > 5'h15;
-  assign \$1349  = width > 5'h16;
-  assign \$1350  = width > 5'h17;
-  assign \$1351  = ~ { 1'h0, \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331 , \$1330 , \$1329 , \$1328  };
-  assign \$1352  = $signed(hold[95:72]) < $signed(\$1351 );
-  assign \$1353  = width > 1'h1;
-  assign \$1354  = width > 2'h2;
-  assign \$1355  = width > 2'h3;
-  assign \$1356  = width > 3'h4;
-  assign \$1357  = width > 3'h5;
-  assign \$1358  = width > 3'h6;
-  assign \$1359  = width > 3'h7;
-  assign \$1360  = width > 4'h8;
-  assign \$1361  = width > 4'h9;
-  assign \$1362  = width > 4'ha;
-  assign \$1363  = width > 4'hb;
-  assign \$1364  = width > 4'hc;
-  assign \$1365  = width > 4'hd;
-  assign \$1366  = width > 4'he;
-  assign \$1367  = width > 4'hf;
-  assign \$1368  = width > 5'h10;
-  assign \$1369  = width > 5'h11;
-  assign \$1370  = width > 5'h12;
-  assign \$1371  = width > 5'h13;
-  assign \$1372  = width > 5'h14;
-  assign \$1373  = width > 5'h15;
-  assign \$1374  = width > 5'h16;
-  assign \$1375  = width > 5'h17;
-  assign \$1376  = ~ { 1'h0, \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359 , \$1358 , \$1357 , \$1356 , \$1355 , \$1354 , \$1353  };
-  assign \$1377  = \$1352  ? \$1376  : hold[95:72];
-  assign \$1378  = \$1304  ? { 1'h0, \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307 , \$1306 , \$1305  } : \$1377 ;
-  assign \$1380  = \$signal$50  + 2'h3;
-  assign \$1381  = width > 1'h1;
-  assign \$1382  = width > 2'h2;
-  assign \$1383  = width > 2'h3;
-  assign \$1384  = width > 3'h4;
-  assign \$1385  = width > 3'h5;
-  assign \$1386  = width > 3'h6;
-  assign \$1387  = width > 3'h7;
-  assign \$1388  = width > 4'h8;
-  assign \$1389  = width > 4'h9;
-  assign \$1390  = width > 4'ha;
-  assign \$1391  = width > 4'hb;
-  assign \$1392  = width > 4'hc;
-  assign \$1393  = width > 4'hd;
-  assign \$1394  = width > 4'he;
-  assign \$1395  = width > 4'hf;
-  assign \$1396  = width > 5'h10;
-  assign \$1397  = width > 5'h11;
-  assign \$1398  = width > 5'h12;
-  assign \$1399  = width > 5'h13;
-  assign \$1400  = width > 5'h14;
-  assign \$1401  = width > 5'h15;
-  assign \$1402  = width > 5'h16;
-  assign \$1403  = width > 5'h17;
-  assign \$1404  = $signed(hold[23:0]) > $signed({ 1'h0, \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383 , \$1382 , \$1381  });
-  assign \$1405  = width > 1'h1;
-  assign \$1406  = width > 2'h2;
-  assign \$1407  = width > 2'h3;
-  assign \$1408  = width > 3'h4;
-  assign \$1409  = width > 3'h5;
-  assign \$1410  = width > 3'h6;
-  assign \$1411  = width > 3'h7;
-  assign \$1412  = width > 4'h8;
-  assign \$1413  = width > 4'h9;
-  assign \$1414  = width > 4'ha;
-  assign \$1415  = width > 4'hb;
-  assign \$1416  = width > 4'hc;
-  assign \$1417  = width > 4'hd;
-  assign \$1418  = width > 4'he;
-  assign \$1419  = width > 4'hf;
-  assign \$1420  = width > 5'h10;
-  assign \$1421  = width > 5'h11;
-  assign \$1422  = width > 5'h12;
-  assign \$1423  = width > 5'h13;
-  assign \$1424  = width > 5'h14;
-  assign \$1425  = width > 5'h15;
-  assign \$1426  = width > 5'h16;
-  assign \$1427  = width > 5'h17;
-  assign \$1428  = width > 1'h1;
-  assign \$1429  = width > 2'h2;
-  assign \$1430  = width > 2'h3;
-  assign \$1431  = width > 3'h4;
-  assign \$1432  = width > 3'h5;
-  assign \$1433  = width > 3'h6;
-  assign \$1434  = width > 3'h7;
-  assign \$1435  = width > 4'h8;
-  assign \$1436  = width > 4'h9;
-  assign \$1437  = width > 4'ha;
-  assign \$1438  = width > 4'hb;
-  assign \$1439  = width > 4'hc;
-  assign \$1440  = width > 4'hd;
-  assign \$1441  = width > 4'he;
-  assign \$1442  = width > 4'hf;
-  assign \$1443  = width > 5'h10;
-  assign \$1444  = width > 5'h11;
-  assign \$1445  = width > 5'h12;
-  assign \$1446  = width > 5'h13;
-  assign \$1447  = width > 5'h14;
-  assign \$1448  = width > 5'h15;
-  assign \$1449  = width > 5'h16;
-  assign \$1450  = width > 5'h17;
-  assign \$1451  = ~ { 1'h0, \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431 , \$1430 , \$1429 , \$1428  };
-  assign \$1452  = $signed(hold[23:0]) < $signed(\$1451 );
-  assign \$1453  = width > 1'h1;
-  assign \$1454  = width > 2'h2;
-  assign \$1455  = width > 2'h3;
-  assign \$1456  = width > 3'h4;
-  assign \$1457  = width > 3'h5;
-  assign \$1458  = width > 3'h6;
-  assign \$1459  = width > 3'h7;
-  assign \$1460  = width > 4'h8;
-  assign \$1461  = width > 4'h9;
-  assign \$1462  = width > 4'ha;
-  assign \$1463  = width > 4'hb;
-  assign \$1464  = width > 4'hc;
-  assign \$1465  = width > 4'hd;
-  assign \$1466  = width > 4'he;
-  assign \$1467  = width > 4'hf;
-  assign \$1468  = width > 5'h10;
-  assign \$1469  = width > 5'h11;
-  assign \$1470  = width > 5'h12;
-  assign \$1471  = width > 5'h13;
-  assign \$1472  = width > 5'h14;
-  assign \$1473  = width > 5'h15;
-  assign \$1474  = width > 5'h16;
-  assign \$1475  = width > 5'h17;
-  assign \$1476  = ~ { 1'h0, \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457 , \$1456 , \$1455 , \$1454 , \$1453  };
-  assign \$1477  = \$1452  ? \$1476  : hold[23:0];
-  assign \$1478  = \$1404  ? { 1'h0, \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407 , \$1406 , \$1405  } : \$1477 ;
-  assign \$1479  = width > 1'h1;
-  assign \$1480  = width > 2'h2;
-  assign \$1481  = width > 2'h3;
-  assign \$1482  = width > 3'h4;
-  assign \$1483  = width > 3'h5;
-  assign \$1484  = width > 3'h6;
-  assign \$1485  = width > 3'h7;
-  assign \$1486  = width > 4'h8;
-  assign \$1487  = width > 4'h9;
-  assign \$1488  = width > 4'ha;
-  assign \$1489  = width > 4'hb;
-  assign \$1490  = width > 4'hc;
-  assign \$1491  = width > 4'hd;
-  assign \$1492  = width > 4'he;
-  assign \$1493  = width > 4'hf;
-  assign \$1494  = width > 5'h10;
-  assign \$1495  = width > 5'h11;
-  assign \$1496  = width > 5'h12;
-  assign \$1497  = width > 5'h13;
-  assign \$1498  = width > 5'h14;
-  assign \$1499  = width > 5'h15;
-  assign \$1500  = width > 5'h16;
-  assign \$1501  = width > 5'h17;
-  assign \$1502  = $signed(hold[47:24]) > $signed({ 1'h0, \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481 , \$1480 , \$1479  });
-  assign \$1503  = width > 1'h1;
-  assign \$1504  = width > 2'h2;
-  assign \$1505  = width > 2'h3;
-  assign \$1506  = width > 3'h4;
-  assign \$1507  = width > 3'h5;
-  assign \$1508  = width > 3'h6;
-  assign \$1509  = width > 3'h7;
-  assign \$1510  = width > 4'h8;
-  assign \$1511  = width > 4'h9;
-  assign \$1512  = width > 4'ha;
-  assign \$1513  = width > 4'hb;
-  assign \$1514  = width > 4'hc;
-  assign \$1515  = width > 4'hd;
-  assign \$1516  = width > 4'he;
-  assign \$1517  = width > 4'hf;
-  assign \$1518  = width > 5'h10;
-  assign \$1519  = width > 5'h11;
-  assign \$1520  = width > 5'h12;
-  assign \$1521  = width > 5'h13;
-  assign \$1522  = width > 5'h14;
-  assign \$1523  = width > 5'h15;
-  assign \$1524  = width > 5'h16;
-  assign \$1525  = width > 5'h17;
-  assign \$1526  = width > 1'h1;
-  assign \$1527  = width > 2'h2;
-  assign \$1528  = width > 2'h3;
-  assign \$1529  = width > 3'h4;
-  assign \$1530  = width > 3'h5;
-  assign \$1531  = width > 3'h6;
-  assign \$1532  = width > 3'h7;
-  assign \$1533  = width > 4'h8;
-  assign \$1534  = width > 4'h9;
-  assign \$1535  = width > 4'ha;
-  assign \$1536  = width > 4'hb;
-  assign \$1537  = width > 4'hc;
-  assign \$1538  = width > 4'hd;
-  assign \$1539  = width > 4'he;
-  assign \$1540  = width > 4'hf;
-  assign \$1541  = width > 5'h10;
-  assign \$1542  = width > 5'h11;
-  assign \$1543  = width > 5'h12;
-  assign \$1544  = width > 5'h13;
-  assign \$1545  = width > 5'h14;
-  assign \$1546  = width > 5'h15;
-  assign \$1547  = width > 5'h16;
-  assign \$1548  = width > 5'h17;
-  assign \$1549  = ~ { 1'h0, \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529 , \$1528 , \$1527 , \$1526  };
-  assign \$1550  = $signed(hold[47:24]) < $signed(\$1549 );
-  assign \$1551  = width > 1'h1;
-  assign \$1552  = width > 2'h2;
-  assign \$1553  = width > 2'h3;
-  assign \$1554  = width > 3'h4;
-  assign \$1555  = width > 3'h5;
-  assign \$1556  = width > 3'h6;
-  assign \$1557  = width > 3'h7;
-  assign \$1558  = width > 4'h8;
-  assign \$1559  = width > 4'h9;
-  assign \$1560  = width > 4'ha;
-  assign \$1561  = width > 4'hb;
-  assign \$1562  = width > 4'hc;
-  assign \$1563  = width > 4'hd;
-  assign \$1564  = width > 4'he;
-  assign \$1565  = width > 4'hf;
-  assign \$1566  = width > 5'h10;
-  assign \$1567  = width > 5'h11;
-  assign \$1568  = width > 5'h12;
-  assign \$1569  = width > 5'h13;
-  assign \$1570  = width > 5'h14;
-  assign \$1571  = width > 5'h15;
-  assign \$1572  = width > 5'h16;
-  assign \$1573  = width > 5'h17;
-  assign \$1574  = ~ { 1'h0, \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555 , \$1554 , \$1553 , \$1552 , \$1551  };
-  assign \$1575  = \$1550  ? \$1574  : hold[47:24];
-  assign \$1576  = \$1502  ? { 1'h0, \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505 , \$1504 , \$1503  } : \$1575 ;
-  assign \$1577  = width > 1'h1;
-  assign \$1578  = width > 2'h2;
-  assign \$1579  = width > 2'h3;
-  assign \$1580  = width > 3'h4;
-  assign \$1581  = width > 3'h5;
-  assign \$1582  = width > 3'h6;
-  assign \$1583  = width > 3'h7;
-  assign \$1584  = width > 4'h8;
-  assign \$1585  = width > 4'h9;
-  assign \$1586  = width > 4'ha;
-  assign \$1587  = width > 4'hb;
-  assign \$1588  = width > 4'hc;
-  assign \$1589  = width > 4'hd;
-  assign \$1590  = width > 4'he;
-  assign \$1591  = width > 4'hf;
-  assign \$1592  = width > 5'h10;
-  assign \$1593  = width > 5'h11;
-  assign \$1594  = width > 5'h12;
-  assign \$1595  = width > 5'h13;
-  assign \$1596  = width > 5'h14;
-  assign \$1597  = width > 5'h15;
-  assign \$1598  = width > 5'h16;
-  assign \$1599  = width > 5'h17;
-  assign \$1600  = $signed(hold[71:48]) > $signed({ 1'h0, \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579 , \$1578 , \$1577  });
-  assign \$1601  = width > 1'h1;
-  assign \$1602  = width > 2'h2;
-  assign \$1603  = width > 2'h3;
-  assign \$1604  = width > 3'h4;
-  assign \$1605  = width > 3'h5;
-  assign \$1606  = width > 3'h6;
-  assign \$1607  = width > 3'h7;
-  assign \$1608  = width > 4'h8;
-  assign \$1609  = width > 4'h9;
-  assign \$1610  = width > 4'ha;
-  assign \$1611  = width > 4'hb;
-  assign \$1612  = width > 4'hc;
-  assign \$1613  = width > 4'hd;
-  assign \$1614  = width > 4'he;
-  assign \$1615  = width > 4'hf;
-  assign \$1616  = width > 5'h10;
-  assign \$1617  = width > 5'h11;
-  assign \$1618  = width > 5'h12;
-  assign \$1619  = width > 5'h13;
-  assign \$1620  = width > 5'h14;
-  assign \$1621  = width > 5'h15;
-  assign \$1622  = width > 5'h16;
-  assign \$1623  = width > 5'h17;
-  assign \$1624  = width > 1'h1;
-  assign \$1625  = width > 2'h2;
-  assign \$1626  = width > 2'h3;
-  assign \$1627  = width > 3'h4;
-  assign \$1628  = width > 3'h5;
-  assign \$1629  = width > 3'h6;
-  assign \$1630  = width > 3'h7;
-  assign \$1631  = width > 4'h8;
-  assign \$1632  = width > 4'h9;
-  assign \$1633  = width > 4'ha;
-  assign \$1634  = width > 4'hb;
-  assign \$1635  = width > 4'hc;
-  assign \$1636  = width > 4'hd;
-  assign \$1637  = width > 4'he;
-  assign \$1638  = width > 4'hf;
-  assign \$1639  = width > 5'h10;
-  assign \$1640  = width > 5'h11;
-  assign \$1641  = width > 5'h12;
-  assign \$1642  = width > 5'h13;
-  assign \$1643  = width > 5'h14;
-  assign \$1644  = width > 5'h15;
-  assign \$1645  = width > 5'h16;
-  assign \$1646  = width > 5'h17;
-  assign \$1647  = ~ { 1'h0, \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627 , \$1626 , \$1625 , \$1624  };
-  assign \$1648  = $signed(hold[71:48]) < $signed(\$1647 );
-  assign \$1649  = width > 1'h1;
-  assign \$1650  = width > 2'h2;
-  assign \$1651  = width > 2'h3;
-  assign \$1652  = width > 3'h4;
-  assign \$1653  = width > 3'h5;
-  assign \$1654  = width > 3'h6;
-  assign \$1655  = width > 3'h7;
-  assign \$1656  = width > 4'h8;
-  assign \$1657  = width > 4'h9;
-  assign \$1658  = width > 4'ha;
-  assign \$1659  = width > 4'hb;
-  assign \$1660  = width > 4'hc;
-  assign \$1661  = width > 4'hd;
-  assign \$1662  = width > 4'he;
-  assign \$1663  = width > 4'hf;
-  assign \$1664  = width > 5'h10;
-  assign \$1665  = width > 5'h11;
-  assign \$1666  = width > 5'h12;
-  assign \$1667  = width > 5'h13;
-  assign \$1668  = width > 5'h14;
-  assign \$1669  = width > 5'h15;
-  assign \$1670  = width > 5'h16;
-  assign \$1671  = width > 5'h17;
-  assign \$1672  = ~ { 1'h0, \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653 , \$1652 , \$1651 , \$1650 , \$1649  };
-  assign \$1673  = \$1648  ? \$1672  : hold[71:48];
-  assign \$1674  = \$1600  ? { 1'h0, \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603 , \$1602 , \$1601  } : \$1673 ;
-  assign \$1675  = width > 1'h1;
-  assign \$1676  = width > 2'h2;
-  assign \$1677  = width > 2'h3;
-  assign \$1678  = width > 3'h4;
-  assign \$1679  = width > 3'h5;
-  assign \$1680  = width > 3'h6;
-  assign \$1681  = width > 3'h7;
-  assign \$1682  = width > 4'h8;
-  assign \$1683  = width > 4'h9;
-  assign \$1684  = width > 4'ha;
-  assign \$1685  = width > 4'hb;
-  assign \$1686  = width > 4'hc;
-  assign \$1687  = width > 4'hd;
-  assign \$1688  = width > 4'he;
-  assign \$1689  = width > 4'hf;
-  assign \$1690  = width > 5'h10;
-  assign \$1691  = width > 5'h11;
-  assign \$1692  = width > 5'h12;
-  assign \$1693  = width > 5'h13;
-  assign \$1694  = width > 5'h14;
-  assign \$1695  = width > 5'h15;
-  assign \$1696  = width > 5'h16;
-  assign \$1697  = width > 5'h17;
-  assign \$1698  = $signed(hold[95:72]) > $signed({ 1'h0, \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677 , \$1676 , \$1675  });
-  assign \$1699  = width > 1'h1;
-  assign \$1700  = width > 2'h2;
-  assign \$1701  = width > 2'h3;
-  assign \$1702  = width > 3'h4;
-  assign \$1703  = width > 3'h5;
-  assign \$1704  = width > 3'h6;
-  assign \$1705  = width > 3'h7;
-  assign \$1706  = width > 4'h8;
-  assign \$1707  = width > 4'h9;
-  assign \$1708  = width > 4'ha;
-  assign \$1709  = width > 4'hb;
-  assign \$1710  = width > 4'hc;
-  assign \$1711  = width > 4'hd;
-  assign \$1712  = width > 4'he;
-  assign \$1713  = width > 4'hf;
-  assign \$1714  = width > 5'h10;
-  assign \$1715  = width > 5'h11;
-  assign \$1716  = width > 5'h12;
-  assign \$1717  = width > 5'h13;
-  assign \$1718  = width > 5'h14;
-  assign \$1719  = width > 5'h15;
-  assign \$1720  = width > 5'h16;
-  assign \$1721  = width > 5'h17;
-  assign \$1722  = width > 1'h1;
-  assign \$1723  = width > 2'h2;
-  assign \$1724  = width > 2'h3;
-  assign \$1725  = width > 3'h4;
-  assign \$1726  = width > 3'h5;
-  assign \$1727  = width > 3'h6;
-  assign \$1728  = width > 3'h7;
-  assign \$1729  = width > 4'h8;
-  assign \$1730  = width > 4'h9;
-  assign \$1731  = width > 4'ha;
-  assign \$1732  = width > 4'hb;
-  assign \$1733  = width > 4'hc;
-  assign \$1734  = width > 4'hd;
-  assign \$1735  = width > 4'he;
-  assign \$1736  = width > 4'hf;
-  assign \$1737  = width > 5'h10;
-  assign \$1738  = width > 5'h11;
-  assign \$1739  = width > 5'h12;
-  assign \$1740  = width > 5'h13;
-  assign \$1741  = width > 5'h14;
-  assign \$1742  = width > 5'h15;
-  assign \$1743  = width > 5'h16;
-  assign \$1744  = width > 5'h17;
-  assign \$1745  = ~ { 1'h0, \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725 , \$1724 , \$1723 , \$1722  };
-  assign \$1746  = $signed(hold[95:72]) < $signed(\$1745 );
-  assign \$1747  = width > 1'h1;
-  assign \$1748  = width > 2'h2;
-  assign \$1749  = width > 2'h3;
-  assign \$1750  = width > 3'h4;
-  assign \$1751  = width > 3'h5;
-  assign \$1752  = width > 3'h6;
-  assign \$1753  = width > 3'h7;
-  assign \$1754  = width > 4'h8;
-  assign \$1755  = width > 4'h9;
-  assign \$1756  = width > 4'ha;
-  assign \$1757  = width > 4'hb;
-  assign \$1758  = width > 4'hc;
-  assign \$1759  = width > 4'hd;
-  assign \$1760  = width > 4'he;
-  assign \$1761  = width > 4'hf;
-  assign \$1762  = width > 5'h10;
-  assign \$1763  = width > 5'h11;
-  assign \$1764  = width > 5'h12;
-  assign \$1765  = width > 5'h13;
-  assign \$1766  = width > 5'h14;
-  assign \$1767  = width > 5'h15;
-  assign \$1768  = width > 5'h16;
-  assign \$1769  = width > 5'h17;
-  assign \$1770  = ~ { 1'h0, \$1769 , \$1768 , \$1767 , \$1766 , \$1765 , \$1764 , \$1763 , \$1762 , \$1761 , \$1760 , \$1759 , \$1758 , \$1757 , \$1756 , \$1755 , \$1754 , \$1753 , \$1752 , \$1751 , \$1750 , \$1749 , \$1748 , \$1747  };
-  assign \$1771  = \$1746  ? \$1770  : hold[95:72];
-  assign \$1772  = \$1698  ? { 1'h0, \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701 , \$1700 , \$1699  } : \$1771 ;
-  assign \$1774  = \$signal$49  > 1'h1;
-  assign \$1775  = \$signal$49  > 2'h2;
-  assign \$1776  = \$signal$49  > 2'h3;
-  assign \$1778  = ins[47:35] + \$1777 ;
+  assign \$195  = ins[122:109] - el;
+  assign \$196  = $signed(\$195 ) <= $signed(4'h4);
+  assign \$197  = \$194  | \$196 ;
+  assign \$198  = ~ hold_valid;
+  assign \$199  = \$198  | \$signal$51 ;
+  assign \$200  = ins[60:48] + el;
+  assign \$201  = width > 1'h1;
+  assign \$202  = width > 2'h2;
+  assign \$203  = width > 2'h3;
+  assign \$204  = width > 3'h4;
+  assign \$205  = width > 3'h5;
+  assign \$206  = width > 3'h6;
+  assign \$207  = width > 3'h7;
+  assign \$208  = width > 4'h8;
+  assign \$209  = width > 4'h9;
+  assign \$210  = width > 4'ha;
+  assign \$211  = width > 4'hb;
+  assign \$212  = width > 4'hc;
+  assign \$213  = width > 4'hd;
+  assign \$214  = width > 4'he;
+  assign \$215  = width > 4'hf;
+  assign \$216  = width > 5'h10;
+  assign \$217  = width > 5'h11;
+  assign \$218  = width > 5'h12;
+  assign \$219  = width > 5'h13;
+  assign \$220  = width > 5'h14;
+  assign \$221  = width > 5'h15;
+  assign \$222  = width > 5'h16;
+  assign \$223  = width > 5'h17;
+  assign \$224  = $signed(hold[23:0]) > $signed({ 1'h0, \$223 , \$222 , \$221 , \$220 , \$219 , \$218 , \$217 , \$216 , \$215 , \$214 , \$213 , \$212 , \$211 , \$210 , \$209 , \$208 , \$207 , \$206 , \$205 , \$204 , \$203 , \$202 , \$201  });
+  assign \$225  = width > 1'h1;
+  assign \$226  = width > 2'h2;
+  assign \$227  = width > 2'h3;
+  assign \$228  = width > 3'h4;
+  assign \$229  = width > 3'h5;
+  assign \$230  = width > 3'h6;
+  assign \$231  = width > 3'h7;
+  assign \$232  = width > 4'h8;
+  assign \$233  = width > 4'h9;
+  assign \$234  = width > 4'ha;
+  assign \$235  = width > 4'hb;
+  assign \$236  = width > 4'hc;
+  assign \$237  = width > 4'hd;
+  assign \$238  = width > 4'he;
+  assign \$239  = width > 4'hf;
+  assign \$240  = width > 5'h10;
+  assign \$241  = width > 5'h11;
+  assign \$242  = width > 5'h12;
+  assign \$243  = width > 5'h13;
+  assign \$244  = width > 5'h14;
+  assign \$245  = width > 5'h15;
+  assign \$246  = width > 5'h16;
+  assign \$247  = width > 5'h17;
+  assign \$248  = width > 1'h1;
+  assign \$249  = width > 2'h2;
+  assign \$250  = width > 2'h3;
+  assign \$251  = width > 3'h4;
+  assign \$252  = width > 3'h5;
+  assign \$253  = width > 3'h6;
+  assign \$254  = width > 3'h7;
+  assign \$255  = width > 4'h8;
+  assign \$256  = width > 4'h9;
+  assign \$257  = width > 4'ha;
+  assign \$258  = width > 4'hb;
+  assign \$259  = width > 4'hc;
+  assign \$260  = width > 4'hd;
+  assign \$261  = width > 4'he;
+  assign \$262  = width > 4'hf;
+  assign \$263  = width > 5'h10;
+  assign \$264  = width > 5'h11;
+  assign \$265  = width > 5'h12;
+  assign \$266  = width > 5'h13;
+  assign \$267  = width > 5'h14;
+  assign \$268  = width > 5'h15;
+  assign \$269  = width > 5'h16;
+  assign \$270  = width > 5'h17;
+  assign \$271  = ~ { 1'h0, \$270 , \$269 , \$268 , \$267 , \$266 , \$265 , \$264 , \$263 , \$262 , \$261 , \$260 , \$259 , \$258 , \$257 , \$256 , \$255 , \$254 , \$253 , \$252 , \$251 , \$250 , \$249 , \$248  };
+  assign \$272  = $signed(hold[23:0]) < $signed(\$271 );
+  assign \$273  = width > 1'h1;
+  assign \$274  = width > 2'h2;
+  assign \$275  = width > 2'h3;
+  assign \$276  = width > 3'h4;
+  assign \$277  = width > 3'h5;
+  assign \$278  = width > 3'h6;
+  assign \$279  = width > 3'h7;
+  assign \$280  = width > 4'h8;
+  assign \$281  = width > 4'h9;
+  assign \$282  = width > 4'ha;
+  assign \$283  = width > 4'hb;
+  assign \$284  = width > 4'hc;
+  assign \$285  = width > 4'hd;
+  assign \$286  = width > 4'he;
+  assign \$287  = width > 4'hf;
+  assign \$288  = width > 5'h10;
+  assign \$289  = width > 5'h11;
+  assign \$290  = width > 5'h12;
+  assign \$291  = width > 5'h13;
+  assign \$292  = width > 5'h14;
+  assign \$293  = width > 5'h15;
+  assign \$294  = width > 5'h16;
+  assign \$295  = width > 5'h17;
+  assign \$296  = ~ { 1'h0, \$295 , \$294 , \$293 , \$292 , \$291 , \$290 , \$289 , \$288 , \$287 , \$286 , \$285 , \$284 , \$283 , \$282 , \$281 , \$280 , \$279 , \$278 , \$277 , \$276 , \$275 , \$274 , \$273  };
+  assign \$297  = \$272  ? \$296  : hold[23:0];
+  assign \$298  = \$224  ? { 1'h0, \$247 , \$246 , \$245 , \$244 , \$243 , \$242 , \$241 , \$240 , \$239 , \$238 , \$237 , \$236 , \$235 , \$234 , \$233 , \$232 , \$231 , \$230 , \$229 , \$228 , \$227 , \$226 , \$225  } : \$297 ;
+  assign \$299  = width > 1'h1;
+  assign \$300  = width > 2'h2;
+  assign \$301  = width > 2'h3;
+  assign \$302  = width > 3'h4;
+  assign \$303  = width > 3'h5;
+  assign \$304  = width > 3'h6;
+  assign \$305  = width > 3'h7;
+  assign \$306  = width > 4'h8;
+  assign \$307  = width > 4'h9;
+  assign \$308  = width > 4'ha;
+  assign \$309  = width > 4'hb;
+  assign \$310  = width > 4'hc;
+  assign \$311  = width > 4'hd;
+  assign \$312  = width > 4'he;
+  assign \$313  = width > 4'hf;
+  assign \$314  = width > 5'h10;
+  assign \$315  = width > 5'h11;
+  assign \$316  = width > 5'h12;
+  assign \$317  = width > 5'h13;
+  assign \$318  = width > 5'h14;
+  assign \$319  = width > 5'h15;
+  assign \$320  = width > 5'h16;
+  assign \$321  = width > 5'h17;
+  assign \$322  = $signed(hold[47:24]) > $signed({ 1'h0, \$321 , \$320 , \$319 , \$318 , \$317 , \$316 , \$315 , \$314 , \$313 , \$312 , \$311 , \$310 , \$309 , \$308 , \$307 , \$306 , \$305 , \$304 , \$303 , \$302 , \$301 , \$300 , \$299  });
+  assign \$323  = width > 1'h1;
+  assign \$324  = width > 2'h2;
+  assign \$325  = width > 2'h3;
+  assign \$326  = width > 3'h4;
+  assign \$327  = width > 3'h5;
+  assign \$328  = width > 3'h6;
+  assign \$329  = width > 3'h7;
+  assign \$330  = width > 4'h8;
+  assign \$331  = width > 4'h9;
+  assign \$332  = width > 4'ha;
+  assign \$333  = width > 4'hb;
+  assign \$334  = width > 4'hc;
+  assign \$335  = width > 4'hd;
+  assign \$336  = width > 4'he;
+  assign \$337  = width > 4'hf;
+  assign \$338  = width > 5'h10;
+  assign \$339  = width > 5'h11;
+  assign \$340  = width > 5'h12;
+  assign \$341  = width > 5'h13;
+  assign \$342  = width > 5'h14;
+  assign \$343  = width > 5'h15;
+  assign \$344  = width > 5'h16;
+  assign \$345  = width > 5'h17;
+  assign \$346  = width > 1'h1;
+  assign \$347  = width > 2'h2;
+  assign \$348  = width > 2'h3;
+  assign \$349  = width > 3'h4;
+  assign \$350  = width > 3'h5;
+  assign \$351  = width > 3'h6;
+  assign \$352  = width > 3'h7;
+  assign \$353  = width > 4'h8;
+  assign \$354  = width > 4'h9;
+  assign \$355  = width > 4'ha;
+  assign \$356  = width > 4'hb;
+  assign \$357  = width > 4'hc;
+  assign \$358  = width > 4'hd;
+  assign \$359  = width > 4'he;
+  assign \$360  = width > 4'hf;
+  assign \$361  = width > 5'h10;
+  assign \$362  = width > 5'h11;
+  assign \$363  = width > 5'h12;
+  assign \$364  = width > 5'h13;
+  assign \$365  = width > 5'h14;
+  assign \$366  = width > 5'h15;
+  assign \$367  = width > 5'h16;
+  assign \$368  = width > 5'h17;
+  assign \$369  = ~ { 1'h0, \$368 , \$367 , \$366 , \$365 , \$364 , \$363 , \$362 , \$361 , \$360 , \$359 , \$358 , \$357 , \$356 , \$355 , \$354 , \$353 , \$352 , \$351 , \$350 , \$349 , \$348 , \$347 , \$346  };
+  assign \$370  = $signed(hold[47:24]) < $signed(\$369 );
+  assign \$371  = width > 1'h1;
+  assign \$372  = width > 2'h2;
+  assign \$373  = width > 2'h3;
+  assign \$374  = width > 3'h4;
+  assign \$375  = width > 3'h5;
+  assign \$376  = width > 3'h6;
+  assign \$377  = width > 3'h7;
+  assign \$378  = width > 4'h8;
+  assign \$379  = width > 4'h9;
+  assign \$380  = width > 4'ha;
+  assign \$381  = width > 4'hb;
+  assign \$382  = width > 4'hc;
+  assign \$383  = width > 4'hd;
+  assign \$384  = width > 4'he;
+  assign \$385  = width > 4'hf;
+  assign \$386  = width > 5'h10;
+  assign \$387  = width > 5'h11;
+  assign \$388  = width > 5'h12;
+  assign \$389  = width > 5'h13;
+  assign \$390  = width > 5'h14;
+  assign \$391  = width > 5'h15;
+  assign \$392  = width > 5'h16;
+  assign \$393  = width > 5'h17;
+  assign \$394  = ~ { 1'h0, \$393 , \$392 , \$391 , \$390 , \$389 , \$388 , \$387 , \$386 , \$385 , \$384 , \$383 , \$382 , \$381 , \$380 , \$379 , \$378 , \$377 , \$376 , \$375 , \$374 , \$373 , \$372 , \$371  };
+  assign \$395  = \$370  ? \$394  : hold[47:24];
+  assign \$396  = \$322  ? { 1'h0, \$345 , \$344 , \$343 , \$342 , \$341 , \$340 , \$339 , \$338 , \$337 , \$336 , \$335 , \$334 , \$333 , \$332 , \$331 , \$330 , \$329 , \$328 , \$327 , \$326 , \$325 , \$324 , \$323  } : \$395 ;
+  assign \$397  = width > 1'h1;
+  assign \$398  = width > 2'h2;
+  assign \$399  = width > 2'h3;
+  assign \$400  = width > 3'h4;
+  assign \$401  = width > 3'h5;
+  assign \$402  = width > 3'h6;
+  assign \$403  = width > 3'h7;
+  assign \$404  = width > 4'h8;
+  assign \$405  = width > 4'h9;
+  assign \$406  = width > 4'ha;
+  assign \$407  = width > 4'hb;
+  assign \$408  = width > 4'hc;
+  assign \$409  = width > 4'hd;
+  assign \$410  = width > 4'he;
+  assign \$411  = width > 4'hf;
+  assign \$412  = width > 5'h10;
+  assign \$413  = width > 5'h11;
+  assign \$414  = width > 5'h12;
+  assign \$415  = width > 5'h13;
+  assign \$416  = width > 5'h14;
+  assign \$417  = width > 5'h15;
+  assign \$418  = width > 5'h16;
+  assign \$419  = width > 5'h17;
+  assign \$420  = $signed(hold[71:48]) > $signed({ 1'h0, \$419 , \$418 , \$417 , \$416 , \$415 , \$414 , \$413 , \$412 , \$411 , \$410 , \$409 , \$408 , \$407 , \$406 , \$405 , \$404 , \$403 , \$402 , \$401 , \$400 , \$399 , \$398 , \$397  });
+  assign \$421  = width > 1'h1;
+  assign \$422  = width > 2'h2;
+  assign \$423  = width > 2'h3;
+  assign \$424  = width > 3'h4;
+  assign \$425  = width > 3'h5;
+  assign \$426  = width > 3'h6;
+  assign \$427  = width > 3'h7;
+  assign \$428  = width > 4'h8;
+  assign \$429  = width > 4'h9;
+  assign \$430  = width > 4'ha;
+  assign \$431  = width > 4'hb;
+  assign \$432  = width > 4'hc;
+  assign \$433  = width > 4'hd;
+  assign \$434  = width > 4'he;
+  assign \$435  = width > 4'hf;
+  assign \$436  = width > 5'h10;
+  assign \$437  = width > 5'h11;
+  assign \$438  = width > 5'h12;
+  assign \$439  = width > 5'h13;
+  assign \$440  = width > 5'h14;
+  assign \$441  = width > 5'h15;
+  assign \$442  = width > 5'h16;
+  assign \$443  = width > 5'h17;
+  assign \$444  = width > 1'h1;
+  assign \$445  = width > 2'h2;
+  assign \$446  = width > 2'h3;
+  assign \$447  = width > 3'h4;
+  assign \$448  = width > 3'h5;
+  assign \$449  = width > 3'h6;
+  assign \$450  = width > 3'h7;
+  assign \$451  = width > 4'h8;
+  assign \$452  = width > 4'h9;
+  assign \$453  = width > 4'ha;
+  assign \$454  = width > 4'hb;
+  assign \$455  = width > 4'hc;
+  assign \$456  = width > 4'hd;
+  assign \$457  = width > 4'he;
+  assign \$458  = width > 4'hf;
+  assign \$459  = width > 5'h10;
+  assign \$460  = width > 5'h11;
+  assign \$461  = width > 5'h12;
+  assign \$462  = width > 5'h13;
+  assign \$463  = width > 5'h14;
+  assign \$464  = width > 5'h15;
+  assign \$465  = width > 5'h16;
+  assign \$466  = width > 5'h17;
+  assign \$467  = ~ { 1'h0, \$466 , \$465 , \$464 , \$463 , \$462 , \$461 , \$460 , \$459 , \$458 , \$457 , \$456 , \$455 , \$454 , \$453 , \$452 , \$451 , \$450 , \$449 , \$448 , \$447 , \$446 , \$445 , \$444  };
+  assign \$468  = $signed(hold[71:48]) < $signed(\$467 );
+  assign \$469  = width > 1'h1;
+  assign \$470  = width > 2'h2;
+  assign \$471  = width > 2'h3;
+  assign \$472  = width > 3'h4;
+  assign \$473  = width > 3'h5;
+  assign \$474  = width > 3'h6;
+  assign \$475  = width > 3'h7;
+  assign \$476  = width > 4'h8;
+  assign \$477  = width > 4'h9;
+  assign \$478  = width > 4'ha;
+  assign \$479  = width > 4'hb;
+  assign \$480  = width > 4'hc;
+  assign \$481  = width > 4'hd;
+  assign \$482  = width > 4'he;
+  assign \$483  = width > 4'hf;
+  assign \$484  = width > 5'h10;
+  assign \$485  = width > 5'h11;
+  assign \$486  = width > 5'h12;
+  assign \$487  = width > 5'h13;
+  assign \$488  = width > 5'h14;
+  assign \$489  = width > 5'h15;
+  assign \$490  = width > 5'h16;
+  assign \$491  = width > 5'h17;
+  assign \$492  = ~ { 1'h0, \$491 , \$490 , \$489 , \$488 , \$487 , \$486 , \$485 , \$484 , \$483 , \$482 , \$481 , \$480 , \$479 , \$478 , \$477 , \$476 , \$475 , \$474 , \$473 , \$472 , \$471 , \$470 , \$469  };
+  assign \$493  = \$468  ? \$492  : hold[71:48];
+  assign \$494  = \$420  ? { 1'h0, \$443 , \$442 , \$441 , \$440 , \$439 , \$438 , \$437 , \$436 , \$435 , \$434 , \$433 , \$432 , \$431 , \$430 , \$429 , \$428 , \$427 , \$426 , \$425 , \$424 , \$423 , \$422 , \$421  } : \$493 ;
+  assign \$495  = width > 1'h1;
+  assign \$496  = width > 2'h2;
+  assign \$497  = width > 2'h3;
+  assign \$498  = width > 3'h4;
+  assign \$499  = width > 3'h5;
+  assign \$500  = width > 3'h6;
+  assign \$501  = width > 3'h7;
+  assign \$502  = width > 4'h8;
+  assign \$503  = width > 4'h9;
+  assign \$504  = width > 4'ha;
+  assign \$505  = width > 4'hb;
+  assign \$506  = width > 4'hc;
+  assign \$507  = width > 4'hd;
+  assign \$508  = width > 4'he;
+  assign \$509  = width > 4'hf;
+  assign \$510  = width > 5'h10;
+  assign \$511  = width > 5'h11;
+  assign \$512  = width > 5'h12;
+  assign \$513  = width > 5'h13;
+  assign \$514  = width > 5'h14;
+  assign \$515  = width > 5'h15;
+  assign \$516  = width > 5'h16;
+  assign \$517  = width > 5'h17;
+  assign \$518  = $signed(hold[95:72]) > $signed({ 1'h0, \$517 , \$516 , \$515 , \$514 , \$513 , \$512 , \$511 , \$510 , \$509 , \$508 , \$507 , \$506 , \$505 , \$504 , \$503 , \$502 , \$501 , \$500 , \$499 , \$498 , \$497 , \$496 , \$495  });
+  assign \$519  = width > 1'h1;
+  assign \$520  = width > 2'h2;
+  assign \$521  = width > 2'h3;
+  assign \$522  = width > 3'h4;
+  assign \$523  = width > 3'h5;
+  assign \$524  = width > 3'h6;
+  assign \$525  = width > 3'h7;
+  assign \$526  = width > 4'h8;
+  assign \$527  = width > 4'h9;
+  assign \$528  = width > 4'ha;
+  assign \$529  = width > 4'hb;
+  assign \$530  = width > 4'hc;
+  assign \$531  = width > 4'hd;
+  assign \$532  = width > 4'he;
+  assign \$533  = width > 4'hf;
+  assign \$534  = width > 5'h10;
+  assign \$535  = width > 5'h11;
+  assign \$536  = width > 5'h12;
+  assign \$537  = width > 5'h13;
+  assign \$538  = width > 5'h14;
+  assign \$539  = width > 5'h15;
+  assign \$540  = width > 5'h16;
+  assign \$541  = width > 5'h17;
+  assign \$542  = width > 1'h1;
+  assign \$543  = width > 2'h2;
+  assign \$544  = width > 2'h3;
+  assign \$545  = width > 3'h4;
+  assign \$546  = width > 3'h5;
+  assign \$547  = width > 3'h6;
+  assign \$548  = width > 3'h7;
+  assign \$549  = width > 4'h8;
+  assign \$550  = width > 4'h9;
+  assign \$551  = width > 4'ha;
+  assign \$552  = width > 4'hb;
+  assign \$553  = width > 4'hc;
+  assign \$554  = width > 4'hd;
+  assign \$555  = width > 4'he;
+  assign \$556  = width > 4'hf;
+  assign \$557  = width > 5'h10;
+  assign \$558  = width > 5'h11;
+  assign \$559  = width > 5'h12;
+  assign \$560  = width > 5'h13;
+  assign \$561  = width > 5'h14;
+  assign \$562  = width > 5'h15;
+  assign \$563  = width > 5'h16;
+  assign \$564  = width > 5'h17;
+  assign \$565  = ~ { 1'h0, \$564 , \$563 , \$562 , \$561 , \$560 , \$559 , \$558 , \$557 , \$556 , \$555 , \$554 , \$553 , \$552 , \$551 , \$550 , \$549 , \$548 , \$547 , \$546 , \$545 , \$544 , \$543 , \$542  };
+  assign \$566  = $signed(hold[95:72]) < $signed(\$565 );
+  assign \$567  = width > 1'h1;
+  assign \$568  = width > 2'h2;
+  assign \$569  = width > 2'h3;
+  assign \$570  = width > 3'h4;
+  assign \$571  = width > 3'h5;
+  assign \$572  = width > 3'h6;
+  assign \$573  = width > 3'h7;
+  assign \$574  = width > 4'h8;
+  assign \$575  = width > 4'h9;
+  assign \$576  = width > 4'ha;
+  assign \$577  = width > 4'hb;
+  assign \$578  = width > 4'hc;
+  assign \$579  = width > 4'hd;
+  assign \$580  = width > 4'he;
+  assign \$581  = width > 4'hf;
+  assign \$582  = width > 5'h10;
+  assign \$583  = width > 5'h11;
+  assign \$584  = width > 5'h12;
+  assign \$585  = width > 5'h13;
+  assign \$586  = width > 5'h14;
+  assign \$587  = width > 5'h15;
+  assign \$588  = width > 5'h16;
+  assign \$589  = width > 5'h17;
+  assign \$590  = ~ { 1'h0, \$589 , \$588 , \$587 , \$586 , \$585 , \$584 , \$583 , \$582 , \$581 , \$580 , \$579 , \$578 , \$577 , \$576 , \$575 , \$574 , \$573 , \$572 , \$571 , \$570 , \$569 , \$568 , \$567  };
+  assign \$591  = \$566  ? \$590  : hold[95:72];
+  assign \$592  = \$518  ? { 1'h0, \$541 , \$540 , \$539 , \$538 , \$537 , \$536 , \$535 , \$534 , \$533 , \$532 , \$531 , \$530 , \$529 , \$528 , \$527 , \$526 , \$525 , \$524 , \$523 , \$522 , \$521 , \$520 , \$519  } : \$591 ;
+  assign \$594  = \$signal$50  + 1'h1;
+  assign \$595  = width > 1'h1;
+  assign \$596  = width > 2'h2;
+  assign \$597  = width > 2'h3;
+  assign \$598  = width > 3'h4;
+  assign \$599  = width > 3'h5;
+  assign \$600  = width > 3'h6;
+  assign \$601  = width > 3'h7;
+  assign \$602  = width > 4'h8;
+  assign \$603  = width > 4'h9;
+  assign \$604  = width > 4'ha;
+  assign \$605  = width > 4'hb;
+  assign \$606  = width > 4'hc;
+  assign \$607  = width > 4'hd;
+  assign \$608  = width > 4'he;
+  assign \$609  = width > 4'hf;
+  assign \$610  = width > 5'h10;
+  assign \$611  = width > 5'h11;
+  assign \$612  = width > 5'h12;
+  assign \$613  = width > 5'h13;
+  assign \$614  = width > 5'h14;
+  assign \$615  = width > 5'h15;
+  assign \$616  = width > 5'h16;
+  assign \$617  = width > 5'h17;
+  assign \$618  = $signed(hold[23:0]) > $signed({ 1'h0, \$617 , \$616 , \$615 , \$614 , \$613 , \$612 , \$611 , \$610 , \$609 , \$608 , \$607 , \$606 , \$605 , \$604 , \$603 , \$602 , \$601 , \$600 , \$599 , \$598 , \$597 , \$596 , \$595  });
+  assign \$619  = width > 1'h1;
+  assign \$620  = width > 2'h2;
+  assign \$621  = width > 2'h3;
+  assign \$622  = width > 3'h4;
+  assign \$623  = width > 3'h5;
+  assign \$624  = width > 3'h6;
+  assign \$625  = width > 3'h7;
+  assign \$626  = width > 4'h8;
+  assign \$627  = width > 4'h9;
+  assign \$628  = width > 4'ha;
+  assign \$629  = width > 4'hb;
+  assign \$630  = width > 4'hc;
+  assign \$631  = width > 4'hd;
+  assign \$632  = width > 4'he;
+  assign \$633  = width > 4'hf;
+  assign \$634  = width > 5'h10;
+  assign \$635  = width > 5'h11;
+  assign \$636  = width > 5'h12;
+  assign \$637  = width > 5'h13;
+  assign \$638  = width > 5'h14;
+  assign \$639  = width > 5'h15;
+  assign \$640  = width > 5'h16;
+  assign \$641  = width > 5'h17;
+  assign \$642  = width > 1'h1;
+  assign \$643  = width > 2'h2;
+  assign \$644  = width > 2'h3;
+  assign \$645  = width > 3'h4;
+  assign \$646  = width > 3'h5;
+  assign \$647  = width > 3'h6;
+  assign \$648  = width > 3'h7;
+  assign \$649  = width > 4'h8;
+  assign \$650  = width > 4'h9;
+  assign \$651  = width > 4'ha;
+  assign \$652  = width > 4'hb;
+  assign \$653  = width > 4'hc;
+  assign \$654  = width > 4'hd;
+  assign \$655  = width > 4'he;
+  assign \$656  = width > 4'hf;
+  assign \$657  = width > 5'h10;
+  assign \$658  = width > 5'h11;
+  assign \$659  = width > 5'h12;
+  assign \$660  = width > 5'h13;
+  assign \$661  = width > 5'h14;
+  assign \$662  = width > 5'h15;
+  assign \$663  = width > 5'h16;
+  assign \$664  = width > 5'h17;
+  assign \$665  = ~ { 1'h0, \$664 , \$663 , \$662 , \$661 , \$660 , \$659 , \$658 , \$657 , \$656 , \$655 , \$654 , \$653 , \$652 , \$651 , \$650 , \$649 , \$648 , \$647 , \$646 , \$645 , \$644 , \$643 , \$642  };
+  assign \$666  = $signed(hold[23:0]) < $signed(\$665 );
+  assign \$667  = width > 1'h1;
+  assign \$668  = width > 2'h2;
+  assign \$669  = width > 2'h3;
+  assign \$670  = width > 3'h4;
+  assign \$671  = width > 3'h5;
+  assign \$672  = width > 3'h6;
+  assign \$673  = width > 3'h7;
+  assign \$674  = width > 4'h8;
+  assign \$675  = width > 4'h9;
+  assign \$676  = width > 4'ha;
+  assign \$677  = width > 4'hb;
+  assign \$678  = width > 4'hc;
+  assign \$679  = width > 4'hd;
+  assign \$680  = width > 4'he;
+  assign \$681  = width > 4'hf;
+  assign \$682  = width > 5'h10;
+  assign \$683  = width > 5'h11;
+  assign \$684  = width > 5'h12;
+  assign \$685  = width > 5'h13;
+  assign \$686  = width > 5'h14;
+  assign \$687  = width > 5'h15;
+  assign \$688  = width > 5'h16;
+  assign \$689  = width > 5'h17;
+  assign \$690  = ~ { 1'h0, \$689 , \$688 , \$687 , \$686 , \$685 , \$684 , \$683 , \$682 , \$681 , \$680 , \$679 , \$678 , \$677 , \$676 , \$675 , \$674 , \$673 , \$672 , \$671 , \$670 , \$669 , \$668 , \$667  };
+  assign \$691  = \$666  ? \$690  : hold[23:0];
+  assign \$692  = \$618  ? { 1'h0, \$641 , \$640 , \$639 , \$638 , \$637 , \$636 , \$635 , \$634 , \$633 , \$632 , \$631 , \$630 , \$629 , \$628 , \$627 , \$626 , \$625 , \$624 , \$623 , \$622 , \$621 , \$620 , \$619  } : \$691 ;
+  assign \$693  = width > 1'h1;
+  assign \$694  = width > 2'h2;
+  assign \$695  = width > 2'h3;
+  assign \$696  = width > 3'h4;
+  assign \$697  = width > 3'h5;
+  assign \$698  = width > 3'h6;
+  assign \$699  = width > 3'h7;
+  assign \$700  = width > 4'h8;
+  assign \$701  = width > 4'h9;
+  assign \$702  = width > 4'ha;
+  assign \$703  = width > 4'hb;
+  assign \$704  = width > 4'hc;
+  assign \$705  = width > 4'hd;
+  assign \$706  = width > 4'he;
+  assign \$707  = width > 4'hf;
+  assign \$708  = width > 5'h10;
+  assign \$709  = width > 5'h11;
+  assign \$710  = width > 5'h12;
+  assign \$711  = width > 5'h13;
+  assign \$712  = width > 5'h14;
+  assign \$713  = width > 5'h15;
+  assign \$714  = width > 5'h16;
+  assign \$715  = width > 5'h17;
+  assign \$716  = $signed(hold[47:24]) > $signed({ 1'h0, \$715 , \$714 , \$713 , \$712 , \$711 , \$710 , \$709 , \$708 , \$707 , \$706 , \$705 , \$704 , \$703 , \$702 , \$701 , \$700 , \$699 , \$698 , \$697 , \$696 , \$695 , \$694 , \$693  });
+  assign \$717  = width > 1'h1;
+  assign \$718  = width > 2'h2;
+  assign \$719  = width > 2'h3;
+  assign \$720  = width > 3'h4;
+  assign \$721  = width > 3'h5;
+  assign \$722  = width > 3'h6;
+  assign \$723  = width > 3'h7;
+  assign \$724  = width > 4'h8;
+  assign \$725  = width > 4'h9;
+  assign \$726  = width > 4'ha;
+  assign \$727  = width > 4'hb;
+  assign \$728  = width > 4'hc;
+  assign \$729  = width > 4'hd;
+  assign \$730  = width > 4'he;
+  assign \$731  = width > 4'hf;
+  assign \$732  = width > 5'h10;
+  assign \$733  = width > 5'h11;
+  assign \$734  = width > 5'h12;
+  assign \$735  = width > 5'h13;
+  assign \$736  = width > 5'h14;
+  assign \$737  = width > 5'h15;
+  assign \$738  = width > 5'h16;
+  assign \$739  = width > 5'h17;
+  assign \$740  = width > 1'h1;
+  assign \$741  = width > 2'h2;
+  assign \$742  = width > 2'h3;
+  assign \$743  = width > 3'h4;
+  assign \$744  = width > 3'h5;
+  assign \$745  = width > 3'h6;
+  assign \$746  = width > 3'h7;
+  assign \$747  = width > 4'h8;
+  assign \$748  = width > 4'h9;
+  assign \$749  = width > 4'ha;
+  assign \$750  = width > 4'hb;
+  assign \$751  = width > 4'hc;
+  assign \$752  = width > 4'hd;
+  assign \$753  = width > 4'he;
+  assign \$754  = width > 4'hf;
+  assign \$755  = width > 5'h10;
+  assign \$756  = width > 5'h11;
+  assign \$757  = width > 5'h12;
+  assign \$758  = width > 5'h13;
+  assign \$759  = width > 5'h14;
+  assign \$760  = width > 5'h15;
+  assign \$761  = width > 5'h16;
+  assign \$762  = width > 5'h17;
+  assign \$763  = ~ { 1'h0, \$762 , \$761 , \$760 , \$759 , \$758 , \$757 , \$756 , \$755 , \$754 , \$753 , \$752 , \$751 , \$750 , \$749 , \$748 , \$747 , \$746 , \$745 , \$744 , \$743 , \$742 , \$741 , \$740  };
+  assign \$764  = $signed(hold[47:24]) < $signed(\$763 );
+  assign \$765  = width > 1'h1;
+  assign \$766  = width > 2'h2;
+  assign \$767  = width > 2'h3;
+  assign \$768  = width > 3'h4;
+  assign \$769  = width > 3'h5;
+  assign \$770  = width > 3'h6;
+  assign \$771  = width > 3'h7;
+  assign \$772  = width > 4'h8;
+  assign \$773  = width > 4'h9;
+  assign \$774  = width > 4'ha;
+  assign \$775  = width > 4'hb;
+  assign \$776  = width > 4'hc;
+  assign \$777  = width > 4'hd;
+  assign \$778  = width > 4'he;
+  assign \$779  = width > 4'hf;
+  assign \$780  = width > 5'h10;
+  assign \$781  = width > 5'h11;
+  assign \$782  = width > 5'h12;
+  assign \$783  = width > 5'h13;
+  assign \$784  = width > 5'h14;
+  assign \$785  = width > 5'h15;
+  assign \$786  = width > 5'h16;
+  assign \$787  = width > 5'h17;
+  assign \$788  = ~ { 1'h0, \$787 , \$786 , \$785 , \$784 , \$783 , \$782 , \$781 , \$780 , \$779 , \$778 , \$777 , \$776 , \$775 , \$774 , \$773 , \$772 , \$771 , \$770 , \$769 , \$768 , \$767 , \$766 , \$765  };
+  assign \$789  = \$764  ? \$788  : hold[47:24];
+  assign \$790  = \$716  ? { 1'h0, \$739 , \$738 , \$737 , \$736 , \$735 , \$734 , \$733 , \$732 , \$731 , \$730 , \$729 , \$728 , \$727 , \$726 , \$725 , \$724 , \$723 , \$722 , \$721 , \$720 , \$719 , \$718 , \$717  } : \$789 ;
+  assign \$791  = width > 1'h1;
+  assign \$792  = width > 2'h2;
+  assign \$793  = width > 2'h3;
+  assign \$794  = width > 3'h4;
+  assign \$795  = width > 3'h5;
+  assign \$796  = width > 3'h6;
+  assign \$797  = width > 3'h7;
+  assign \$798  = width > 4'h8;
+  assign \$799  = width > 4'h9;
+  assign \$800  = width > 4'ha;
+  assign \$801  = width > 4'hb;
+  assign \$802  = width > 4'hc;
+  assign \$803  = width > 4'hd;
+  assign \$804  = width > 4'he;
+  assign \$805  = width > 4'hf;
+  assign \$806  = width > 5'h10;
+  assign \$807  = width > 5'h11;
+  assign \$808  = width > 5'h12;
+  assign \$809  = width > 5'h13;
+  assign \$810  = width > 5'h14;
+  assign \$811  = width > 5'h15;
+  assign \$812  = width > 5'h16;
+  assign \$813  = width > 5'h17;
+  assign \$814  = $signed(hold[71:48]) > $signed({ 1'h0, \$813 , \$812 , \$811 , \$810 , \$809 , \$808 , \$807 , \$806 , \$805 , \$804 , \$803 , \$802 , \$801 , \$800 , \$799 , \$798 , \$797 , \$796 , \$795 , \$794 , \$793 , \$792 , \$791  });
+  assign \$815  = width > 1'h1;
+  assign \$816  = width > 2'h2;
+  assign \$817  = width > 2'h3;
+  assign \$818  = width > 3'h4;
+  assign \$819  = width > 3'h5;
+  assign \$820  = width > 3'h6;
+  assign \$821  = width > 3'h7;
+  assign \$822  = width > 4'h8;
+  assign \$823  = width > 4'h9;
+  assign \$824  = width > 4'ha;
+  assign \$825  = width > 4'hb;
+  assign \$826  = width > 4'hc;
+  assign \$827  = width > 4'hd;
+  assign \$828  = width > 4'he;
+  assign \$829  = width > 4'hf;
+  assign \$830  = width > 5'h10;
+  assign \$831  = width > 5'h11;
+  assign \$832  = width > 5'h12;
+  assign \$833  = width > 5'h13;
+  assign \$834  = width > 5'h14;
+  assign \$835  = width > 5'h15;
+  assign \$836  = width > 5'h16;
+  assign \$837  = width > 5'h17;
+  assign \$838  = width > 1'h1;
+  assign \$839  = width > 2'h2;
+  assign \$840  = width > 2'h3;
+  assign \$841  = width > 3'h4;
+  assign \$842  = width > 3'h5;
+  assign \$843  = width > 3'h6;
+  assign \$844  = width > 3'h7;
+  assign \$845  = width > 4'h8;
+  assign \$846  = width > 4'h9;
+  assign \$847  = width > 4'ha;
+  assign \$848  = width > 4'hb;
+  assign \$849  = width > 4'hc;
+  assign \$850  = width > 4'hd;
+  assign \$851  = width > 4'he;
+  assign \$852  = width > 4'hf;
+  assign \$853  = width > 5'h10;
+  assign \$854  = width > 5'h11;
+  assign \$855  = width > 5'h12;
+  assign \$856  = width > 5'h13;
+  assign \$857  = width > 5'h14;
+  assign \$858  = width > 5'h15;
+  assign \$859  = width > 5'h16;
+  assign \$860  = width > 5'h17;
+  assign \$861  = ~ { 1'h0, \$860 , \$859 , \$858 , \$857 , \$856 , \$855 , \$854 , \$853 , \$852 , \$851 , \$850 , \$849 , \$848 , \$847 , \$846 , \$845 , \$844 , \$843 , \$842 , \$841 , \$840 , \$839 , \$838  };
+  assign \$862  = $signed(hold[71:48]) < $signed(\$861 );
+  assign \$863  = width > 1'h1;
+  assign \$864  = width > 2'h2;
+  assign \$865  = width > 2'h3;
+  assign \$866  = width > 3'h4;
+  assign \$867  = width > 3'h5;
+  assign \$868  = width > 3'h6;
+  assign \$869  = width > 3'h7;
+  assign \$870  = width > 4'h8;
+  assign \$871  = width > 4'h9;
+  assign \$872  = width > 4'ha;
+  assign \$873  = width > 4'hb;
+  assign \$874  = width > 4'hc;
+  assign \$875  = width > 4'hd;
+  assign \$876  = width > 4'he;
+  assign \$877  = width > 4'hf;
+  assign \$878  = width > 5'h10;
+  assign \$879  = width > 5'h11;
+  assign \$880  = width > 5'h12;
+  assign \$881  = width > 5'h13;
+  assign \$882  = width > 5'h14;
+  assign \$883  = width > 5'h15;
+  assign \$884  = width > 5'h16;
+  assign \$885  = width > 5'h17;
+  assign \$886  = ~ { 1'h0, \$885 , \$884 , \$883 , \$882 , \$881 , \$880 , \$879 , \$878 , \$877 , \$876 , \$875 , \$874 , \$873 , \$872 , \$871 , \$870 , \$869 , \$868 , \$867 , \$866 , \$865 , \$864 , \$863  };
+  assign \$887  = \$862  ? \$886  : hold[71:48];
+  assign \$888  = \$814  ? { 1'h0, \$837 , \$836 , \$835 , \$834 , \$833 , \$832 , \$831 , \$830 , \$829 , \$828 , \$827 , \$826 , \$825 , \$824 , \$823 , \$822 , \$821 , \$820 , \$819 , \$818 , \$817 , \$816 , \$815  } : \$887 ;
+  assign \$889  = width > 1'h1;
+  assign \$890  = width > 2'h2;
+  assign \$891  = width > 2'h3;
+  assign \$892  = width > 3'h4;
+  assign \$893  = width > 3'h5;
+  assign \$894  = width > 3'h6;
+  assign \$895  = width > 3'h7;
+  assign \$896  = width > 4'h8;
+  assign \$897  = width > 4'h9;
+  assign \$898  = width > 4'ha;
+  assign \$899  = width > 4'hb;
+  assign \$900  = width > 4'hc;
+  assign \$901  = width > 4'hd;
+  assign \$902  = width > 4'he;
+  assign \$903  = width > 4'hf;
+  assign \$904  = width > 5'h10;
+  assign \$905  = width > 5'h11;
+  assign \$906  = width > 5'h12;
+  assign \$907  = width > 5'h13;
+  assign \$908  = width > 5'h14;
+  assign \$909  = width > 5'h15;
+  assign \$910  = width > 5'h16;
+  assign \$911  = width > 5'h17;
+  assign \$912  = $signed(hold[95:72]) > $signed({ 1'h0, \$911 , \$910 , \$909 , \$908 , \$907 , \$906 , \$905 , \$904 , \$903 , \$902 , \$901 , \$900 , \$899 , \$898 , \$897 , \$896 , \$895 , \$894 , \$893 , \$892 , \$891 , \$890 , \$889  });
+  assign \$913  = width > 1'h1;
+  assign \$914  = width > 2'h2;
+  assign \$915  = width > 2'h3;
+  assign \$916  = width > 3'h4;
+  assign \$917  = width > 3'h5;
+  assign \$918  = width > 3'h6;
+  assign \$919  = width > 3'h7;
+  assign \$920  = width > 4'h8;
+  assign \$921  = width > 4'h9;
+  assign \$922  = width > 4'ha;
+  assign \$923  = width > 4'hb;
+  assign \$924  = width > 4'hc;
+  assign \$925  = width > 4'hd;
+  assign \$926  = width > 4'he;
+  assign \$927  = width > 4'hf;
+  assign \$928  = width > 5'h10;
+  assign \$929  = width > 5'h11;
+  assign \$930  = width > 5'h12;
+  assign \$931  = width > 5'h13;
+  assign \$932  = width > 5'h14;
+  assign \$933  = width > 5'h15;
+  assign \$934  = width > 5'h16;
+  assign \$935  = width > 5'h17;
+  assign \$936  = width > 1'h1;
+  assign \$937  = width > 2'h2;
+  assign \$938  = width > 2'h3;
+  assign \$939  = width > 3'h4;
+  assign \$940  = width > 3'h5;
+  assign \$941  = width > 3'h6;
+  assign \$942  = width > 3'h7;
+  assign \$943  = width > 4'h8;
+  assign \$944  = width > 4'h9;
+  assign \$945  = width > 4'ha;
+  assign \$946  = width > 4'hb;
+  assign \$947  = width > 4'hc;
+  assign \$948  = width > 4'hd;
+  assign \$949  = width > 4'he;
+  assign \$950  = width > 4'hf;
+  assign \$951  = width > 5'h10;
+  assign \$952  = width > 5'h11;
+  assign \$953  = width > 5'h12;
+  assign \$954  = width > 5'h13;
+  assign \$955  = width > 5'h14;
+  assign \$956  = width > 5'h15;
+  assign \$957  = width > 5'h16;
+  assign \$958  = width > 5'h17;
+  assign \$959  = ~ { 1'h0, \$958 , \$957 , \$956 , \$955 , \$954 , \$953 , \$952 , \$951 , \$950 , \$949 , \$948 , \$947 , \$946 , \$945 , \$944 , \$943 , \$942 , \$941 , \$940 , \$939 , \$938 , \$937 , \$936  };
+  assign \$960  = $signed(hold[95:72]) < $signed(\$959 );
+  assign \$961  = width > 1'h1;
+  assign \$962  = width > 2'h2;
+  assign \$963  = width > 2'h3;
+  assign \$964  = width > 3'h4;
+  assign \$965  = width > 3'h5;
+  assign \$966  = width > 3'h6;
+  assign \$967  = width > 3'h7;
+  assign \$968  = width > 4'h8;
+  assign \$969  = width > 4'h9;
+  assign \$970  = width > 4'ha;
+  assign \$971  = width > 4'hb;
+  assign \$972  = width > 4'hc;
+  assign \$973  = width > 4'hd;
+  assign \$974  = width > 4'he;
+  assign \$975  = width > 4'hf;
+  assign \$976  = width > 5'h10;
+  assign \$977  = width > 5'h11;
+  assign \$978  = width > 5'h12;
+  assign \$979  = width > 5'h13;
+  assign \$980  = width > 5'h14;
+  assign \$981  = width > 5'h15;
+  assign \$982  = width > 5'h16;
+  assign \$983  = width > 5'h17;
+  assign \$984  = ~ { 1'h0, \$983 , \$982 , \$981 , \$980 , \$979 , \$978 , \$977 , \$976 , \$975 , \$974 , \$973 , \$972 , \$971 , \$970 , \$969 , \$968 , \$967 , \$966 , \$965 , \$964 , \$963 , \$962 , \$961  };
+  assign \$985  = \$960  ? \$984  : hold[95:72];
+  assign \$986  = \$912  ? { 1'h0, \$935 , \$934 , \$933 , \$932 , \$931 , \$930 , \$929 , \$928 , \$927 , \$926 , \$925 , \$924 , \$923 , \$922 , \$921 , \$920 , \$919 , \$918 , \$917 , \$916 , \$915 , \$914 , \$913  } : \$985 ;
+  assign \$988  = \$signal$50  + 2'h2;
+  assign \$989  = width > 1'h1;
+  assign \$990  = width > 2'h2;
+  assign \$991  = width > 2'h3;
+  assign \$992  = width > 3'h4;
+  assign \$993  = width > 3'h5;
+  assign \$994  = width > 3'h6;
+  assign \$995  = width > 3'h7;
+  assign \$996  = width > 4'h8;
+  assign \$997  = width > 4'h9;
+  assign \$998  = width > 4'ha;
+  assign \$999  = width > 4'hb;
+  assign \$1000  = width > 4'hc;
+  assign \$1001  = width > 4'hd;
+  assign \$1002  = width > 4'he;
+  assign \$1003  = width > 4'hf;
+  assign \$1004  = width > 5'h10;
+  assign \$1005  = width > 5'h11;
+  assign \$1006  = width > 5'h12;
+  assign \$1007  = width > 5'h13;
+  assign \$1008  = width > 5'h14;
+  assign \$1009  = width > 5'h15;
+  assign \$1010  = width > 5'h16;
+  assign \$1011  = width > 5'h17;
+  assign \$1012  = $signed(hold[23:0]) > $signed({ 1'h0, \$1011 , \$1010 , \$1009 , \$1008 , \$1007 , \$1006 , \$1005 , \$1004 , \$1003 , \$1002 , \$1001 , \$1000 , \$999 , \$998 , \$997 , \$996 , \$995 , \$994 , \$993 , \$992 , \$991 , \$990 , \$989  });
+  assign \$1013  = width > 1'h1;
+  assign \$1014  = width > 2'h2;
+  assign \$1015  = width > 2'h3;
+  assign \$1016  = width > 3'h4;
+  assign \$1017  = width > 3'h5;
+  assign \$1018  = width > 3'h6;
+  assign \$1019  = width > 3'h7;
+  assign \$1020  = width > 4'h8;
+  assign \$1021  = width > 4'h9;
+  assign \$1022  = width > 4'ha;
+  assign \$1023  = width > 4'hb;
+  assign \$1024  = width > 4'hc;
+  assign \$1025  = width > 4'hd;
+  assign \$1026  = width > 4'he;
+  assign \$1027  = width > 4'hf;
+  assign \$1028  = width > 5'h10;
+  assign \$1029  = width > 5'h11;
+  assign \$1030  = width > 5'h12;
+  assign \$1031  = width > 5'h13;
+  assign \$1032  = width > 5'h14;
+  assign \$1033  = width > 5'h15;
+  assign \$1034  = width > 5'h16;
+  assign \$1035  = width > 5'h17;
+  assign \$1036  = width > 1'h1;
+  assign \$1037  = width > 2'h2;
+  assign \$1038  = width > 2'h3;
+  assign \$1039  = width > 3'h4;
+  assign \$1040  = width > 3'h5;
+  assign \$1041  = width > 3'h6;
+  assign \$1042  = width > 3'h7;
+  assign \$1043  = width > 4'h8;
+  assign \$1044  = width > 4'h9;
+  assign \$1045  = width > 4'ha;
+  assign \$1046  = width > 4'hb;
+  assign \$1047  = width > 4'hc;
+  assign \$1048  = width > 4'hd;
+  assign \$1049  = width > 4'he;
+  assign \$1050  = width > 4'hf;
+  assign \$1051  = width > 5'h10;
+  assign \$1052  = width > 5'h11;
+  assign \$1053  = width > 5'h12;
+  assign \$1054  = width > 5'h13;
+  assign \$1055  = width > 5'h14;
+  assign \$1056  = width > 5'h15;
+  assign \$1057  = width > 5'h16;
+  assign \$1058  = width > 5'h17;
+  assign \$1059  = ~ { 1'h0, \$1058 , \$1057 , \$1056 , \$1055 , \$1054 , \$1053 , \$1052 , \$1051 , \$1050 , \$1049 , \$1048 , \$1047 , \$1046 , \$1045 , \$1044 , \$1043 , \$1042 , \$1041 , \$1040 , \$1039 , \$1038 , \$1037 , \$1036  };
+  assign \$1060  = $signed(hold[23:0]) < $signed(\$1059 );
+  assign \$1061  = width > 1'h1;
+  assign \$1062  = width > 2'h2;
+  assign \$1063  = width > 2'h3;
+  assign \$1064  = width > 3'h4;
+  assign \$1065  = width > 3'h5;
+  assign \$1066  = width > 3'h6;
+  assign \$1067  = width > 3'h7;
+  assign \$1068  = width > 4'h8;
+  assign \$1069  = width > 4'h9;
+  assign \$1070  = width > 4'ha;
+  assign \$1071  = width > 4'hb;
+  assign \$1072  = width > 4'hc;
+  assign \$1073  = width > 4'hd;
+  assign \$1074  = width > 4'he;
+  assign \$1075  = width > 4'hf;
+  assign \$1076  = width > 5'h10;
+  assign \$1077  = width > 5'h11;
+  assign \$1078  = width > 5'h12;
+  assign \$1079  = width > 5'h13;
+  assign \$1080  = width > 5'h14;
+  assign \$1081  = width > 5'h15;
+  assign \$1082  = width > 5'h16;
+  assign \$1083  = width > 5'h17;
+  assign \$1084  = ~ { 1'h0, \$1083 , \$1082 , \$1081 , \$1080 , \$1079 , \$1078 , \$1077 , \$1076 , \$1075 , \$1074 , \$1073 , \$1072 , \$1071 , \$1070 , \$1069 , \$1068 , \$1067 , \$1066 , \$1065 , \$1064 , \$1063 , \$1062 , \$1061  };
+  assign \$1085  = \$1060  ? \$1084  : hold[23:0];
+  assign \$1086  = \$1012  ? { 1'h0, \$1035 , \$1034 , \$1033 , \$1032 , \$1031 , \$1030 , \$1029 , \$1028 , \$1027 , \$1026 , \$1025 , \$1024 , \$1023 , \$1022 , \$1021 , \$1020 , \$1019 , \$1018 , \$1017 , \$1016 , \$1015 , \$1014 , \$1013  } : \$1085 ;
+  assign \$1087  = width > 1'h1;
+  assign \$1088  = width > 2'h2;
+  assign \$1089  = width > 2'h3;
+  assign \$1090  = width > 3'h4;
+  assign \$1091  = width > 3'h5;
+  assign \$1092  = width > 3'h6;
+  assign \$1093  = width > 3'h7;
+  assign \$1094  = width > 4'h8;
+  assign \$1095  = width > 4'h9;
+  assign \$1096  = width > 4'ha;
+  assign \$1097  = width > 4'hb;
+  assign \$1098  = width > 4'hc;
+  assign \$1099  = width > 4'hd;
+  assign \$1100  = width > 4'he;
+  assign \$1101  = width > 4'hf;
+  assign \$1102  = width > 5'h10;
+  assign \$1103  = width > 5'h11;
+  assign \$1104  = width > 5'h12;
+  assign \$1105  = width > 5'h13;
+  assign \$1106  = width > 5'h14;
+  assign \$1107  = width > 5'h15;
+  assign \$1108  = width > 5'h16;
+  assign \$1109  = width > 5'h17;
+  assign \$1110  = $signed(hold[47:24]) > $signed({ 1'h0, \$1109 , \$1108 , \$1107 , \$1106 , \$1105 , \$1104 , \$1103 , \$1102 , \$1101 , \$1100 , \$1099 , \$1098 , \$1097 , \$1096 , \$1095 , \$1094 , \$1093 , \$1092 , \$1091 , \$1090 , \$1089 , \$1088 , \$1087  });
+  assign \$1111  = width > 1'h1;
+  assign \$1112  = width > 2'h2;
+  assign \$1113  = width > 2'h3;
+  assign \$1114  = width > 3'h4;
+  assign \$1115  = width > 3'h5;
+  assign \$1116  = width > 3'h6;
+  assign \$1117  = width > 3'h7;
+  assign \$1118  = width > 4'h8;
+  assign \$1119  = width > 4'h9;
+  assign \$1120  = width > 4'ha;
+  assign \$1121  = width > 4'hb;
+  assign \$1122  = width > 4'hc;
+  assign \$1123  = width > 4'hd;
+  assign \$1124  = width > 4'he;
+  assign \$1125  = width > 4'hf;
+  assign \$1126  = width > 5'h10;
+  assign \$1127  = width > 5'h11;
+  assign \$1128  = width > 5'h12;
+  assign \$1129  = width > 5'h13;
+  assign \$1130  = width > 5'h14;
+  assign \$1131  = width > 5'h15;
+  assign \$1132  = width > 5'h16;
+  assign \$1133  = width > 5'h17;
+  assign \$1134  = width > 1'h1;
+  assign \$1135  = width > 2'h2;
+  assign \$1136  = width > 2'h3;
+  assign \$1137  = width > 3'h4;
+  assign \$1138  = width > 3'h5;
+  assign \$1139  = width > 3'h6;
+  assign \$1140  = width > 3'h7;
+  assign \$1141  = width > 4'h8;
+  assign \$1142  = width > 4'h9;
+  assign \$1143  = width > 4'ha;
+  assign \$1144  = width > 4'hb;
+  assign \$1145  = width > 4'hc;
+  assign \$1146  = width > 4'hd;
+  assign \$1147  = width > 4'he;
+  assign \$1148  = width > 4'hf;
+  assign \$1149  = width > 5'h10;
+  assign \$1150  = width > 5'h11;
+  assign \$1151  = width > 5'h12;
+  assign \$1152  = width > 5'h13;
+  assign \$1153  = width > 5'h14;
+  assign \$1154  = width > 5'h15;
+  assign \$1155  = width > 5'h16;
+  assign \$1156  = width > 5'h17;
+  assign \$1157  = ~ { 1'h0, \$1156 , \$1155 , \$1154 , \$1153 , \$1152 , \$1151 , \$1150 , \$1149 , \$1148 , \$1147 , \$1146 , \$1145 , \$1144 , \$1143 , \$1142 , \$1141 , \$1140 , \$1139 , \$1138 , \$1137 , \$1136 , \$1135 , \$1134  };
+  assign \$1158  = $signed(hold[47:24]) < $signed(\$1157 );
+  assign \$1159  = width > 1'h1;
+  assign \$1160  = width > 2'h2;
+  assign \$1161  = width > 2'h3;
+  assign \$1162  = width > 3'h4;
+  assign \$1163  = width > 3'h5;
+  assign \$1164  = width > 3'h6;
+  assign \$1165  = width > 3'h7;
+  assign \$1166  = width > 4'h8;
+  assign \$1167  = width > 4'h9;
+  assign \$1168  = width > 4'ha;
+  assign \$1169  = width > 4'hb;
+  assign \$1170  = width > 4'hc;
+  assign \$1171  = width > 4'hd;
+  assign \$1172  = width > 4'he;
+  assign \$1173  = width > 4'hf;
+  assign \$1174  = width > 5'h10;
+  assign \$1175  = width > 5'h11;
+  assign \$1176  = width > 5'h12;
+  assign \$1177  = width > 5'h13;
+  assign \$1178  = width > 5'h14;
+  assign \$1179  = width > 5'h15;
+  assign \$1180  = width > 5'h16;
+  assign \$1181  = width > 5'h17;
+  assign \$1182  = ~ { 1'h0, \$1181 , \$1180 , \$1179 , \$1178 , \$1177 , \$1176 , \$1175 , \$1174 , \$1173 , \$1172 , \$1171 , \$1170 , \$1169 , \$1168 , \$1167 , \$1166 , \$1165 , \$1164 , \$1163 , \$1162 , \$1161 , \$1160 , \$1159  };
+  assign \$1183  = \$1158  ? \$1182  : hold[47:24];
+  assign \$1184  = \$1110  ? { 1'h0, \$1133 , \$1132 , \$1131 , \$1130 , \$1129 , \$1128 , \$1127 , \$1126 , \$1125 , \$1124 , \$1123 , \$1122 , \$1121 , \$1120 , \$1119 , \$1118 , \$1117 , \$1116 , \$1115 , \$1114 , \$1113 , \$1112 , \$1111  } : \$1183 ;
+  assign \$1185  = width > 1'h1;
+  assign \$1186  = width > 2'h2;
+  assign \$1187  = width > 2'h3;
+  assign \$1188  = width > 3'h4;
+  assign \$1189  = width > 3'h5;
+  assign \$1190  = width > 3'h6;
+  assign \$1191  = width > 3'h7;
+  assign \$1192  = width > 4'h8;
+  assign \$1193  = width > 4'h9;
+  assign \$1194  = width > 4'ha;
+  assign \$1195  = width > 4'hb;
+  assign \$1196  = width > 4'hc;
+  assign \$1197  = width > 4'hd;
+  assign \$1198  = width > 4'he;
+  assign \$1199  = width > 4'hf;
+  assign \$1200  = width > 5'h10;
+  assign \$1201  = width > 5'h11;
+  assign \$1202  = width > 5'h12;
+  assign \$1203  = width > 5'h13;
+  assign \$1204  = width > 5'h14;
+  assign \$1205  = width > 5'h15;
+  assign \$1206  = width > 5'h16;
+  assign \$1207  = width > 5'h17;
+  assign \$1208  = $signed(hold[71:48]) > $signed({ 1'h0, \$1207 , \$1206 , \$1205 , \$1204 , \$1203 , \$1202 , \$1201 , \$1200 , \$1199 , \$1198 , \$1197 , \$1196 , \$1195 , \$1194 , \$1193 , \$1192 , \$1191 , \$1190 , \$1189 , \$1188 , \$1187 , \$1186 , \$1185  });
+  assign \$1209  = width > 1'h1;
+  assign \$1210  = width > 2'h2;
+  assign \$1211  = width > 2'h3;
+  assign \$1212  = width > 3'h4;
+  assign \$1213  = width > 3'h5;
+  assign \$1214  = width > 3'h6;
+  assign \$1215  = width > 3'h7;
+  assign \$1216  = width > 4'h8;
+  assign \$1217  = width > 4'h9;
+  assign \$1218  = width > 4'ha;
+  assign \$1219  = width > 4'hb;
+  assign \$1220  = width > 4'hc;
+  assign \$1221  = width > 4'hd;
+  assign \$1222  = width > 4'he;
+  assign \$1223  = width > 4'hf;
+  assign \$1224  = width > 5'h10;
+  assign \$1225  = width > 5'h11;
+  assign \$1226  = width > 5'h12;
+  assign \$1227  = width > 5'h13;
+  assign \$1228  = width > 5'h14;
+  assign \$1229  = width > 5'h15;
+  assign \$1230  = width > 5'h16;
+  assign \$1231  = width > 5'h17;
+  assign \$1232  = width > 1'h1;
+  assign \$1233  = width > 2'h2;
+  assign \$1234  = width > 2'h3;
+  assign \$1235  = width > 3'h4;
+  assign \$1236  = width > 3'h5;
+  assign \$1237  = width > 3'h6;
+  assign \$1238  = width > 3'h7;
+  assign \$1239  = width > 4'h8;
+  assign \$1240  = width > 4'h9;
+  assign \$1241  = width > 4'ha;
+  assign \$1242  = width > 4'hb;
+  assign \$1243  = width > 4'hc;
+  assign \$1244  = width > 4'hd;
+  assign \$1245  = width > 4'he;
+  assign \$1246  = width > 4'hf;
+  assign \$1247  = width > 5'h10;
+  assign \$1248  = width > 5'h11;
+  assign \$1249  = width > 5'h12;
+  assign \$1250  = width > 5'h13;
+  assign \$1251  = width > 5'h14;
+  assign \$1252  = width > 5'h15;
+  assign \$1253  = width > 5'h16;
+  assign \$1254  = width > 5'h17;
+  assign \$1255  = ~ { 1'h0, \$1254 , \$1253 , \$1252 , \$1251 , \$1250 , \$1249 , \$1248 , \$1247 , \$1246 , \$1245 , \$1244 , \$1243 , \$1242 , \$1241 , \$1240 , \$1239 , \$1238 , \$1237 , \$1236 , \$1235 , \$1234 , \$1233 , \$1232  };
+  assign \$1256  = $signed(hold[71:48]) < $signed(\$1255 );
+  assign \$1257  = width > 1'h1;
+  assign \$1258  = width > 2'h2;
+  assign \$1259  = width > 2'h3;
+  assign \$1260  = width > 3'h4;
+  assign \$1261  = width > 3'h5;
+  assign \$1262  = width > 3'h6;
+  assign \$1263  = width > 3'h7;
+  assign \$1264  = width > 4'h8;
+  assign \$1265  = width > 4'h9;
+  assign \$1266  = width > 4'ha;
+  assign \$1267  = width > 4'hb;
+  assign \$1268  = width > 4'hc;
+  assign \$1269  = width > 4'hd;
+  assign \$1270  = width > 4'he;
+  assign \$1271  = width > 4'hf;
+  assign \$1272  = width > 5'h10;
+  assign \$1273  = width > 5'h11;
+  assign \$1274  = width > 5'h12;
+  assign \$1275  = width > 5'h13;
+  assign \$1276  = width > 5'h14;
+  assign \$1277  = width > 5'h15;
+  assign \$1278  = width > 5'h16;
+  assign \$1279  = width > 5'h17;
+  assign \$1280  = ~ { 1'h0, \$1279 , \$1278 , \$1277 , \$1276 , \$1275 , \$1274 , \$1273 , \$1272 , \$1271 , \$1270 , \$1269 , \$1268 , \$1267 , \$1266 , \$1265 , \$1264 , \$1263 , \$1262 , \$1261 , \$1260 , \$1259 , \$1258 , \$1257  };
+  assign \$1281  = \$1256  ? \$1280  : hold[71:48];
+  assign \$1282  = \$1208  ? { 1'h0, \$1231 , \$1230 , \$1229 , \$1228 , \$1227 , \$1226 , \$1225 , \$1224 , \$1223 , \$1222 , \$1221 , \$1220 , \$1219 , \$1218 , \$1217 , \$1216 , \$1215 , \$1214 , \$1213 , \$1212 , \$1211 , \$1210 , \$1209  } : \$1281 ;
+  assign \$1283  = width > 1'h1;
+  assign \$1284  = width > 2'h2;
+  assign \$1285  = width > 2'h3;
+  assign \$1286  = width > 3'h4;
+  assign \$1287  = width > 3'h5;
+  assign \$1288  = width > 3'h6;
+  assign \$1289  = width > 3'h7;
+  assign \$1290  = width > 4'h8;
+  assign \$1291  = width > 4'h9;
+  assign \$1292  = width > 4'ha;
+  assign \$1293  = width > 4'hb;
+  assign \$1294  = width > 4'hc;
+  assign \$1295  = width > 4'hd;
+  assign \$1296  = width > 4'he;
+  assign \$1297  = width > 4'hf;
+  assign \$1298  = width > 5'h10;
+  assign \$1299  = width > 5'h11;
+  assign \$1300  = width > 5'h12;
+  assign \$1301  = width > 5'h13;
+  assign \$1302  = width > 5'h14;
+  assign \$1303  = width > 5'h15;
+  assign \$1304  = width > 5'h16;
+  assign \$1305  = width > 5'h17;
+  assign \$1306  = $signed(hold[95:72]) > $signed({ 1'h0, \$1305 , \$1304 , \$1303 , \$1302 , \$1301 , \$1300 , \$1299 , \$1298 , \$1297 , \$1296 , \$1295 , \$1294 , \$1293 , \$1292 , \$1291 , \$1290 , \$1289 , \$1288 , \$1287 , \$1286 , \$1285 , \$1284 , \$1283  });
+  assign \$1307  = width > 1'h1;
+  assign \$1308  = width > 2'h2;
+  assign \$1309  = width > 2'h3;
+  assign \$1310  = width > 3'h4;
+  assign \$1311  = width > 3'h5;
+  assign \$1312  = width > 3'h6;
+  assign \$1313  = width > 3'h7;
+  assign \$1314  = width > 4'h8;
+  assign \$1315  = width > 4'h9;
+  assign \$1316  = width > 4'ha;
+  assign \$1317  = width > 4'hb;
+  assign \$1318  = width > 4'hc;
+  assign \$1319  = width > 4'hd;
+  assign \$1320  = width > 4'he;
+  assign \$1321  = width > 4'hf;
+  assign \$1322  = width > 5'h10;
+  assign \$1323  = width > 5'h11;
+  assign \$1324  = width > 5'h12;
+  assign \$1325  = width > 5'h13;
+  assign \$1326  = width > 5'h14;
+  assign \$1327  = width > 5'h15;
+  assign \$1328  = width > 5'h16;
+  assign \$1329  = width > 5'h17;
+  assign \$1330  = width > 1'h1;
+  assign \$1331  = width > 2'h2;
+  assign \$1332  = width > 2'h3;
+  assign \$1333  = width > 3'h4;
+  assign \$1334  = width > 3'h5;
+  assign \$1335  = width > 3'h6;
+  assign \$1336  = width > 3'h7;
+  assign \$1337  = width > 4'h8;
+  assign \$1338  = width > 4'h9;
+  assign \$1339  = width > 4'ha;
+  assign \$1340  = width > 4'hb;
+  assign \$1341  = width > 4'hc;
+  assign \$1342  = width > 4'hd;
+  assign \$1343  = width > 4'he;
+  assign \$1344  = width > 4'hf;
+  assign \$1345  = width > 5'h10;
+  assign \$1346  = width > 5'h11;
+  assign \$1347  = width > 5'h12;
+  assign \$1348  = width > 5'h13;
+  assign \$1349  = width > 5'h14;
+  assign \$1350  = width > 5'h15;
+  assign \$1351  = width > 5'h16;
+  assign \$1352  = width > 5'h17;
+  assign \$1353  = ~ { 1'h0, \$1352 , \$1351 , \$1350 , \$1349 , \$1348 , \$1347 , \$1346 , \$1345 , \$1344 , \$1343 , \$1342 , \$1341 , \$1340 , \$1339 , \$1338 , \$1337 , \$1336 , \$1335 , \$1334 , \$1333 , \$1332 , \$1331 , \$1330  };
+  assign \$1354  = $signed(hold[95:72]) < $signed(\$1353 );
+  assign \$1355  = width > 1'h1;
+  assign \$1356  = width > 2'h2;
+  assign \$1357  = width > 2'h3;
+  assign \$1358  = width > 3'h4;
+  assign \$1359  = width > 3'h5;
+  assign \$1360  = width > 3'h6;
+  assign \$1361  = width > 3'h7;
+  assign \$1362  = width > 4'h8;
+  assign \$1363  = width > 4'h9;
+  assign \$1364  = width > 4'ha;
+  assign \$1365  = width > 4'hb;
+  assign \$1366  = width > 4'hc;
+  assign \$1367  = width > 4'hd;
+  assign \$1368  = width > 4'he;
+  assign \$1369  = width > 4'hf;
+  assign \$1370  = width > 5'h10;
+  assign \$1371  = width > 5'h11;
+  assign \$1372  = width > 5'h12;
+  assign \$1373  = width > 5'h13;
+  assign \$1374  = width > 5'h14;
+  assign \$1375  = width > 5'h15;
+  assign \$1376  = width > 5'h16;
+  assign \$1377  = width > 5'h17;
+  assign \$1378  = ~ { 1'h0, \$1377 , \$1376 , \$1375 , \$1374 , \$1373 , \$1372 , \$1371 , \$1370 , \$1369 , \$1368 , \$1367 , \$1366 , \$1365 , \$1364 , \$1363 , \$1362 , \$1361 , \$1360 , \$1359 , \$1358 , \$1357 , \$1356 , \$1355  };
+  assign \$1379  = \$1354  ? \$1378  : hold[95:72];
+  assign \$1380  = \$1306  ? { 1'h0, \$1329 , \$1328 , \$1327 , \$1326 , \$1325 , \$1324 , \$1323 , \$1322 , \$1321 , \$1320 , \$1319 , \$1318 , \$1317 , \$1316 , \$1315 , \$1314 , \$1313 , \$1312 , \$1311 , \$1310 , \$1309 , \$1308 , \$1307  } : \$1379 ;
+  assign \$1382  = \$signal$50  + 2'h3;
+  assign \$1383  = width > 1'h1;
+  assign \$1384  = width > 2'h2;
+  assign \$1385  = width > 2'h3;
+  assign \$1386  = width > 3'h4;
+  assign \$1387  = width > 3'h5;
+  assign \$1388  = width > 3'h6;
+  assign \$1389  = width > 3'h7;
+  assign \$1390  = width > 4'h8;
+  assign \$1391  = width > 4'h9;
+  assign \$1392  = width > 4'ha;
+  assign \$1393  = width > 4'hb;
+  assign \$1394  = width > 4'hc;
+  assign \$1395  = width > 4'hd;
+  assign \$1396  = width > 4'he;
+  assign \$1397  = width > 4'hf;
+  assign \$1398  = width > 5'h10;
+  assign \$1399  = width > 5'h11;
+  assign \$1400  = width > 5'h12;
+  assign \$1401  = width > 5'h13;
+  assign \$1402  = width > 5'h14;
+  assign \$1403  = width > 5'h15;
+  assign \$1404  = width > 5'h16;
+  assign \$1405  = width > 5'h17;
+  assign \$1406  = $signed(hold[23:0]) > $signed({ 1'h0, \$1405 , \$1404 , \$1403 , \$1402 , \$1401 , \$1400 , \$1399 , \$1398 , \$1397 , \$1396 , \$1395 , \$1394 , \$1393 , \$1392 , \$1391 , \$1390 , \$1389 , \$1388 , \$1387 , \$1386 , \$1385 , \$1384 , \$1383  });
+  assign \$1407  = width > 1'h1;
+  assign \$1408  = width > 2'h2;
+  assign \$1409  = width > 2'h3;
+  assign \$1410  = width > 3'h4;
+  assign \$1411  = width > 3'h5;
+  assign \$1412  = width > 3'h6;
+  assign \$1413  = width > 3'h7;
+  assign \$1414  = width > 4'h8;
+  assign \$1415  = width > 4'h9;
+  assign \$1416  = width > 4'ha;
+  assign \$1417  = width > 4'hb;
+  assign \$1418  = width > 4'hc;
+  assign \$1419  = width > 4'hd;
+  assign \$1420  = width > 4'he;
+  assign \$1421  = width > 4'hf;
+  assign \$1422  = width > 5'h10;
+  assign \$1423  = width > 5'h11;
+  assign \$1424  = width > 5'h12;
+  assign \$1425  = width > 5'h13;
+  assign \$1426  = width > 5'h14;
+  assign \$1427  = width > 5'h15;
+  assign \$1428  = width > 5'h16;
+  assign \$1429  = width > 5'h17;
+  assign \$1430  = width > 1'h1;
+  assign \$1431  = width > 2'h2;
+  assign \$1432  = width > 2'h3;
+  assign \$1433  = width > 3'h4;
+  assign \$1434  = width > 3'h5;
+  assign \$1435  = width > 3'h6;
+  assign \$1436  = width > 3'h7;
+  assign \$1437  = width > 4'h8;
+  assign \$1438  = width > 4'h9;
+  assign \$1439  = width > 4'ha;
+  assign \$1440  = width > 4'hb;
+  assign \$1441  = width > 4'hc;
+  assign \$1442  = width > 4'hd;
+  assign \$1443  = width > 4'he;
+  assign \$1444  = width > 4'hf;
+  assign \$1445  = width > 5'h10;
+  assign \$1446  = width > 5'h11;
+  assign \$1447  = width > 5'h12;
+  assign \$1448  = width > 5'h13;
+  assign \$1449  = width > 5'h14;
+  assign \$1450  = width > 5'h15;
+  assign \$1451  = width > 5'h16;
+  assign \$1452  = width > 5'h17;
+  assign \$1453  = ~ { 1'h0, \$1452 , \$1451 , \$1450 , \$1449 , \$1448 , \$1447 , \$1446 , \$1445 , \$1444 , \$1443 , \$1442 , \$1441 , \$1440 , \$1439 , \$1438 , \$1437 , \$1436 , \$1435 , \$1434 , \$1433 , \$1432 , \$1431 , \$1430  };
+  assign \$1454  = $signed(hold[23:0]) < $signed(\$1453 );
+  assign \$1455  = width > 1'h1;
+  assign \$1456  = width > 2'h2;
+  assign \$1457  = width > 2'h3;
+  assign \$1458  = width > 3'h4;
+  assign \$1459  = width > 3'h5;
+  assign \$1460  = width > 3'h6;
+  assign \$1461  = width > 3'h7;
+  assign \$1462  = width > 4'h8;
+  assign \$1463  = width > 4'h9;
+  assign \$1464  = width > 4'ha;
+  assign \$1465  = width > 4'hb;
+  assign \$1466  = width > 4'hc;
+  assign \$1467  = width > 4'hd;
+  assign \$1468  = width > 4'he;
+  assign \$1469  = width > 4'hf;
+  assign \$1470  = width > 5'h10;
+  assign \$1471  = width > 5'h11;
+  assign \$1472  = width > 5'h12;
+  assign \$1473  = width > 5'h13;
+  assign \$1474  = width > 5'h14;
+  assign \$1475  = width > 5'h15;
+  assign \$1476  = width > 5'h16;
+  assign \$1477  = width > 5'h17;
+  assign \$1478  = ~ { 1'h0, \$1477 , \$1476 , \$1475 , \$1474 , \$1473 , \$1472 , \$1471 , \$1470 , \$1469 , \$1468 , \$1467 , \$1466 , \$1465 , \$1464 , \$1463 , \$1462 , \$1461 , \$1460 , \$1459 , \$1458 , \$1457 , \$1456 , \$1455  };
+  assign \$1479  = \$1454  ? \$1478  : hold[23:0];
+  assign \$1480  = \$1406  ? { 1'h0, \$1429 , \$1428 , \$1427 , \$1426 , \$1425 , \$1424 , \$1423 , \$1422 , \$1421 , \$1420 , \$1419 , \$1418 , \$1417 , \$1416 , \$1415 , \$1414 , \$1413 , \$1412 , \$1411 , \$1410 , \$1409 , \$1408 , \$1407  } : \$1479 ;
+  assign \$1481  = width > 1'h1;
+  assign \$1482  = width > 2'h2;
+  assign \$1483  = width > 2'h3;
+  assign \$1484  = width > 3'h4;
+  assign \$1485  = width > 3'h5;
+  assign \$1486  = width > 3'h6;
+  assign \$1487  = width > 3'h7;
+  assign \$1488  = width > 4'h8;
+  assign \$1489  = width > 4'h9;
+  assign \$1490  = width > 4'ha;
+  assign \$1491  = width > 4'hb;
+  assign \$1492  = width > 4'hc;
+  assign \$1493  = width > 4'hd;
+  assign \$1494  = width > 4'he;
+  assign \$1495  = width > 4'hf;
+  assign \$1496  = width > 5'h10;
+  assign \$1497  = width > 5'h11;
+  assign \$1498  = width > 5'h12;
+  assign \$1499  = width > 5'h13;
+  assign \$1500  = width > 5'h14;
+  assign \$1501  = width > 5'h15;
+  assign \$1502  = width > 5'h16;
+  assign \$1503  = width > 5'h17;
+  assign \$1504  = $signed(hold[47:24]) > $signed({ 1'h0, \$1503 , \$1502 , \$1501 , \$1500 , \$1499 , \$1498 , \$1497 , \$1496 , \$1495 , \$1494 , \$1493 , \$1492 , \$1491 , \$1490 , \$1489 , \$1488 , \$1487 , \$1486 , \$1485 , \$1484 , \$1483 , \$1482 , \$1481  });
+  assign \$1505  = width > 1'h1;
+  assign \$1506  = width > 2'h2;
+  assign \$1507  = width > 2'h3;
+  assign \$1508  = width > 3'h4;
+  assign \$1509  = width > 3'h5;
+  assign \$1510  = width > 3'h6;
+  assign \$1511  = width > 3'h7;
+  assign \$1512  = width > 4'h8;
+  assign \$1513  = width > 4'h9;
+  assign \$1514  = width > 4'ha;
+  assign \$1515  = width > 4'hb;
+  assign \$1516  = width > 4'hc;
+  assign \$1517  = width > 4'hd;
+  assign \$1518  = width > 4'he;
+  assign \$1519  = width > 4'hf;
+  assign \$1520  = width > 5'h10;
+  assign \$1521  = width > 5'h11;
+  assign \$1522  = width > 5'h12;
+  assign \$1523  = width > 5'h13;
+  assign \$1524  = width > 5'h14;
+  assign \$1525  = width > 5'h15;
+  assign \$1526  = width > 5'h16;
+  assign \$1527  = width > 5'h17;
+  assign \$1528  = width > 1'h1;
+  assign \$1529  = width > 2'h2;
+  assign \$1530  = width > 2'h3;
+  assign \$1531  = width > 3'h4;
+  assign \$1532  = width > 3'h5;
+  assign \$1533  = width > 3'h6;
+  assign \$1534  = width > 3'h7;
+  assign \$1535  = width > 4'h8;
+  assign \$1536  = width > 4'h9;
+  assign \$1537  = width > 4'ha;
+  assign \$1538  = width > 4'hb;
+  assign \$1539  = width > 4'hc;
+  assign \$1540  = width > 4'hd;
+  assign \$1541  = width > 4'he;
+  assign \$1542  = width > 4'hf;
+  assign \$1543  = width > 5'h10;
+  assign \$1544  = width > 5'h11;
+  assign \$1545  = width > 5'h12;
+  assign \$1546  = width > 5'h13;
+  assign \$1547  = width > 5'h14;
+  assign \$1548  = width > 5'h15;
+  assign \$1549  = width > 5'h16;
+  assign \$1550  = width > 5'h17;
+  assign \$1551  = ~ { 1'h0, \$1550 , \$1549 , \$1548 , \$1547 , \$1546 , \$1545 , \$1544 , \$1543 , \$1542 , \$1541 , \$1540 , \$1539 , \$1538 , \$1537 , \$1536 , \$1535 , \$1534 , \$1533 , \$1532 , \$1531 , \$1530 , \$1529 , \$1528  };
+  assign \$1552  = $signed(hold[47:24]) < $signed(\$1551 );
+  assign \$1553  = width > 1'h1;
+  assign \$1554  = width > 2'h2;
+  assign \$1555  = width > 2'h3;
+  assign \$1556  = width > 3'h4;
+  assign \$1557  = width > 3'h5;
+  assign \$1558  = width > 3'h6;
+  assign \$1559  = width > 3'h7;
+  assign \$1560  = width > 4'h8;
+  assign \$1561  = width > 4'h9;
+  assign \$1562  = width > 4'ha;
+  assign \$1563  = width > 4'hb;
+  assign \$1564  = width > 4'hc;
+  assign \$1565  = width > 4'hd;
+  assign \$1566  = width > 4'he;
+  assign \$1567  = width > 4'hf;
+  assign \$1568  = width > 5'h10;
+  assign \$1569  = width > 5'h11;
+  assign \$1570  = width > 5'h12;
+  assign \$1571  = width > 5'h13;
+  assign \$1572  = width > 5'h14;
+  assign \$1573  = width > 5'h15;
+  assign \$1574  = width > 5'h16;
+  assign \$1575  = width > 5'h17;
+  assign \$1576  = ~ { 1'h0, \$1575 , \$1574 , \$1573 , \$1572 , \$1571 , \$1570 , \$1569 , \$1568 , \$1567 , \$1566 , \$1565 , \$1564 , \$1563 , \$1562 , \$1561 , \$1560 , \$1559 , \$1558 , \$1557 , \$1556 , \$1555 , \$1554 , \$1553  };
+  assign \$1577  = \$1552  ? \$1576  : hold[47:24];
+  assign \$1578  = \$1504  ? { 1'h0, \$1527 , \$1526 , \$1525 , \$1524 , \$1523 , \$1522 , \$1521 , \$1520 , \$1519 , \$1518 , \$1517 , \$1516 , \$1515 , \$1514 , \$1513 , \$1512 , \$1511 , \$1510 , \$1509 , \$1508 , \$1507 , \$1506 , \$1505  } : \$1577 ;
+  assign \$1579  = width > 1'h1;
+  assign \$1580  = width > 2'h2;
+  assign \$1581  = width > 2'h3;
+  assign \$1582  = width > 3'h4;
+  assign \$1583  = width > 3'h5;
+  assign \$1584  = width > 3'h6;
+  assign \$1585  = width > 3'h7;
+  assign \$1586  = width > 4'h8;
+  assign \$1587  = width > 4'h9;
+  assign \$1588  = width > 4'ha;
+  assign \$1589  = width > 4'hb;
+  assign \$1590  = width > 4'hc;
+  assign \$1591  = width > 4'hd;
+  assign \$1592  = width > 4'he;
+  assign \$1593  = width > 4'hf;
+  assign \$1594  = width > 5'h10;
+  assign \$1595  = width > 5'h11;
+  assign \$1596  = width > 5'h12;
+  assign \$1597  = width > 5'h13;
+  assign \$1598  = width > 5'h14;
+  assign \$1599  = width > 5'h15;
+  assign \$1600  = width > 5'h16;
+  assign \$1601  = width > 5'h17;
+  assign \$1602  = $signed(hold[71:48]) > $signed({ 1'h0, \$1601 , \$1600 , \$1599 , \$1598 , \$1597 , \$1596 , \$1595 , \$1594 , \$1593 , \$1592 , \$1591 , \$1590 , \$1589 , \$1588 , \$1587 , \$1586 , \$1585 , \$1584 , \$1583 , \$1582 , \$1581 , \$1580 , \$1579  });
+  assign \$1603  = width > 1'h1;
+  assign \$1604  = width > 2'h2;
+  assign \$1605  = width > 2'h3;
+  assign \$1606  = width > 3'h4;
+  assign \$1607  = width > 3'h5;
+  assign \$1608  = width > 3'h6;
+  assign \$1609  = width > 3'h7;
+  assign \$1610  = width > 4'h8;
+  assign \$1611  = width > 4'h9;
+  assign \$1612  = width > 4'ha;
+  assign \$1613  = width > 4'hb;
+  assign \$1614  = width > 4'hc;
+  assign \$1615  = width > 4'hd;
+  assign \$1616  = width > 4'he;
+  assign \$1617  = width > 4'hf;
+  assign \$1618  = width > 5'h10;
+  assign \$1619  = width > 5'h11;
+  assign \$1620  = width > 5'h12;
+  assign \$1621  = width > 5'h13;
+  assign \$1622  = width > 5'h14;
+  assign \$1623  = width > 5'h15;
+  assign \$1624  = width > 5'h16;
+  assign \$1625  = width > 5'h17;
+  assign \$1626  = width > 1'h1;
+  assign \$1627  = width > 2'h2;
+  assign \$1628  = width > 2'h3;
+  assign \$1629  = width > 3'h4;
+  assign \$1630  = width > 3'h5;
+  assign \$1631  = width > 3'h6;
+  assign \$1632  = width > 3'h7;
+  assign \$1633  = width > 4'h8;
+  assign \$1634  = width > 4'h9;
+  assign \$1635  = width > 4'ha;
+  assign \$1636  = width > 4'hb;
+  assign \$1637  = width > 4'hc;
+  assign \$1638  = width > 4'hd;
+  assign \$1639  = width > 4'he;
+  assign \$1640  = width > 4'hf;
+  assign \$1641  = width > 5'h10;
+  assign \$1642  = width > 5'h11;
+  assign \$1643  = width > 5'h12;
+  assign \$1644  = width > 5'h13;
+  assign \$1645  = width > 5'h14;
+  assign \$1646  = width > 5'h15;
+  assign \$1647  = width > 5'h16;
+  assign \$1648  = width > 5'h17;
+  assign \$1649  = ~ { 1'h0, \$1648 , \$1647 , \$1646 , \$1645 , \$1644 , \$1643 , \$1642 , \$1641 , \$1640 , \$1639 , \$1638 , \$1637 , \$1636 , \$1635 , \$1634 , \$1633 , \$1632 , \$1631 , \$1630 , \$1629 , \$1628 , \$1627 , \$1626  };
+  assign \$1650  = $signed(hold[71:48]) < $signed(\$1649 );
+  assign \$1651  = width > 1'h1;
+  assign \$1652  = width > 2'h2;
+  assign \$1653  = width > 2'h3;
+  assign \$1654  = width > 3'h4;
+  assign \$1655  = width > 3'h5;
+  assign \$1656  = width > 3'h6;
+  assign \$1657  = width > 3'h7;
+  assign \$1658  = width > 4'h8;
+  assign \$1659  = width > 4'h9;
+  assign \$1660  = width > 4'ha;
+  assign \$1661  = width > 4'hb;
+  assign \$1662  = width > 4'hc;
+  assign \$1663  = width > 4'hd;
+  assign \$1664  = width > 4'he;
+  assign \$1665  = width > 4'hf;
+  assign \$1666  = width > 5'h10;
+  assign \$1667  = width > 5'h11;
+  assign \$1668  = width > 5'h12;
+  assign \$1669  = width > 5'h13;
+  assign \$1670  = width > 5'h14;
+  assign \$1671  = width > 5'h15;
+  assign \$1672  = width > 5'h16;
+  assign \$1673  = width > 5'h17;
+  assign \$1674  = ~ { 1'h0, \$1673 , \$1672 , \$1671 , \$1670 , \$1669 , \$1668 , \$1667 , \$1666 , \$1665 , \$1664 , \$1663 , \$1662 , \$1661 , \$1660 , \$1659 , \$1658 , \$1657 , \$1656 , \$1655 , \$1654 , \$1653 , \$1652 , \$1651  };
+  assign \$1675  = \$1650  ? \$1674  : hold[71:48];
+  assign \$1676  = \$1602  ? { 1'h0, \$1625 , \$1624 , \$1623 , \$1622 , \$1621 , \$1620 , \$1619 , \$1618 , \$1617 , \$1616 , \$1615 , \$1614 , \$1613 , \$1612 , \$1611 , \$1610 , \$1609 , \$1608 , \$1607 , \$1606 , \$1605 , \$1604 , \$1603  } : \$1675 ;
+  assign \$1677  = width > 1'h1;
+  assign \$1678  = width > 2'h2;
+  assign \$1679  = width > 2'h3;
+  assign \$1680  = width > 3'h4;
+  assign \$1681  = width > 3'h5;
+  assign \$1682  = width > 3'h6;
+  assign \$1683  = width > 3'h7;
+  assign \$1684  = width > 4'h8;
+  assign \$1685  = width > 4'h9;
+  assign \$1686  = width > 4'ha;
+  assign \$1687  = width > 4'hb;
+  assign \$1688  = width > 4'hc;
+  assign \$1689  = width > 4'hd;
+  assign \$1690  = width > 4'he;
+  assign \$1691  = width > 4'hf;
+  assign \$1692  = width > 5'h10;
+  assign \$1693  = width > 5'h11;
+  assign \$1694  = width > 5'h12;
+  assign \$1695  = width > 5'h13;
+  assign \$1696  = width > 5'h14;
+  assign \$1697  = width > 5'h15;
+  assign \$1698  = width > 5'h16;
+  assign \$1699  = width > 5'h17;
+  assign \$1700  = $signed(hold[95:72]) > $signed({ 1'h0, \$1699 , \$1698 , \$1697 , \$1696 , \$1695 , \$1694 , \$1693 , \$1692 , \$1691 , \$1690 , \$1689 , \$1688 , \$1687 , \$1686 , \$1685 , \$1684 , \$1683 , \$1682 , \$1681 , \$1680 , \$1679 , \$1678 , \$1677  });
+  assign \$1701  = width > 1'h1;
+  assign \$1702  = width > 2'h2;
+  assign \$1703  = width > 2'h3;
+  assign \$1704  = width > 3'h4;
+  assign \$1705  = width > 3'h5;
+  assign \$1706  = width > 3'h6;
+  assign \$1707  = width > 3'h7;
+  assign \$1708  = width > 4'h8;
+  assign \$1709  = width > 4'h9;
+  assign \$1710  = width > 4'ha;
+  assign \$1711  = width > 4'hb;
+  assign \$1712  = width > 4'hc;
+  assign \$1713  = width > 4'hd;
+  assign \$1714  = width > 4'he;
+  assign \$1715  = width > 4'hf;
+  assign \$1716  = width > 5'h10;
+  assign \$1717  = width > 5'h11;
+  assign \$1718  = width > 5'h12;
+  assign \$1719  = width > 5'h13;
+  assign \$1720  = width > 5'h14;
+  assign \$1721  = width > 5'h15;
+  assign \$1722  = width > 5'h16;
+  assign \$1723  = width > 5'h17;
+  assign \$1724  = width > 1'h1;
+  assign \$1725  = width > 2'h2;
+  assign \$1726  = width > 2'h3;
+  assign \$1727  = width > 3'h4;
+  assign \$1728  = width > 3'h5;
+  assign \$1729  = width > 3'h6;
+  assign \$1730  = width > 3'h7;
+  assign \$1731  = width > 4'h8;
+  assign \$1732  = width > 4'h9;
+  assign \$1733  = width > 4'ha;
+  assign \$1734  = width > 4'hb;
+  assign \$1735  = width > 4'hc;
+  assign \$1736  = width > 4'hd;
+  assign \$1737  = width > 4'he;
+  assign \$1738  = width > 4'hf;
+  assign \$1739  = width > 5'h10;
+  assign \$1740  = width > 5'h11;
+  assign \$1741  = width > 5'h12;
+  assign \$1742  = width > 5'h13;
+  assign \$1743  = width > 5'h14;
+  assign \$1744  = width > 5'h15;
+  assign \$1745  = width > 5'h16;
+  assign \$1746  = width > 5'h17;
+  assign \$1747  = ~ { 1'h0, \$1746 , \$1745 , \$1744 , \$1743 , \$1742 , \$1741 , \$1740 , \$1739 , \$1738 , \$1737 , \$1736 , \$1735 , \$1734 , \$1733 , \$1732 , \$1731 , \$1730 , \$1729 , \$1728 , \$1727 , \$1726 , \$1725 , \$1724  };
+  assign \$1748  = $signed(hold[95:72]) < $signed(\$1747 );
+  assign \$1749  = width > 1'h1;
+  assign \$1750  = width > 2'h2;
+  assign \$1751  = width > 2'h3;
+  assign \$1752  = width > 3'h4;
+  assign \$1753  = width > 3'h5;
+  assign \$1754  = width > 3'h6;
+  assign \$1755  = width > 3'h7;
+  assign \$1756  = width > 4'h8;
+  assign \$1757  = width > 4'h9;
+  assign \$1758  = width > 4'ha;
+  assign \$1759  = width > 4'hb;
+  assign \$1760  = width > 4'hc;
+  assign \$1761  = width > 4'hd;
+  assign \$1762  = width > 4'he;
+  assign \$1763  = width > 4'hf;
+  assign \$1764  = width > 5'h10;
+  assign \$1765  = width > 5'h11;
+  assign \$1766  = width > 5'h12;
+  assign \$1767  = width > 5'h13;
+  assign \$1768  = width > 5'h14;
+  assign \$1769  = width > 5'h15;
+  assign \$1770  = width > 5'h16;
+  assign \$1771  = width > 5'h17;
+  assign \$1772  = ~ { 1'h0, \$1771 , \$1770 , \$1769 , \$1768 , \$1767 , \$1766 , \$1765 , \$1764 , \$1763 , \$1762 , \$1761 , \$1760 , \$1759 , \$1758 , \$1757 , \$1756 , \$1755 , \$1754 , \$1753 , \$1752 , \$1751 , \$1750 , \$1749  };
+  assign \$1773  = \$1748  ? \$1772  : hold[95:72];
+  assign \$1774  = \$1700  ? { 1'h0, \$1723 , \$1722 , \$1721 , \$1720 , \$1719 , \$1718 , \$1717 , \$1716 , \$1715 , \$1714 , \$1713 , \$1712 , \$1711 , \$1710 , \$1709 , \$1708 , \$1707 , \$1706 , \$1705 , \$1704 , \$1703 , \$1702 , \$1701  } : \$1773 ;
+  assign \$1776  = \$signal$49  > 1'h1;
+  assign \$1777  = \$signal$49  > 2'h2;
+  assign \$1778  = \$signal$49  > 2'h3;
   assign \$1780  = ins[47:35] + \$1779 ;
-  assign \$1781  = \$1780  + 1'h1;
-  assign \$1784  = ins[60:48] + el;
-  assign \$1785  = el >= results;
-  assign \$1786  = ! fsm_state;
-  assign \$1787  = fsm_state == 1'h1;
-  assign \$1788  = fsm_state == 2'h2;
-  assign \$1789  = fsm_state == 2'h3;
+  assign \$1782  = ins[47:35] + \$1781 ;
+  assign \$1783  = \$1782  + 1'h1;
+  assign \$1786  = ins[60:48] + el;
+  assign \$1787  = el >= results;
+  assign \$1788  = ! fsm_state;
+  assign \$1789  = fsm_state == 1'h1;
+  assign \$1790  = fsm_state == 2'h2;
+  assign \$1791  = fsm_state == 2'h3;
   always @(posedge clk)
-    beat <= \$1790 ;
+    beat <= \$1792 ;
   always @(posedge clk)
-    h_valid <= \$1791 ;
+    h_valid <= \$1793 ;
   always @(posedge clk)
-    \$signal$10  <= \$1792 ;
+    \$signal$10  <= \$1794 ;
   always @(posedge clk)
-    \$signal  <= \$1793 ;
+    \$signal  <= \$1795 ;
   always @(posedge clk)
-    rem0 <= \$1794 ;
+    rem0 <= \$1796 ;
   always @(posedge clk)
-    \$signal$17  <= \$1795 ;
+    \$signal$17  <= \$1797 ;
   always @(posedge clk)
-    \$signal$19  <= \$1796 ;
+    \$signal$19  <= \$1798 ;
   always @(posedge clk)
-    rem1 <= \$1797 ;
+    rem1 <= \$1799 ;
   always @(posedge clk)
-    \$signal$22  <= \$1798 ;
+    \$signal$22  <= \$1800 ;
   always @(posedge clk)
-    \$signal$24  <= \$1799 ;
+    \$signal$24  <= \$1801 ;
   always @(posedge clk)
-    rem2 <= \$1800 ;
+    rem2 <= \$1802 ;
   always @(posedge clk)
-    \$signal$28  <= \$1801 ;
+    \$signal$28  <= \$1803 ;
   always @(posedge clk)
-    \$signal$30  <= \$1802 ;
+    \$signal$30  <= \$1804 ;
   always @(posedge clk)
-    issuing <= \$1803 ;
+    issuing <= \$1805 ;
   always @(posedge clk)
-    q_read <= \$1804 ;
+    q_read <= \$1806 ;
   always @(posedge clk)
-    q_pend <= \$1805 ;
+    q_pend <= \$1807 ;
   always @(posedge clk)
-    \$signal$42  <= \$1806 ;
+    \$signal$42  <= \$1808 ;
   always @(posedge clk)
-    q_k <= \$1807 ;
+    q_k <= \$1809 ;
   always @(posedge clk)
-    \$signal$43  <= \$1808 ;
+    \$signal$43  <= \$1810 ;
   always @(posedge clk)
-    wvalid <= \$1809 ;
+    wvalid <= \$1811 ;
   always @(posedge clk)
-    pack <= \$1810 ;
+    pack <= \$1812 ;
   always @(posedge clk)
-    el <= \$1811 ;
+    el <= \$1813 ;
   always @(posedge clk)
-    \$signal$50  <= \$1812 ;
+    \$signal$50  <= \$1814 ;
   always @(posedge clk)
-    hold_valid <= \$1813 ;
+    hold_valid <= \$1815 ;
   always @(posedge clk)
-    hold <= \$1814 ;
+    hold <= \$1816 ;
   always @(posedge clk)
-    \$signal$32  <= \$1815 ;
+    \$signal$32  <= \$1817 ;
   always @(posedge clk)
-    is_sigmoid <= \$1816 ;
+    is_sigmoid <= \$1818 ;
   always @(posedge clk)
-    \$signal$34  <= \$1817 ;
+    \$signal$34  <= \$1819 ;
   always @(posedge clk)
-    \$signal$58  <= \$1818 ;
+    \$signal$58  <= \$1820 ;
   always @(posedge clk)
-    \$signal$59  <= \$1819 ;
+    \$signal$59  <= \$1821 ;
   always @(posedge clk)
-    is_acc <= \$1820 ;
+    is_acc <= \$1822 ;
   always @(posedge clk)
-    \$signal$35  <= \$1821 ;
+    \$signal$35  <= \$1823 ;
   always @(posedge clk)
-    low <= \$1822 ;
+    low <= \$1824 ;
   always @(posedge clk)
-    results <= \$1823 ;
+    results <= \$1825 ;
   always @(posedge clk)
-    vec_op <= \$1824 ;
+    vec_op <= \$1826 ;
   always @(posedge clk)
-    width <= \$1825 ;
+    width <= \$1827 ;
   always @(posedge clk)
-    mult <= \$1826 ;
+    mult <= \$1828 ;
   always @(posedge clk)
-    shift <= \$1827 ;
+    shift <= \$1829 ;
   always @(posedge clk)
-    cnt0 <= \$1828 ;
+    cnt0 <= \$1830 ;
   always @(posedge clk)
-    cnt1 <= \$1829 ;
+    cnt1 <= \$1831 ;
   always @(posedge clk)
-    sa0 <= \$1830 ;
+    sa0 <= \$1832 ;
   always @(posedge clk)
-    sa1 <= \$1831 ;
+    sa1 <= \$1833 ;
   always @(posedge clk)
-    sa2 <= \$1832 ;
+    sa2 <= \$1834 ;
   always @(posedge clk)
-    sb0 <= \$1833 ;
+    sb0 <= \$1835 ;
   always @(posedge clk)
-    sb1 <= \$1834 ;
+    sb1 <= \$1836 ;
   always @(posedge clk)
-    sb2 <= \$1835 ;
+    sb2 <= \$1837 ;
   always @(posedge clk)
-    fsm_state <= \$1836 ;
+    fsm_state <= \$1838 ;
   \nanokpu_kpu.elementwise.sigmoid  sigmoid (
     .advance(i__ready),
     .clk(clk),
@@ -9559,9 +9571,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6065$0 (spad__rd1__data),
-    .\port$7653$0 (\$signal ),
-    .\port$8048$0 (spad__rd0__lanes[31:0]),
+    .\port$6073$0 (spad__rd1__data),
+    .\port$7661$0 (\$signal ),
+    .\port$8056$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -9642,140 +9654,95 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     (* full_case = 32'd1 *)
     casez (\$signal$50 )
       2'h0:
-          \$591  = \$296 ;
+          \$593  = \$298 ;
       2'h1:
-          \$591  = \$394 ;
+          \$593  = \$396 ;
       2'h2:
-          \$591  = \$492 ;
+          \$593  = \$494 ;
       2'h3:
-          \$591  = \$590 ;
+          \$593  = \$592 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$985  = 24'h000000;
-    casez (\$592 )
+    \$987  = 24'h000000;
+    casez (\$594 )
       3'h0:
-          \$985  = \$690 ;
+          \$987  = \$692 ;
       3'h1:
-          \$985  = \$788 ;
+          \$987  = \$790 ;
       3'h2:
-          \$985  = \$886 ;
+          \$987  = \$888 ;
       3'h3:
-          \$985  = \$984 ;
+          \$987  = \$986 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1379  = 24'h000000;
-    casez (\$986 )
+    \$1381  = 24'h000000;
+    casez (\$988 )
       3'h0:
-          \$1379  = \$1084 ;
+          \$1381  = \$1086 ;
       3'h1:
-          \$1379  = \$1182 ;
+          \$1381  = \$1184 ;
       3'h2:
-          \$1379  = \$1280 ;
+          \$1381  = \$1282 ;
       3'h3:
-          \$1379  = \$1378 ;
+          \$1381  = \$1380 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1773  = 24'h000000;
-    casez (\$1380 )
+    \$1775  = 24'h000000;
+    casez (\$1382 )
       3'h0:
-          \$1773  = \$1478 ;
+          \$1775  = \$1480 ;
       3'h1:
-          \$1773  = \$1576 ;
+          \$1775  = \$1578 ;
       3'h2:
-          \$1773  = \$1674 ;
+          \$1775  = \$1676 ;
       3'h3:
-          \$1773  = \$1772 ;
+          \$1775  = \$1774 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1790  = beat;
+    \$1792  = beat;
     if (\$2 ) begin
-      \$1790  = \$3 ;
+      \$1792  = \$3 ;
     end
     if (unit_rst) begin
-      \$1790  = 65'h00000000000000000;
+      \$1792  = 65'h00000000000000000;
     end
     if (rst) begin
-      \$1790  = 65'h00000000000000000;
+      \$1792  = 65'h00000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1791  = h_valid;
+    \$1793  = h_valid;
     if (\$2 ) begin
-      \$1791  = \$4 ;
+      \$1793  = \$4 ;
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
               6'h0c:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
               6'h0d:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
               6'h13:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
               6'h0f:
-                  \$1791  = 1'h0;
+                  \$1793  = 1'h0;
             endcase
           end
     endcase
-    if (unit_rst) begin
-      \$1791  = 1'h0;
-    end
-    if (rst) begin
-      \$1791  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1792  = \$signal$10 ;
-    if (run) begin
-      \$1792  = \$10 ;
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1792  = 1'h0;
-              6'h06, 6'h07, 6'h05:
-                  \$1792  = 1'h0;
-              6'h0c:
-                  \$1792  = 1'h0;
-              6'h0d:
-                  \$1792  = 1'h0;
-              6'h13:
-                  \$1792  = 1'h0;
-              6'h0f:
-                  \$1792  = 1'h0;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1792  = 1'h0;
-    end
-    if (rst) begin
-      \$1792  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1793  = \$signal ;
-    if (run) begin
-      \$1793  = \$11 ;
-    end
     if (unit_rst) begin
       \$1793  = 1'h0;
     end
@@ -9785,16 +9752,61 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1794  = rem0;
+    \$1794  = \$signal$10 ;
+    if (run) begin
+      \$1794  = \$10 ;
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1794  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1794  = 1'h0;
+              6'h0c:
+                  \$1794  = 1'h0;
+              6'h0d:
+                  \$1794  = 1'h0;
+              6'h13:
+                  \$1794  = 1'h0;
+              6'h0f:
+                  \$1794  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1794  = 1'h0;
+    end
+    if (rst) begin
+      \$1794  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1795  = \$signal ;
+    if (run) begin
+      \$1795  = \$11 ;
+    end
+    if (unit_rst) begin
+      \$1795  = 1'h0;
+    end
+    if (rst) begin
+      \$1795  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1796  = rem0;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1794  = \$20 [13:0];
+          \$1796  = \$20 [13:0];
         end else if (\$19 ) begin
-          \$1794  = cnt0;
+          \$1796  = cnt0;
         end else begin
-          \$1794  = cnt0;
+          \$1796  = cnt0;
         end
       end
     end
@@ -9803,46 +9815,46 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1794  = ins[122:109];
+                  \$1796  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1794  = ins[122:109];
+                  \$1796  = ins[122:109];
               6'h0c:
-                  \$1794  = ins[106:93];
+                  \$1796  = ins[106:93];
               6'h0d:
-                  \$1794  = ins[90:77];
+                  \$1796  = ins[90:77];
               6'h13:
-                  \$1794  = ins[90:77];
+                  \$1796  = ins[90:77];
               6'h0f:
-                  \$1794  = ins[122:109];
+                  \$1796  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1794  = 14'h0000;
+      \$1796  = 14'h0000;
     end
     if (rst) begin
-      \$1794  = 14'h0000;
+      \$1796  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1795  = \$signal$17 ;
+    \$1797  = \$signal$17 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1795  = \$21 [12:0];
+          \$1797  = \$21 [12:0];
         end else if (\$19 ) begin
-          \$1795  = \$25 [12:0];
+          \$1797  = \$25 [12:0];
         end else begin
-          \$1795  = \$31 [12:0];
+          \$1797  = \$31 [12:0];
         end
       end
     end
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1795  = \$51 [12:0];
+          \$1797  = \$51 [12:0];
         end
       end
     end
@@ -9851,39 +9863,39 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
               6'h06, 6'h07, 6'h05:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
               6'h0c:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
               6'h0d:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
               6'h13:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
               6'h0f:
-                  \$1795  = ins[34:22];
+                  \$1797  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1795  = 13'h0000;
+      \$1797  = 13'h0000;
     end
     if (rst) begin
-      \$1795  = 13'h0000;
+      \$1797  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1796  = \$signal$19 ;
+    \$1798  = \$signal$19 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
-          \$1796  = \$22 [12:0];
+          \$1798  = \$22 [12:0];
         end else if (\$19 ) begin
-          \$1796  = \$27 [12:0];
+          \$1798  = \$27 [12:0];
         end else begin
-          \$1796  = \$34 [12:0];
+          \$1798  = \$34 [12:0];
         end
       end
     end
@@ -9892,97 +9904,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1796  = ins[47:35];
+                  \$1798  = ins[47:35];
               6'h06, 6'h07, 6'h05:
-                  \$1796  = ins[47:35];
+                  \$1798  = ins[47:35];
               6'h0c:
-                  \$1796  = ins[47:35];
+                  \$1798  = ins[47:35];
               6'h0d:
-                  \$1796  = ins[47:35];
+                  \$1798  = ins[47:35];
               6'h13:
-                  \$1796  = ins[47:35];
+                  \$1798  = ins[47:35];
               6'h0f:
-                  \$1796  = ins[47:35];
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1796  = 13'h0000;
-    end
-    if (rst) begin
-      \$1796  = 13'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1797  = rem1;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1797  = \$23 [13:0];
-        end else begin
-          \$1797  = cnt1;
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1797  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1797  = 14'h0001;
-              6'h0c:
-                  \$1797  = ins[90:77];
-              6'h0d:
-                  \$1797  = 14'h0002;
-              6'h13:
-                  \$1797  = 14'h0001;
-              6'h0f:
-                  \$1797  = 14'h0002;
-            endcase
-          end
-    endcase
-    if (unit_rst) begin
-      \$1797  = 14'h0000;
-    end
-    if (rst) begin
-      \$1797  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1798  = \$signal$22 ;
-    if (run) begin
-      if (\$17 ) begin
-        (* full_case = 32'd1 *)
-        if (\$18 ) begin
-        end else if (\$19 ) begin
-          \$1798  = \$24 [12:0];
-        end else begin
-          \$1798  = \$30 [12:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1798  = ins[34:22];
-              6'h06, 6'h07, 6'h05:
-                  \$1798  = ins[34:22];
-              6'h0c:
-                  \$1798  = ins[34:22];
-              6'h0d:
-                  \$1798  = ins[34:22];
-              6'h13:
-                  \$1798  = ins[34:22];
-              6'h0f:
-                  \$1798  = ins[34:22];
+                  \$1798  = ins[47:35];
             endcase
           end
     endcase
@@ -9995,15 +9927,15 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1799  = \$signal$24 ;
+    \$1799  = rem1;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
-          \$1799  = \$26 [12:0];
+          \$1799  = \$23 [13:0];
         end else begin
-          \$1799  = \$33 [12:0];
+          \$1799  = cnt1;
         end
       end
     end
@@ -10012,37 +9944,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1799  = ins[47:35];
+                  \$1799  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1799  = ins[47:35];
+                  \$1799  = 14'h0001;
               6'h0c:
-                  \$1799  = ins[47:35];
+                  \$1799  = ins[90:77];
               6'h0d:
-                  \$1799  = ins[47:35];
+                  \$1799  = 14'h0002;
               6'h13:
-                  \$1799  = ins[47:35];
+                  \$1799  = 14'h0001;
               6'h0f:
-                  \$1799  = ins[47:35];
+                  \$1799  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1799  = 13'h0000;
+      \$1799  = 14'h0000;
     end
     if (rst) begin
-      \$1799  = 13'h0000;
+      \$1799  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1800  = rem2;
+    \$1800  = \$signal$22 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1800  = \$24 [12:0];
         end else begin
-          \$1800  = \$28 [13:0];
+          \$1800  = \$30 [12:0];
         end
       end
     end
@@ -10051,37 +9984,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1800  = 14'h0001;
+                  \$1800  = ins[34:22];
               6'h06, 6'h07, 6'h05:
-                  \$1800  = 14'h0001;
+                  \$1800  = ins[34:22];
               6'h0c:
-                  \$1800  = ins[74:61];
+                  \$1800  = ins[34:22];
               6'h0d:
-                  \$1800  = ins[74:61];
+                  \$1800  = ins[34:22];
               6'h13:
-                  \$1800  = ins[74:61];
+                  \$1800  = ins[34:22];
               6'h0f:
-                  \$1800  = 14'h0001;
+                  \$1800  = ins[34:22];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1800  = 14'h0000;
+      \$1800  = 13'h0000;
     end
     if (rst) begin
-      \$1800  = 14'h0000;
+      \$1800  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1801  = \$signal$28 ;
+    \$1801  = \$signal$24 ;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
+          \$1801  = \$26 [12:0];
         end else begin
-          \$1801  = \$29 [12:0];
+          \$1801  = \$33 [12:0];
         end
       end
     end
@@ -10090,17 +10024,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
               6'h06, 6'h07, 6'h05:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
               6'h0c:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
               6'h0d:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
               6'h13:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
               6'h0f:
-                  \$1801  = ins[34:22];
+                  \$1801  = ins[47:35];
             endcase
           end
     endcase
@@ -10113,14 +10047,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1802  = \$signal$30 ;
+    \$1802  = rem2;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
         if (\$18 ) begin
         end else if (\$19 ) begin
         end else begin
-          \$1802  = \$32 [12:0];
+          \$1802  = \$28 [13:0];
         end
       end
     end
@@ -10129,30 +10063,108 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1802  = ins[47:35];
+                  \$1802  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1802  = ins[47:35];
+                  \$1802  = 14'h0001;
               6'h0c:
-                  \$1802  = ins[47:35];
+                  \$1802  = ins[74:61];
               6'h0d:
-                  \$1802  = ins[47:35];
+                  \$1802  = ins[74:61];
               6'h13:
-                  \$1802  = ins[47:35];
+                  \$1802  = ins[74:61];
               6'h0f:
-                  \$1802  = ins[47:35];
+                  \$1802  = 14'h0001;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1802  = 13'h0000;
+      \$1802  = 14'h0000;
     end
     if (rst) begin
-      \$1802  = 13'h0000;
+      \$1802  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1803  = issuing;
+    \$1803  = \$signal$28 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1803  = \$29 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1803  = ins[34:22];
+              6'h06, 6'h07, 6'h05:
+                  \$1803  = ins[34:22];
+              6'h0c:
+                  \$1803  = ins[34:22];
+              6'h0d:
+                  \$1803  = ins[34:22];
+              6'h13:
+                  \$1803  = ins[34:22];
+              6'h0f:
+                  \$1803  = ins[34:22];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1803  = 13'h0000;
+    end
+    if (rst) begin
+      \$1803  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1804  = \$signal$30 ;
+    if (run) begin
+      if (\$17 ) begin
+        (* full_case = 32'd1 *)
+        if (\$18 ) begin
+        end else if (\$19 ) begin
+        end else begin
+          \$1804  = \$32 [12:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1804  = ins[47:35];
+              6'h06, 6'h07, 6'h05:
+                  \$1804  = ins[47:35];
+              6'h0c:
+                  \$1804  = ins[47:35];
+              6'h0d:
+                  \$1804  = ins[47:35];
+              6'h13:
+                  \$1804  = ins[47:35];
+              6'h0f:
+                  \$1804  = ins[47:35];
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1804  = 13'h0000;
+    end
+    if (rst) begin
+      \$1804  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1805  = issuing;
     if (run) begin
       if (\$17 ) begin
         (* full_case = 32'd1 *)
@@ -10160,7 +10172,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
         end else if (\$19 ) begin
         end else begin
           if (\$36 ) begin
-            \$1803  = 1'h0;
+            \$1805  = 1'h0;
           end
         end
       end
@@ -10170,125 +10182,85 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1803  = 1'h0;
+                  \$1805  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1803  = 1'h1;
+                  \$1805  = 1'h1;
               6'h0c:
-                  \$1803  = 1'h1;
+                  \$1805  = 1'h1;
               6'h0d:
-                  \$1803  = 1'h1;
+                  \$1805  = 1'h1;
               6'h13:
-                  \$1803  = 1'h1;
+                  \$1805  = 1'h1;
               6'h0f:
-                  \$1803  = 1'h1;
+                  \$1805  = 1'h1;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1803  = 1'h0;
+      \$1805  = 1'h0;
     end
     if (rst) begin
-      \$1803  = 1'h0;
+      \$1805  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1804  = q_read;
+    \$1806  = q_read;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1804  = \$52 [13:0];
+          \$1806  = \$52 [13:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1804  = 14'h0000;
+            \$1806  = 14'h0000;
           end
     endcase
     if (unit_rst) begin
-      \$1804  = 14'h0000;
+      \$1806  = 14'h0000;
     end
     if (rst) begin
-      \$1804  = 14'h0000;
+      \$1806  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1805  = q_pend;
+    \$1807  = q_pend;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1805  = 1'h1;
+          \$1807  = 1'h1;
         end else if (\$50 ) begin
-          \$1805  = 1'h0;
+          \$1807  = 1'h0;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1805  = 1'h0;
+            \$1807  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1805  = 1'h0;
+      \$1807  = 1'h0;
     end
     if (rst) begin
-      \$1805  = 1'h0;
+      \$1807  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1806  = \$signal$42 ;
+    \$1808  = \$signal$42 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$46 ) begin
-          \$1806  = \$signal$43 ;
+          \$1808  = \$signal$43 ;
         end
       end
     end
-    if (unit_rst) begin
-      \$1806  = 2'h0;
-    end
-    if (rst) begin
-      \$1806  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1807  = q_k;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1807  = \$164 [2:0];
-        end
-      end
-    end
-    if (unit_rst) begin
-      \$1807  = 3'h0;
-    end
-    if (rst) begin
-      \$1807  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1808  = \$signal$43 ;
-    if (run) begin
-      if (\$signal$32 ) begin
-        if (\$46 ) begin
-          \$1808  = \$56 [1:0];
-        end
-      end
-    end
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1808  = 2'h0;
-          end
-    endcase
     if (unit_rst) begin
       \$1808  = 2'h0;
     end
@@ -10298,65 +10270,105 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1809  = wvalid;
+    \$1809  = q_k;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1809  = \$166 [2:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$1809  = 3'h0;
+    end
+    if (rst) begin
+      \$1809  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1810  = \$signal$43 ;
+    if (run) begin
+      if (\$signal$32 ) begin
+        if (\$46 ) begin
+          \$1810  = \$56 [1:0];
+        end
+      end
+    end
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            \$1810  = 2'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$1810  = 2'h0;
+    end
+    if (rst) begin
+      \$1810  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1811  = wvalid;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$57 ) begin
-          \$1809  = 1'h0;
+          \$1811  = 1'h0;
         end
         if (\$61 ) begin
-          \$1809  = \$89 ;
+          \$1811  = \$89 ;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1809  = 1'h0;
+            \$1811  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1809  = 1'h0;
+      \$1811  = 1'h0;
     end
     if (rst) begin
-      \$1809  = 1'h0;
+      \$1811  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1810  = pack;
+    \$1812  = pack;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$61 ) begin
           if (\$65 ) begin
-            \$1810 [23:0] = \$67 ;
+            \$1812 [23:0] = \$67 ;
           end
           if (\$71 ) begin
-            \$1810 [47:24] = \$73 ;
+            \$1812 [47:24] = \$73 ;
           end
           if (\$77 ) begin
-            \$1810 [71:48] = \$79 ;
+            \$1812 [71:48] = \$79 ;
           end
           if (\$83 ) begin
-            \$1810 [95:72] = \$85 ;
+            \$1812 [95:72] = \$85 ;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$1810  = 96'h000000000000000000000000;
+      \$1812  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1810  = 96'h000000000000000000000000;
+      \$1812  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1811  = el;
+    \$1813  = el;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1811  = \$90 [13:0];
+          \$1813  = \$90 [13:0];
         end
       end
     end
@@ -10366,17 +10378,17 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
               6'h0c:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
               6'h0d:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
               6'h13:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
               6'h0f:
-                  \$1811  = 14'h0000;
+                  \$1813  = 14'h0000;
             endcase
           end
       2'h1:
@@ -10385,123 +10397,91 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            \$1811  = \$133 [13:0];
+            \$1813  = \$135 [13:0];
           end
     endcase
     if (unit_rst) begin
-      \$1811  = 14'h0000;
+      \$1813  = 14'h0000;
     end
     if (rst) begin
-      \$1811  = 14'h0000;
+      \$1813  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1812  = \$signal$50 ;
+    \$1814  = \$signal$50 ;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          \$1812  = \$92 [1:0];
+          \$1814  = \$92 [1:0];
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1812  = 2'h0;
+            \$1814  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1812  = 2'h0;
+      \$1814  = 2'h0;
     end
     if (rst) begin
-      \$1812  = 2'h0;
+      \$1814  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1813  = hold_valid;
+    \$1815  = hold_valid;
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
           if (\$signal$51 ) begin
-            \$1813  = 1'h0;
+            \$1815  = 1'h0;
           end
         end
         if (\$93 ) begin
-          \$1813  = 1'h1;
+          \$1815  = 1'h1;
         end
       end
     end
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1813  = 1'h0;
+            \$1815  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1813  = 1'h0;
+      \$1815  = 1'h0;
     end
     if (rst) begin
-      \$1813  = 1'h0;
+      \$1815  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1814  = hold;
+    \$1816  = hold;
     if (run) begin
       if (\$signal$32 ) begin
         if (\$93 ) begin
-          \$1814  = rq__o__payload;
+          \$1816  = rq__o__payload;
         end
       end
     end
     if (unit_rst) begin
-      \$1814  = 96'h000000000000000000000000;
+      \$1816  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$1814  = 96'h000000000000000000000000;
+      \$1816  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1815  = \$signal$32 ;
+    \$1817  = \$signal$32 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1815  = \$94 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1815  = 1'h0;
-    end
-    if (rst) begin
-      \$1815  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1816  = is_sigmoid;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1816  = \$95 ;
-          end
-    endcase
-    if (unit_rst) begin
-      \$1816  = 1'h0;
-    end
-    if (rst) begin
-      \$1816  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1817  = \$signal$34 ;
-    casez (fsm_state)
-      2'h0:
-          if (start) begin
-            \$1817  = \$96 ;
+            \$1817  = \$94 ;
           end
     endcase
     if (unit_rst) begin
@@ -10513,11 +10493,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1818  = \$signal$58 ;
+    \$1818  = is_sigmoid;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1818  = \$98 ;
+            \$1818  = \$95 ;
           end
     endcase
     if (unit_rst) begin
@@ -10529,11 +10509,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1819  = \$signal$59 ;
+    \$1819  = \$signal$34 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1819  = \$100 ;
+            \$1819  = \$96 ;
           end
     endcase
     if (unit_rst) begin
@@ -10545,11 +10525,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1820  = is_acc;
+    \$1820  = \$signal$58 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1820  = \$105 ;
+            \$1820  = \$98 ;
           end
     endcase
     if (unit_rst) begin
@@ -10561,11 +10541,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1821  = \$signal$35 ;
+    \$1821  = \$signal$59 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1821  = \$107 ;
+            \$1821  = \$100 ;
           end
     endcase
     if (unit_rst) begin
@@ -10577,11 +10557,11 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1822  = low;
+    \$1822  = is_acc;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1822  = 1'h0;
+            \$1822  = \$105 ;
           end
     endcase
     if (unit_rst) begin
@@ -10593,84 +10573,76 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1823  = results;
+    \$1823  = \$signal$35 ;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1823  = \$116 [14:0];
+            \$1823  = \$107 ;
           end
     endcase
     if (unit_rst) begin
-      \$1823  = 15'h0000;
+      \$1823  = 1'h0;
     end
     if (rst) begin
-      \$1823  = 15'h0000;
+      \$1823  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1824  = vec_op;
+    \$1824  = low;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1824  = \$123 ;
+            \$1824  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1824  = 2'h0;
+      \$1824  = 1'h0;
     end
     if (rst) begin
-      \$1824  = 2'h0;
+      \$1824  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1825  = width;
+    \$1825  = results;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1825  = ins[21:16];
+            \$1825  = \$116 [14:0];
           end
     endcase
     if (unit_rst) begin
-      \$1825  = 6'h00;
+      \$1825  = 15'h0000;
     end
     if (rst) begin
-      \$1825  = 6'h00;
+      \$1825  = 15'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1826  = mult;
+    \$1826  = vec_op;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1826  = ins[152:137];
+            \$1826  = \$123 ;
           end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$1826  = spad__rd0__lanes[15:0];
     endcase
     if (unit_rst) begin
-      \$1826  = 16'h0000;
+      \$1826  = 2'h0;
     end
     if (rst) begin
-      \$1826  = 16'h0000;
+      \$1826  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1827  = shift;
+    \$1827  = width;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            \$1827  = ins[174:169];
+            \$1827  = ins[21:16];
           end
-      2'h1:
-          /* empty */;
-      2'h3:
-          \$1827  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
       \$1827  = 6'h00;
@@ -10681,139 +10653,121 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1828  = cnt0;
+    \$1828  = mult;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1828  = ins[122:109];
-              6'h06, 6'h07, 6'h05:
-                  \$1828  = ins[122:109];
-              6'h0c:
-                  \$1828  = ins[106:93];
-              6'h0d:
-                  \$1828  = ins[90:77];
-              6'h13:
-                  \$1828  = ins[90:77];
-              6'h0f:
-                  \$1828  = ins[122:109];
-            endcase
+            \$1828  = ins[152:137];
           end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1828  = spad__rd0__lanes[15:0];
     endcase
     if (unit_rst) begin
-      \$1828  = 14'h0000;
+      \$1828  = 16'h0000;
     end
     if (rst) begin
-      \$1828  = 14'h0000;
+      \$1828  = 16'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1829  = cnt1;
+    \$1829  = shift;
     casez (fsm_state)
       2'h0:
           if (start) begin
-            casez (ins[5:0])
-              6'h04:
-                  \$1829  = 14'h0001;
-              6'h06, 6'h07, 6'h05:
-                  \$1829  = 14'h0001;
-              6'h0c:
-                  \$1829  = ins[90:77];
-              6'h0d:
-                  \$1829  = 14'h0002;
-              6'h13:
-                  \$1829  = 14'h0001;
-              6'h0f:
-                  \$1829  = 14'h0002;
-            endcase
+            \$1829  = ins[174:169];
           end
+      2'h1:
+          /* empty */;
+      2'h3:
+          \$1829  = spad__rd1__data[5:0];
     endcase
     if (unit_rst) begin
-      \$1829  = 14'h0000;
+      \$1829  = 6'h00;
     end
     if (rst) begin
-      \$1829  = 14'h0000;
+      \$1829  = 6'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1830  = sa0;
+    \$1830  = cnt0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1830  = 13'h0001;
+                  \$1830  = ins[122:109];
               6'h06, 6'h07, 6'h05:
-                  \$1830  = 13'h0001;
+                  \$1830  = ins[122:109];
               6'h0c:
-                  \$1830  = ins[89:77];
+                  \$1830  = ins[106:93];
               6'h0d:
-                  \$1830  = 13'h0001;
+                  \$1830  = ins[90:77];
               6'h13:
-                  \$1830  = 13'h0001;
+                  \$1830  = ins[90:77];
               6'h0f:
-                  \$1830  = 13'h0001;
+                  \$1830  = ins[122:109];
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1830  = 13'h0000;
+      \$1830  = 14'h0000;
     end
     if (rst) begin
-      \$1830  = 13'h0000;
+      \$1830  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1831  = sa1;
+    \$1831  = cnt1;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1831  = 1'h0;
+                  \$1831  = 14'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1831  = 1'h0;
+                  \$1831  = 14'h0001;
               6'h0c:
-                  \$1831  = 1'h1;
+                  \$1831  = ins[90:77];
               6'h0d:
-                  \$1831  = 1'h0;
+                  \$1831  = 14'h0002;
               6'h13:
-                  \$1831  = 1'h0;
+                  \$1831  = 14'h0001;
               6'h0f:
-                  \$1831  = 1'h0;
+                  \$1831  = 14'h0002;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1831  = 1'h0;
+      \$1831  = 14'h0000;
     end
     if (rst) begin
-      \$1831  = 1'h0;
+      \$1831  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1832  = sa2;
+    \$1832  = sa0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1832  = 13'h0000;
+                  \$1832  = 13'h0001;
               6'h06, 6'h07, 6'h05:
-                  \$1832  = 13'h0000;
+                  \$1832  = 13'h0001;
               6'h0c:
-                  \$1832  = ins[135:123];
-              6'h0d:
                   \$1832  = ins[89:77];
+              6'h0d:
+                  \$1832  = 13'h0001;
               6'h13:
-                  \$1832  = ins[89:77];
+                  \$1832  = 13'h0001;
               6'h0f:
-                  \$1832  = 13'h0000;
+                  \$1832  = 13'h0001;
             endcase
           end
     endcase
@@ -10826,7 +10780,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1833  = sb0;
+    \$1833  = sa1;
     casez (fsm_state)
       2'h0:
           if (start) begin
@@ -10834,7 +10788,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
               6'h04:
                   \$1833  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1833  = 1'h1;
+                  \$1833  = 1'h0;
               6'h0c:
                   \$1833  = 1'h1;
               6'h0d:
@@ -10855,65 +10809,123 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1834  = sb1;
+    \$1834  = sa2;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1834  = 1'h0;
+                  \$1834  = 13'h0000;
               6'h06, 6'h07, 6'h05:
-                  \$1834  = 1'h0;
+                  \$1834  = 13'h0000;
               6'h0c:
-                  \$1834  = 1'h0;
+                  \$1834  = ins[135:123];
               6'h0d:
-                  \$1834  = 1'h0;
+                  \$1834  = ins[89:77];
               6'h13:
-                  \$1834  = 1'h0;
+                  \$1834  = ins[89:77];
               6'h0f:
-                  \$1834  = 1'h0;
+                  \$1834  = 13'h0000;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1834  = 1'h0;
+      \$1834  = 13'h0000;
     end
     if (rst) begin
-      \$1834  = 1'h0;
+      \$1834  = 13'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1835  = sb2;
+    \$1835  = sb0;
     casez (fsm_state)
       2'h0:
           if (start) begin
             casez (ins[5:0])
               6'h04:
-                  \$1835  = 13'h0000;
+                  \$1835  = 1'h0;
               6'h06, 6'h07, 6'h05:
-                  \$1835  = 13'h0000;
+                  \$1835  = 1'h1;
               6'h0c:
-                  \$1835  = ins[105:93];
+                  \$1835  = 1'h1;
               6'h0d:
-                  \$1835  = 13'h0000;
+                  \$1835  = 1'h0;
               6'h13:
-                  \$1835  = 13'h0000;
+                  \$1835  = 1'h0;
               6'h0f:
-                  \$1835  = 13'h0000;
+                  \$1835  = 1'h0;
             endcase
           end
     endcase
     if (unit_rst) begin
-      \$1835  = 13'h0000;
+      \$1835  = 1'h0;
     end
     if (rst) begin
-      \$1835  = 13'h0000;
+      \$1835  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
-    \$1836  = fsm_state;
+    \$1836  = sb1;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1836  = 1'h0;
+              6'h06, 6'h07, 6'h05:
+                  \$1836  = 1'h0;
+              6'h0c:
+                  \$1836  = 1'h0;
+              6'h0d:
+                  \$1836  = 1'h0;
+              6'h13:
+                  \$1836  = 1'h0;
+              6'h0f:
+                  \$1836  = 1'h0;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1836  = 1'h0;
+    end
+    if (rst) begin
+      \$1836  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1837  = sb2;
+    casez (fsm_state)
+      2'h0:
+          if (start) begin
+            casez (ins[5:0])
+              6'h04:
+                  \$1837  = 13'h0000;
+              6'h06, 6'h07, 6'h05:
+                  \$1837  = 13'h0000;
+              6'h0c:
+                  \$1837  = ins[105:93];
+              6'h0d:
+                  \$1837  = 13'h0000;
+              6'h13:
+                  \$1837  = 13'h0000;
+              6'h0f:
+                  \$1837  = 13'h0000;
+            endcase
+          end
+    endcase
+    if (unit_rst) begin
+      \$1837  = 13'h0000;
+    end
+    if (rst) begin
+      \$1837  = 13'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
+    \$1838  = fsm_state;
     (* full_case = 32'd1 *)
     casez (fsm_state)
       2'h0:
@@ -10921,28 +10933,29 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
             (* full_case = 32'd1 *)
             if (\$125 ) begin
             end else if (\$127 ) begin
-            end else if (\$131 ) begin
-              \$1836  = 2'h1;
+            end else if (\$129 ) begin
+            end else if (\$133 ) begin
+              \$1838  = 2'h1;
             end else begin
-              \$1836  = 2'h2;
+              \$1838  = 2'h2;
             end
           end
       2'h1:
-          if (\$132 ) begin
-            \$1836  = 2'h3;
+          if (\$134 ) begin
+            \$1838  = 2'h3;
           end
       2'h3:
-          \$1836  = 2'h2;
+          \$1838  = 2'h2;
       2'h2:
-          if (\$134 ) begin
-            \$1836  = 2'h0;
+          if (\$136 ) begin
+            \$1838  = 2'h0;
           end
     endcase
     if (unit_rst) begin
-      \$1836  = 2'h0;
+      \$1838  = 2'h0;
     end
     if (rst) begin
-      \$1836  = 2'h0;
+      \$1838  = 2'h0;
     end
   end
   always @* begin
@@ -10960,7 +10973,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__addr = \$1778 [12:0];
+          spad__rd0__addr = \$1780 [12:0];
     endcase
   end
   always @* begin
@@ -10973,38 +10986,38 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__addr = \$1781 [12:0];
+          spad__rd1__addr = \$1783 [12:0];
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd0__en = 1'h0;
     if (run) begin
-      spad__rd0__en = \$146 ;
+      spad__rd0__en = \$148 ;
     end
     if (run) begin
       if (\$signal$32 ) begin
-        spad__rd0__en = \$178 ;
+        spad__rd0__en = \$180 ;
       end
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd0__en = \$1782 ;
+          spad__rd0__en = \$1784 ;
     endcase
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$7 ) begin end
     spad__rd1__en = 1'h0;
     if (run) begin
-      spad__rd1__en = \$152 ;
+      spad__rd1__en = \$154 ;
     end
     casez (fsm_state)
       2'h0:
           /* empty */;
       2'h1:
-          spad__rd1__en = \$1783 ;
+          spad__rd1__en = \$1785 ;
     endcase
   end
   always @* begin
@@ -11021,7 +11034,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$49  = 3'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$49  = \$190 [2:0];
+        \$signal$49  = \$192 [2:0];
       end
     end
   end
@@ -11030,7 +11043,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     \$signal$51  = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        \$signal$51  = \$195 ;
+        \$signal$51  = \$197 ;
       end
     end
   end
@@ -11039,7 +11052,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     rq__o__ready = 1'h0;
     if (run) begin
       if (\$signal$32 ) begin
-        rq__o__ready = \$197 ;
+        rq__o__ready = \$199 ;
       end
     end
   end
@@ -11049,7 +11062,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__addr = \$198 [12:0];
+          spad__wr__addr = \$200 [12:0];
         end
       end
     end
@@ -11063,7 +11076,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
           /* empty */;
       2'h2:
           if (out_valid) begin
-            spad__wr__addr = \$1784 [12:0];
+            spad__wr__addr = \$1786 [12:0];
           end
     endcase
   end
@@ -11073,7 +11086,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__data = { \$591 [23], \$591 [23], \$591 [23], \$591 [23], \$591 [23], \$591 [23], \$591 [23], \$591 [23], \$591  };
+          spad__wr__data = { \$593 [23], \$593 [23], \$593 [23], \$593 [23], \$593 [23], \$593 [23], \$593 [23], \$593 [23], \$593  };
         end
       end
     end
@@ -11121,9 +11134,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper[31:0] = { \$985 [23], \$985 [23], \$985 [23], \$985 [23], \$985 [23], \$985 [23], \$985 [23], \$985 [23], \$985  };
-          spad__wr__upper[63:32] = { \$1379 [23], \$1379 [23], \$1379 [23], \$1379 [23], \$1379 [23], \$1379 [23], \$1379 [23], \$1379 [23], \$1379  };
-          spad__wr__upper[95:64] = { \$1773 [23], \$1773 [23], \$1773 [23], \$1773 [23], \$1773 [23], \$1773 [23], \$1773 [23], \$1773 [23], \$1773  };
+          spad__wr__upper[31:0] = { \$987 [23], \$987 [23], \$987 [23], \$987 [23], \$987 [23], \$987 [23], \$987 [23], \$987 [23], \$987  };
+          spad__wr__upper[63:32] = { \$1381 [23], \$1381 [23], \$1381 [23], \$1381 [23], \$1381 [23], \$1381 [23], \$1381 [23], \$1381 [23], \$1381  };
+          spad__wr__upper[95:64] = { \$1775 [23], \$1775 [23], \$1775 [23], \$1775 [23], \$1775 [23], \$1775 [23], \$1775 [23], \$1775 [23], \$1775  };
         end
       end
     end
@@ -11134,9 +11147,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     if (run) begin
       if (\$signal$32 ) begin
         if (hold_valid) begin
-          spad__wr__upper_en[0] = \$1774 ;
-          spad__wr__upper_en[1] = \$1775 ;
-          spad__wr__upper_en[2] = \$1776 ;
+          spad__wr__upper_en[0] = \$1776 ;
+          spad__wr__upper_en[1] = \$1777 ;
+          spad__wr__upper_en[2] = \$1778 ;
         end
       end
     end
@@ -11251,7 +11264,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1785 ) begin
+          if (\$1787 ) begin
             done = 1'h1;
           end
     endcase
@@ -11268,14 +11281,14 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
       2'h3:
           /* empty */;
       2'h2:
-          if (\$1785 ) begin
+          if (\$1787 ) begin
             error = 8'h00;
           end
     endcase
   end
   assign spad__rd0__data = spad__rd0__lanes[31:0];
   assign spad__blocked = 1'h0;
-  assign \$signal$41  = \$164 [2:0];
+  assign \$signal$41  = \$166 [2:0];
   assign w_data = { \$signal , spad__rd1__data, spad__rd0__lanes[31:0] };
   assign rq__mult = mult;
   assign rq__shift = shift;
@@ -11338,7 +11351,7 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \o__payload[0]  = o__payload;
   assign \o__payload$101[0]  = \o__payload$101 ;
   assign \i__payload$81 [33] = beat[64];
-  assign \i__payload$81 [32:16] = \$168 ;
+  assign \i__payload$81 [32:16] = \$170 ;
   assign \i__payload$81 [15:0] = beat[15:0];
   assign \i__payload$80 [31:16] = beat[47:32];
   assign \i__payload$80 [15:0] = beat[15:0];
@@ -11364,21 +11377,22 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   assign \$121  = \$118 ;
   assign \$125  = 1'h0;
   assign \$127  = 1'h0;
-  assign { \$129 [9:3], \$129 [1:0] } = 9'h000;
-  assign \$129 [2] = ins[8];
-  assign \$132  = 1'h1;
-  assign \$141  = 1'h1;
-  assign \$142  = issuing;
-  assign \$147  = 1'h1;
-  assign \$148  = issuing;
-  assign \$170  = 1'h1;
-  assign \$171  = \$169 ;
-  assign \$1777  = { ins[190:175], 1'h0 };
+  assign \$129  = 1'h0;
+  assign { \$131 [9:3], \$131 [1:0] } = 9'h000;
+  assign \$131 [2] = ins[8];
+  assign \$134  = 1'h1;
+  assign \$143  = 1'h1;
+  assign \$144  = issuing;
+  assign \$149  = 1'h1;
+  assign \$150  = issuing;
+  assign \$172  = 1'h1;
+  assign \$173  = \$171 ;
   assign \$1779  = { ins[190:175], 1'h0 };
-  assign \$1782  = 1'h1;
-  assign \$1783  = 1'h1;
+  assign \$1781  = { ins[190:175], 1'h0 };
+  assign \$1784  = 1'h1;
+  assign \$1785  = 1'h1;
   assign \$104  = ins[14];
-  assign \$130  = ins[8];
+  assign \$132  = ins[8];
 endmodule
 
 (* generator = "Amaranth" *)
@@ -13803,7 +13817,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6065$0 , unit_rst, \port$7653$0 , level, \port$8048$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073$0 , unit_rst, \port$7661$0 , level, \port$8056$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13828,12 +13842,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6065
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6065$0 ;
-  wire [31:0] \port$6065$0 ;
-  input \port$7653$0 ;
-  wire \port$7653$0 ;
-  input [31:0] \port$8048$0 ;
-  wire [31:0] \port$8048$0 ;
+  input [31:0] \port$6073$0 ;
+  wire [31:0] \port$6073$0 ;
+  input \port$7661$0 ;
+  wire \port$7661$0 ;
+  input [31:0] \port$8056$0 ;
+  wire [31:0] \port$8056$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13866,7 +13880,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6065
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7653$0 , \port$6065$0 , \port$8048$0  };
+      storage[w_port__addr] <= { \port$7661$0 , \port$6073$0 , \port$8056$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13937,8 +13951,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6065
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7653$0 , \port$6065$0 , \port$8048$0  };
-  assign w_data = { \port$7653$0 , \port$6065$0 , \port$8048$0  };
+  assign w_port__data = { \port$7661$0 , \port$6073$0 , \port$8056$0  };
+  assign w_data = { \port$7661$0 , \port$6073$0 , \port$8056$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -18137,10 +18151,10 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__en(col_wr__en),
     .\done$95 (done),
     .error(\error$93 ),
-    .\port$1352$0 (\$412 ),
-    .\port$1353$0 (\$413 ),
-    .\port$1354$0 (\$414 ),
-    .\port$1355$0 (\$415 ),
+    .\port$1357$0 (\$412 ),
+    .\port$1358$0 (\$413 ),
+    .\port$1359$0 (\$414 ),
+    .\port$1360$0 (\$415 ),
     .rq_in__payload(rq_in__payload),
     .rq_in__ready(rq_in__ready),
     .rq_in__valid(rq_in__valid),
@@ -19898,7 +19912,7 @@ module \nanokpu_kpu.gemm.a_queue (rst, r_en, r_rdy, r_data, start, unit_rst, w_p
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1352$0 , \port$1353$0 , \port$1354$0 , \port$1355$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
+module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0 , \port$1359$0 , \port$1360$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
 , col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
@@ -20400,14 +20414,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1352$0 , \port$1353$0
   wire [23:0] \out[3] ;
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
-  input [7:0] \port$1352$0 ;
-  wire [7:0] \port$1352$0 ;
-  input [7:0] \port$1353$0 ;
-  wire [7:0] \port$1353$0 ;
-  input [7:0] \port$1354$0 ;
-  wire [7:0] \port$1354$0 ;
-  input [7:0] \port$1355$0 ;
-  wire [7:0] \port$1355$0 ;
+  input [7:0] \port$1357$0 ;
+  wire [7:0] \port$1357$0 ;
+  input [7:0] \port$1358$0 ;
+  wire [7:0] \port$1358$0 ;
+  input [7:0] \port$1359$0 ;
+  wire [7:0] \port$1359$0 ;
+  input [7:0] \port$1360$0 ;
+  wire [7:0] \port$1360$0 ;
   wire [7:0] port__addr;
   wire [6:0] \port__addr$114 ;
   wire [7:0] \port__addr$125 ;
@@ -21030,7 +21044,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1352$0 , \port$1353$0
   end
   always @(posedge clk) begin
     if (\$signature__en )
-      spad_a[a_wptr[7:0]] <= { \port$1355$0 , \port$1354$0 , \port$1353$0 , \port$1352$0  };
+      spad_a[a_wptr[7:0]] <= { \port$1360$0 , \port$1359$0 , \port$1358$0 , \port$1357$0  };
   end
   assign port__data = spad_a[a_ptr[7:0]];
   (* no_rw_check = 32'd1 *)
@@ -23083,8 +23097,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1352$0 , \port$1353$0
   assign col_rq_rd_en = spad_c_rd_en;
   assign a_in__ready = a_loading;
   assign \$signature__addr  = a_wptr[7:0];
-  assign \$signature__data  = { \port$1355$0 , \port$1354$0 , \port$1353$0 , \port$1352$0  };
-  assign a_in__payload = { \port$1355$0 , \port$1354$0 , \port$1353$0 , \port$1352$0  };
+  assign \$signature__data  = { \port$1360$0 , \port$1359$0 , \port$1358$0 , \port$1357$0  };
+  assign a_in__payload = { \port$1360$0 , \port$1359$0 , \port$1358$0 , \port$1357$0  };
   assign b_in__ready = b_take;
   assign \$signature__addr$110  = \$167 [6:0];
   assign \$signature__data$111  = b_in__payload;
@@ -23180,14 +23194,14 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1352$0 , \port$1353$0
   assign \cmd__payload.compute  = cmd__payload[77];
   assign \cmd__payload.accumulate  = cmd__payload[78];
   assign \cmd__payload.store  = cmd__payload[79];
-  assign \$signature__data[0]  = \port$1352$0 ;
-  assign \$signature__data[1]  = \port$1353$0 ;
-  assign \$signature__data[2]  = \port$1354$0 ;
-  assign \$signature__data[3]  = \port$1355$0 ;
-  assign \a_in__payload[0]  = \port$1352$0 ;
-  assign \a_in__payload[1]  = \port$1353$0 ;
-  assign \a_in__payload[2]  = \port$1354$0 ;
-  assign \a_in__payload[3]  = \port$1355$0 ;
+  assign \$signature__data[0]  = \port$1357$0 ;
+  assign \$signature__data[1]  = \port$1358$0 ;
+  assign \$signature__data[2]  = \port$1359$0 ;
+  assign \$signature__data[3]  = \port$1360$0 ;
+  assign \a_in__payload[0]  = \port$1357$0 ;
+  assign \a_in__payload[1]  = \port$1358$0 ;
+  assign \a_in__payload[2]  = \port$1359$0 ;
+  assign \a_in__payload[3]  = \port$1360$0 ;
   assign \$signature__data$111[0]  = b_in__payload[7:0];
   assign \$signature__data$111[1]  = b_in__payload[15:8];
   assign \$signature__data$111[2]  = b_in__payload[23:16];
@@ -29408,8 +29422,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1923$0 (mult),
-    .\port$1928$0 (i__payload),
+    .\port$1928$0 (mult),
+    .\port$1933$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30265,7 +30279,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30351,10 +30365,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1923$0 ;
-  wire [15:0] \port$1923$0 ;
-  input [95:0] \port$1928$0 ;
-  wire [95:0] \port$1928$0 ;
+  input [15:0] \port$1928$0 ;
+  wire [15:0] \port$1928$0 ;
+  input [95:0] \port$1933$0 ;
+  wire [95:0] \port$1933$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30419,7 +30433,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1928$0 [16:0] };
+      \$9  = { 1'h0, \port$1933$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30432,7 +30446,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1923$0  };
+      \$10  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30458,7 +30472,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23:17] };
+      \$12  = { \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30471,7 +30485,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1923$0  };
+      \$13  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30497,7 +30511,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1928$0 [40:24] };
+      \$15  = { 1'h0, \port$1933$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30510,7 +30524,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1923$0  };
+      \$16  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30536,7 +30550,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47:41] };
+      \$18  = { \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30549,7 +30563,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1923$0  };
+      \$19  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30575,7 +30589,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1928$0 [64:48] };
+      \$21  = { 1'h0, \port$1933$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30588,7 +30602,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1923$0  };
+      \$22  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30614,7 +30628,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71:65] };
+      \$24  = { \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30627,7 +30641,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1923$0  };
+      \$25  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30653,7 +30667,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1928$0 [88:72] };
+      \$27  = { 1'h0, \port$1933$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30666,7 +30680,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1923$0  };
+      \$28  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30692,7 +30706,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95:89] };
+      \$30  = { \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30705,7 +30719,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1923$0  };
+      \$31  = { 2'h0, \port$1928$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30727,22 +30741,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1923$0 , \port$1928$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1928$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1923$0  };
-  assign a__1 = { \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23], \port$1928$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1923$0  };
-  assign a__2 = { 1'h0, \port$1928$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1923$0  };
-  assign a__3 = { \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47], \port$1928$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1923$0  };
-  assign a__4 = { 1'h0, \port$1928$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1923$0  };
-  assign a__5 = { \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71], \port$1928$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1923$0  };
-  assign a__6 = { 1'h0, \port$1928$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1923$0  };
-  assign a__7 = { \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95], \port$1928$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1923$0  };
+  assign a__0 = { 1'h0, \port$1933$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1928$0  };
+  assign a__1 = { \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1928$0  };
+  assign a__2 = { 1'h0, \port$1933$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1928$0  };
+  assign a__3 = { \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1928$0  };
+  assign a__4 = { 1'h0, \port$1933$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1928$0  };
+  assign a__5 = { \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1928$0  };
+  assign a__6 = { 1'h0, \port$1933$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1928$0  };
+  assign a__7 = { \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1928$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35404,7 +35418,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6560$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6568$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35675,8 +35689,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6560$0 ;
-  wire [4:0] \port$6560$0 ;
+  input [4:0] \port$6568$0 ;
+  wire [4:0] \port$6568$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35700,81 +35714,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6560$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6568$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6560$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6568$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6560$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6568$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6560$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6568$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6560$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6568$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6560$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6568$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6560$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6568$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6560$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6568$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6560$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6560$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6568$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6568$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6560$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6568$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6560$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6568$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6560$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6568$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3], \port$6560$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6560$0 [0], \port$6560$0 [0], \port$6560$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6560$0 [1], \port$6560$0 [1], \port$6560$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6560$0 [2], \port$6560$0 [2], \port$6560$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6560$0 [4], \port$6560$0 [4], \port$6560$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35791,7 +35805,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6560$0 , \port$2$0  };
+  assign select = { \port$6568$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -84,6 +84,7 @@
 #define NANOKPU_OP_MUL                           20
 #define NANOKPU_OP_CONV                          21
 #define NANOKPU_OP_KDA_STEP                      22
+#define NANOKPU_OP_ATTEND                        23
 
 /* error codes (NANOKPU_STATUS_CODE) */
 #define NANOKPU_ERR_NONE                         0

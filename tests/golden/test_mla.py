@@ -10,7 +10,7 @@ from int_reference import exact_round
 from golden import intops as I
 from golden import k3
 from golden import mla as M
-from nanokpu.config import ROUNDING_MODES, profile
+from nanokpu.config import ONLINE_WIDTH, ROUNDING_MODES, profile
 
 TINY = profile("tiny")
 SF = TINY.score_frac
@@ -45,10 +45,10 @@ def test_register_widths_hold_the_profiles_caches():
     cache fills the data scratchpad of tiny (682) and small (1638); one key more is refused."""
     for name in ("tiny", "small"):
         cfg = profile(name)
-        n = M.mla_max_tokens(cfg)
+        n = cfg.mla_max_tokens
         assert n == 4095
-        assert n << (cfg.score_frac + cfg.in_width - 1) < 1 << (M.ONLINE_WIDTH - 1)
-        assert (n + 1) << (cfg.score_frac + cfg.in_width - 1) >= 1 << (M.ONLINE_WIDTH - 1)
+        assert n << (cfg.score_frac + cfg.in_width - 1) < 1 << (ONLINE_WIDTH - 1)
+        assert (n + 1) << (cfg.score_frac + cfg.in_width - 1) >= 1 << (ONLINE_WIDTH - 1)
         assert cfg.dmem_depth // (cfg.kv_lora_rank + cfg.qk_rope_dim) <= n
     with pytest.raises(ValueError, match="mla_max_tokens"):
         M.online_softmax_int(np.zeros((1, 1, 4096), np.int64), np.zeros((4096, 1, 1), np.int64), [0], TINY)
@@ -57,7 +57,7 @@ def test_register_widths_hold_the_profiles_caches():
 def test_longest_row_stays_in_the_registers():
     """4095 equal keys of value -128 (the largest l and |acc|: 4095 * 2**12 and 4095 * 2**19, no
     rounding while the max never changes): o is exactly -128."""
-    n = M.mla_max_tokens(TINY)
+    n = TINY.mla_max_tokens
     v = np.full((n, 1, 1), -128, np.int64)
     o = M.online_softmax_int(np.full((1, 1, n), 77, np.int64), v, [n - 1], TINY)
     assert o.tolist() == [[[-128 << SF]]]
@@ -301,3 +301,17 @@ def test_integer_reference(mode):
     want = _gemm(og, Q.W_o, Q.rq_o, mode)
     y, _ = M.mla_int(x_q, Q, cfg)
     assert y.tolist() == want
+
+
+def test_gate_rounds_and_saturates():
+    """gate_int: o * g / 2**(2 score_frac) rounded by the config's mode (ties both ways), saturated to
+    in_width both ways; attend_int is the online softmax of one head through the gate (a single key:
+    o is the key's value exactly)."""
+    half, one = 1 << (SF - 1), 1 << SF
+    o = np.array([3 << SF, 5 << SF, -(3 << SF), 127 << SF, -(128 << SF), 100 << SF])
+    g = np.array([half, half, half, 2 * one - 1, 2 * one - 1, one])
+    assert M.gate_int(o, g, TINY).tolist() == [2, 2, -2, 127, -128, 100]      # half_even: 1.5, 2.5, -1.5
+    up = dataclasses.replace(TINY, rounding="half_up")
+    assert M.gate_int(o, g, up).tolist() == [2, 3, -1, 127, -128, 100]
+    v = np.array([[-7, 9]])
+    assert M.attend_int([[123]], v, [[one, half]], TINY).tolist() == [[-7, 4]]

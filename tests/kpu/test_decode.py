@@ -263,3 +263,24 @@ def test_gemm_b_from_the_scratchpad_decodes_only_with_layer_ops():
                                Err.NO_ROUTE, Err.HOST_RANGE, Err.NONE, Err.BAD_SHAPE])):
         got = _decode(cfg, ops)
         assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops
+
+
+def test_attend_decodes_only_with_layer_ops():
+    """ATTEND: the scores m*k words at a, the gate and values (k+m)*n at b, the output m*n at c, each
+    checked to its last word (one past: SPAD_RANGE), the output on the gate and values OVERLAP;
+    m <= k <= mla_max_tokens and n <= v_head_dim (else BAD_SHAPE; the longest row passes); BAD_OPCODE
+    without layer_ops (FuncSim agrees each way)."""
+    D, S = CFG.dmem_depth, CFG.mla_max_tokens
+    att = dict(op=Op.ATTEND, m=3, k=5, n=4, a=0, b=200, c=500)        # a 15, b 32, c 12 words
+    ops = [Instr(**att), Instr(**att | {"a": D - 15}), Instr(**att | {"a": D - 14}),
+           Instr(**att | {"b": D - 32}), Instr(**att | {"b": D - 31}), Instr(**att | {"c": D - 12}),
+           Instr(**att | {"c": D - 11}), Instr(**att | {"c": 231}), Instr(**att | {"c": 232}),
+           Instr(**att | {"m": 6}), Instr(**att | {"n": CFG.v_head_dim + 1}),
+           Instr(**att | {"m": 1, "k": S + 1, "n": 1}), Instr(op=Op.ATTEND, m=1, k=S, n=1, a=0, b=S, c=D - 1)]
+    layer = profile("tiny", layer_ops=True)
+    N, B = Err.NONE, Err.BAD_SHAPE
+    for cfg, want in ((CFG, [Err.BAD_OPCODE] * 13),
+                      (layer, [N, N, Err.SPAD_RANGE, N, Err.SPAD_RANGE, N, Err.SPAD_RANGE, Err.OVERLAP, N,
+                               B, B, B, N])):
+        got = _decode(cfg, ops)
+        assert [e for e, *_ in got] == want == [_expected(i, cfg) for i in ops], cfg.layer_ops

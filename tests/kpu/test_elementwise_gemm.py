@@ -706,3 +706,66 @@ def test_gemm_with_b_from_the_scratchpad_matches_funcsim(shape, transposed):
     panel_reads = -(-n // LAYER.cols) * k * LAYER.cols
     assert panel_reads <= from_spad <= from_bus + panel_reads - -(-n // LAYER.cols) * k, (from_spad, from_bus)
     assert from_spad == {(5, 7, 6): 112, (1, 3, 9): 76, (3, 16, 4): 101, (8, 2, 1): 58, (16, 5, 9): 225}[shape]
+
+
+def _attend_operands(cfg, rng, m, k, n, directed=False):
+    """ATTEND's scratchpad: scores a [m, k] at 16, the gate g [m, n] at 1500 and the values V [k, n]
+    at 1500 + m*n (random words, upper bits random: the ports take act_width, score_width and
+    in_width bits; a row's scores within 6.0 of a random level, so that every key weighs), and (s,
+    V, g) as golden takes them. Directed: row 0 ties (equal scores), the
+    extreme scores (differences saturating; row 1 all the lowest), the extreme values with the widest gate (the output
+    saturating both ways), and row 0 of a causal block (m = k) a single key whose gate of 0.5 ties
+    every odd value at the gate's rounding."""
+    act, sf = cfg.act_width, cfg.score_frac
+    lo, hi = -(1 << (act - 1)), (1 << (act - 1)) - 1
+    # a row's scores within a few units of each other (every key weighs), around a random level
+    s = np.clip(rng.integers(lo // 2, hi // 2, (m, 1)) + rng.integers(-6 << cfg.act_frac, 6 << cfg.act_frac, (m, k)),
+                lo, hi)
+    v = rng.integers(-128, 128, (k, n))
+    g = rng.integers(0, 1 << cfg.score_width, (m, n))
+    if directed:
+        s[0] = 1234
+        s[1:] = rng.choice([lo, hi, lo + 1, hi - 1, 0], (m - 1, k))
+        s[1] = lo                            # exp(m - m') = 1.0 from the first key: the accumulators start at 0
+        v[: k // 2] = rng.choice([-128, 127], (k // 2, n))
+        v[0] = np.arange(n) * 2 - 7          # odd values
+        g[0] = 1 << (sf - 1)
+        g[1:] = rng.choice([(1 << cfg.score_width) - 1, 1 << sf, 0], (m - 1, n))
+    noise = lambda shape, width: rng.integers(-8, 8, shape) << width  # noqa: E731 - the ignored upper bits
+    words = {16 + i: int(x) for i, x in enumerate((s + noise(s.shape, act)).ravel())}
+    words |= {1500 + i: int(x) for i, x in enumerate((g + noise(g.shape, cfg.score_width)).ravel())}
+    words |= {1500 + m * n + i: int(x) for i, x in enumerate((v + noise(v.shape, cfg.in_width)).ravel())}
+    return words, (s, v, g)
+
+
+@pytest.mark.parametrize(("m", "k", "n", "directed", "one_write_port"),
+                         [(3, 5, 8, False, False), (4, 4, 3, True, True), (1, 1, 8, False, True),
+                          (2, 9, 1, True, False)])
+def test_attend_matches_funcsim_and_golden(m, k, n, directed, one_write_port):
+    """ATTEND (layer_ops): m queries, the last m of k positions, n values each, under read blocking:
+    FuncSim's scratchpad and golden attend_int (the online softmax, the gate) bit for bit; random
+    scores over the whole act range and the directed cases of _attend_operands."""
+    from golden.mla import attend_int
+
+    seed = m * 100 + k * 10 + n
+    rng = np.random.default_rng(seed)
+    spad, (s, v, g) = _attend_operands(LAYER, rng, m, k, n, directed)
+    ins = Instr(Op.ATTEND, m=m, n=n, k=k, a=16, b=1500, c=900)
+    got, want, err, _ = _run(ins, spad, cfg=LAYER, one_write_port=one_write_port, spad_stall=0.25, seed=seed)
+    assert err == Err.NONE
+    out = [got[900 + i] for i in range(m * n)]
+    assert out == list(attend_int(s, v, g, LAYER).ravel()), f"seed {seed}"
+    assert got == want, f"seed {seed}"
+
+
+def test_attend_cycles_are_exact():
+    """ATTEND without blocking takes exactly attend.cycles(m, k, n) from start to done: each key its
+    n value reads and 8 more cycles, each query its n outputs and the reciprocal's 22 more."""
+    from nanokpu.kpu.executors.attend import cycles
+
+    for m, k, n in ((1, 1, 1), (2, 3, 4), (3, 3, 8)):
+        spad, _ = _attend_operands(LAYER, np.random.default_rng(k), m, k, n)
+        got, want, err, c = _run(Instr(Op.ATTEND, m=m, n=n, k=k, a=16, b=1500, c=900), spad, cfg=LAYER)
+        assert got == want and err == Err.NONE
+        assert c == cycles(m, k, n), (m, k, n, c)
+    assert cycles(1, 1, 1) == 1 * (8 + 1) + (22 + 1) + 1

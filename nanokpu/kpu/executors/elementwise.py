@@ -1,8 +1,9 @@
 """The element-wise executor: ``REQUANT``, ``SIGMOID``, ``SITU``, ``ADD``, ``COMBINE``, ``NORM``,
 ``SPLIT``, ``SILU``, ``DECAY``, ``SOFTMAX``, ``MUL`` and ``CONV`` on one streaming engine that walks the
 operands through the scratchpad, one element per cycle; ``REQUANT_WIDE`` on a
-:class:`~nanokpu.kpu.executors.wide_requant.WideRequant` and ``KDA_STEP`` on a
-:class:`~nanokpu.kpu.executors.kda_step.KdaStep`."""
+:class:`~nanokpu.kpu.executors.wide_requant.WideRequant`, ``KDA_STEP`` on a
+:class:`~nanokpu.kpu.executors.kda_step.KdaStep` and ``ATTEND`` on an
+:class:`~nanokpu.kpu.executors.attend.Attend`."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from nanokpu.isa import F_ACC, F_EPS, F_L2, F_RQ_CHANNEL, F_RQ_EXPERT, Err, Op, 
 from nanokpu.kpu.decoded import widths
 from nanokpu.kpu.dmem import banks
 from nanokpu.kpu.executors import executor_signature, lanes_now, requantiser_signature, saturate_to_width
+from nanokpu.kpu.executors.attend import Attend
 from nanokpu.kpu.executors.kda_step import KdaStep
 from nanokpu.kpu.executors.wide_requant import WideRequant
 from nanokpu.units.pwl import saturate
@@ -42,8 +44,9 @@ class Elementwise(wiring.Component):
     :class:`~nanokpu.units.pwl_functions.Silu`, :class:`~nanokpu.units.pwl_functions.Decay` and
     :class:`~nanokpu.units.softmax.Softmax` (rows of up to ``attnres_candidates``; built only with
     :attr:`~nanokpu.config.KpuConfig.layer_ops`, as ``MUL`` and ``CONV`` on the vector unit, and
-    ``KDA_STEP`` on its :class:`~nanokpu.kpu.executors.kda_step.KdaStep`, which has the scratchpad
-    port while it runs, as ``REQUANT_WIDE``'s).
+    ``KDA_STEP`` on its :class:`~nanokpu.kpu.executors.kda_step.KdaStep` and ``ATTEND`` on its
+    :class:`~nanokpu.kpu.executors.attend.Attend`, which have the scratchpad port while they run, as
+    ``REQUANT_WIDE``'s).
 
     Members: :func:`~nanokpu.kpu.executors.executor_signature` (``ins`` with ``p2 = k * n`` for
     ``COMBINE``, ``expert`` for a ``REQUANT`` with :data:`~nanokpu.isa.F_RQ_EXPERT`) and ``rq``.
@@ -96,6 +99,7 @@ class Elementwise(wiring.Component):
             m.submodules.wide = delegates["WIDE"] = wide = WideRequant(cfg)
         if cfg.layer_ops:
             m.submodules.kda = delegates["KDA"] = kda = KdaStep(cfg)
+            m.submodules.attend = delegates["ATTEND"] = attend = Attend(cfg)
         D = cfg.in_width
 
         # the walk: rem[j] counts the steps of level j left, this one included, down from cnt[j]
@@ -331,6 +335,10 @@ class Elementwise(wiring.Component):
                         if cfg.layer_ops:
                             m.d.comb += kda.start.eq(1)
                             m.next = "KDA"
+                    with m.Elif(cfg.layer_ops & (op == Op.ATTEND)):
+                        if cfg.layer_ops:
+                            m.d.comb += attend.start.eq(1)
+                            m.next = "ATTEND"
                     if cfg.layer_ops:   # F_RQ_CHANNEL: a value at a time, with its column's entry
                         per_expert = (ins.flags & F_RQ_EXPERT) != 0
                         with m.Elif((op == Op.REQUANT) & ((ins.flags & F_RQ_CHANNEL) != 0)):
