@@ -34,8 +34,7 @@ from golden.layer import ffn_sublayer_int, layer_int, random_ffn_case, random_la
 from nanokpu.host.attn_res import compile_attn_res
 from nanokpu.host.compiler import compile_block
 from nanokpu.host.funcsim import FuncSim
-from nanokpu.host.kda import read_state
-from nanokpu.host.layer import compile_ffn_sublayer, compile_layer
+from nanokpu.host.layer import compile_ffn_sublayer, compile_layer, read_mixer_state
 from nanokpu.isa import (
     EXECUTORS,
     F_ACC,
@@ -543,15 +542,15 @@ async def run_rows_program(tb, prog, want, what: str) -> dict:
 @cocotb.test()
 async def test_layers(dut):
     """Whole K3 layers (:func:`nanokpu.host.layer.compile_layer`: the mixer's Attention Residuals and
-    weighted RMSNorm, KDA, the residual add, the FFN half; ``layer_ops``): each of ``layers`` (default
-    ``0,1``: the dense first layer, then KDA + LatentMoE) on a sequence from the zero state, ``tokens``
-    tokens in one call (default 4), then ``steps`` decode steps of a token each (default 4), every
-    call's program compiled with the KDA state read back from the nano-KPU's host memory after the
-    call before: each call's ``P`` equals golden :func:`~golden.layer.layer_int`'s on the whole
-    sequence at once (its rows), the host memory FuncSim's (under the bench's bus stalls), the state
-    after the last call golden's; the error of the sequence against the float layer
-    (:func:`golden.k3.layer`) is logged. With ``summary`` each call's counters, instructions and
-    MACs are written there (``nanokpu bench-block``'s layer rows)."""
+    weighted RMSNorm, KDA or MLA, the residual add, the FFN half; ``layer_ops``): each of ``layers``
+    (default ``0,1``: the dense first layer, then KDA + LatentMoE) on a sequence from the zero state,
+    ``tokens`` tokens in one call (default 4), then ``steps`` decode steps of a token each (default
+    4), every call's program compiled with the mixer's state (the KDA state, the MLA cache) read back
+    from the nano-KPU's host memory after the call before: each call's ``P`` equals golden
+    :func:`~golden.layer.layer_int`'s on the whole sequence at once (its rows), the host memory
+    FuncSim's (under the bench's bus stalls), the state after the last call golden's; the error of
+    the sequence against the float layer (:func:`golden.k3.layer`) is logged. With ``summary`` each
+    call's counters, instructions and MACs are written there (``nanokpu bench-block``'s layer rows)."""
     from golden import k3
 
     tb = TB(dut)
@@ -571,11 +570,11 @@ async def test_layers(dut):
             final, res = await run_like_funcsim(tb, prog.instrs, prog.image, what)
             got.append(prog.outputs(final))
             assert np.array_equal(got[-1], want[lo:hi]), f"seed {tb.seed}, {what}: P differs from layer_int's"
-            state = read_state(prog, final, part="kda")
+            state = read_mixer_state(prog, final)
             results.append(await tb.counters() | {"instructions": res.retired, "macs": res.macs, "layer": L,
                                                   "tokens": hi - lo, "static": len(prog.instrs)})
-        assert np.array_equal(state.S, want_state.S) and np.array_equal(state.conv, want_state.conv), \
-            f"seed {tb.seed}, layer {L}: the KDA state after {len(calls)} calls differs from layer_int's"
+        assert all(np.array_equal(a, b) for a, b in zip(state, want_state, strict=True)), \
+            f"seed {tb.seed}, layer {L}: the mixer's state after {len(calls)} calls differs from layer_int's"
         act = 2.0 ** -cfg.act_frac
         e = block_error(np.concatenate(got), k3.layer(L, P * act, [b * act for b in Bl], params, cfg)[0], cfg)
         results[-1]["error"] = e

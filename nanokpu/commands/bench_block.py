@@ -10,7 +10,7 @@ ran / all cycles). The same run is then replayed on the same Verilog by a C++ ha
 Python per cycle (:func:`sim.lib.raw_run.replay`; a different cycle count, register value or
 host memory byte is an error): reported are the simulated cycles per second of the run phase
 under cocotb and on the harness, and their ratio. Then K3 layers on ``tiny`` (:data:`LAYERS`):
-the FFN half of the dense layer 0 and the LatentMoE layer 1, and both layers whole (a call of 8
+the FFN half of the dense layer 0 and the LatentMoE layer 1, and a layer of each kind whole (a call of 8
 tokens, then decode steps): cycles, MACs, utilization, busy shares. Written to
 ``docs/bench/block.md``.
 """
@@ -176,14 +176,15 @@ bit-exact to `golden.layer.ffn_sublayer_int` (`sim/bench_top.py` `test_ffn_subla
 
 ## Whole K3 layers
 
-A whole KDA layer (`nanokpu.host.layer.compile_layer`: the mixer's Attention Residuals and
-RMSNorm, the KDA mixer, the residual add, then the FFN half above; six programs linked into one)
-on `tiny` per tensor with `layer_ops` and a 128-instruction memory (the build of `nanokpu sim
---layer` and the main job), no bus stalls, from the zero state: 8 tokens in one call, then 4
-decode steps of a token each with the KDA state read back from host memory between calls, each
-call bit-exact to `golden.layer.layer_int` (`sim/bench_top.py` `test_layers`, seed {seed}). A
-decode step's row is the mean of the 4; the vector unit's share includes `KDA_STEP`. MLA layers
-do not run on the nano-KPU yet.
+A whole layer of each kind (`nanokpu.host.layer.compile_layer`: the mixer's Attention Residuals
+and RMSNorm, the KDA or MLA mixer, the residual add, then the FFN half above; six programs linked
+into one) on `tiny` per tensor with `layer_ops` and a 128-instruction memory (the build of
+`nanokpu sim --layer` and the main job), no bus stalls, from the zero state: 8 tokens in one
+call, then 4 decode steps of a token each with the KDA state or the MLA cache read back from host
+memory between calls, each call bit-exact to `golden.layer.layer_int` (`sim/bench_top.py`
+`test_layers`, seed {seed}). A decode step's row is the mean of the 4 (an MLA step's cost grows
+with its cache: each attends to one key more); the vector unit's share includes `KDA_STEP` and
+`ATTEND`.
 
 {whole}
 """
@@ -205,12 +206,12 @@ def layer_parts(seed: int) -> list[dict]:
 
 
 def whole_layers(seed: int) -> list[dict]:
-    """Run ``test_layers`` (layers 0 and 1: 8 tokens, then 4 decode steps) on the layer build of
-    tiny (per tensor: the build of ``nanokpu sim --layer`` and the main job) without bus stalls;
-    the summary rows."""
-    from nanokpu.commands.simulate import simulate_layers
+    """Run ``test_layers`` (a layer of each kind, :func:`~nanokpu.commands.simulate.layer_kinds`: 8
+    tokens, then 4 decode steps) on the layer build of tiny (per tensor: the build of ``nanokpu sim
+    --layer`` and the main job) without bus stalls; the summary rows."""
+    from nanokpu.commands.simulate import layer_kinds, simulate_layers
 
-    r = simulate_layers(profile("tiny"), [0, 1], 8, 4, seed, progress=False)
+    r = simulate_layers(profile("tiny"), layer_kinds(profile("tiny")), 8, 4, seed, progress=False)
     if not r.get("bit_exact"):
         raise RuntimeError(f"whole layers: NOT bit-exact: {r.get('failure')}")
     return r["rows"]
@@ -231,7 +232,8 @@ def whole_layer_table(rows: list[dict]) -> str:
             mean = {k: sum(r[k] for r in group) / len(group) for k in ("cycles", "macs", "instructions", "static",
                                                                         *EXECUTORS)}
             ideal = mean["macs"] / (cfg.rows * cfg.cols)
-            lines.append(f"| {L} (KDA) | {kind} | {call} | {group[0]['tokens']} | {mean['static']:.0f} | "
+            mixer = "MLA" if cfg.is_mla_layer(L) else "KDA"
+            lines.append(f"| {L} ({mixer}) | {kind} | {call} | {group[0]['tokens']} | {mean['static']:.0f} | "
                          f"{mean['instructions']:.0f} | {mean['cycles']:,.0f} | {mean['macs']:.0f} | {ideal:.0f} | "
                          f"{ideal / mean['cycles']:.1%} | "
                          + " | ".join(f"{mean[u] / mean['cycles']:.1%}" for u in EXECUTORS) + " |")
@@ -389,7 +391,7 @@ def run(args) -> int:
             progress.advance(f"{tag}: {r['cycles']:,} cycles")
         with progress.stage("[bench-block] the FFN half of layers 0 and 1 (tiny, after scheme, layer_ops)"):
             layers = layer_table(layer_parts(args.seed))
-        with progress.stage("[bench-block] whole layers 0 and 1 (tiny, layer_ops)"):
+        with progress.stage("[bench-block] whole layers 0, 1 and 3 (tiny, layer_ops)"):
             whole = whole_layer_table(whole_layers(args.seed))
     text = table(rows)
     speeds = speed_table(rows)

@@ -5,9 +5,10 @@ The steps, each printed as it runs:
 1. golden: one LatentMoE block on the float and the integer path (:mod:`nanokpu.commands.demo`);
 2. generate: the Verilog of every unit into ``rtl/<profile>/`` (:mod:`nanokpu.commands.generate`);
 3. simulate: a block on the nano-KPU RTL on Verilator through its AXI interfaces, checked bit
-   for bit against the golden integer block, then layer :data:`FLOW_LAYER` (KDA and LatentMoE) on
-   the profile built with ``layer_ops``, a call and decode steps checked against the golden
-   integer layer (:mod:`nanokpu.commands.simulate`);
+   for bit against the golden integer block, then a layer of each kind (the dense one, KDA and
+   LatentMoE, MLA and LatentMoE: :func:`~nanokpu.commands.simulate.layer_kinds`) on the profile
+   built with ``layer_ops``, each a call and decode steps checked against the golden integer layer
+   (:mod:`nanokpu.commands.simulate`);
 4. synthesize: the whole nano-KPU with Yosys and nextpnr for the profile's FPGA
    (:data:`nanokpu.commands.synth.DEFAULT_TARGET`: ``tiny`` on the ECP5-25F, ``small`` on the
    ECP5-85F), placed and routed with its Fmax. Reports land in ``fpga/build/flow/``.
@@ -61,9 +62,8 @@ def add_arguments(parser) -> None:
     add_quiet(parser)
 
 
-#: The whole layer the main job runs (step 3): layer 1, the KDA mixer and the LatentMoE FFN, on
-#: LAYER_TOKENS tokens, then FLOW_STEPS decode steps.
-FLOW_LAYER, FLOW_STEPS = 1, 2
+#: Decode steps after the call of LAYER_TOKENS tokens of each whole layer the main job runs (step 3).
+FLOW_STEPS = 2
 
 
 def run(args) -> int:
@@ -91,7 +91,9 @@ def run(args) -> int:
                 f"({time.perf_counter() - t0:.1f} s)")
     progress.advance("generate done")
 
-    t0 = _step(3, f"simulate a block and layer {FLOW_LAYER} on the RTL (Verilator, cocotb, AXI)")
+    layers = simulate.layer_kinds(cfg)
+    names = ", ".join(str(L) for L in layers)
+    t0 = _step(3, f"simulate a block and layers {names} on the RTL (Verilator, cocotb, AXI)")
     tokens = simulate.DEFAULT_TOKENS.get(cfg.name, 8)
     result = simulate.simulate(cfg, tokens, args.seed, pause=0.2, progress=not args.quiet)
     print(simulate.format_summary(cfg, result))
@@ -99,15 +101,18 @@ def run(args) -> int:
     done.append(f"simulated {tokens} tokens on the RTL: "
                 + (f"{result['cycles']:,} cycles, bit-exact with the golden integer block"
                    if exact else "NOT bit-exact"))
-    layer = simulate.simulate_layers(cfg, [FLOW_LAYER], simulate.LAYER_TOKENS, FLOW_STEPS, args.seed, pause=0.2,
+    layer = simulate.simulate_layers(cfg, layers, simulate.LAYER_TOKENS, FLOW_STEPS, args.seed, pause=0.2,
                                      progress=not args.quiet)
     print(simulate.format_layers(layer))
     layer_exact = bool(layer.get("bit_exact"))
-    done.append(f"simulated layer {FLOW_LAYER} (KDA mixer, LatentMoE FFN; built with layer_ops) on the RTL: "
-                f"{simulate.LAYER_TOKENS} tokens, then {FLOW_STEPS} decode steps carrying the KDA state: "
-                + (f"{sum(r['cycles'] for r in layer['rows']):,} cycles, bit-exact with the golden integer layer "
-                   f"(cosine {layer['rows'][-1]['error']['cosine']:.5f} against the float layer)"
-                   if layer_exact else "NOT bit-exact"))
+    for L in layers:
+        rows = [r for r in layer.get("rows", []) if r["layer"] == L]
+        state = "the MLA cache" if cfg.is_mla_layer(L) else "the KDA state"
+        done.append(f"simulated layer {L} ({simulate.layer_name(cfg, L)}; built with layer_ops) on the RTL: "
+                    f"{simulate.LAYER_TOKENS} tokens, then {FLOW_STEPS} decode steps carrying {state}: "
+                    + (f"{sum(r['cycles'] for r in rows):,} cycles, bit-exact with the golden integer layer "
+                       f"(cosine {rows[-1]['error']['cosine']:.5f} against the float layer)"
+                       if layer_exact else "NOT bit-exact"))
     exact &= layer_exact
     progress.advance("simulate done")
 

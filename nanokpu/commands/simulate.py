@@ -34,9 +34,9 @@ def add_arguments(parser) -> None:
                         help="tokens in the batch (default: 8 for tiny, 16 for small; at most what the "
                              "profile's scratchpad holds)")
     parser.add_argument("--layer", type=int_in(0), nargs="+", default=None, metavar="L",
-                        help="run whole K3 layers L instead of a block (KDA layers; the profile built with "
-                             "layer_ops and a 128-instruction memory): a call of --tokens tokens (default 4), "
-                             "then --steps decode steps carrying the KDA state")
+                        help="run whole K3 layers L instead of a block (KDA or MLA by the K3 pattern; the "
+                             "profile built with layer_ops and a 128-instruction memory): a call of --tokens "
+                             "tokens (default 4), then --steps decode steps carrying the KDA state or MLA cache")
     parser.add_argument("--steps", type=int_in(0), default=LAYER_STEPS,
                         help=f"with --layer: decode steps of a token after the first call (default {LAYER_STEPS})")
     parser.add_argument("--seed", type=seed, default=1, help="random block and batch")
@@ -86,28 +86,46 @@ def simulate(cfg, tokens: int, seed: int, pause: float = 0.0, waves: bool = Fals
     return result
 
 
+def layer_kinds(cfg) -> list[int]:
+    """One layer of each kind of ``cfg`` by the K3 pattern: the first with a dense FFN, the first KDA
+    layer with the LatentMoE FFN, the first MLA layer (``tiny``, ``small``: 0, 1, 3)."""
+    kinds = {}
+    for L in range(cfg.n_layers):
+        kinds.setdefault((cfg.is_mla_layer(L), L < cfg.dense_layers), L)
+    return sorted(kinds[k] for k in ((False, True), (False, False), (True, False)) if k in kinds)
+
+
+def layer_name(cfg, L: int) -> str:
+    """``"<mixer> mixer, <FFN> FFN"`` of layer ``L``."""
+    mixer = "MLA" if cfg.is_mla_layer(L) else "KDA"
+    return f"{mixer} mixer, " + ("dense FFN" if L < cfg.dense_layers else "LatentMoE FFN")
+
+
 def check_layers(cfg, layers, tokens: int, steps: int) -> None:
     """``ValueError`` naming the argument when a layer of ``layers`` cannot run on the layer build
     of ``cfg`` (:func:`nanokpu.host.layer.layer_config`) with ``tokens`` then ``steps`` calls of
-    one token: out of range, an MLA layer, or a program beyond the scratchpad or instruction
-    memory (each layer's first call compiled on a random case)."""
+    one token: out of range, or a program beyond the scratchpad or instruction memory (each
+    layer's first call and, for an MLA layer, its last decode step, the longest cache, compiled on a
+    random case)."""
     import numpy as np
 
     from golden.layer import random_layer_case
+    from golden.mla import MLACache
     from nanokpu.host.layer import compile_layer, layer_config
 
     lcfg = layer_config(cfg)
     for L in layers:
         if not 0 <= L < cfg.n_layers:
             raise ValueError(f"layer = {L}: profile {cfg.name!r} has layers 0 .. {cfg.n_layers - 1}")
-        if cfg.is_mla_layer(L):
-            raise ValueError(f"layer = {L}: an MLA layer (every {cfg.mla_period}th); the nano-KPU runs KDA "
-                             f"layers only (no MLA executor yet)")
         Q, P, Bl, _, _ = random_layer_case(lcfg, L, tokens + steps, np.random.default_rng(0))
         try:
             compile_layer(L, P[:tokens], [b[:tokens] for b in Bl], Q, lcfg)
+            if steps and cfg.is_mla_layer(L):
+                S0 = tokens + steps - 1
+                cache = MLACache(np.zeros((S0, cfg.kv_lora_rank), np.int64), np.zeros((S0, cfg.qk_rope_dim), np.int64))
+                compile_layer(L, P[-1:], [b[-1:] for b in Bl], Q, lcfg, cache)
         except ValueError as exc:
-            raise ValueError(f"tokens = {tokens}: layer {L}: {exc}") from None
+            raise ValueError(f"tokens = {tokens}, steps = {steps}: layer {L}: {exc}") from None
 
 
 def simulate_layers(cfg, layers, tokens: int, steps: int, seed: int, pause: float = 0.0, waves: bool = False,
@@ -157,7 +175,7 @@ def format_layers(r: dict) -> str:
     lines = []
     for L in dict.fromkeys(row["layer"] for row in r["rows"]):
         rows = [row for row in r["rows"] if row["layer"] == L]
-        kind = "KDA mixer, " + ("dense FFN" if L < cfg.dense_layers else "LatentMoE FFN")
+        kind = layer_name(cfg, L)
         first, steps = rows[0], rows[1:]
         ideal = first["macs"] / (cfg.rows * cfg.cols)
         spread = sorted({s["cycles"] for s in steps})
@@ -166,7 +184,8 @@ def format_layers(r: dict) -> str:
                      f"{first['cycles']:,} cycles ({first['static']} instructions, utilization "
                      f"{ideal / first['cycles']:.1%})"
                      + (f", then {len(steps)} decode steps of {each} cycles each" if steps else ""))
-        lines.append("  bit-exact with golden.layer.layer_int: yes (each call; the KDA state carried in host memory)")
+        state = "MLA's latent KV cache" if cfg.is_mla_layer(L) else "the KDA state"
+        lines.append(f"  bit-exact with golden.layer.layer_int: yes (each call; {state} carried in host memory)")
         e = rows[-1]["error"]
         lines.append(f"  error vs the float layer: cosine {e['cosine']:.5f}, max abs {e['max_abs']:.4f}, "
                      f"rms relative {e['rms_rel']:.4f}")

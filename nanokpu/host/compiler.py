@@ -67,7 +67,7 @@ from nanokpu.isa import (
 )
 
 __all__ = ["HostImage", "Program", "RowsProgram", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
-           "glu_steps", "rq_words"]
+           "glu_steps", "rq_fields", "rq_words"]
 
 
 @dataclass
@@ -178,6 +178,16 @@ def check_requant(rq: Requant, cfg: KpuConfig, what: str):
     mult, shift = np.asarray(rq.mult), np.asarray(rq.shift)
     if np.any(mult < 0) or np.any(mult >= 1 << 31) or np.any(shift < 0) or np.any(shift >= 64):
         raise ValueError(f"{what}: requantiser mult={rq.mult} shift={rq.shift} out of range")
+
+
+def rq_fields(rq: Requant, table: int | None, cfg: KpuConfig, what: str) -> dict:
+    """A requantising instruction's fields (``GEMM``, ``REQUANT``): ``rq``'s constants (checked,
+    ``ValueError`` naming ``what``), or with per-column scales :data:`~nanokpu.isa.F_RQ_CHANNEL` and
+    its table at the scratchpad word ``table`` (:func:`rq_words`)."""
+    if rq.per_column:
+        return dict(flags=F_RQ_CHANNEL, b=table, width=rq.width)
+    check_requant(rq, cfg, what)
+    return dict(mult=rq.mult, shift=rq.shift, width=rq.width)
 
 
 #: The routed expert's GEMMs whose per-column tables (``weight_scales = "channel"``) sit in each

@@ -23,11 +23,18 @@ from __future__ import annotations
 import numpy as np
 
 from golden import intops as I
-from golden.block import Requant
 from golden.kda import KDAState, QuantKDA
 from nanokpu.config import KpuConfig
-from nanokpu.host.compiler import HostImage, RowsProgram, SpadMap, check_requant, gemm_over_limit, rq_words
-from nanokpu.isa import F_ACC, F_EPS, F_L2, F_RQ_CHANNEL, Instr, Op, bus_bytes, weight_panels
+from nanokpu.host.compiler import (
+    HostImage,
+    RowsProgram,
+    SpadMap,
+    check_requant,
+    gemm_over_limit,
+    rq_fields,
+    rq_words,
+)
+from nanokpu.isa import F_ACC, F_EPS, F_L2, Instr, Op, bus_bytes, weight_panels
 
 __all__ = ["compile_kda", "read_state"]
 
@@ -90,16 +97,9 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
     if spad.top > cfg.dmem_depth:
         raise ValueError(f"x_q: {T} tokens need {spad.top:,} scratchpad words, dmem_depth = {cfg.dmem_depth:,}")
 
-    def rq_fields(r: Requant, table: str, what: str) -> dict:
-        """A requantising instruction's fields: the constants of ``r``, or its per-column table."""
-        if r.per_column:
-            return dict(flags=F_RQ_CHANNEL, b=s_tab[table], width=r.width)
-        check_requant(r, cfg, what)
-        return dict(mult=r.mult, shift=r.shift, width=r.width)
-
     def gemm(name: str, a: int, c: int, raw: bool = False) -> Instr:
         p, k, n_out = gemms[name]
-        fields = dict(width=0) if raw else rq_fields(p.rq, name, f"Q.proj_{name}")
+        fields = dict(width=0) if raw else rq_fields(p.rq, s_tab.get(name), cfg, f"Q.proj_{name}")
         return Instr(Op.GEMM, m=T, k=k, n=n_out, a=a, c=c, host=h_w[name], **fields)
 
     instrs = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=4 if x_words else 1),
@@ -110,7 +110,8 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
         instrs += [Instr(Op.LOAD, m=n - 1, n=C, c=tail, host=h_tails + 4 * i * (n - 1) * C, width=4),
                    gemm(c, s_x, p),
                    Instr(Op.CONV, m=n - 1 + T, n=C, k=n, a=tail, b=s_conv + i * C * n, c=s_a),
-                   Instr(Op.REQUANT, m=T, n=C, a=s_a, c=s_a, **rq_fields(conv.rq, f"conv_{c}", f"Q.conv_{c}")),
+                   Instr(Op.REQUANT, m=T, n=C, a=s_a, c=s_a,
+                         **rq_fields(conv.rq, s_tab.get(f"conv_{c}"), cfg, f"Q.conv_{c}")),
                    Instr(Op.STORE, m=n - 1, n=C, a=s_xp[c] + T * C, host=h_tails + 4 * i * (n - 1) * C, width=4)]
         if c == "v":
             instrs.append(Instr(Op.SILU, m=T, n=C, a=s_a, c=plane["v"]))
@@ -119,7 +120,7 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
                        Instr(Op.NORM, flags=F_L2, m=T * H, n=K, a=s_a, c=plane[c])]
     instrs += [gemm("f", s_x, s_f, raw=True),
                Instr(Op.ADD, flags=F_ACC, m=T, n=C, a=s_f, b=s_tab["bias"], c=s_f),
-               Instr(Op.REQUANT, m=T, n=C, a=s_f, c=s_f, **rq_fields(Q.proj_f.rq, "f", "Q.proj_f")),
+               Instr(Op.REQUANT, m=T, n=C, a=s_f, c=s_f, **rq_fields(Q.proj_f.rq, s_tab.get("f"), cfg, "Q.proj_f")),
                Instr(Op.DECAY, m=T, n=C, a=s_f, c=plane["decay"]),
                gemm("b", s_x, s_f),
                Instr(Op.SIGMOID, m=T, n=H, a=s_f, c=plane["beta"]),

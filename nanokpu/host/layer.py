@@ -1,12 +1,13 @@
 """Lower a K3 layer to one nano-KPU program (needs ``layer_ops``): the FFN half
-(:func:`golden.layer.ffn_sublayer_int`, :func:`compile_ffn_sublayer`) and a whole KDA layer
+(:func:`golden.layer.ffn_sublayer_int`, :func:`compile_ffn_sublayer`) and a whole layer, KDA or MLA
 (:func:`golden.layer.layer_int`, :func:`compile_layer`), as programs linked into one
 (:func:`nanokpu.host.link.link`), each handing its result to the next through host memory (``T *
 d`` words)::
 
     mixer_norm: Attention Residuals of P over Bl with q_attn (none when Bl is empty) -> h,
                 LOAD attn_norm; NORM h -> x; MUL x by attn_norm; STORE x       (compile_layer)
-    kda:        the KDA mixer (nanokpu.host.kda.compile_kda, x as int32 words) -> y     (compile_layer)
+    kda | mla:  the mixer (nanokpu.host.kda.compile_kda, nanokpu.host.mla.compile_mla, x as int32
+                words) -> y                                                     (compile_layer)
     mixer_add:  LOAD y; (LOAD P; ADD); STORE out, and a STORE a token into the FFN half's
                 candidates V (int32 words)                                      (compile_layer)
     norm: Attention Residuals of P over Bl with q_mlp -> h      (nanokpu.host.attn_res.attn_res_steps)
@@ -23,7 +24,8 @@ FFN's ``ffn.w_gate``, ``ffn.w_up``, ``ffn.w_down`` (:func:`~nanokpu.isa.weight_p
 (with ``weight_scales = "channel"``: the three GEMMs' per-column tables), ``ffn.y``, or the block's
 buffers (:mod:`nanokpu.host.compiler`); ``add.P`` and the output ``add.out`` (int32 ``[T, d]``).
 The mixer half's parts ``mixer_norm`` (as ``norm``), ``kda`` (:mod:`nanokpu.host.kda`'s buffers:
-the state at ``kda.tails`` and ``kda.S``) and ``mixer_add`` (``a``, ``P``, ``out``, ``V``). Inputs
+the state at ``kda.tails`` and ``kda.S``) or ``mla`` (:mod:`nanokpu.host.mla`'s: the cache at
+``mla.n_kv`` and ``mla.k_r``) and ``mixer_add`` (``a``, ``P``, ``out``, ``V``). Inputs
 another part stores are int32 words; those from the host (``P``, ``Bl``) int16.
 """
 
@@ -34,6 +36,7 @@ import numpy as np
 from golden.block import QuantExpert, QuantLatentMoE
 from golden.kda import KDAState, QuantKDA
 from golden.layer import QuantLayer
+from golden.mla import MLACache, QuantMLA
 from nanokpu.config import KpuConfig
 from nanokpu.host.attn_res import attn_res_steps, check_candidates, check_room
 from nanokpu.host.compiler import (
@@ -45,11 +48,12 @@ from nanokpu.host.compiler import (
     glu_steps,
     rq_words,
 )
-from nanokpu.host.kda import compile_kda
+from nanokpu.host.kda import compile_kda, read_state
 from nanokpu.host.link import Part, link
+from nanokpu.host.mla import compile_mla, read_cache
 from nanokpu.isa import Instr, Op, bus_bytes, weight_panels
 
-__all__ = ["LAYER_IMEM_DEPTH", "compile_ffn_sublayer", "compile_layer", "layer_config"]
+__all__ = ["LAYER_IMEM_DEPTH", "compile_ffn_sublayer", "compile_layer", "layer_config", "read_mixer_state"]
 
 #: Instruction memory a whole layer's program needs: up to 107 instructions on ``tiny`` at 8 tokens
 #: (a LatentMoE layer with the wide router; the mixer_add part takes a ``STORE`` a token).
@@ -206,34 +210,39 @@ def _mixer_add(P, V, cfg: KpuConfig) -> Part:
     return _part("mixer_add", instrs, host, spad, T, cfg)
 
 
-def compile_layer(L: int, P, Bl, Q: QuantLayer, cfg: KpuConfig, state: KDAState | None = None) -> RowsProgram:
-    """The program of :func:`golden.layer.layer_int` for a KDA layer ``L``: ``P [T, d]`` and ``Bl``
-    (list of ``[T, d]``) act format, the mixer's ``state`` after the previous tokens (None: zeros).
+def compile_layer(L: int, P, Bl, Q: QuantLayer, cfg: KpuConfig, state: KDAState | MLACache | None = None
+                  ) -> RowsProgram:
+    """The program of :func:`golden.layer.layer_int` for layer ``L``: ``P [T, d]`` and ``Bl`` (list of
+    ``[T, d]``) act format, the mixer's ``state`` after the previous tokens (None: none), a
+    :class:`~golden.kda.KDAState` for a KDA layer, a :class:`~golden.mla.MLACache` for an MLA layer.
     Six parts linked (their symbols prefixed by the part's name)::
 
         mixer_norm  Attention Residuals of P over Bl with q_attn (none when Bl is empty), the
                     weighted RMSNorm (attn_norm) -> x
-        kda         the KDA mixer (nanokpu.host.kda) on x -> y; its state at kda.tails, kda.S
+        kda | mla   the mixer (nanokpu.host.kda, nanokpu.host.mla) on x -> y; its state at kda.tails,
+                    kda.S, or its cache at mla.n_kv, mla.k_r
         mixer_add   P + y (y alone when L starts a block) -> out, and into the FFN half's
                     candidates mixer_add.V (Bl, with P when L starts a block, then out)
         norm, ffn, add   the FFN half (compile_ffn_sublayer) on those candidates -> add.out
 
     A :class:`~nanokpu.host.compiler.RowsProgram` whose output (the layer's ``P``) is at
-    ``add.out``; the state after the call: :func:`nanokpu.host.kda.read_state` with ``part="kda"``;
-    ``Bl`` after the layer is ``Bl + [P]`` when ``L % attnres_block == 0``, else ``Bl``.
+    ``add.out``; the state after the call: :func:`read_mixer_state`; ``Bl`` after the layer is ``Bl +
+    [P]`` when ``L % attnres_block == 0``, else ``Bl``.
 
-    ``ValueError`` naming the argument when ``L`` is an MLA layer (no MLA executor yet), ``Q`` is
-    not of layer ``L``'s kinds, a shape or value does not fit, or the config lacks ``layer_ops``,
-    room or instruction memory.
+    ``ValueError`` naming the argument when ``Q`` or ``state`` is not of layer ``L``'s kinds, a shape
+    or value does not fit, or the config lacks ``layer_ops``, room or instruction memory.
     """
     if not 0 <= L < cfg.n_layers:
         raise ValueError(f"L = {L}: must be in [0, n_layers = {cfg.n_layers})")
-    if cfg.is_mla_layer(L):
-        raise ValueError(f"L = {L}: an MLA layer; the nano-KPU runs KDA layers only (no MLA executor yet)")
+    is_mla = cfg.is_mla_layer(L)
     ffn_cls = QuantExpert if L < cfg.dense_layers else QuantLatentMoE
-    for part, cls in ((Q.mixer, QuantKDA), (Q.ffn, ffn_cls)):
+    for part, cls in ((Q.mixer, QuantMLA if is_mla else QuantKDA), (Q.ffn, ffn_cls)):
         if not isinstance(part, cls):
             raise ValueError(f"Q: layer {L} of profile {cfg.name!r} needs {cls.__name__}, got {type(part).__name__}")
+    state_cls = MLACache if is_mla else KDAState
+    if state is not None and not isinstance(state, state_cls):
+        raise ValueError(f"state: layer {L} of profile {cfg.name!r} carries {state_cls.__name__}, "
+                         f"got {type(state).__name__}")
     V = check_candidates(P, Bl, cfg)
     T, d = V.shape[1:]
     P = V[-1]
@@ -241,10 +250,18 @@ def compile_layer(L: int, P, Bl, Q: QuantLayer, cfg: KpuConfig, state: KDAState 
     Bl_next = [*Bl, P] if starts else list(Bl)
     V_next = check_candidates(np.zeros((T, d), dtype=np.int64), Bl_next, cfg)
     mixer_norm = _norm("mixer_norm", V, Q.q_attn, Q.attn_norm, Q.attn_norm_shift, "attn_norm", 0, cfg)
-    kda = compile_kda(np.zeros((T, d), dtype=np.int64), Q.mixer, cfg, state, x_words=True)
+    name, compile_mixer = ("mla", compile_mla) if is_mla else ("kda", compile_kda)
+    mixer = compile_mixer(np.zeros((T, d), dtype=np.int64), Q.mixer, cfg, state, x_words=True)
     ffn_parts, ffn_binds = _ffn_parts(V_next, Q, cfg, words=True)
-    parts = [mixer_norm, Part("kda", kda.instrs, kda.image, kda.symbols),
+    parts = [mixer_norm, Part(name, mixer.instrs, mixer.image, mixer.symbols),
              _mixer_add(None if starts else P, V_next, cfg), *ffn_parts]
-    binds = {"kda.x": "mixer_norm.x", "mixer_add.a": "kda.y", "norm.V": "mixer_add.V", "add.P": "mixer_add.out",
-             **ffn_binds}
+    binds = {f"{name}.x": "mixer_norm.x", "mixer_add.a": f"{name}.y", "norm.V": "mixer_add.V",
+             "add.P": "mixer_add.out", **ffn_binds}
     return _program(parts, binds, T, cfg)
+
+
+def read_mixer_state(prog: RowsProgram, host) -> KDAState | MLACache:
+    """The mixer's state a run of ``prog`` (:func:`compile_layer`) left in ``host``: the KDA state
+    (:func:`nanokpu.host.kda.read_state` of the part ``kda``) or the MLA cache
+    (:func:`nanokpu.host.mla.read_cache` of the part ``mla``)."""
+    return read_cache(prog, host, part="mla") if "mla.n_kv" in prog.symbols else read_state(prog, host, part="kda")

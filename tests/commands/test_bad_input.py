@@ -33,12 +33,13 @@ BAD = [
     (["sim", "--seed", "-1"], "argument --seed: -1: must be an integer in [0, 4294967295]"),
     (["sim", "--pause", "1"], "argument --pause: 1: must be in [0, 1)"),
     (["sim", "--dsp", "ice40"], "unrecognized arguments: --dsp ice40"),
-    (["sim", "--layer", "3"], "layer = 3: an MLA layer (every 4th); the nano-KPU runs KDA layers only"),
+    (["sim", "--layer", "3", "--steps", "300"], "tokens = 4, steps = 300: layer 3: x_q: 1 tokens after 303 cached: "
+                                                "the W_kn0 GEMM (304 x 8 x 8) needs 608 words in the GEMM engine"),
     (["sim", "--layer", "1", "8"], "layer = 8: profile 'tiny' has layers 0 .. 7"),
     (["sim", "--layer", "-1"], "argument --layer: -1: must be an integer >= 0"),
     (["sim", "--layer", "1", "--steps", "-1"], "argument --steps: -1: must be an integer >= 0"),
-    (["sim", "--layer", "1", "--tokens", "17"], "tokens = 17: layer 1: P: 17 tokens x 2 candidates x d_model 32: the "
-                                               "score GEMM exceeds the GEMM engine"),
+    (["sim", "--layer", "1", "--tokens", "17"], "tokens = 17, steps = 4: layer 1: P: 17 tokens x 2 candidates x "
+                                               "d_model 32: the score GEMM exceeds the GEMM engine"),
     (["bench-block", "--out", DIR], "argument --out: 'docs': is a directory, not a file"),
     (["bench-bridge", "--tokens", "2", "21"], "tokens = 21: the block needs"),
     (["board-run", "--port", "x", "--tokens", "40"], "tokens = 40: the block needs"),

@@ -78,7 +78,8 @@ def test_whole_layer_rows_split_the_first_call_from_the_decode_steps_mean():
     first = {"layer": 1, "tokens": 8, "static": 101, "instructions": 200, "cycles": 4000, "macs": 32000,
              "dma": 400, "gemm": 1000, "act": 300, "route": 50, "vector": 200, "move": 50}
     steps = [first | {"tokens": 1, "cycles": c, "macs": 16000, "instructions": 150, "static": 94} for c in (1000, 3000)]
-    lines = whole_layer_table([first, *steps]).splitlines()
+    lines = whole_layer_table([first, *steps, first | {"layer": 3}]).splitlines()
+    assert lines[4].startswith("| 3 (MLA) | LatentMoE | first | 8 |") and len(lines) == 5
     assert lines[2].startswith("| 1 (KDA) | LatentMoE | first | 8 | 101 | 200 | 4,000 | 32000 | 2000 | 50.0% | 10.0% |")
     assert lines[3].startswith("| 1 (KDA) | LatentMoE | decode step (mean of 2) | 1 | 94 | 150 | 2,000 | 16000 | "
                                "1000 | 50.0% | 20.0% |")
@@ -92,11 +93,15 @@ def test_layer_summary_names_the_kinds_and_the_decode_steps():
     rows = [{"layer": 0, "tokens": 4, "cycles": 2000, "static": 70, "macs": 16000},
             *({"layer": 0, "tokens": 1, "cycles": c, "static": 66, "macs": 4000} for c in (700, 700)),
             {"layer": 1, "tokens": 4, "cycles": 4000, "static": 97, "macs": 16000},
-            *({"layer": 1, "tokens": 1, "cycles": c, "static": 94, "macs": 4000} for c in (900, 902))]
-    rows[2]["error"] = rows[-1]["error"] = err
+            *({"layer": 1, "tokens": 1, "cycles": c, "static": 94, "macs": 4000} for c in (900, 902)),
+            {"layer": 3, "tokens": 4, "cycles": 5000, "static": 100, "macs": 16000, "error": err}]
+    rows[2]["error"] = rows[5]["error"] = err
     lines = format_layers({"bit_exact": True, "cfg": cfg, "seconds": 3.0, "rows": rows}).splitlines()
     assert lines[0] == ("layer 0 (KDA mixer, dense FFN), profile tiny with layer_ops: 4 tokens in 2,000 cycles "
                         "(70 instructions, utilization 50.0%), then 2 decode steps of 700 cycles each")
     assert lines[3].endswith("then 2 decode steps of 900-902 cycles each") and "LatentMoE FFN" in lines[3]
     assert lines[2] == "  error vs the float layer: cosine 0.99000, max abs 1.5000, rms relative 0.1000"
+    assert lines[1].endswith("(each call; the KDA state carried in host memory)")
+    assert lines[6].startswith("layer 3 (MLA mixer, LatentMoE FFN), profile tiny with layer_ops: 4 tokens in 5,000")
+    assert lines[7].endswith("(each call; MLA's latent KV cache carried in host memory)")
     assert format_layers({"bit_exact": False, "failure": "P differs"}) == "bit-exact: NO\nP differs"

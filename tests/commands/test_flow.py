@@ -19,7 +19,7 @@ def test_flow_without_synthesis_says_so_and_a_mismatch_fails(capsys, monkeypatch
     def layers(cfg, layers, tokens, steps, seed, **kwargs):
         runs.append((cfg.name, layers, tokens, steps, seed))
         return {"bit_exact": seed != 3, "failure": "P differs",
-                "rows": [{"cycles": 1, "error": {"cosine": 1.0}}]}
+                "rows": [{"layer": L, "cycles": 1, "error": {"cosine": 1.0}} for L in layers]}
 
     monkeypatch.setattr(simulate, "simulate", block)
     monkeypatch.setattr(simulate, "simulate_layers", layers)
@@ -29,7 +29,7 @@ def test_flow_without_synthesis_says_so_and_a_mismatch_fails(capsys, monkeypatch
         assert cli.main(["flow", "--no-synth", "--seed", str(seed)]) == 1
         out = capsys.readouterr().out
         assert "NOT bit-exact" in out and "synthesis skipped" in out and "== [4/4]" not in out
-    assert runs == [("tiny", 8, 2), ("tiny", [1], 4, 2, 2), ("tiny", 8, 3), ("tiny", [1], 4, 2, 3)]
+    assert runs == [("tiny", 8, 2), ("tiny", [0, 1, 3], 4, 2, 2), ("tiny", 8, 3), ("tiny", [0, 1, 3], 4, 2, 3)]
 
 
 @pytest.mark.slow(240)
@@ -42,8 +42,11 @@ def test_flow_with_synthesis(capsys):
     out = capsys.readouterr().out
     assert "== [1/4] golden model" in out and "== [3/4] simulate" in out
     assert "bit-exact with the golden integer block" in out
+    assert "simulated layer 0 (KDA mixer, dense FFN; built with layer_ops)" in out
     assert "simulated layer 1 (KDA mixer, LatentMoE FFN; built with layer_ops)" in out
-    assert "2 decode steps carrying the KDA state" in out and "bit-exact with the golden integer layer" in out
+    assert "simulated layer 3 (MLA mixer, LatentMoE FFN; built with layer_ops)" in out
+    assert "2 decode steps carrying the KDA state" in out and "2 decode steps carrying the MLA cache" in out
+    assert out.count("bit-exact with the golden integer layer") == 3
     assert "generated" in out and "rtl/tiny/" in out
     assert "== [4/4] synthesize the nano-KPU for ecp5-25f (Yosys; takes minutes)" in out
     assert "synthesized for ecp5-25f: LUT" in out and "does not fit" not in out  # fits tiny's own part

@@ -1,5 +1,5 @@
 """nanokpu.host.layer: the FFN half of a K3 layer (Attention Residuals, the weighted RMSNorm as NORM
-and MUL, the dense SiTU-GLU FFN or the LatentMoE block, the residual add) and a whole KDA layer (the
+and MUL, the dense SiTU-GLU FFN or the LatentMoE block, the residual add) and a whole KDA or MLA layer (the
 mixer's half before it) lowered to one linked program, run on FuncSim, equal to
 golden.layer.ffn_sublayer_int and layer_int (the RTL runs: tests/kpu/test_top.py);
 nanokpu.host.link's relocation, binds and errors."""
@@ -9,11 +9,13 @@ import pytest
 
 from golden import fidelity
 from golden import layer as LY
+from golden.mla import MLACache
 from nanokpu.config import profile
 from nanokpu.host.funcsim import FuncSim
 from nanokpu.host.kda import read_state
 from nanokpu.host.layer import compile_ffn_sublayer, compile_layer, layer_config
 from nanokpu.host.link import Part, link
+from nanokpu.host.mla import read_cache
 from nanokpu.isa import Err, Instr, Op
 
 LAYER = profile("tiny", layer_ops=True)
@@ -110,11 +112,51 @@ def test_kda_layer_decode_steps_carry_the_state():
         state = read_state(prog, host, part="kda")
 
 
+@pytest.mark.parametrize("scheme", WHOLE)
+def test_mla_layers_on_funcsim_are_the_golden_ones(scheme):
+    """Layers 3 (MLA inside a block) and 7 (MLA, the last layer) on 8 and 3 tokens, then 3 decode
+    steps of layer 3, the cache read back from host memory after each and compiled into the next:
+    P and the cache == golden layer_int's (the decode steps == one call of the 11 tokens)."""
+    cfg = WHOLE[scheme]
+    sizes = {}
+    for L, tokens in ((3, 8), (7, 3)):
+        Q, P, Bl = layer_case(cfg, L, tokens, L + 40)[:3]
+        P_next, _, after = LY.layer_int(L, P, Bl, Q, cfg)
+        prog = compile_layer(L, P, Bl, Q, cfg)
+        got, host = run_funcsim(prog, with_host=True)
+        assert np.array_equal(got, P_next), (L, tokens)
+        carried = read_cache(prog, host, part="mla")
+        assert np.array_equal(carried.n_kv, after.n_kv) and np.array_equal(carried.k_r, after.k_r), L
+        sizes[L] = len(prog.instrs)
+    # the README's figure: an MLA + LatentMoE layer of 8 tokens
+    assert sizes[3] == {"tensor": 100, "after": 106}[scheme]
+    Q, P, Bl = layer_case(cfg, 3, 11, 50)[:3]
+    whole, _, _ = LY.layer_int(3, P, Bl, Q, cfg)
+    prog = compile_layer(3, P[:8], [b[:8] for b in Bl], Q, cfg)
+    cache = read_cache(prog, run_funcsim(prog, with_host=True)[1], part="mla")
+    for t in range(8, 11):
+        prog = compile_layer(3, P[t:t + 1], [b[t:t + 1] for b in Bl], Q, cfg, cache)
+        got, host = run_funcsim(prog, with_host=True)
+        assert np.array_equal(got, whole[t:t + 1]), t
+        cache = read_cache(prog, host, part="mla")
+        assert len(cache.n_kv) == t + 1
+
+
+def test_small_mla_layer_on_funcsim_is_the_golden_one():
+    """small's layer 3 (MLA of 4 heads, kv_lora_rank 32) on 3 tokens, built as nanokpu sim --layer
+    builds it: P == layer_int's."""
+    cfg = layer_config(profile("small"))
+    Q, P, Bl = layer_case(cfg, 3, 3, 33)[:3]
+    assert np.array_equal(run_funcsim(compile_layer(3, P, Bl, Q, cfg)), LY.layer_int(3, P, Bl, Q, cfg)[0])
+
+
 def test_bad_layers_are_refused():
     cfg = WHOLE["tensor"]
-    Q, P, Bl, _ = layer_case(cfg, 1, 8, 2)
-    with pytest.raises(ValueError, match="^L = 3: an MLA layer"):
+    Q, P, Bl, state = layer_case(cfg, 1, 8, 2)
+    with pytest.raises(ValueError, match="^Q: layer 3 of profile 'tiny' needs QuantMLA, got QuantKDA"):
         compile_layer(3, P, Bl, Q, cfg)
+    with pytest.raises(ValueError, match="^state: layer 1 of profile 'tiny' carries KDAState, got MLACache"):
+        compile_layer(1, P, Bl, Q, cfg, MLACache(np.zeros((1, 8)), np.zeros((1, 4))))
     with pytest.raises(ValueError, match="^L = 8: must be in"):
         compile_layer(8, P, Bl, Q, cfg)
     with pytest.raises(ValueError, match="^Q: layer 0 of profile 'tiny' needs QuantExpert, got QuantLatentMoE"):

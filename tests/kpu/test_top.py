@@ -147,14 +147,15 @@ def test_tiny_blocks_heavy_stalls():
 
 
 @pytest.mark.slow(60)
-def test_kda_layers_on_the_whole_kpu():
+def test_layers_on_the_whole_kpu():
     """Whole K3 layers on tiny built with layer_ops (nanokpu.host.layer.layer_config, the build
-    ``nanokpu sim --layer`` and the main job use): the dense layer 0 and the LatentMoE layer 1, each
-    on 4 tokens from the zero state then 4 decode steps with the KDA state read back from host
-    memory between calls, under bus stalls: every call's P == golden layer_int's, the host memory
-    FuncSim's, the state after the last call golden's (sim/bench_top.py test_layers)."""
+    ``nanokpu sim --layer`` and the main job use): the dense layer 0, the KDA + LatentMoE layer 1 and
+    the MLA + LatentMoE layer 3, each on 4 tokens from the zero state then 4 decode steps with the
+    KDA state or the MLA cache read back from host memory between calls, under bus stalls: every
+    call's P == golden layer_int's, the host memory FuncSim's, the state after the last call
+    golden's (sim/bench_top.py test_layers)."""
     run_kpu_bench(layer_config(profile("tiny")), "bench_top", testcase="test_layers", seed=3, tag="_layer",
-                  params={"layers": "0,1", "tokens": 4, "steps": 4, "pause": 0.2})
+                  params={"layers": "0,1,3", "tokens": 4, "steps": 4, "pause": 0.2})
 
 
 @pytest.mark.slow(150)
@@ -174,14 +175,15 @@ def test_small_block_after_scheme():
 
 def test_layer_cycles_are_exact(tmp_path):
     """The block benchmark's whole-layer rows (docs/bench/block.md, the README; seed 1, no bus
-    stalls): layers 0 and 1 on the layer build of tiny, 8 tokens then 4 decode steps, each call's
+    stalls): layers 0, 1 and 3 on the layer build of tiny, 8 tokens then 4 decode steps, each call's
     cycles and program size exact."""
     summary = tmp_path / "summary.json"
     run_kpu_bench(layer_config(profile("tiny")), "bench_top", testcase="test_layers", seed=1, tag="_layer",
-                  params={"layers": "0,1", "tokens": 8, "steps": 4, "pause": 0.0, "summary": str(summary)})
+                  params={"layers": "0,1,3", "tokens": 8, "steps": 4, "pause": 0.0, "summary": str(summary)})
     rows = json.loads(summary.read_text())
-    assert [r["cycles"] for r in rows] == [27305, 6817, 6817, 6817, 6817, 35259, 8324, 8322, 8324, 8324]
-    assert [r["static"] for r in rows] == [75, 68, 68, 68, 68, 101, 94, 94, 94, 94]
+    assert [r["cycles"] for r in rows] == [27305, 6817, 6817, 6817, 6817, 35259, 8324, 8322, 8324, 8324,
+                                           27443, 7806, 7855, 7910, 7962]   # MLA: each step's cache a key longer
+    assert [r["static"] for r in rows] == [75, 68, 68, 68, 68, 101, 94, 94, 94, 94, 100, 95, 95, 95, 95]
 
 
 def test_block_cycles_are_exact(tmp_path):
