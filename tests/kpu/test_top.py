@@ -158,6 +158,16 @@ def test_layers_on_the_whole_kpu():
                   params={"layers": "0,1,3", "tokens": 4, "steps": 4, "pause": 0.2})
 
 
+@pytest.mark.slow(280)
+def test_small_layers_on_the_whole_kpu():
+    """small (8x8 array, 64 experts, top-4, 4 heads) built with layer_ops: the dense layer 0, the KDA +
+    LatentMoE layer 1 and the MLA + LatentMoE layer 3, each on 2 tokens then a decode step carrying
+    the KDA state or the MLA cache, under bus stalls: every call's P == golden layer_int's, the host
+    memory FuncSim's (sim/bench_top.py test_layers; more tokens: nanokpu sim --profile small --layer)."""
+    run_kpu_bench(layer_config(profile("small")), "bench_top", testcase="test_layers", seed=4, tag="_layer",
+                  params={"layers": "0,1,3", "tokens": 2, "steps": 1, "pause": 0.1})
+
+
 @pytest.mark.slow(150)
 def test_small_block_end_to_end():
     """small (8x8 array, 64 experts, top-4) on 2 tokens under bus stalls (a part-filled 8-row tile):
@@ -182,7 +192,7 @@ def test_layer_cycles_are_exact(tmp_path):
                   params={"layers": "0,1,3", "tokens": 8, "steps": 4, "pause": 0.0, "summary": str(summary)})
     rows = json.loads(summary.read_text())
     assert [r["cycles"] for r in rows] == [27305, 6817, 6817, 6817, 6817, 35259, 8324, 8322, 8324, 8324,
-                                           27443, 7806, 7855, 7910, 7962]   # MLA: each step's cache a key longer
+                                           27459, 7808, 7857, 7912, 7964]   # MLA: each step's cache a key longer
     assert [r["static"] for r in rows] == [75, 68, 68, 68, 68, 101, 94, 94, 94, 94, 100, 95, 95, 95, 95]
 
 

@@ -21,13 +21,13 @@ __all__ = ["Attend", "cycles"]
 
 #: Cycles of a key besides its ``n`` value reads: the score read, its capture (``m'`` and the two
 #: exponent arguments registered), the exp evaluator's latency and the cycle that takes ``alpha``
-#: and ``p``, the cycle that writes the last accumulator.
+#: and ``p``, the cycle after the last value's read.
 KEY_CYCLES = 2 + PwlEvaluator.latency + 1 + 1
 
 #: Cycles of a query besides its keys and its ``n`` outputs: the row's start, the divider's
 #: start and its ``RECIP_BITS + 1`` quotient bits, the cycle that takes the reciprocal, and the
-#: two-stage output pipeline's drain.
-ROW_CYCLES = 1 + 1 + (RECIP_BITS + 1) + 1 + 2
+#: three-stage output pipeline's drain.
+ROW_CYCLES = 1 + 1 + (RECIP_BITS + 1) + 1 + 3
 
 
 def cycles(m: int, k: int, n: int) -> int:
@@ -58,8 +58,9 @@ class Attend(wiring.Component):
     Sequential and simple, bit-exact first: a key's score read on ``rd0``, its two exponentials on
     a two-lane :class:`~nanokpu.units.pwl.PwlEvaluator` (:func:`~golden.intops.exp_table`), then its
     ``n`` values a word a cycle on ``rd1``, each accumulator (``ONLINE_WIDTH`` bits, a memory of
-    ``v_head_dim`` words) read, scaled, added to and written back in the next cycle; each output in
-    two stages (the reciprocal's product and shift registered, then the gate). Every read waits for
+    ``v_head_dim`` words) read, its two products registered, the sum written back the cycle after;
+    each output in three stages (the reciprocal's product registered, then its shift, then the
+    gate). Every read waits for
     the scratchpad to serve it (``blocked``). Without blocking a run takes :func:`cycles`. ``done``
     in the cycle after the last output is written; no error (the decode checked the shape).
     """
@@ -107,23 +108,31 @@ class Attend(wiring.Component):
             with m.If(total[b]):
                 m.d.comb += e.eq(b)
 
-        # -- the value pipeline: a value and its accumulator read, the new accumulator written ---
-        v_valid = Signal()
-        v_col = Signal(range(cfg.v_head_dim))
+        # -- the value pipeline: a value and its accumulator read; the two products registered; the
+        # new accumulator written (two cycles after the read: the next read is another column's)
+        v_valid, s_valid = Signal(), Signal()
+        v_col, s_col = Signal(range(cfg.v_head_dim)), Signal(range(cfg.v_head_dim))
         old = Mux(first, 0, acc_rd.data)
-        new = round_shift(old * alpha, sf, cfg.rounding) + p * rd1.data[:cfg.in_width].as_signed()
-        m.d.comb += [acc_wr.addr.eq(v_col), acc_wr.data.eq(new[:OW]), acc_wr.en.eq(v_valid)]
+        scaled = Signal(signed(OW + cfg.score_width + 1))
+        added = Signal(signed(cfg.score_width + cfg.in_width + 1))
+        m.d.sync += [s_valid.eq(v_valid), s_col.eq(v_col)]
+        with m.If(v_valid):
+            m.d.sync += [scaled.eq(old * alpha), added.eq(p * rd1.data[:cfg.in_width].as_signed())]
+        new = round_shift(scaled, sf, cfg.rounding) + added
+        m.d.comb += [acc_wr.addr.eq(s_col), acc_wr.data.eq(new[:OW]), acc_wr.en.eq(s_valid)]
 
-        # -- the output pipeline: accumulator and gate read, o registered, the gated output written
-        o_valid = Signal()
+        # -- the output pipeline: accumulator and gate read, acc * recip registered, o registered,
+        # the gated output written
+        o_valid, q_valid, w_valid = Signal(), Signal(), Signal()
+        prod = Signal(signed(OW + RECIP_BITS + 2))
         o_reg = Signal(signed(cfg.in_width + sf + 2))   # |o| <= 2**(in_width - 1 + score_frac) + 1
-        g_reg = Signal(unsigned(cfg.score_width))
-        w_valid = Signal()
+        g_in, g_reg = Signal(unsigned(cfg.score_width)), Signal(unsigned(cfg.score_width))
         shift = Signal(range(OW + RECIP_BITS))
-        m.d.sync += w_valid.eq(o_valid)
+        m.d.sync += [q_valid.eq(o_valid), w_valid.eq(q_valid)]
         with m.If(o_valid):
-            prod = acc_rd.data * recip
-            m.d.sync += [o_reg.eq(round_shift_by(prod, shift, cfg.rounding)), g_reg.eq(rd0.data[:cfg.score_width])]
+            m.d.sync += [prod.eq(acc_rd.data * recip), g_in.eq(rd0.data[:cfg.score_width])]
+        with m.If(q_valid):
+            m.d.sync += [o_reg.eq(round_shift_by(prod, shift, cfg.rounding)), g_reg.eq(g_in)]
         gated = saturate(round_shift(o_reg * g_reg, 2 * sf, cfg.rounding), cfg.in_width)
         with m.If(w_valid):
             m.d.comb += [wr.addr.eq(o_ptr), wr.data.eq(gated), wr.en.eq(1)]
@@ -180,14 +189,14 @@ class Attend(wiring.Component):
                 with m.If(~div.busy):
                     m.d.sync += [recip.eq(div.quot), i.eq(0)]
                     m.next = "OUT"
-            with m.State("OUT"):        # acc[i] and g read, o registered next cycle, written the one after
+            with m.State("OUT"):        # acc[i] and g read, their product, o and the write in the next three
                 m.d.comb += [rd0.addr.eq(g_ptr), rd0.en.eq(~blocked), acc_rd.addr.eq(i)]
                 with m.If(~blocked):
                     m.d.sync += [o_valid.eq(1), g_ptr.eq(g_ptr + 1), i.eq(i + 1)]
                     with m.If(last_col):
                         m.next = "DRAIN"
             with m.State("DRAIN"):      # the row's last output written in this cycle
-                with m.If(~o_valid & w_valid):
+                with m.If(~o_valid & ~q_valid & w_valid):
                     m.d.sync += [t.eq(t + 1), keys.eq(keys + 1)]
                     m.next = "ROW"
                     with m.If(t + 1 == ins.m):
