@@ -17,7 +17,7 @@ from golden import intops as I
 from nanokpu.config import KpuConfig
 
 __all__ = ["OpError", "op_errors", "attn_res_errors", "block_errors", "format_table",
-           "kda_op_errors", "kda_errors", "mla_errors", "layer_cases", "layer_errors"]
+           "kda_op_errors", "kda_errors", "mla_op_errors", "mla_errors", "layer_cases", "layer_errors"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,13 @@ class OpError:
 
 def _all_act(cfg: KpuConfig) -> np.ndarray:
     return np.arange(-(1 << (cfg.act_width - 1)), 1 << (cfg.act_width - 1), dtype=np.int64)
+
+
+def _exp_errors(cfg: KpuConfig) -> np.ndarray:
+    """``|exp_q(x) - exp(min(x, 0))|`` (real units) at every act-format ``x``, indexed by ``x + 2**(act_width
+    - 1)``: 0 at ``x = 0`` (exp_q(0) is exactly 1.0)."""
+    xs = _all_act(cfg)
+    return np.abs(I.exp_q(xs, cfg) * 2.0 ** -cfg.score_frac - np.exp(np.minimum(xs / 2.0 ** cfg.act_frac, 0.0)))
 
 
 def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
@@ -112,7 +119,7 @@ def op_errors(cfg: KpuConfig, seed: int = 0) -> list[OpError]:
                         f"RMSNorm, times the weight in Q{cfg.mult_width}.{weight_shift}, round"))
     e_lsb = 2.0 ** -cfg.score_frac
     ex = I.exp_table(cfg)
-    exp_err = float(np.max(np.abs(I.exp_q(xs, cfg) * e_lsb - np.exp(np.minimum(xr, 0.0)))))
+    exp_err = float(np.max(_exp_errors(cfg)))
     rows.append(OpError("exp", f"all {len(xs)}", exp_err, e_lsb, 1.5 * e_lsb,
                         f"exp(min(x, 0)); PWL, {ex.n_seg} segments of {2 ** ex.seg_shift} LSB; "
                         "<= 1 LSB from correctly rounded"))
@@ -234,6 +241,60 @@ def kda_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 64) -> dict:
     err = block.block_error(y, k3.kda(x, P, cfg), cfg)
     err["state_max"] = float(np.max(np.abs(state.S))) * 2.0 ** -kda.state_frac(cfg)
     return err
+
+def mla_op_errors(cfg: KpuConfig, seed: int = 0, keys: int = 64) -> list[OpError]:
+    """MLA's read-out (``ATTEND``) on 20k random rows (200 heads of 100 queries, each query
+    attending a random prefix of ``keys`` keys): scores ``N(0, 2**2)`` in the act format, int8 values
+    uniform, the gate uniform in ``[0, 1]``. ``online softmax o``: :func:`golden.mla.online_softmax_int`
+    against the exact softmax-weighted sum of the values (v units); ``output gate``:
+    :func:`golden.mla.gate_int` of that ``o`` against the exact ``o`` times the same gate (int8 LSB).
+
+    The bound, per row: the max key adds exactly 1.0 and a rescale by an unchanged max is exact, so
+    only the other exponentials (each within exp_q's error at its argument, as the exp row measures
+    it over every input) and the rescales at a new max (one rounding each, half an LSB, to ``l`` and
+    to each ``acc``) err. Key ``j``'s effective weight is its ``p`` times every later ``alpha``: within
+    ``D_j = (E_j + e_j) prod (A_k + e_k) - W_j`` of the exact ``W_j = exp(s_j - M)`` (``E``, ``A`` the
+    exact factors, ``e`` exp_q's errors at their arguments), and a rounding at step ``k`` reaches the
+    end scaled by at most ``G_k = prod_{k' > k} (A_k' + e_k')``. ``l`` and ``acc`` carry the same
+    weights, so ``acc / l - o* = (sum D_j (v_j - o*) + E_acc - o* E_l) / l``; then the reciprocal
+    (relative ``< 2**-(RECIP_BITS - 1)``) and one rounding.
+    """
+    rng = np.random.default_rng(seed)
+    heads, queries, sf, width = 200, 100, cfg.score_frac, cfg.act_width
+    act_lsb, e_lsb, exp_errs = 2.0 ** -cfg.act_frac, 2.0 ** -sf, _exp_errors(cfg)
+    s = I.saturate(np.round(2.0 * rng.standard_normal((heads, queries, keys)) / act_lsb).astype(np.int64), width)
+    v = rng.integers(-(1 << (cfg.in_width - 1)), 1 << (cfg.in_width - 1), (keys, heads, cfg.v_head_dim))
+    pos = rng.integers(0, keys, queries)
+    g = rng.integers(0, (1 << sf) + 1, (queries, heads, cfg.v_head_dim))
+    o = mla.online_softmax_int(s, v, pos, cfg).transpose(1, 0, 2)        # [H, T, dv]
+    live = np.arange(keys)[None, None, :] <= pos[None, :, None]
+    m = np.maximum.accumulate(np.where(live, s, s.min()), axis=-1)        # running max (dead keys: a suffix)
+    W = np.where(live, np.exp((s - m[..., -1:]) * act_lsb), 0.0)
+    Z = W.sum(axis=-1)
+    o_ref = np.einsum("hts,shd->htd", W, v) / Z[..., None]
+    m_prev = np.concatenate([m[..., :1], m[..., :-1]], axis=-1)
+    new_max = live & (m != m_prev)                                        # a rescale that rounds
+
+    def err(x):   # exp_q's error at each argument
+        return exp_errs[I.saturate(x, width) + (1 << (width - 1))]
+
+    E = np.exp((s - m) * act_lsb)
+    grow = np.where(new_max, np.exp((m_prev - m) * act_lsb) + err(m_prev - m), 1.0)
+    G = np.concatenate([np.cumprod(grow[..., :0:-1], axis=-1)[..., ::-1], np.ones_like(Z)[..., None]], axis=-1)
+    D = np.where(live, (E + err(s - m)) * G - W, 0.0)
+    R = (new_max * G).sum(axis=-1) * e_lsb / 2                             # |E_l|, and |E_acc| of each element
+    l_low = Z - D.sum(axis=-1) - R
+    dev = np.abs(v.transpose(1, 0, 2)[:, None, :, :] - o_ref[:, :, None, :])   # |v_j - o*| [H, T, S, dv]
+    Bq = (np.einsum("hts,htsd->htd", D, dev) + R[..., None] * (1 + np.abs(o_ref))) / l_low[..., None]
+    bound_o = Bq + (np.abs(o_ref) + Bq) * 2.0 ** -(mla.RECIP_BITS - 1) + e_lsb / 2
+    g_r = g.transpose(1, 0, 2) * e_lsb
+    og = mla.gate_int(o.transpose(1, 0, 2), g, cfg).transpose(1, 0, 2)
+    note = f"{len(pos) * heads // 1000}k random rows of <= {keys} keys"
+    return [OpError("online softmax o", note, float(np.max(np.abs(o * e_lsb - o_ref))), e_lsb, float(np.max(bound_o)),
+                    "running max, exp, l and acc rescaled alike, one reciprocal per row, multiply, round"),
+            OpError("output gate", note, float(np.max(np.abs(og - o_ref * g_r))), 1.0,
+                    float(np.max(g_r * bound_o)) + 0.5, "o times the gate, one rounding, saturate")]
+
 
 def mla_errors(cfg: KpuConfig, seed: int = 0, tokens: int = 32) -> dict:
     """End to end: :func:`golden.mla.mla_int` against :func:`golden.k3.mla` (same weights, one causal

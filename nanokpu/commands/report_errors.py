@@ -45,8 +45,13 @@ def render(profiles: list[str], seed: int) -> str:
     parts.append("")
     parts += ["## End to end: MLA without positions (32 tokens, random weights, one causal call)", "",
               "`golden/mla.py` against `k3.mla`, `x ~ N(0, 1)` quantised to int8: int8 projections, RMSNorm with "
-              "weight, online softmax over the keys in sequence order, sigmoid gate.", "",
-              "| profile | cosine | max abs error | max error / max abs y | rms rel error |", "|---|---|---|---|---|"]
+              "weight, online softmax over the keys in sequence order, sigmoid gate. First the read-out that "
+              "`ATTEND` computes (`golden.errors.mla_op_errors`: `o` in v units, then the gated int8 output), "
+              "each bound derived from exp_q's error at every argument; `tests/golden/test_errors.py` asserts "
+              "them.", ""]
+    for name in profiles:
+        parts += [f"### Profile `{name}`", "", errors.format_table(errors.mla_op_errors(profile(name), seed)), ""]
+    parts += ["| profile | cosine | max abs error | max error / max abs y | rms rel error |", "|---|---|---|---|---|"]
     for name in profiles:
         e = errors.mla_errors(profile(name), seed)
         parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['rms_rel']:.3g} |")

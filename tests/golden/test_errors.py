@@ -80,3 +80,22 @@ def test_mla_tracks_float(name, seed):
     cosine, max_abs = MLA_MEASURED[name, seed]
     assert e["cosine"] >= cosine - 2e-5, (name, seed, e)
     assert e["max_abs"] <= 1.05 * max_abs, (name, seed, e)
+
+
+#: Measured (seed 0) max abs error of MLA's read-out, in LSB, and its derived bound: o's LSB is
+#: 2**-score_frac of a v unit, the gated output's one int8 LSB.
+MLA_OPS = {"tiny": {"online softmax o": (696.6, 1547.2), "output gate": (0.543, 0.819)},
+           "small": {"online softmax o": (809.0, 1782.2), "output gate": (0.585, 0.856)}}
+
+
+@pytest.mark.parametrize("name", ["tiny", "small"])
+def test_mla_read_out_within_derived_bound(name):
+    """ATTEND's arithmetic (golden online_softmax_int, gate_int) against the exact softmax-weighted
+    values: within the bound derived from exp_q's error at each argument (within 2.3x of the
+    measurement), and the measurement itself pinned, so a changed rounding step shows."""
+    rows = {r.op: r for r in errors.mla_op_errors(profile(name), seed=0)}
+    assert set(rows) == set(MLA_OPS[name])
+    for op, (measured, bound) in MLA_OPS[name].items():
+        assert rows[op].max_abs <= rows[op].bound, (name, op, rows[op])
+        assert rows[op].max_lsb == pytest.approx(measured, rel=0.002), (name, op, rows[op])
+        assert rows[op].bound / rows[op].lsb == pytest.approx(bound, rel=0.002), (name, op, rows[op])
