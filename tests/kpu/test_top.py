@@ -158,16 +158,15 @@ def test_layers_on_the_whole_kpu():
                   params={"layers": "0,1,3", "tokens": 4, "steps": 4, "pause": 0.2})
 
 
-@pytest.mark.slow(250)
-def test_small_mla_layer_on_the_whole_kpu():
-    """small (8x8 array, 64 experts, top-4, 4 heads) built with layer_ops: the MLA + LatentMoE layer 3
-    on 2 tokens then a decode step carrying the MLA cache, under bus stalls: every call's P == golden
-    layer_int's, the host memory FuncSim's (sim/bench_top.py test_layers). The layer's FFN is small's
-    LatentMoE block on a part-filled 8-row tile (16 tokens, two full tiles: nanokpu bench-block). Its
-    KDA layers run by hand (nanokpu sim --profile small --layer 0 1): the 40-minute CI budget takes one
-    small layer."""
+@pytest.mark.slow(300)
+def test_small_layers_on_the_whole_kpu():
+    """small (8x8 array, 64 experts, top-4, 4 heads) built with layer_ops: the dense layer 0, the KDA +
+    LatentMoE layer 1 and the MLA + LatentMoE layer 3, each on a token then a decode step carrying the
+    KDA state or the MLA cache, under bus stalls: every call's P == golden layer_int's, the host memory
+    FuncSim's (sim/bench_top.py test_layers). Layers 1 and 3 run small's LatentMoE block on one row of
+    an 8-row tile (16 tokens, two full tiles: nanokpu bench-block)."""
     run_kpu_bench(layer_config(profile("small")), "bench_top", testcase="test_layers", seed=4, tag="_layer",
-                  params={"layers": "3", "tokens": 2, "steps": 1, "pause": 0.1})
+                  params={"layers": "0,1,3", "tokens": 1, "steps": 1, "pause": 0.1})
 
 
 @pytest.mark.slow(130)
