@@ -67,7 +67,7 @@ from nanokpu.isa import (
 )
 
 __all__ = ["HostImage", "Program", "RowsProgram", "SpadMap", "check_requant", "compile_block", "gemm_over_limit",
-           "glu_steps", "rq_fields", "rq_words"]
+           "glu_steps", "load_tables", "rq_fields", "rq_words"]
 
 
 @dataclass
@@ -188,6 +188,17 @@ def rq_fields(rq: Requant, table: int | None, cfg: KpuConfig, what: str) -> dict
         return dict(flags=F_RQ_CHANNEL, b=table, width=rq.width)
     check_requant(rq, cfg, what)
     return dict(mult=rq.mult, shift=rq.shift, width=rq.width)
+
+
+def load_tables(tables: dict[str, np.ndarray], host: int, spad: SpadMap) -> tuple[dict[str, int], Instr]:
+    """Int32 ``tables`` kept in the scratchpad (requantiser tables, norm weights, ...), their host buffer
+    at ``host`` (their concatenation in order): one region ``"tables"`` allocated in ``spad``, each
+    table's scratchpad word address by name, and the one ``LOAD`` that brings them all in."""
+    base = spad.alloc("tables", sum(t.size for t in tables.values()))
+    addr, at = {}, base
+    for name, t in tables.items():
+        addr[name], at = at, at + t.size
+    return addr, Instr(Op.LOAD, m=1, n=at - base, c=base, host=host, width=4)
 
 
 #: The routed expert's GEMMs whose per-column tables (``weight_scales = "channel"``) sit in each

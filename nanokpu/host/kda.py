@@ -31,6 +31,7 @@ from nanokpu.host.compiler import (
     SpadMap,
     check_requant,
     gemm_over_limit,
+    load_tables,
     rq_fields,
     rq_words,
 )
@@ -85,10 +86,7 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
     s_x = spad.alloc("x", T * d)
     s_xp = {c: spad.alloc(f"xp_{c}", (n - 1 + T) * C) for c in "qkv"}
     s_conv = spad.alloc("conv", 3 * C * n)
-    s_tab, s_tables = {}, spad.alloc("tables", sum(t.size for t in tables.values()))
-    at = s_tables
-    for name, t in tables.items():
-        s_tab[name], at = at, at + t.size
+    s_tab, load_tab = load_tables(tables, h_tab, spad)
     s_a = spad.alloc("a", T * C)
     s_planes = spad.alloc("planes", T * (4 * C + H))
     plane = {name: s_planes + i * T * C for i, name in enumerate(("q", "k", "v", "decay", "beta"))}
@@ -104,7 +102,7 @@ def compile_kda(x_q, Q: QuantKDA, cfg: KpuConfig, state: KDAState | None = None,
 
     instrs = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=4 if x_words else 1),
               Instr(Op.LOAD, m=1, n=3 * C * n, c=s_conv, host=h_conv, width=4),
-              Instr(Op.LOAD, m=1, n=at - s_tables, c=s_tables, host=h_tab, width=4)]
+              load_tab]
     for i, (c, conv) in enumerate(zip("qkv", (Q.conv_q, Q.conv_k, Q.conv_v), strict=True)):
         tail, p = s_xp[c], s_xp[c] + (n - 1) * C
         instrs += [Instr(Op.LOAD, m=n - 1, n=C, c=tail, host=h_tails + 4 * i * (n - 1) * C, width=4),

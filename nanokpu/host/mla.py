@@ -34,7 +34,7 @@ import numpy as np
 from golden.block import Requant
 from golden.mla import MLACache, QuantMLA
 from nanokpu.config import KpuConfig
-from nanokpu.host.compiler import HostImage, RowsProgram, SpadMap, gemm_over_limit, rq_fields, rq_words
+from nanokpu.host.compiler import HostImage, RowsProgram, SpadMap, gemm_over_limit, load_tables, rq_fields, rq_words
 from nanokpu.isa import F_ACC, F_B_SPAD, Instr, Op, bus_bytes, weight_panels
 
 __all__ = ["compile_mla", "read_cache"]
@@ -109,10 +109,7 @@ def compile_mla(x_q, Q: QuantMLA, cfg: KpuConfig, cache: MLACache | None = None,
     h_y = host.int32("y", np.zeros(T * d))
 
     s_x = spad.alloc("x", T * d)
-    s_tab, s_tables = {}, spad.alloc("tables", sum(t.size for t in tables.values()))
-    at = s_tables
-    for name, t in tables.items():
-        s_tab[name], at = at, at + t.size
+    s_tab, load_tab = load_tables(tables, h_tab, spad)
     s_qa, s_ckv = spad.alloc("q_a", T * rq_rank), spad.alloc("c_kv", T * rkv)
     s_nkv, s_kr = spad.alloc("n_kv", S * rkv), spad.alloc("k_r", S * dr)
     s_qn, s_qr, s_kn = spad.alloc("q_nope", T * dn), spad.alloc("q_rope", T * dr), spad.alloc("k_n", S * dn)
@@ -134,7 +131,7 @@ def compile_mla(x_q, Q: QuantMLA, cfg: KpuConfig, cache: MLACache | None = None,
 
     new_nkv, new_kr = s_nkv + S0 * rkv, s_kr + S0 * dr
     instrs = [Instr(Op.LOAD, m=T, n=d, c=s_x, host=h_x, width=4 if x_words else 1),
-              Instr(Op.LOAD, m=1, n=at - s_tables, c=s_tables, host=h_tab, width=4),
+              load_tab,
               gemm("qa", s_x, s_qa), *norm(s_qa, s_qa, rq_rank, "q_norm", Q.q_norm_shift),
               gemm("ckv", s_x, s_ckv), *norm(s_ckv, new_nkv, rkv, "kv_norm", Q.kv_norm_shift),
               gemm("kr", s_x, new_kr)]
