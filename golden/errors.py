@@ -1,7 +1,7 @@
 """Measured error of each integer op against its float formula, with the documented bound.
 
 :func:`op_errors` is the source of the README's error table (``nanokpu report-errors``)
-and of ``tests/test_errors.py``, which asserts ``measured <= bound`` for every row. The
+and of ``tests/golden/test_errors.py``, which asserts ``measured <= bound`` for every row. The
 activation factors are measured over *every* representable input; the other ops on
 random data from a fixed seed.
 """

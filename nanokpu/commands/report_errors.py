@@ -14,7 +14,7 @@ def render(profiles: list[str], seed: int) -> str:
     parts = ["# Integer path against the float path", "",
              f"Made by `nanokpu report-errors` (seed {seed}). Each op of `golden/intops.py` is "
              "measured against its float64 formula from `golden/k3.py`; `bound` is the documented "
-             "bound that `tests/test_errors.py` asserts. The activation rows cover every "
+             "bound that `tests/golden/test_errors.py` asserts. The activation rows cover every "
              "representable input.", ""]
     for name in profiles:
         cfg = profile(name)
@@ -41,20 +41,20 @@ def render(profiles: list[str], seed: int) -> str:
         e = errors.attn_res_errors(cfg, seed)
         parts.append(f"| {name} | {cfg.attnres_candidates} | {e['cosine']:.6f} | {e['max_abs']:.3g} "
                      f"| {e['max_rel']:.3g} | {e['weights_max_abs']:.3g} |")
-    parts += kda_section(profiles, seed)
-    parts.append("")
-    parts += ["## End to end: MLA without positions (32 tokens, random weights, one causal call)", "",
-              "`golden/mla.py` against `k3.mla`, `x ~ N(0, 1)` quantised to int8: int8 projections, RMSNorm with "
-              "weight, online softmax over the keys in sequence order, sigmoid gate. First the read-out that "
-              "`ATTEND` computes (`golden.errors.mla_op_errors`: `o` in v units, then the gated int8 output), "
-              "each bound derived from exp_q's error at every argument; `tests/golden/test_errors.py` asserts "
-              "them.", ""]
-    for name in profiles:
-        parts += [f"### Profile `{name}`", "", errors.format_table(errors.mla_op_errors(profile(name), seed)), ""]
-    parts += ["| profile | cosine | max abs error | max error / max abs y | rms rel error |", "|---|---|---|---|---|"]
-    for name in profiles:
-        e = errors.mla_errors(profile(name), seed)
-        parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} | {e['rms_rel']:.3g} |")
+    parts += mixer_section(
+        "KDA (decode form, `golden/kda.py`)",
+        "The ops the integer KDA adds, then the whole mixer (`kda_int` against `k3.kda`, 64 tokens, weights from "
+        "`k3.init_kda`, `x ~ N(0, 1)`, input quantisation counted). The state `S` is `Q<2 act_width>.<2 act_frac>`; "
+        "`state max` is its largest element after the last token. `tests/golden/test_kda.py` asserts the rows and "
+        "the end-to-end values.",
+        errors.kda_op_errors, errors.kda_errors, [*END_TO_END, "state_max"], profiles, seed)
+    parts += mixer_section(
+        "End to end: MLA without positions (32 tokens, random weights, one causal call)",
+        "`golden/mla.py` against `k3.mla`, `x ~ N(0, 1)` quantised to int8: int8 projections, RMSNorm with weight, "
+        "online softmax over the keys in sequence order, sigmoid gate. First the read-out that `ATTEND` computes "
+        "(`golden.errors.mla_op_errors`: `o` in v units, then the gated int8 output), each bound derived from "
+        "exp_q's error at every argument; `tests/golden/test_errors.py` asserts them.",
+        errors.mla_op_errors, errors.mla_errors, END_TO_END, profiles, seed)
     parts += layer_section(profiles, seed)
     parts.append("")
     return "\n".join(parts)
@@ -83,21 +83,24 @@ def layer_section(profiles: list[str], seed: int) -> list[str]:
     return parts
 
 
-def kda_section(profiles: list[str], seed: int) -> list[str]:
-    """The KDA rows: its ops per profile, then the mixer end to end."""
-    parts = ["", "## KDA (decode form, `golden/kda.py`)", "",
-             "The ops the integer KDA adds, then the whole mixer (`kda_int` against `k3.kda`, 64 tokens, "
-             "weights from `k3.init_kda`, `x ~ N(0, 1)`, input quantisation counted). The state `S` is "
-             "`Q<2 act_width>.<2 act_frac>`; `state max` is its largest element after the last token. "
-             "`tests/golden/test_kda.py` asserts the rows and the end-to-end values.", ""]
+#: The end-to-end columns of a mixer's table: key of golden.block.block_error -> (heading, format).
+COLUMNS = {"cosine": ("cosine", "{:.5f}"), "max_abs": ("max abs error", "{:.3g}"),
+           "max_rel": ("max error / max abs y", "{:.3g}"), "rms_rel": ("rms rel error", "{:.3g}"),
+           "state_max": ("state max", "{:.3g}")}
+END_TO_END = ["cosine", "max_abs", "max_rel", "rms_rel"]
+
+
+def mixer_section(heading: str, intro: str, op_errors, end_to_end, columns: list[str], profiles: list[str],
+                  seed: int) -> list[str]:
+    """A mixer's rows: its ops per profile (``op_errors(cfg, seed)``, :class:`golden.errors.OpError`
+    rows), then the mixer end to end (``end_to_end(cfg, seed)``'s ``columns``, keys of :data:`COLUMNS`)."""
+    parts = ["", f"## {heading}", "", intro, ""]
     for name in profiles:
-        parts += [f"### Profile `{name}`", "", errors.format_table(errors.kda_op_errors(profile(name), seed)), ""]
-    parts += ["| profile | cosine | max abs error | max error / max abs y | rms rel error | state max |",
-              "|---|---|---|---|---|---|"]
+        parts += [f"### Profile `{name}`", "", errors.format_table(op_errors(profile(name), seed)), ""]
+    parts += ["| profile | " + " | ".join(COLUMNS[c][0] for c in columns) + " |", "|---|" + "---|" * len(columns)]
     for name in profiles:
-        e = errors.kda_errors(profile(name), seed)
-        parts.append(f"| {name} | {e['cosine']:.5f} | {e['max_abs']:.3g} | {e['max_rel']:.3g} "
-                     f"| {e['rms_rel']:.3g} | {e['state_max']:.3g} |")
+        e = end_to_end(profile(name), seed)
+        parts.append(f"| {name} | " + " | ".join(COLUMNS[c][1].format(e[c]) for c in columns) + " |")
     return parts
 
 
