@@ -9572,8 +9572,8 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
     .clk(clk),
     .level(level),
     .\port$6073$0 (spad__rd1__data),
-    .\port$7661$0 (\$signal ),
-    .\port$8056$0 (spad__rd0__lanes[31:0]),
+    .\port$7663$0 (\$signal ),
+    .\port$8058$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13817,7 +13817,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073$0 , unit_rst, \port$7661$0 , level, \port$8056$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073$0 , unit_rst, \port$7663$0 , level, \port$8058$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13844,10 +13844,10 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   reg [1:0] level = 2'h0;
   input [31:0] \port$6073$0 ;
   wire [31:0] \port$6073$0 ;
-  input \port$7661$0 ;
-  wire \port$7661$0 ;
-  input [31:0] \port$8056$0 ;
-  wire [31:0] \port$8056$0 ;
+  input \port$7663$0 ;
+  wire \port$7663$0 ;
+  input [31:0] \port$8058$0 ;
+  wire [31:0] \port$8058$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13880,7 +13880,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7661$0 , \port$6073$0 , \port$8056$0  };
+      storage[w_port__addr] <= { \port$7663$0 , \port$6073$0 , \port$8058$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13951,8 +13951,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7661$0 , \port$6073$0 , \port$8056$0  };
-  assign w_data = { \port$7661$0 , \port$6073$0 , \port$8056$0  };
+  assign w_port__data = { \port$7663$0 , \port$6073$0 , \port$8058$0  };
+  assign w_data = { \port$7663$0 , \port$6073$0 , \port$8058$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -30855,13 +30855,14 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire [2:0] \$18 ;
   reg \$180 ;
   reg [13:0] \$181 ;
-  reg [31:0] \$182 ;
-  reg \$183 ;
-  reg [2:0] \$184 ;
-  reg \$185 ;
-  reg [2:0] \$186 ;
-  reg \$187 ;
-  reg [35:0] \$188 ;
+  reg [220:0] \$182 ;
+  reg [31:0] \$183 ;
+  reg \$184 ;
+  reg [2:0] \$185 ;
+  reg \$186 ;
+  reg [2:0] \$187 ;
+  reg \$188 ;
+  reg [35:0] \$189 ;
   wire \$19 ;
   wire \$2 ;
   wire \$20 ;
@@ -30874,25 +30875,25 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire \$27 ;
   wire \$28 ;
   wire \$29 ;
-  wire [7:0] \$299 ;
   wire \$3 ;
   wire \$30 ;
-  wire [8:0] \$304 ;
-  wire [9:0] \$308 ;
+  wire [7:0] \$300 ;
+  wire [8:0] \$305 ;
+  wire [9:0] \$309 ;
   wire \$31 ;
-  wire [7:0] \$315 ;
+  wire [7:0] \$316 ;
   wire \$32 ;
-  wire [8:0] \$320 ;
-  wire [9:0] \$324 ;
+  wire [8:0] \$321 ;
+  wire [9:0] \$325 ;
   wire \$33 ;
-  wire [7:0] \$331 ;
-  wire [8:0] \$336 ;
+  wire [7:0] \$332 ;
+  wire [8:0] \$337 ;
   wire \$34 ;
-  wire [9:0] \$340 ;
-  wire [7:0] \$347 ;
+  wire [9:0] \$341 ;
+  wire [7:0] \$348 ;
   wire \$35 ;
-  wire [8:0] \$352 ;
-  wire [9:0] \$356 ;
+  wire [8:0] \$353 ;
+  wire [9:0] \$357 ;
   wire [14:0] \$36 ;
   wire [3:0] \$37 ;
   wire \$38 ;
@@ -31029,6 +31030,23 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   wire [-1:0] r_lane;
   input rst;
   wire rst;
+  reg [220:0] run = 221'h00000000000000000000000000000000000000000000000000000000;
+  wire [12:0] \run.a ;
+  wire [12:0] \run.b ;
+  wire [12:0] \run.c ;
+  wire [15:0] \run.count ;
+  wire [15:0] \run.expert ;
+  wire [9:0] \run.flags ;
+  wire [15:0] \run.k ;
+  wire [13:0] \run.len ;
+  wire [15:0] \run.m ;
+  wire [31:0] \run.mult ;
+  wire [15:0] \run.n ;
+  wire [13:0] \run.offset ;
+  wire [5:0] \run.op ;
+  wire [13:0] \run.p2 ;
+  wire [5:0] \run.shift ;
+  wire [5:0] \run.width ;
   output [12:0] spad__rd0__addr;
   reg [12:0] spad__rd0__addr;
   output spad__rd0__en;
@@ -31062,17 +31080,17 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$3  = busy & \$2 ;
   assign \$4  = dma__rd_data__valid & dma__rd_data__ready;
   assign \$5  = lane + 3'h4;
-  assign \$6  = ins[21:16] == 1'h1;
-  assign \$7  = ins[21:16] == 2'h2;
+  assign \$6  = run[21:16] == 1'h1;
+  assign \$7  = run[21:16] == 2'h2;
   assign \$8  = \$7  ? 2'h2 : 2'h1;
   assign \$9  = \$6  ? 3'h4 : { 1'h0, \$8  };
   assign \$10  = \$5  >= \$9 ;
   assign \$11  = full & \$10 ;
-  assign \$12  = el < ins[122:109];
+  assign \$12  = el < run[122:109];
   assign \$13  = el + \$83 [2:0];
   assign \$14  = lane + 3'h4;
-  assign \$15  = ins[21:16] == 1'h1;
-  assign \$16  = ins[21:16] == 2'h2;
+  assign \$15  = run[21:16] == 1'h1;
+  assign \$16  = run[21:16] == 2'h2;
   assign \$17  = \$16  ? 2'h2 : 2'h1;
   assign \$18  = \$15  ? 3'h4 : { 1'h0, \$17  };
   assign \$19  = \$14  >= \$18 ;
@@ -31080,7 +31098,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$21  = ~ \$20 ;
   assign \$22  = lane + 3'h4;
   assign \$23  = busy & store;
-  assign \$24  = el < ins[122:109];
+  assign \$24  = el < run[122:109];
   assign \$25  = ~ pending;
   assign \$26  = ~ out_full;
   assign \$27  = out_full & dma__wr_data__ready;
@@ -31105,105 +31123,105 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$48  = 2'h0 < p_k;
   assign \$53  = 1'h0 + p_k;
   assign \$54  = \$53  == 1'h1;
-  assign \$55  = el < ins[122:109];
+  assign \$55  = el < run[122:109];
   assign \$56  = ~ \$55 ;
   assign \$57  = \$54  | \$56 ;
   assign \$58  = ins[5:0] == 1'h1;
   assign \$59  = ins[5:0] == 2'h2;
-  assign \$60  = ins[21:16] == 1'h1;
-  assign \$61  = ins[21:16] == 2'h2;
+  assign \$60  = run[21:16] == 1'h1;
+  assign \$61  = run[21:16] == 2'h2;
   assign \$62  = \$61  ? 2'h2 : 2'h1;
   assign \$63  = \$60  ? 3'h4 : { 1'h0, \$62  };
   assign \$64  = \$63  - lane;
   assign \$65  = $signed(\$64 ) < $signed(4'h4);
-  assign \$66  = ins[21:16] == 1'h1;
-  assign \$67  = ins[21:16] == 2'h2;
+  assign \$66  = run[21:16] == 1'h1;
+  assign \$67  = run[21:16] == 2'h2;
   assign \$68  = \$67  ? 2'h2 : 2'h1;
   assign \$69  = \$66  ? 3'h4 : { 1'h0, \$68  };
   assign \$70  = \$69  - lane;
-  assign \$71  = ins[122:109] - el;
+  assign \$71  = run[122:109] - el;
   assign \$72  = $signed(\$70 ) < $signed(\$71 );
   assign \$73  = \$65  & \$72 ;
-  assign \$74  = ins[21:16] == 1'h1;
-  assign \$75  = ins[21:16] == 2'h2;
+  assign \$74  = run[21:16] == 1'h1;
+  assign \$75  = run[21:16] == 2'h2;
   assign \$76  = \$75  ? 2'h2 : 2'h1;
   assign \$77  = \$74  ? 3'h4 : { 1'h0, \$76  };
   assign \$78  = \$77  - lane;
-  assign \$79  = ins[122:109] - el;
+  assign \$79  = run[122:109] - el;
   assign \$80  = $signed(\$79 ) < $signed(4'h4);
-  assign \$81  = ins[122:109] - el;
+  assign \$81  = run[122:109] - el;
   assign \$82  = \$80  ? \$81  : 15'h0004;
   assign \$83  = \$73  ? { \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78 [3], \$78  } : \$82 ;
-  assign \$87  = ins[122:109] - el;
+  assign \$87  = run[122:109] - el;
   assign \$88  = $signed(2'h1) < $signed(\$87 );
-  assign \$91  = ins[122:109] - el;
+  assign \$91  = run[122:109] - el;
   assign \$92  = $signed(\$91 ) < $signed(4'h4);
-  assign \$93  = ins[122:109] - el;
+  assign \$93  = run[122:109] - el;
   assign \$94  = \$92  ? \$93  : 15'h0004;
   assign \$95  = \$89  ? 15'h0001 : \$94 ;
   assign \$96  = ~ store;
   assign \$97  = busy & \$96 ;
   assign \$98  = ~ full;
   assign \$99  = lane + 3'h4;
-  assign \$100  = ins[21:16] == 1'h1;
-  assign \$101  = ins[21:16] == 2'h2;
+  assign \$100  = run[21:16] == 1'h1;
+  assign \$101  = run[21:16] == 2'h2;
   assign \$102  = \$101  ? 2'h2 : 2'h1;
   assign \$103  = \$100  ? 3'h4 : { 1'h0, \$102  };
   assign \$104  = \$99  >= \$103 ;
   assign \$105  = full & \$104 ;
   assign \$106  = \$98  | \$105 ;
-  assign \$107  = el < ins[122:109];
-  assign \$108  = ins[60:48] + el;
-  assign \$109  = ins[21:16] == 1'h1;
+  assign \$107  = el < run[122:109];
+  assign \$108  = run[60:48] + el;
+  assign \$109  = run[21:16] == 1'h1;
   assign \$110  = lane + 1'h0;
-  assign \$299  = \$110  * 4'h8;
-  assign \$111  = beat >> \$299 ;
-  assign \$112  = ins[21:16] == 2'h2;
+  assign \$300  = \$110  * 4'h8;
+  assign \$111  = beat >> \$300 ;
+  assign \$112  = run[21:16] == 2'h2;
   assign \$113  = lane + 1'h0;
-  assign \$304  = \$113  * 5'h10;
-  assign \$114  = beat >> \$304 ;
+  assign \$305  = \$113  * 5'h10;
+  assign \$114  = beat >> \$305 ;
   assign \$115  = lane + 1'h0;
-  assign \$308  = \$115  * 6'h20;
-  assign \$116  = beat >> \$308 ;
+  assign \$309  = \$115  * 6'h20;
+  assign \$116  = beat >> \$309 ;
   assign \$117  = \$112  ? { \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114 [15], \$114  } : \$116 ;
   assign \$118  = \$109  ? { \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111 [7], \$111  } : \$117 ;
-  assign \$119  = ins[21:16] == 1'h1;
+  assign \$119  = run[21:16] == 1'h1;
   assign \$120  = lane + 1'h1;
-  assign \$315  = \$120  * 4'h8;
-  assign \$121  = beat >> \$315 ;
-  assign \$122  = ins[21:16] == 2'h2;
+  assign \$316  = \$120  * 4'h8;
+  assign \$121  = beat >> \$316 ;
+  assign \$122  = run[21:16] == 2'h2;
   assign \$123  = lane + 1'h1;
-  assign \$320  = \$123  * 5'h10;
-  assign \$124  = beat >> \$320 ;
+  assign \$321  = \$123  * 5'h10;
+  assign \$124  = beat >> \$321 ;
   assign \$125  = lane + 1'h1;
-  assign \$324  = \$125  * 6'h20;
-  assign \$126  = beat >> \$324 ;
+  assign \$325  = \$125  * 6'h20;
+  assign \$126  = beat >> \$325 ;
   assign \$127  = \$122  ? { \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124 [15], \$124  } : \$126 ;
   assign \$128  = \$119  ? { \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121 [7], \$121  } : \$127 ;
-  assign \$129  = ins[21:16] == 1'h1;
+  assign \$129  = run[21:16] == 1'h1;
   assign \$130  = lane + 2'h2;
-  assign \$331  = \$130  * 4'h8;
-  assign \$131  = beat >> \$331 ;
-  assign \$132  = ins[21:16] == 2'h2;
+  assign \$332  = \$130  * 4'h8;
+  assign \$131  = beat >> \$332 ;
+  assign \$132  = run[21:16] == 2'h2;
   assign \$133  = lane + 2'h2;
-  assign \$336  = \$133  * 5'h10;
-  assign \$134  = beat >> \$336 ;
+  assign \$337  = \$133  * 5'h10;
+  assign \$134  = beat >> \$337 ;
   assign \$135  = lane + 2'h2;
-  assign \$340  = \$135  * 6'h20;
-  assign \$136  = beat >> \$340 ;
+  assign \$341  = \$135  * 6'h20;
+  assign \$136  = beat >> \$341 ;
   assign \$137  = \$132  ? { \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134 [15], \$134  } : \$136 ;
   assign \$138  = \$129  ? { \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131 [7], \$131  } : \$137 ;
-  assign \$139  = ins[21:16] == 1'h1;
+  assign \$139  = run[21:16] == 1'h1;
   assign \$140  = lane + 2'h3;
-  assign \$347  = \$140  * 4'h8;
-  assign \$141  = beat >> \$347 ;
-  assign \$142  = ins[21:16] == 2'h2;
+  assign \$348  = \$140  * 4'h8;
+  assign \$141  = beat >> \$348 ;
+  assign \$142  = run[21:16] == 2'h2;
   assign \$143  = lane + 2'h3;
-  assign \$352  = \$143  * 5'h10;
-  assign \$144  = beat >> \$352 ;
+  assign \$353  = \$143  * 5'h10;
+  assign \$144  = beat >> \$353 ;
   assign \$145  = lane + 2'h3;
-  assign \$356  = \$145  * 6'h20;
-  assign \$146  = beat >> \$356 ;
+  assign \$357  = \$145  * 6'h20;
+  assign \$146  = beat >> \$357 ;
   assign \$147  = \$142  ? { \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144 [15], \$144  } : \$146 ;
   assign \$148  = \$139  ? { \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141 [7], \$141  } : \$147 ;
   assign \$149  = \$83 [2:0] > 1'h1;
@@ -31212,13 +31230,13 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$152  = ~ dma__rd_busy;
   assign \$153  = ~ full;
   assign \$154  = \$152  & \$153 ;
-  assign \$155  = el < ins[122:109];
+  assign \$155  = el < run[122:109];
   assign \$156  = ~ \$155 ;
   assign \$157  = \$154  & \$156 ;
   assign \$158  = dma__error | \$157 ;
   assign \$159  = busy & store;
-  assign \$160  = ins[34:22] + el;
-  assign \$161  = el < ins[122:109];
+  assign \$160  = run[34:22] + el;
+  assign \$161  = el < run[122:109];
   assign \$162  = ~ pending;
   assign \$163  = ~ out_full;
   assign \$164  = out_full & dma__wr_data__ready;
@@ -31227,7 +31245,7 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \$167  = \$162  | \$166 ;
   assign \$168  = \$161  & \$167 ;
   assign \$169  = ~ dma__wr_busy;
-  assign \$170  = el < ins[122:109];
+  assign \$170  = el < run[122:109];
   assign \$171  = ~ \$170 ;
   assign \$172  = \$169  & \$171 ;
   assign \$173  = ~ pending;
@@ -31243,19 +31261,21 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   always @(posedge clk)
     el <= \$181 ;
   always @(posedge clk)
-    beat <= \$182 ;
+    run <= \$182 ;
   always @(posedge clk)
-    full <= \$183 ;
+    beat <= \$183 ;
   always @(posedge clk)
-    lane <= \$184 ;
+    full <= \$184 ;
   always @(posedge clk)
-    pending <= \$185 ;
+    lane <= \$185 ;
   always @(posedge clk)
-    p_k <= \$186 ;
+    pending <= \$186 ;
   always @(posedge clk)
-    out_full <= \$187 ;
+    p_k <= \$187 ;
   always @(posedge clk)
-    out <= \$188 ;
+    out_full <= \$188 ;
+  always @(posedge clk)
+    out <= \$189 ;
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
     (* full_case = 32'd1 *)
@@ -31326,124 +31346,142 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$182  = beat;
-    if (\$3 ) begin
-      if (\$4 ) begin
-        \$182  = dma__rd_data__payload;
-      end
+    \$182  = run;
+    if (start) begin
+      \$182 [122:109] = ins[122:109];
+      \$182 [21:16] = ins[21:16];
+      \$182 [34:22] = ins[34:22];
+      \$182 [60:48] = ins[60:48];
     end
     if (unit_rst) begin
-      \$182  = 32'd0;
+      \$182 [34:16] = 19'h00000;
+      \$182 [60:48] = 13'h0000;
+      \$182 [122:109] = 14'h0000;
     end
     if (rst) begin
-      \$182  = 32'd0;
+      \$182  = 221'h00000000000000000000000000000000000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$183  = full;
+    \$183  = beat;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$183  = 1'h1;
+        \$183  = dma__rd_data__payload;
+      end
+    end
+    if (unit_rst) begin
+      \$183  = 32'd0;
+    end
+    if (rst) begin
+      \$183  = 32'd0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
+    \$184  = full;
+    if (\$3 ) begin
+      if (\$4 ) begin
+        \$184  = 1'h1;
       end else if (\$11 ) begin
-        \$183  = 1'h0;
+        \$184  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$183  = 1'h0;
+      \$184  = 1'h0;
     end
     if (rst) begin
-      \$183  = 1'h0;
+      \$184  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$184  = lane;
+    \$185  = lane;
     if (\$3 ) begin
       if (\$4 ) begin
-        \$184  = 3'h0;
+        \$185  = 3'h0;
       end
       if (full) begin
         if (\$21 ) begin
-          \$184  = \$22 [2:0];
+          \$185  = \$22 [2:0];
         end
       end
     end
     if (unit_rst) begin
-      \$184  = 3'h0;
+      \$185  = 3'h0;
     end
     if (rst) begin
-      \$184  = 3'h0;
+      \$185  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$185  = pending;
+    \$186  = pending;
     if (\$23 ) begin
       if (\$31 ) begin
-        \$185  = 1'h1;
+        \$186  = 1'h1;
       end else if (\$35 ) begin
-        \$185  = 1'h0;
+        \$186  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$185  = 1'h0;
+      \$186  = 1'h0;
     end
     if (rst) begin
-      \$185  = 1'h0;
+      \$186  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$186  = p_k;
+    \$187  = p_k;
     if (\$23 ) begin
       if (\$31 ) begin
-        \$186  = \$95 [2:0];
+        \$187  = \$95 [2:0];
       end
     end
     if (unit_rst) begin
-      \$186  = 3'h0;
+      \$187  = 3'h0;
     end
     if (rst) begin
-      \$186  = 3'h0;
+      \$187  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$187  = out_full;
+    \$188  = out_full;
     if (\$23 ) begin
       if (\$41 ) begin
-        \$187  = 1'h0;
+        \$188  = 1'h0;
       end
       if (\$45 ) begin
-        \$187  = \$57 ;
+        \$188  = \$57 ;
       end
     end
     if (unit_rst) begin
-      \$187  = 1'h0;
+      \$188  = 1'h0;
     end
     if (rst) begin
-      \$187  = 1'h0;
+      \$188  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$40 ) begin end
-    \$188  = out;
+    \$189  = out;
     if (\$23 ) begin
       if (\$45 ) begin
         if (\$49 ) begin
-          \$188 [31:0] = \$52 ;
-          \$188 [35:32] = 4'hf;
+          \$189 [31:0] = \$52 ;
+          \$189 [35:32] = 4'hf;
         end else if (\$50 ) begin
-          \$188 [35:32] = 4'h0;
+          \$189 [35:32] = 4'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$188  = 36'h000000000;
+      \$189  = 36'h000000000;
     end
     if (rst) begin
-      \$188  = 36'h000000000;
+      \$189  = 36'h000000000;
     end
   end
   always @* begin
@@ -31587,6 +31625,22 @@ module \nanokpu_kpu.loadstore (clk, rst, dma__rd_busy, dma__rd_data__valid, dma_
   assign \ins.expert  = ins[190:175];
   assign \ins.count  = ins[206:191];
   assign \ins.offset  = ins[220:207];
+  assign \run.op  = run[5:0];
+  assign \run.flags  = run[15:6];
+  assign \run.width  = run[21:16];
+  assign \run.a  = run[34:22];
+  assign \run.b  = run[47:35];
+  assign \run.c  = run[60:48];
+  assign \run.m  = run[76:61];
+  assign \run.n  = run[92:77];
+  assign \run.k  = run[108:93];
+  assign \run.len  = run[122:109];
+  assign \run.p2  = run[136:123];
+  assign \run.mult  = run[168:137];
+  assign \run.shift  = run[174:169];
+  assign \run.expert  = run[190:175];
+  assign \run.count  = run[206:191];
+  assign \run.offset  = run[220:207];
   assign \out.data  = out[31:0];
   assign \out.strb  = out[35:32];
   assign \spad__rd0__lanes[0]  = spad__rd0__lanes[31:0];

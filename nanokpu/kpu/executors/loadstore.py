@@ -48,9 +48,13 @@ class LoadStore(wiring.Component):
         busy = Signal()
         store = Signal()
         el = Signal(sw)          # LOAD: elements written; STORE: elements read
-        more = el < ins.len
+        # the fields the run reads, latched at start: its address arithmetic reads registers of
+        # its own, placed beside it, not the controller's issue register
+        run = Signal(ins.shape())
+        more = el < run.len
         with m.If(self.start):
             m.d.sync += [busy.eq(1), store.eq(ins.op == Op.STORE), el.eq(0)]
+            m.d.sync += [run.len.eq(ins.len), run.width.eq(ins.width), run.a.eq(ins.a), run.c.eq(ins.c)]
             m.d.comb += [dma.rd_start.eq(ins.op == Op.LOAD), dma.wr_start.eq(ins.op == Op.STORE)]
 
         # ---- LOAD: a beat held, its elements written B per cycle (lanes lane .. lane + B - 1) --
@@ -58,16 +62,16 @@ class LoadStore(wiring.Component):
         beat = Signal(8 * bw)
         full = Signal()
         lane = Signal(range(bw + B))
-        per_beat = Mux(ins.width == 1, bw, Mux(ins.width == 2, bw // 2, bw // 4))
+        per_beat = Mux(run.width == 1, bw, Mux(run.width == 2, bw // 2, bw // 4))
 
         def elem(i):
             """Element ``lane + i`` of the beat (0 past its end)."""
             at = lane + i
-            return Mux(ins.width == 1, beat.word_select(at, 8).as_signed(),
-                       Mux(ins.width == 2, beat.word_select(at, 16).as_signed(), beat.word_select(at, 32).as_signed()))
+            return Mux(run.width == 1, beat.word_select(at, 8).as_signed(),
+                       Mux(run.width == 2, beat.word_select(at, 16).as_signed(), beat.word_select(at, 32).as_signed()))
         beat_end = full & (lane + B >= per_beat)
         n_now = Signal(range(B + 1))     # elements written this cycle
-        k_beat, k_len = per_beat - lane, ins.len - el
+        k_beat, k_len = per_beat - lane, run.len - el
         m.d.comb += n_now.eq(lanes_now(k_beat, k_len, B))
         # ---- STORE: wide reads issued a cycle ahead (each the elements of one beat's lanes
         # r_lane .. r_lane + r_k - 1), placed into the beat, which is offered when full -----------
@@ -75,7 +79,7 @@ class LoadStore(wiring.Component):
         out = Signal(dma.wr_data.payload.shape())
         out_full = Signal()
         r_lane = Signal(range(epb))          # the beat lane of the next read's first element
-        k_lane, k_left = epb - r_lane, ins.len - el
+        k_lane, k_left = epb - r_lane, run.len - el
         r_k = Signal(range(B + 1))           # the next read's elements
         m.d.comb += r_k.eq(lanes_now(k_lane, k_left, B))
         pending = Signal()       # rd0.lanes hold p_k elements read and not yet placed
@@ -94,7 +98,7 @@ class LoadStore(wiring.Component):
                 m.d.sync += full.eq(0)
             with m.If(full):
                 with m.If(more):
-                    m.d.comb += [spad.wr.addr.eq(ins.c + el), spad.wr.data.eq(elem(0)), spad.wr.en.eq(1)]
+                    m.d.comb += [spad.wr.addr.eq(run.c + el), spad.wr.data.eq(elem(0)), spad.wr.en.eq(1)]
                     m.d.comb += [spad.wr.upper[j - 1].eq(elem(j)) for j in range(1, B)]
                     m.d.comb += [spad.wr.upper_en[j - 1].eq(n_now > j) for j in range(1, B)]
                     m.d.sync += el.eq(el + n_now)
@@ -103,7 +107,7 @@ class LoadStore(wiring.Component):
             with m.If(dma.error | (~dma.rd_busy & ~full & ~more)):
                 m.d.comb += self.done.eq(1)
         with m.If(busy & store):
-            m.d.comb += [spad.rd0.addr.eq(ins.a + el), spad.rd0.en.eq(issue), dma.wr_data.valid.eq(out_full)]
+            m.d.comb += [spad.rd0.addr.eq(run.a + el), spad.rd0.en.eq(issue), dma.wr_data.valid.eq(out_full)]
             with m.If(issue):
                 r_next = r_lane + r_k
                 m.d.sync += [el.eq(el + r_k), pending.eq(1), p_lane.eq(r_lane), p_k.eq(r_k),
