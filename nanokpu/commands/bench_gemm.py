@@ -41,7 +41,7 @@ DOC = DOCS / "bench" / "gemm.md"
 
 def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
     """Where the cycles of :func:`nanokpu.units.gemm.gemm_cycles` go (they sum to it)."""
-    from nanokpu.units.gemm import store_cycles, tile_gap
+    from nanokpu.units.gemm import store_tail, tile_gap
     from nanokpu.units.systolic import done_latency
 
     gap = tile_gap(cfg)
@@ -55,7 +55,7 @@ def breakdown(cfg: KpuConfig, m: int, k: int, n: int) -> dict[str, int]:
         "gap": (tiles - 1) * (max(k, gap) - k),          # tiles shorter than the drain rule
         "fill": (mb + 3) + 1,                            # command check + first words
         "drain": done_latency(cfg) + cfg.cols + 4,       # last step through array and drain
-        "store": store_cycles(cfg, mb * n),              # requantised results out
+        "store": store_tail(cfg, m, k, n),               # results out after the compute
     }
 
 
@@ -187,13 +187,12 @@ store = cycles`, exactly; the bench asserts the total against `nanokpu.units.gem
 * **drain**: after the last K step, 1 cycle into the feed register, `rows + cols` cycles
   through the skewed array and `cols + 3` to drain the last tile into scratchpad C (column
   registered, old word read and registered, added, written).
-* **store**: `ceil(M/rows) * N` result words through the 6-stage requantiser, after the
-  compute (the results of a GEMM that accumulates over several commands are stored once,
-  by the last one).
+* **store**: what the store adds after the compute: the `ceil(M/rows) * N` result words go
+  through the 6-stage requantiser under the compute, each once its tile is written (a word a
+  cycle), so what is left is the last tile's words, any the store had not caught up with, the
+  requantiser's latency and 5 cycles of scratchpad read and handshakes.
 
-{headline}The next step if more is needed: store the row blocks of the last panel while the
-compute still runs (saves most of `store`).
-"""
+{headline}"""
 
 
 def render(results, ice40_results=()) -> str:
@@ -215,7 +214,7 @@ def render(results, ice40_results=()) -> str:
             if (r["m"], r["k"], r["n"]) == (64, 256, 256):
                 headline = (f"The headline shape, the `{name}` GEMM 64 x 256 x 256 on the {cfg.rows}x{cfg.cols} "
                             f"array, runs at {100 * r['util']:.1f}% "
-                            "(`tests/test_gemm.py::test_gemm_64x256x256_on_8x8_is_exact_and_busy` "
+                            "(`tests/units/test_gemm.py::test_gemm_64x256x256_on_8x8_is_exact_and_busy` "
                             "asserts the exact cycle count).\n")
     parts.append(EXPLANATION.format(headline=headline))
     return "\n".join(parts)

@@ -14,7 +14,7 @@ from nanokpu.units.requant import Requantiser, requant_interval, requant_latency
 from nanokpu.units.systolic import SystolicArray, done_latency, min_tile_cycles
 
 __all__ = ["GemmEngine", "col_rq_layout", "columns_wait_in_array", "tile_gap", "gemm_cycles",
-           "kpu_engine", "store_cycles"]
+           "kpu_engine", "store_reads", "store_tail"]
 
 
 def col_rq_layout(cfg: KpuConfig) -> data.StructLayout:
@@ -25,6 +25,11 @@ def col_rq_layout(cfg: KpuConfig) -> data.StructLayout:
 #: Cycles from a drained column on the array's output to its write into scratchpad C (the
 #: column and its address registered, the old word read, its copy registered).
 _DRAIN_STAGES = 3
+
+
+#: Cycles from the compute's end (the command's ``RUN`` phase quiet) to the first read of a word of
+#: the last tile written by the store under the compute.
+_TILE_READY = -1
 
 
 def columns_wait_in_array(cfg: KpuConfig) -> bool:
@@ -45,17 +50,38 @@ def tile_gap(cfg: KpuConfig) -> int:
 
 
 def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -> int:
-    """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command to
-    ``done`` (with or without ``load_a``), streams never stalling: the phases' sum."""
+    """Exact cycles of :class:`GemmEngine` from accepting a valid ``compute`` command without
+    ``accumulate`` to ``done`` (with or without ``load_a``), streams never stalling: the
+    phases' sum (see :class:`GemmEngine`)."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    cycles = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + done_latency(cfg) + cfg.cols + 4
-    return cycles + (store_cycles(cfg, mb * n) if store else 1)
+    compute = (mb + 3) + 1 + k + (mb * nb - 1) * max(k, tile_gap(cfg)) + done_latency(cfg) + cfg.cols + 4
+    return compute + (store_tail(cfg, m, k, n) if store else 1)
 
 
-def store_cycles(cfg: KpuConfig, words: int) -> int:
-    """Cycles of the store phase of ``words`` result words (the sink never stalls): the
-    requantiser's interval per word, its latency, the scratchpad read and its register."""
-    return (words - 1) * requant_interval(cfg) + requant_latency(cfg) + 5
+def store_tail(cfg: KpuConfig, m: int, k: int, n: int) -> int:
+    """Cycles from the compute's end to ``done`` of a ``compute`` and ``store`` command without
+    ``accumulate`` (its store runs under the compute), streams never stalling: the last
+    word's read (:func:`store_reads`), the requantiser's latency, the scratchpad read and its
+    register."""
+    mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
+    return store_reads(cfg, mb, nb, k, n)[-1] + requant_latency(cfg) + 5
+
+
+def store_reads(cfg: KpuConfig, mb: int, nb: int, k: int, n: int) -> list[int]:
+    """When the store under the compute reads each result word, in cycles after the compute's
+    end (the last tile written; negative: before it), streams never stalling: word ``(b, j)``
+    (row block ``b``, column ``j``, in that order) once tile ``(j // cols, b)`` is written
+    (tiles are written ``max(k, tile_gap)`` cycles apart, panel by panel, row block by row
+    block) and a requantiser interval after the word before it."""
+    period, interval = max(k, tile_gap(cfg)), requant_interval(cfg)
+    tiles = mb * nb
+    reads, last = [], None
+    for b in range(mb):
+        for j in range(n):
+            ready = _TILE_READY - (tiles - 1 - ((j // cfg.cols) * mb + b)) * period
+            last = ready if last is None else max(last + interval, ready)
+            reads.append(last)
+    return reads
 
 
 def kpu_engine(cfg: KpuConfig, column_rq: bool = False) -> GemmEngine:
@@ -87,11 +113,14 @@ class GemmEngine(wiring.Component):
     into scratchpad A from ``a_addr`` on; ``compute`` streams ``NB*K`` words from ``b_in``
     and writes every result tile (column by column, through the array's drain chain) into
     scratchpad C, adding to the old contents (wrapping at ``acc_width``) when
-    ``accumulate`` is set; ``store`` then streams the ``MB*N`` result words of ``c_addr``
-    on through the requantiser (``mult``, ``shift``, ``cfg.rounding``, saturation to
-    ``out_width``: :func:`golden.intops.requantize`) out of ``c_out``, lanes of rows
-    ``>= M`` as 0. A and B loading overlap the compute: a tile step waits only for its A
-    word and its B panel, so the array stays busy while operands stream in.
+    ``accumulate`` is set; ``store`` streams the ``MB*N`` result words of ``c_addr`` on, in
+    that order, through the requantiser (``mult``, ``shift``, ``cfg.rounding``, saturation
+    to ``out_width``: :func:`golden.intops.requantize`) out of ``c_out``, lanes of rows ``>=
+    M`` as 0. A and B loading overlap the compute: a tile step waits only for its A word and
+    its B panel, so the array stays busy while operands stream in. Without ``accumulate``
+    the store overlaps it too: it starts with the compute and sends each word once its tile
+    is written (a word a requantiser interval); otherwise, and without ``compute``, it
+    follows the compute.
 
     Tiles run panel by panel (``nb`` outer, ``mb`` inner, ``k`` innermost), one K step per
     cycle. A tile takes ``max(K, tile_gap)`` cycles (:func:`tile_gap`: ``rows + 2*cols - 1``
@@ -112,8 +141,10 @@ class GemmEngine(wiring.Component):
     * tail: ``done_latency + cols + 4``, ``rows + 2*cols + 4`` skewed, ``cols + 6`` on
       ``ice40`` (last step -> feed register -> array -> drain -> column address register ->
       scratchpad C read, registered -> write);
-    * store: :func:`store_cycles` of ``MB * N`` words (``MB * N + 10`` with the pipelined
-      requantiser), or 1 cycle without ``store``.
+    * store: under the compute, :func:`store_tail` cycles after it (the words of the last
+      tile written and any not yet sent, ``cols + 9`` with the pipelined requantiser while
+      the store keeps up), or 1 cycle without ``store``. A store after the compute
+      (``accumulate``) takes ``(MB*N - 1) * interval + latency + 5`` (the requantiser's).
 
     Parameters
     ----------
@@ -159,10 +190,11 @@ class GemmEngine(wiring.Component):
         (``column_rq``) Writes entry ``addr`` of the table (``spad_c_depth`` entries of
         :func:`col_rq_layout`: ``mult``, ``shift``), performed at the edge.
     col_hold : In(1)
-        (``column_rq``) While high the store does not start (nor ``done`` of a command without
-        one): the writer fills the table under the compute, the store reads entry ``n`` with
-        every word of column ``n`` and carries it with the word through the requantiser, one
-        word per cycle as ever. The latencies above hold when it falls in time.
+        (``column_rq``) While high the store reads no word (nor comes ``done`` of a command
+        without one): the writer fills the table under the compute, the store reads entry ``n``
+        with every word of column ``n`` and carries it with the word through the requantiser,
+        one word per cycle as ever. The latencies above hold when it falls before the store
+        would read its first word.
     """
 
     def __init__(self, cfg: KpuConfig, out_width: int | None = None, column_rq: bool = False):
@@ -214,7 +246,7 @@ class GemmEngine(wiring.Component):
                                                attrs={"no_rw_check": 1})
             # the engine never uses a read of a row written in the same cycle: a step reads the A
             # and B words it found written (a_ok, b_ok), the drain reads each result word once per
-            # command, and the store reads after the last write
+            # command, and the store reads a word once its tile is written (tiles_written)
             spads[name] = spad.write_port(), unchecked_read_port(m, spad, name)
         (a_wr, a_rd), (b_wr, b_rd), (c_wr, c_rd) = spads.values()
 
@@ -225,6 +257,7 @@ class GemmEngine(wiring.Component):
         uses_a = cmd.load_a | cmd.compute
         uses_c = cmd.compute | cmd.store
         rows_left = Signal(dim)     # check walk: rows of the blocks not yet counted
+        blocks = Signal(dim)        # MB, counted by the walk
         a_lim = Signal(wide)        # a_addr + MB*K once the walk ends
         c_lim = Signal(wide)        # c_addr + MB*N
 
@@ -244,6 +277,8 @@ class GemmEngine(wiring.Component):
         w_busy = Signal()           # the write stage holds a drained column (written or not)
         storing = Signal()
         store_start = Signal()
+        early = Signal()            # the store runs under the compute (see the store below)
+        tiles_written = Signal(2 * dim)   # tiles whose last column is in scratchpad C
 
         # -- A loader ---------------------------------------------------------------------
         a_wptr = Signal(wide)
@@ -381,11 +416,17 @@ class GemmEngine(wiring.Component):
         col_valid = [Signal(name=f"col_valid{n}") for n in range(2)]
         col_busy = [Signal(name=f"col_busy{n}") for n in range(2)]
         col_addr = [Signal(wide, name=f"col_addr{n}") for n in range(2)]
+        col_end = [Signal(name=f"col_end{n}") for n in range(2)]   # the tile's last column
+        w_end = Signal()
         m.d.sync += [col_valid[0].eq(draining & (cur_col < cur_cols)), col_busy[0].eq(draining),
-                     col_addr[0].eq(cur_base + cur_col),
+                     col_addr[0].eq(cur_base + cur_col), col_end[0].eq(tile_drained),
                      col_valid[1].eq(col_valid[0]), col_busy[1].eq(col_busy[0]),
-                     col_addr[1].eq(col_addr[0]),
-                     w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1])]
+                     col_addr[1].eq(col_addr[0]), col_end[1].eq(col_end[0]),
+                     w_valid.eq(col_valid[1]), w_busy.eq(col_busy[1]), w_addr.eq(col_addr[1]), w_end.eq(col_end[1])]
+        with m.If(start):
+            m.d.sync += tiles_written.eq(0)
+        with m.Elif(w_end):
+            m.d.sync += tiles_written.eq(tiles_written + 1)
         if columns_wait_in_array(cfg):  # the column stays on array.out until its write
             m.d.comb += [array.shift.eq(w_busy), w_word.eq(array.out)]
         else:
@@ -393,15 +434,23 @@ class GemmEngine(wiring.Component):
             m.d.comb += array.shift.eq(draining)
             m.d.sync += [col_word[0].eq(array.out), col_word[1].eq(col_word[0]), w_word.eq(col_word[1])]
         for i in range(R):  # c_q is 0 while computing without accumulate (see the store below)
-            m.d.comb += c_wr.data[i].eq(w_word[i] + c_q[i])
+            m.d.comb += c_wr.data[i].eq(w_word[i] + Mux(early, 0, c_q[i]))
         m.d.comb += [c_wr.addr.eq(w_addr), c_wr.en.eq(w_valid)]
         m.d.sync += pending.eq(pending + tile_issued - tile_drained)
 
         # -- store: scratchpad C -> requantiser -> c_out ----------------------------------
+        # Word (mb, n) is read once tile (n // C, mb) is written: a store that starts with the
+        # compute (early: compute and store without accumulate, the drain then reads nothing of
+        # scratchpad C) follows the drain; one that starts after it finds every tile written.
         s_addr = Signal(wide)
         s_n = Signal(dim)
         s_rows = Signal(dim)
         s_left = Signal(wide)       # words not yet read
+        s_col = Signal(range(C))    # n mod C
+        s_block = Signal(dim)       # mb
+        s_tile = Signal(2 * dim)    # word (mb, n)'s tile: (n // C) * MB + mb
+        s_ok = Signal()             # ... is written (or the compute is over)
+        m.d.comb += s_ok.eq(~early | ((s_tile < tiles_written) & ~(self.col_hold if self.column_rq else Const(0))))
         r_valid = Signal()          # c_rd.data holds a word read for the store
         r_mask = Signal(R)
         q_valid = Signal()          # c_q holds it
@@ -441,14 +490,18 @@ class GemmEngine(wiring.Component):
                 m.d.sync += c_q[i].eq(0)
         with m.If(store_start):
             m.d.sync += [storing.eq(1), s_addr.eq(cmd.c_addr), s_n.eq(0), s_rows.eq(cmd.m),
-                         s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr)]
+                         s_left.eq(c_lim - cmd.c_addr), out_left.eq(c_lim - cmd.c_addr),
+                         s_col.eq(0), s_block.eq(0), s_tile.eq(0)]
         with m.Elif(storing & advance):
-            m.d.sync += r_valid.eq(s_left != 0)
-            with m.If(s_left != 0):
+            m.d.sync += r_valid.eq((s_left != 0) & s_ok)
+            with m.If((s_left != 0) & s_ok):
                 m.d.sync += [s_addr.eq(s_addr + 1), s_left.eq(s_left - 1), s_n.eq(s_n + 1),
-                             r_mask.eq(lane_mask(s_rows))]
+                             r_mask.eq(lane_mask(s_rows)), s_col.eq(s_col + 1)]
+                with m.If(s_col == C - 1):
+                    m.d.sync += [s_col.eq(0), s_tile.eq(s_tile + blocks)]
                 with m.If(s_n == cmd.n - 1):
-                    m.d.sync += [s_n.eq(0), s_rows.eq(s_rows - R)]
+                    m.d.sync += [s_n.eq(0), s_rows.eq(s_rows - R), s_col.eq(0), s_block.eq(s_block + 1),
+                                 s_tile.eq(s_block + 1)]
         with m.If(self.c_out.valid & self.c_out.ready):
             m.d.sync += out_left.eq(out_left - 1)
 
@@ -472,7 +525,8 @@ class GemmEngine(wiring.Component):
                     m.d.comb += code.eq(GemmError.K_TOO_LARGE)
                 # the walk's registers load whether or not the command is refused (their enables
                 # do not wait for the checks)
-                m.d.sync += [rows_left.eq(cmd.m), a_lim.eq(cmd.a_addr + cmd.k), c_lim.eq(cmd.c_addr + cmd.n)]
+                m.d.sync += [rows_left.eq(cmd.m), a_lim.eq(cmd.a_addr + cmd.k), c_lim.eq(cmd.c_addr + cmd.n),
+                             blocks.eq(1)]
                 with m.If(code != GemmError.NONE):
                     m.d.sync += [self.error.eq(1), self.error_code.eq(code), self.done.eq(1)]
                     m.next = "IDLE"
@@ -483,7 +537,7 @@ class GemmEngine(wiring.Component):
                 c_over = uses_c & (c_lim > cfg.spad_c_depth)
                 with m.If(rows_left > R):
                     m.d.sync += [rows_left.eq(rows_left - R), a_lim.eq(a_lim + cmd.k),
-                                 c_lim.eq(c_lim + cmd.n)]
+                                 c_lim.eq(c_lim + cmd.n), blocks.eq(blocks + 1)]
                 with m.If(a_over | c_over):
                     m.d.sync += [self.error.eq(1), self.done.eq(1),
                                  self.error_code.eq(Mux(a_over, GemmError.A_RANGE, GemmError.C_RANGE))]
@@ -494,15 +548,18 @@ class GemmEngine(wiring.Component):
             with m.State("RUN"):
                 quiet = (~(start | a_loading | b_loading | issuing | drain_busy | col_busy[0] | col_busy[1]
                            | w_busy) & (pending == 0))
+                with m.If(start & cmd.compute & cmd.store & ~cmd.accumulate):
+                    m.d.comb += store_start.eq(1)
+                    m.d.sync += early.eq(1)
                 with m.If(quiet & ~(self.col_hold if self.column_rq else Const(0))):
                     with m.If(cmd.store):
-                        m.d.comb += store_start.eq(1)
+                        m.d.comb += store_start.eq(~early)
                         m.next = "STORE"
                     with m.Else():
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
             with m.State("STORE"):
                 with m.If(out_left == 0):
-                    m.d.sync += [storing.eq(0), r_valid.eq(0), q_valid.eq(0), self.done.eq(1)]
+                    m.d.sync += [storing.eq(0), early.eq(0), r_valid.eq(0), q_valid.eq(0), self.done.eq(1)]
                     m.next = "IDLE"
         return m

@@ -56,49 +56,49 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$142 ;
   wire \$143 ;
   wire \$144 ;
-  wire [19:0] \$145 ;
+  wire \$145 ;
   wire [19:0] \$146 ;
-  wire \$147 ;
+  wire [19:0] \$147 ;
   wire \$148 ;
-  wire [19:0] \$149 ;
+  wire \$149 ;
   wire \$15 ;
-  wire [19:0] \$150 ;
-  wire [17:0] \$151 ;
-  wire \$152 ;
-  wire \$153 ;
-  wire \$154 ;
+  wire \$150 ;
+  wire \$151 ;
+  wire [19:0] \$152 ;
+  wire [19:0] \$153 ;
+  wire [17:0] \$154 ;
   wire \$155 ;
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
   wire \$16 ;
-  wire [17:0] \$160 ;
+  wire \$160 ;
   wire \$161 ;
-  wire [17:0] \$162 ;
-  wire \$163 ;
-  wire [19:0] \$164 ;
-  wire [17:0] \$165 ;
+  wire \$162 ;
+  wire [3:0] \$163 ;
+  wire \$164 ;
+  wire [34:0] \$165 ;
   wire [17:0] \$166 ;
   wire \$167 ;
-  wire \$168 ;
+  wire [17:0] \$168 ;
   wire [17:0] \$169 ;
   wire \$17 ;
-  wire [19:0] \$170 ;
-  wire [19:0] \$171 ;
-  wire \$172 ;
-  wire \$173 ;
-  wire \$174 ;
+  wire [17:0] \$170 ;
+  wire \$171 ;
+  wire [19:0] \$172 ;
+  wire [17:0] \$173 ;
+  wire [17:0] \$174 ;
   wire \$175 ;
   wire \$176 ;
-  wire \$177 ;
-  wire \$178 ;
-  wire \$179 ;
+  wire [17:0] \$177 ;
+  wire [19:0] \$178 ;
+  wire [19:0] \$179 ;
   wire [19:0] \$18 ;
-  wire \$180 ;
+  wire [17:0] \$180 ;
   wire \$181 ;
   wire \$182 ;
-  wire [2:0] \$183 ;
+  wire \$183 ;
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
@@ -108,17 +108,17 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$19 ;
   wire \$190 ;
   wire \$191 ;
-  wire \$192 ;
+  wire [2:0] \$192 ;
   wire \$193 ;
   wire \$194 ;
   wire \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
-  wire [9:0] \$199 ;
+  wire \$199 ;
   wire \$2 ;
   wire \$20 ;
-  wire [17:0] \$200 ;
+  wire \$200 ;
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
@@ -126,48 +126,48 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
-  wire [9:0] \$208 ;
-  wire [17:0] \$209 ;
+  wire \$208 ;
+  wire \$209 ;
   wire \$21 ;
   wire \$210 ;
-  wire [32:0] \$211 ;
-  wire [32:0] \$212 ;
-  wire [32:0] \$213 ;
-  wire [32:0] \$214 ;
-  wire [32:0] \$215 ;
-  wire [32:0] \$216 ;
-  wire [32:0] \$217 ;
-  wire [32:0] \$218 ;
+  wire \$211 ;
+  wire [9:0] \$212 ;
+  wire [17:0] \$213 ;
+  wire \$214 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
   wire \$219 ;
   wire \$22 ;
-  wire [18:0] \$220 ;
-  wire \$221 ;
-  wire \$222 ;
+  wire \$220 ;
+  wire [9:0] \$221 ;
+  wire [17:0] \$222 ;
   wire \$223 ;
-  wire \$224 ;
-  wire \$225 ;
-  wire \$226 ;
-  wire \$227 ;
-  wire \$228 ;
-  wire \$229 ;
+  wire [31:0] \$224 ;
+  wire [32:0] \$225 ;
+  wire [31:0] \$226 ;
+  wire [32:0] \$227 ;
+  wire [31:0] \$228 ;
+  wire [32:0] \$229 ;
   wire \$23 ;
-  wire \$230 ;
-  wire \$231 ;
-  wire \$232 ;
-  wire \$233 ;
-  wire \$234 ;
-  wire \$235 ;
-  wire \$236 ;
-  wire \$237 ;
-  wire \$238 ;
-  wire \$239 ;
+  wire [31:0] \$230 ;
+  wire [32:0] \$231 ;
+  wire [31:0] \$232 ;
+  wire [32:0] \$233 ;
+  wire [31:0] \$234 ;
+  wire [32:0] \$235 ;
+  wire [31:0] \$236 ;
+  wire [32:0] \$237 ;
+  wire [31:0] \$238 ;
+  wire [32:0] \$239 ;
   wire \$24 ;
   wire \$240 ;
   wire \$241 ;
   wire \$242 ;
   wire \$243 ;
   wire \$244 ;
-  wire \$245 ;
+  wire [18:0] \$245 ;
   wire \$246 ;
   wire \$247 ;
   wire \$248 ;
@@ -178,89 +178,128 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$252 ;
   wire \$253 ;
   wire \$254 ;
-  wire [63:0] \$255 ;
-  wire [63:0] \$256 ;
-  reg [255:0] \$257 ;
-  reg [16:0] \$258 ;
-  reg \$259 ;
+  wire \$255 ;
+  wire \$256 ;
+  wire \$257 ;
+  wire \$258 ;
+  wire \$259 ;
   wire \$26 ;
-  reg [18:0] \$260 ;
-  reg \$261 ;
-  reg [1:0] \$262 ;
-  reg \$263 ;
-  reg \$264 ;
-  reg [16:0] \$265 ;
-  reg [16:0] \$266 ;
-  reg \$267 ;
-  reg \$268 ;
-  reg [4:0] \$269 ;
+  wire \$260 ;
+  wire \$261 ;
+  wire \$262 ;
+  wire \$263 ;
+  wire \$264 ;
+  wire \$265 ;
+  wire \$266 ;
+  wire \$267 ;
+  wire \$268 ;
+  wire \$269 ;
   wire \$27 ;
-  reg \$270 ;
-  reg \$271 ;
-  reg \$272 ;
-  reg [7:0] \$273 ;
-  reg \$274 ;
-  reg \$275 ;
-  reg \$276 ;
-  reg [63:0] \$277 ;
-  reg [63:0] \$278 ;
-  reg \$279 ;
+  wire \$270 ;
+  wire \$271 ;
+  wire \$272 ;
+  wire \$273 ;
+  wire \$274 ;
+  wire \$275 ;
+  wire \$276 ;
+  wire \$277 ;
+  wire \$278 ;
+  wire \$279 ;
   wire \$28 ;
-  reg \$280 ;
-  reg [16:0] \$281 ;
-  reg [18:0] \$282 ;
-  reg [16:0] \$283 ;
-  reg [16:0] \$284 ;
-  reg [18:0] \$285 ;
-  reg [18:0] \$286 ;
-  reg \$287 ;
-  reg \$288 ;
-  reg [18:0] \$289 ;
+  wire \$280 ;
+  wire \$281 ;
+  wire \$282 ;
+  wire \$283 ;
+  wire \$284 ;
+  wire [63:0] \$285 ;
+  wire [63:0] \$286 ;
+  reg [255:0] \$287 ;
+  reg [16:0] \$288 ;
+  reg \$289 ;
   wire \$29 ;
-  reg [3:0] \$290 ;
-  reg [3:0] \$291 ;
-  reg [18:0] \$292 ;
-  reg [3:0] \$293 ;
+  reg [18:0] \$290 ;
+  reg \$291 ;
+  reg [1:0] \$292 ;
+  reg \$293 ;
   reg \$294 ;
-  reg \$295 ;
-  reg \$296 ;
-  reg [18:0] \$297 ;
+  reg [16:0] \$295 ;
+  reg [16:0] \$296 ;
+  reg \$297 ;
   reg \$298 ;
-  reg \$299 ;
+  reg [4:0] \$299 ;
   wire [19:0] \$3 ;
   wire \$30 ;
-  reg [18:0] \$300 ;
+  reg \$300 ;
   reg \$301 ;
   reg \$302 ;
-  reg [18:0] \$303 ;
-  reg [255:0] \$304 ;
-  reg [255:0] \$305 ;
-  reg [255:0] \$306 ;
-  reg [1:0] \$307 ;
-  reg [255:0] \$308 ;
+  reg [7:0] \$303 ;
+  reg \$304 ;
+  reg \$305 ;
+  reg \$306 ;
+  reg [63:0] \$307 ;
+  reg [63:0] \$308 ;
   reg \$309 ;
   wire \$31 ;
   reg \$310 ;
-  reg [18:0] \$311 ;
-  reg [16:0] \$312 ;
+  reg [16:0] \$311 ;
+  reg [18:0] \$312 ;
   reg [16:0] \$313 ;
-  reg [18:0] \$314 ;
+  reg [16:0] \$314 ;
   reg [18:0] \$315 ;
-  reg \$316 ;
-  reg [7:0] \$317 ;
+  reg [18:0] \$316 ;
+  reg \$317 ;
   reg \$318 ;
-  reg [101:0] \$319 ;
+  reg [18:0] \$319 ;
   wire \$32 ;
-  reg \$320 ;
-  reg [2:0] \$321 ;
-  reg [2:0] \$322 ;
-  reg [16:0] \$323 ;
-  reg [18:0] \$324 ;
-  reg [18:0] \$325 ;
+  reg [3:0] \$320 ;
+  reg [3:0] \$321 ;
+  reg [18:0] \$322 ;
+  reg [3:0] \$323 ;
+  reg \$324 ;
+  reg \$325 ;
+  reg \$326 ;
+  reg [18:0] \$327 ;
+  reg \$328 ;
+  reg \$329 ;
   wire \$33 ;
+  reg \$330 ;
+  reg [18:0] \$331 ;
+  reg \$332 ;
+  reg \$333 ;
+  reg \$334 ;
+  reg [18:0] \$335 ;
+  reg \$336 ;
+  reg [33:0] \$337 ;
+  reg [255:0] \$338 ;
+  reg [255:0] \$339 ;
   wire [17:0] \$34 ;
+  reg [255:0] \$340 ;
+  reg [1:0] \$341 ;
+  reg [255:0] \$342 ;
+  reg \$343 ;
+  reg \$344 ;
+  reg [18:0] \$345 ;
+  reg [16:0] \$346 ;
+  reg [16:0] \$347 ;
+  reg [18:0] \$348 ;
+  reg [18:0] \$349 ;
   wire \$35 ;
+  reg [2:0] \$350 ;
+  reg [16:0] \$351 ;
+  reg [33:0] \$352 ;
+  reg \$353 ;
+  reg [7:0] \$354 ;
+  reg \$355 ;
+  reg [101:0] \$356 ;
+  reg \$357 ;
+  reg [2:0] \$358 ;
+  reg [2:0] \$359 ;
   wire \$36 ;
+  reg [16:0] \$360 ;
+  reg [18:0] \$361 ;
+  reg [18:0] \$362 ;
+  reg [16:0] \$363 ;
+  reg \$364 ;
   wire \$37 ;
   wire \$38 ;
   wire \$39 ;
@@ -320,9 +359,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [3:0] \$88 ;
   wire [19:0] \$89 ;
   wire \$9 ;
-  wire [2:0] \$90 ;
-  wire [3:0] \$91 ;
-  wire \$92 ;
+  wire [34:0] \$90 ;
+  wire [2:0] \$91 ;
+  wire [3:0] \$92 ;
   wire \$93 ;
   wire \$94 ;
   wire \$95 ;
@@ -331,27 +370,27 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$98 ;
   wire \$99 ;
   wire [11:0] \$signature__addr ;
-  wire [9:0] \$signature__addr$112 ;
-  wire [10:0] \$signature__addr$118 ;
+  wire [9:0] \$signature__addr$122 ;
+  wire [10:0] \$signature__addr$128 ;
   wire [63:0] \$signature__data ;
-  wire [63:0] \$signature__data$113 ;
-  wire [7:0] \$signature__data$113[0] ;
-  wire [7:0] \$signature__data$113[1] ;
-  wire [7:0] \$signature__data$113[2] ;
-  wire [7:0] \$signature__data$113[3] ;
-  wire [7:0] \$signature__data$113[4] ;
-  wire [7:0] \$signature__data$113[5] ;
-  wire [7:0] \$signature__data$113[6] ;
-  wire [7:0] \$signature__data$113[7] ;
-  wire [255:0] \$signature__data$117 ;
-  wire [31:0] \$signature__data$117[0] ;
-  wire [31:0] \$signature__data$117[1] ;
-  wire [31:0] \$signature__data$117[2] ;
-  wire [31:0] \$signature__data$117[3] ;
-  wire [31:0] \$signature__data$117[4] ;
-  wire [31:0] \$signature__data$117[5] ;
-  wire [31:0] \$signature__data$117[6] ;
-  wire [31:0] \$signature__data$117[7] ;
+  wire [63:0] \$signature__data$123 ;
+  wire [7:0] \$signature__data$123[0] ;
+  wire [7:0] \$signature__data$123[1] ;
+  wire [7:0] \$signature__data$123[2] ;
+  wire [7:0] \$signature__data$123[3] ;
+  wire [7:0] \$signature__data$123[4] ;
+  wire [7:0] \$signature__data$123[5] ;
+  wire [7:0] \$signature__data$123[6] ;
+  wire [7:0] \$signature__data$123[7] ;
+  wire [255:0] \$signature__data$127 ;
+  wire [31:0] \$signature__data$127[0] ;
+  wire [31:0] \$signature__data$127[1] ;
+  wire [31:0] \$signature__data$127[2] ;
+  wire [31:0] \$signature__data$127[3] ;
+  wire [31:0] \$signature__data$127[4] ;
+  wire [31:0] \$signature__data$127[5] ;
+  wire [31:0] \$signature__data$127[6] ;
+  wire [31:0] \$signature__data$127[7] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
@@ -362,7 +401,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [7:0] \$signature__data[7] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$119 ;
+  wire \$signature__en$129 ;
   wire \$signature__en$54 ;
   reg [63:0] a = 64'h0000000000000000;
   wire [7:0] \a[0] ;
@@ -421,6 +460,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg b_loading = 1'h0;
   reg b_ok = 1'h0;
   wire b_take;
+  reg [16:0] blocks = 17'h00000;
   output busy;
   wire busy;
   reg [18:0] c_lim = 19'h00000;
@@ -492,6 +532,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [18:0] col_addr1 = 19'h00000;
   reg col_busy0 = 1'h0;
   reg col_busy1 = 1'h0;
+  reg col_end0 = 1'h0;
+  reg col_end1 = 1'h0;
   reg col_valid0 = 1'h0;
   reg col_valid1 = 1'h0;
   reg [255:0] col_word0 = 256'h0000000000000000000000000000000000000000000000000000000000000000;
@@ -520,6 +562,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg done = 1'h0;
   wire \done$73 ;
   reg drain_busy = 1'h0;
+  reg early = 1'h0;
   output error;
   reg error = 1'h0;
   (* enum_base_type = "GemmError" *)
@@ -578,8 +621,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [18:0] out_left = 19'h00000;
   reg [1:0] pending = 2'h0;
   wire [11:0] port__addr;
-  wire [9:0] \port__addr$115 ;
-  wire [10:0] \port__addr$128 ;
+  wire [9:0] \port__addr$125 ;
+  wire [10:0] \port__addr$138 ;
   wire [63:0] port__data;
   wire [63:0] \port__data$28 ;
   wire [7:0] \port__data$28[0] ;
@@ -637,15 +680,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [18:0] s_addr = 19'h00000;
+  reg [16:0] s_block = 17'h00000;
+  reg [2:0] s_col = 3'h0;
   reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [18:0] s_left = 19'h00000;
   reg [7:0] s_mask = 8'h00;
   reg [16:0] s_n = 17'h00000;
+  wire s_ok;
   reg [16:0] s_rows = 17'h00000;
+  reg [33:0] s_tile = 34'h000000000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$122 ;
+  wire [5:0] \shift$132 ;
   reg [63:0] spad_a_rd_data = 64'h0000000000000000;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -684,9 +731,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [3:0] t_cols = 4'h0;
   reg tile_drained;
   reg tile_issued;
+  reg [33:0] tiles_written = 34'h000000000;
   reg valid = 1'h0;
   reg [18:0] w_addr = 19'h00000;
   reg w_busy = 1'h0;
+  reg w_end = 1'h0;
   reg w_valid = 1'h0;
   reg [255:0] w_word = 256'h0000000000000000000000000000000000000000000000000000000000000000;
   wire [31:0] \w_word[0] ;
@@ -5833,9 +5882,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$200 [9:0]] <= b_in__payload;
+      spad_b[\$213 [9:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$209 [9:0]];
+  assign \port__data$28  = spad_b[\$222 [9:0]];
   (* no_rw_check = 32'd1 *)
   reg [255:0] spad_c [2047:0];
   initial begin
@@ -7890,9 +7939,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[10:0]] <= \$signature__data$117 ;
+      spad_c[w_addr[10:0]] <= \$signature__data$127 ;
   end
-  assign \port__data$31  = spad_c[\$220 [10:0]];
+  assign \port__data$31  = spad_c[\$245 [10:0]];
   assign \$1  = cmd[33:17] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -7982,321 +8031,368 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$87  = \done$73  ? t_base : d_base;
   assign \$88  = \done$73  ? 4'h0 : d_col;
   assign \$89  = \$87  + \$88 ;
-  assign \$90  = pending + tile_issued;
-  assign \$91  = \$90  - tile_drained;
-  assign \$92  = ~ q_valid;
-  assign \$93  = \$92  | i__ready;
-  assign \$94  = ~ q_valid;
-  assign \$95  = \$94  | i__ready;
-  assign \$96  = ~ r_mask[0];
-  assign \$97  = ~ cmd[100];
-  assign \$98  = storing ? \$96  : \$97 ;
-  assign \$99  = \$95  & \$98 ;
-  assign \$100  = ~ q_valid;
-  assign \$101  = \$100  | i__ready;
-  assign \$102  = ~ r_mask[1];
-  assign \$103  = ~ cmd[100];
-  assign \$104  = storing ? \$102  : \$103 ;
-  assign \$105  = \$101  & \$104 ;
-  assign \$106  = ~ q_valid;
-  assign \$107  = \$106  | i__ready;
-  assign \$108  = ~ r_mask[2];
-  assign \$109  = ~ cmd[100];
-  assign \$110  = storing ? \$108  : \$109 ;
-  assign \$111  = \$107  & \$110 ;
-  assign \$112  = ~ q_valid;
-  assign \$113  = \$112  | i__ready;
-  assign \$114  = ~ r_mask[3];
-  assign \$115  = ~ cmd[100];
-  assign \$116  = storing ? \$114  : \$115 ;
-  assign \$117  = \$113  & \$116 ;
-  assign \$118  = ~ q_valid;
-  assign \$119  = \$118  | i__ready;
-  assign \$120  = ~ r_mask[4];
-  assign \$121  = ~ cmd[100];
-  assign \$122  = storing ? \$120  : \$121 ;
-  assign \$123  = \$119  & \$122 ;
-  assign \$124  = ~ q_valid;
-  assign \$125  = \$124  | i__ready;
-  assign \$126  = ~ r_mask[5];
-  assign \$127  = ~ cmd[100];
-  assign \$128  = storing ? \$126  : \$127 ;
-  assign \$129  = \$125  & \$128 ;
-  assign \$130  = ~ q_valid;
-  assign \$131  = \$130  | i__ready;
-  assign \$132  = ~ r_mask[6];
-  assign \$133  = ~ cmd[100];
-  assign \$134  = storing ? \$132  : \$133 ;
-  assign \$135  = \$131  & \$134 ;
-  assign \$136  = ~ q_valid;
-  assign \$137  = \$136  | i__ready;
-  assign \$138  = ~ r_mask[7];
-  assign \$139  = ~ cmd[100];
-  assign \$140  = storing ? \$138  : \$139 ;
-  assign \$141  = \$137  & \$140 ;
-  assign \$142  = ~ q_valid;
-  assign \$143  = \$142  | i__ready;
-  assign \$144  = storing & \$143 ;
-  assign \$145  = c_lim - cmd[75:64];
+  assign \$90  = tiles_written + 1'h1;
+  assign \$91  = pending + tile_issued;
+  assign \$92  = \$91  - tile_drained;
+  assign \$93  = ~ q_valid;
+  assign \$94  = \$93  | i__ready;
+  assign \$95  = ~ q_valid;
+  assign \$96  = \$95  | i__ready;
+  assign \$97  = ~ r_mask[0];
+  assign \$98  = ~ cmd[100];
+  assign \$99  = storing ? \$97  : \$98 ;
+  assign \$100  = \$96  & \$99 ;
+  assign \$101  = ~ q_valid;
+  assign \$102  = \$101  | i__ready;
+  assign \$103  = ~ r_mask[1];
+  assign \$104  = ~ cmd[100];
+  assign \$105  = storing ? \$103  : \$104 ;
+  assign \$106  = \$102  & \$105 ;
+  assign \$107  = ~ q_valid;
+  assign \$108  = \$107  | i__ready;
+  assign \$109  = ~ r_mask[2];
+  assign \$110  = ~ cmd[100];
+  assign \$111  = storing ? \$109  : \$110 ;
+  assign \$112  = \$108  & \$111 ;
+  assign \$113  = ~ q_valid;
+  assign \$114  = \$113  | i__ready;
+  assign \$115  = ~ r_mask[3];
+  assign \$116  = ~ cmd[100];
+  assign \$117  = storing ? \$115  : \$116 ;
+  assign \$118  = \$114  & \$117 ;
+  assign \$119  = ~ q_valid;
+  assign \$120  = \$119  | i__ready;
+  assign \$121  = ~ r_mask[4];
+  assign \$122  = ~ cmd[100];
+  assign \$123  = storing ? \$121  : \$122 ;
+  assign \$124  = \$120  & \$123 ;
+  assign \$125  = ~ q_valid;
+  assign \$126  = \$125  | i__ready;
+  assign \$127  = ~ r_mask[5];
+  assign \$128  = ~ cmd[100];
+  assign \$129  = storing ? \$127  : \$128 ;
+  assign \$130  = \$126  & \$129 ;
+  assign \$131  = ~ q_valid;
+  assign \$132  = \$131  | i__ready;
+  assign \$133  = ~ r_mask[6];
+  assign \$134  = ~ cmd[100];
+  assign \$135  = storing ? \$133  : \$134 ;
+  assign \$136  = \$132  & \$135 ;
+  assign \$137  = ~ q_valid;
+  assign \$138  = \$137  | i__ready;
+  assign \$139  = ~ r_mask[7];
+  assign \$140  = ~ cmd[100];
+  assign \$141  = storing ? \$139  : \$140 ;
+  assign \$142  = \$138  & \$141 ;
+  assign \$143  = ~ q_valid;
+  assign \$144  = \$143  | i__ready;
+  assign \$145  = storing & \$144 ;
   assign \$146  = c_lim - cmd[75:64];
-  assign \$147  = | s_left;
+  assign \$147  = c_lim - cmd[75:64];
   assign \$148  = | s_left;
-  assign \$149  = s_addr + 1'h1;
-  assign \$150  = s_left - 1'h1;
-  assign \$151  = s_n + 1'h1;
-  assign \$152  = s_rows > 1'h0;
-  assign \$153  = s_rows > 1'h1;
-  assign \$154  = s_rows > 2'h2;
-  assign \$155  = s_rows > 2'h3;
-  assign \$156  = s_rows > 3'h4;
-  assign \$157  = s_rows > 3'h5;
-  assign \$158  = s_rows > 3'h6;
-  assign \$159  = s_rows > 3'h7;
-  assign \$160  = cmd[50:34] - 1'h1;
-  assign \$161  = s_n == \$160 ;
-  assign \$162  = s_rows - 4'h8;
-  assign \$163  = c_out__valid & c_out__ready;
-  assign \$164  = out_left - 1'h1;
-  assign \$165  = cmd[63:51] + cmd[33:17];
-  assign \$166  = cmd[75:64] + cmd[50:34];
-  assign \$167  = | code;
-  assign \$168  = rows_left > 4'h8;
-  assign \$169  = rows_left - 4'h8;
-  assign \$170  = a_lim + cmd[33:17];
-  assign \$171  = c_lim + cmd[50:34];
-  assign \$172  = cmd[98] | cmd[99];
-  assign \$173  = a_lim > 13'h1000;
-  assign \$174  = \$172  & \$173 ;
-  assign \$175  = cmd[99] | cmd[101];
-  assign \$176  = c_lim > 12'h800;
-  assign \$177  = \$175  & \$176 ;
-  assign \$178  = \$174  | \$177 ;
-  assign \$179  = rows_left <= 4'h8;
-  assign \$180  = cmd[98] | cmd[99];
-  assign \$181  = a_lim > 13'h1000;
-  assign \$182  = \$180  & \$181 ;
-  assign \$183  = \$182  ? 3'h4 : 3'h5;
-  assign \$184  = start | a_in__ready;
-  assign \$185  = \$184  | b_loading;
-  assign \$186  = \$185  | issuing;
-  assign \$187  = \$186  | drain_busy;
-  assign \$188  = \$187  | col_busy0;
-  assign \$189  = \$188  | col_busy1;
-  assign \$190  = \$189  | w_busy;
-  assign \$191  = ~ \$190 ;
-  assign \$192  = ! pending;
-  assign \$193  = \$191  & \$192 ;
-  assign \$196  = ! out_left;
+  assign \$149  = \$148  & s_ok;
+  assign \$150  = | s_left;
+  assign \$151  = \$150  & s_ok;
+  assign \$152  = s_addr + 1'h1;
+  assign \$153  = s_left - 1'h1;
+  assign \$154  = s_n + 1'h1;
+  assign \$155  = s_rows > 1'h0;
+  assign \$156  = s_rows > 1'h1;
+  assign \$157  = s_rows > 2'h2;
+  assign \$158  = s_rows > 2'h3;
+  assign \$159  = s_rows > 3'h4;
+  assign \$160  = s_rows > 3'h5;
+  assign \$161  = s_rows > 3'h6;
+  assign \$162  = s_rows > 3'h7;
+  assign \$163  = s_col + 1'h1;
+  assign \$164  = s_col == 3'h7;
+  assign \$165  = s_tile + blocks;
+  assign \$166  = cmd[50:34] - 1'h1;
+  assign \$167  = s_n == \$166 ;
+  assign \$168  = s_rows - 4'h8;
+  assign \$169  = s_block + 1'h1;
+  assign \$170  = s_block + 1'h1;
+  assign \$171  = c_out__valid & c_out__ready;
+  assign \$172  = out_left - 1'h1;
+  assign \$173  = cmd[63:51] + cmd[33:17];
+  assign \$174  = cmd[75:64] + cmd[50:34];
+  assign \$175  = | code;
+  assign \$176  = rows_left > 4'h8;
+  assign \$177  = rows_left - 4'h8;
+  assign \$178  = a_lim + cmd[33:17];
+  assign \$179  = c_lim + cmd[50:34];
+  assign \$180  = blocks + 1'h1;
+  assign \$181  = cmd[98] | cmd[99];
+  assign \$182  = a_lim > 13'h1000;
+  assign \$183  = \$181  & \$182 ;
+  assign \$184  = cmd[99] | cmd[101];
+  assign \$185  = c_lim > 12'h800;
+  assign \$186  = \$184  & \$185 ;
+  assign \$187  = \$183  | \$186 ;
+  assign \$188  = rows_left <= 4'h8;
+  assign \$189  = cmd[98] | cmd[99];
+  assign \$190  = a_lim > 13'h1000;
+  assign \$191  = \$189  & \$190 ;
+  assign \$192  = \$191  ? 3'h4 : 3'h5;
+  assign \$193  = start & cmd[99];
+  assign \$194  = \$193  & cmd[101];
+  assign \$195  = ~ cmd[100];
+  assign \$196  = \$194  & \$195 ;
+  assign \$197  = start | a_in__ready;
+  assign \$198  = \$197  | b_loading;
+  assign \$199  = \$198  | issuing;
+  assign \$200  = \$199  | drain_busy;
+  assign \$201  = \$200  | col_busy0;
+  assign \$202  = \$201  | col_busy1;
+  assign \$203  = \$202  | w_busy;
+  assign \$204  = ~ \$203 ;
+  assign \$205  = ! pending;
+  assign \$206  = \$204  & \$205 ;
+  assign \$209  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$197  = full >> wbuf;
-  assign \$198  = ~ \$197 ;
-  assign b_in__ready = b_loading & \$198 ;
-  assign \$199  = wbuf ? 10'h200 : 10'h000;
-  assign \$200  = \$199  + b_k;
+  assign \$210  = full >> wbuf;
+  assign \$211  = ~ \$210 ;
+  assign b_in__ready = b_loading & \$211 ;
+  assign \$212  = wbuf ? 10'h200 : 10'h000;
+  assign \$213  = \$212  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$201  = b_in__valid & b_in__ready;
-  assign \$202  = b_k == k_m1;
-  assign \$203  = issuing & a_ok;
-  assign \$204  = \$203  & b_ok;
-  assign \$205  = ~ last_k;
-  assign \$206  = gap >= 5'h16;
-  assign \$207  = \$205  | \$206 ;
-  assign step = \$204  & \$207 ;
-  assign \$208  = rbuf ? 10'h200 : 10'h000;
-  assign \$209  = \$208  + k;
-  assign \$210  = d_col == 3'h7;
+  assign \$214  = b_in__valid & b_in__ready;
+  assign \$215  = b_k == k_m1;
+  assign \$216  = issuing & a_ok;
+  assign \$217  = \$216  & b_ok;
+  assign \$218  = ~ last_k;
+  assign \$219  = gap >= 5'h16;
+  assign \$220  = \$218  | \$219 ;
+  assign step = \$217  & \$220 ;
+  assign \$221  = rbuf ? 10'h200 : 10'h000;
+  assign \$222  = \$221  + k;
+  assign \$223  = d_col == 3'h7;
   assign shift = \done$73  | drain_busy;
-  assign \$211  = $signed(w_word[31:0]) + $signed(c_q[31:0]);
-  assign \$212  = $signed(w_word[63:32]) + $signed(c_q[63:32]);
-  assign \$213  = $signed(w_word[95:64]) + $signed(c_q[95:64]);
-  assign \$214  = $signed(w_word[127:96]) + $signed(c_q[127:96]);
-  assign \$215  = $signed(w_word[159:128]) + $signed(c_q[159:128]);
-  assign \$216  = $signed(w_word[191:160]) + $signed(c_q[191:160]);
-  assign \$217  = $signed(w_word[223:192]) + $signed(c_q[223:192]);
-  assign \$218  = $signed(w_word[255:224]) + $signed(c_q[255:224]);
+  assign \$224  = early ? 32'd0 : c_q[31:0];
+  assign \$225  = $signed(w_word[31:0]) + $signed(\$224 );
+  assign \$226  = early ? 32'd0 : c_q[63:32];
+  assign \$227  = $signed(w_word[63:32]) + $signed(\$226 );
+  assign \$228  = early ? 32'd0 : c_q[95:64];
+  assign \$229  = $signed(w_word[95:64]) + $signed(\$228 );
+  assign \$230  = early ? 32'd0 : c_q[127:96];
+  assign \$231  = $signed(w_word[127:96]) + $signed(\$230 );
+  assign \$232  = early ? 32'd0 : c_q[159:128];
+  assign \$233  = $signed(w_word[159:128]) + $signed(\$232 );
+  assign \$234  = early ? 32'd0 : c_q[191:160];
+  assign \$235  = $signed(w_word[191:160]) + $signed(\$234 );
+  assign \$236  = early ? 32'd0 : c_q[223:192];
+  assign \$237  = $signed(w_word[223:192]) + $signed(\$236 );
+  assign \$238  = early ? 32'd0 : c_q[255:224];
+  assign \$239  = $signed(w_word[255:224]) + $signed(\$238 );
+  assign \$240  = ~ early;
+  assign \$241  = s_tile < tiles_written;
+  assign s_ok = \$240  | \$243 ;
   assign mult = storing ? q_rq[15:0] : rq_mult;
-  assign \shift$122  = storing ? q_rq[21:16] : rq_shift;
+  assign \shift$132  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$219  = ~ storing;
-  assign rq_in__ready = \$219  & i__ready;
+  assign \$244  = ~ storing;
+  assign rq_in__ready = \$244  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$220  = storing ? s_addr : col_addr0;
-  assign \$221  = ~ storing;
-  assign \$222  = ~ q_valid;
-  assign \$223  = \$222  | i__ready;
-  assign spad_c_rd_en = \$221  | \$223 ;
+  assign \$245  = storing ? s_addr : col_addr0;
+  assign \$246  = ~ storing;
+  assign \$247  = ~ q_valid;
+  assign \$248  = \$247  | i__ready;
+  assign spad_c_rd_en = \$246  | \$248 ;
   assign busy = ~ cmd__ready;
-  assign \$224  = cmd[98] | cmd[99];
-  assign \$225  = \$224  | cmd[101];
-  assign \$226  = ~ \$225 ;
-  assign \$227  = ! cmd[16:0];
-  assign \$228  = cmd[98] | cmd[99];
-  assign \$229  = ! cmd[33:17];
-  assign \$230  = \$228  & \$229 ;
-  assign \$231  = \$227  | \$230 ;
-  assign \$232  = cmd[99] | cmd[101];
-  assign \$233  = ! cmd[50:34];
-  assign \$234  = \$232  & \$233 ;
-  assign \$235  = \$231  | \$234 ;
-  assign \$236  = cmd[33:17] > 10'h200;
-  assign \$237  = cmd[99] & \$236 ;
-  assign \$238  = start | a_in__ready;
-  assign \$239  = \$238  | b_loading;
-  assign \$240  = \$239  | issuing;
-  assign \$241  = \$240  | drain_busy;
-  assign \$242  = \$241  | col_busy0;
-  assign \$243  = \$242  | col_busy1;
-  assign \$244  = \$243  | w_busy;
-  assign \$245  = ~ \$244 ;
-  assign \$246  = ! pending;
-  assign \$247  = \$245  & \$246 ;
-  assign \$250  = ! fsm_state;
-  assign \$251  = fsm_state == 1'h1;
-  assign \$252  = fsm_state == 2'h2;
-  assign \$253  = fsm_state == 2'h3;
-  assign \$254  = fsm_state == 3'h4;
+  assign \$249  = cmd[98] | cmd[99];
+  assign \$250  = \$249  | cmd[101];
+  assign \$251  = ~ \$250 ;
+  assign \$252  = ! cmd[16:0];
+  assign \$253  = cmd[98] | cmd[99];
+  assign \$254  = ! cmd[33:17];
+  assign \$255  = \$253  & \$254 ;
+  assign \$256  = \$252  | \$255 ;
+  assign \$257  = cmd[99] | cmd[101];
+  assign \$258  = ! cmd[50:34];
+  assign \$259  = \$257  & \$258 ;
+  assign \$260  = \$256  | \$259 ;
+  assign \$261  = cmd[33:17] > 10'h200;
+  assign \$262  = cmd[99] & \$261 ;
+  assign \$263  = start & cmd[99];
+  assign \$264  = \$263  & cmd[101];
+  assign \$265  = ~ cmd[100];
+  assign \$266  = \$264  & \$265 ;
+  assign \$267  = start | a_in__ready;
+  assign \$268  = \$267  | b_loading;
+  assign \$269  = \$268  | issuing;
+  assign \$270  = \$269  | drain_busy;
+  assign \$271  = \$270  | col_busy0;
+  assign \$272  = \$271  | col_busy1;
+  assign \$273  = \$272  | w_busy;
+  assign \$274  = ~ \$273 ;
+  assign \$275  = ! pending;
+  assign \$276  = \$274  & \$275 ;
+  assign \$279  = ~ early;
+  assign \$280  = ! fsm_state;
+  assign \$281  = fsm_state == 1'h1;
+  assign \$282  = fsm_state == 2'h2;
+  assign \$283  = fsm_state == 2'h3;
+  assign \$284  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$255 ;
+    spad_a_rd_data <= \$285 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$256 ;
+    spad_b_rd_data <= \$286 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$257 ;
+    spad_c_rd_data <= \$287 ;
   always @(posedge clk)
-    k_m1 <= \$258 ;
+    k_m1 <= \$288 ;
   always @(posedge clk)
-    start <= \$259 ;
+    start <= \$289 ;
   always @(posedge clk)
-    a_wptr <= \$260 ;
+    a_wptr <= \$290 ;
   always @(posedge clk)
-    a_in__ready <= \$261 ;
+    a_in__ready <= \$291 ;
   always @(posedge clk)
-    full <= \$262 ;
+    full <= \$292 ;
   always @(posedge clk)
-    b_loading <= \$263 ;
+    b_loading <= \$293 ;
   always @(posedge clk)
-    wbuf <= \$264 ;
+    wbuf <= \$294 ;
   always @(posedge clk)
-    b_k <= \$265 ;
+    b_k <= \$295 ;
   always @(posedge clk)
-    b_cols_left <= \$266 ;
+    b_cols_left <= \$296 ;
   always @(posedge clk)
-    a_ok <= \$267 ;
+    a_ok <= \$297 ;
   always @(posedge clk)
-    b_ok <= \$268 ;
+    b_ok <= \$298 ;
   always @(posedge clk)
-    gap <= \$269 ;
+    gap <= \$299 ;
   always @(posedge clk)
-    s_valid <= \$270 ;
+    s_valid <= \$300 ;
   always @(posedge clk)
-    s_first <= \$271 ;
+    s_first <= \$301 ;
   always @(posedge clk)
-    s_last <= \$272 ;
+    s_last <= \$302 ;
   always @(posedge clk)
-    s_mask <= \$273 ;
+    s_mask <= \$303 ;
   always @(posedge clk)
-    valid <= \$274 ;
+    valid <= \$304 ;
   always @(posedge clk)
-    first <= \$275 ;
+    first <= \$305 ;
   always @(posedge clk)
-    last <= \$276 ;
+    last <= \$306 ;
   always @(posedge clk)
-    b <= \$277 ;
+    b <= \$307 ;
   always @(posedge clk)
-    a <= \$278 ;
+    a <= \$308 ;
   always @(posedge clk)
-    issuing <= \$279 ;
+    issuing <= \$309 ;
   always @(posedge clk)
-    rbuf <= \$280 ;
+    rbuf <= \$310 ;
   always @(posedge clk)
-    k <= \$281 ;
+    k <= \$311 ;
   always @(posedge clk)
-    a_ptr <= \$282 ;
+    a_ptr <= \$312 ;
   always @(posedge clk)
-    rows_c <= \$283 ;
+    rows_c <= \$313 ;
   always @(posedge clk)
-    cols_c <= \$284 ;
+    cols_c <= \$314 ;
   always @(posedge clk)
-    c_panel <= \$285 ;
+    c_panel <= \$315 ;
   always @(posedge clk)
-    c_tile <= \$286 ;
+    c_tile <= \$316 ;
   always @(posedge clk)
-    last_k <= \$287 ;
+    last_k <= \$317 ;
   always @(posedge clk)
-    last_row <= \$288 ;
+    last_row <= \$318 ;
   always @(posedge clk)
-    t_base <= \$289 ;
+    t_base <= \$319 ;
   always @(posedge clk)
-    t_cols <= \$290 ;
+    t_cols <= \$320 ;
   always @(posedge clk)
-    d_col <= \$291 ;
+    d_col <= \$321 ;
   always @(posedge clk)
-    d_base <= \$292 ;
+    d_base <= \$322 ;
   always @(posedge clk)
-    d_cols <= \$293 ;
+    d_cols <= \$323 ;
   always @(posedge clk)
-    drain_busy <= \$294 ;
+    drain_busy <= \$324 ;
   always @(posedge clk)
-    col_valid0 <= \$295 ;
+    col_valid0 <= \$325 ;
   always @(posedge clk)
-    col_busy0 <= \$296 ;
+    col_busy0 <= \$326 ;
   always @(posedge clk)
-    col_addr0 <= \$297 ;
+    col_addr0 <= \$327 ;
   always @(posedge clk)
-    col_valid1 <= \$298 ;
+    col_end0 <= \$328 ;
   always @(posedge clk)
-    col_busy1 <= \$299 ;
+    col_valid1 <= \$329 ;
   always @(posedge clk)
-    col_addr1 <= \$300 ;
+    col_busy1 <= \$330 ;
   always @(posedge clk)
-    w_valid <= \$301 ;
+    col_addr1 <= \$331 ;
   always @(posedge clk)
-    w_busy <= \$302 ;
+    col_end1 <= \$332 ;
   always @(posedge clk)
-    w_addr <= \$303 ;
+    w_valid <= \$333 ;
   always @(posedge clk)
-    col_word0 <= \$304 ;
+    w_busy <= \$334 ;
   always @(posedge clk)
-    col_word1 <= \$305 ;
+    w_addr <= \$335 ;
   always @(posedge clk)
-    w_word <= \$306 ;
+    w_end <= \$336 ;
   always @(posedge clk)
-    pending <= \$307 ;
+    tiles_written <= \$337 ;
   always @(posedge clk)
-    c_q <= \$308 ;
+    col_word0 <= \$338 ;
   always @(posedge clk)
-    q_valid <= \$309 ;
+    col_word1 <= \$339 ;
   always @(posedge clk)
-    storing <= \$310 ;
+    w_word <= \$340 ;
   always @(posedge clk)
-    s_addr <= \$311 ;
+    pending <= \$341 ;
   always @(posedge clk)
-    s_n <= \$312 ;
+    c_q <= \$342 ;
   always @(posedge clk)
-    s_rows <= \$313 ;
+    q_valid <= \$343 ;
   always @(posedge clk)
-    s_left <= \$314 ;
+    storing <= \$344 ;
   always @(posedge clk)
-    out_left <= \$315 ;
+    s_addr <= \$345 ;
   always @(posedge clk)
-    r_valid <= \$316 ;
+    s_n <= \$346 ;
   always @(posedge clk)
-    r_mask <= \$317 ;
+    s_rows <= \$347 ;
   always @(posedge clk)
-    done <= \$318 ;
+    s_left <= \$348 ;
   always @(posedge clk)
-    cmd <= \$319 ;
+    out_left <= \$349 ;
   always @(posedge clk)
-    error <= \$320 ;
+    s_col <= \$350 ;
   always @(posedge clk)
-    error_code <= \$321 ;
+    s_block <= \$351 ;
   always @(posedge clk)
-    fsm_state <= \$322 ;
+    s_tile <= \$352 ;
   always @(posedge clk)
-    rows_left <= \$323 ;
+    r_valid <= \$353 ;
   always @(posedge clk)
-    a_lim <= \$324 ;
+    r_mask <= \$354 ;
   always @(posedge clk)
-    c_lim <= \$325 ;
+    done <= \$355 ;
+  always @(posedge clk)
+    cmd <= \$356 ;
+  always @(posedge clk)
+    error <= \$357 ;
+  always @(posedge clk)
+    error_code <= \$358 ;
+  always @(posedge clk)
+    fsm_state <= \$359 ;
+  always @(posedge clk)
+    rows_left <= \$360 ;
+  always @(posedge clk)
+    a_lim <= \$361 ;
+  always @(posedge clk)
+    c_lim <= \$362 ;
+  always @(posedge clk)
+    blocks <= \$363 ;
+  always @(posedge clk)
+    early <= \$364 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -8319,479 +8415,97 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$122 )
+    .shift(\shift$132 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = spad_c_rd_data;
+    \$287  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$257  = \port__data$31 ;
+      \$287  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = \$1 [16:0];
+    \$288  = \$1 [16:0];
     if (rst) begin
-      \$258  = 17'h00000;
+      \$288  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = 1'h0;
+    \$289  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$178 ) begin
-          end else if (\$179 ) begin
-            \$259  = 1'h1;
+          if (\$187 ) begin
+          end else if (\$188 ) begin
+            \$289  = 1'h1;
           end
     endcase
     if (rst) begin
-      \$259  = 1'h0;
+      \$289  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = a_wptr;
+    \$290  = a_wptr;
     if (start) begin
-      \$260  = { 6'h00, cmd[63:51] };
+      \$290  = { 6'h00, cmd[63:51] };
     end else if (\$2 ) begin
-      \$260  = \$3 [18:0];
+      \$290  = \$3 [18:0];
     end
     if (rst) begin
-      \$260  = 19'h00000;
+      \$290  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = a_in__ready;
+    \$291  = a_in__ready;
     if (start) begin
-      \$261  = cmd[98];
+      \$291  = cmd[98];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$261  = 1'h0;
+        \$291  = 1'h0;
       end
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = \$8 ;
+    \$292  = \$8 ;
     if (rst) begin
-      \$262  = 2'h0;
+      \$292  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = b_loading;
+    \$293  = b_loading;
     if (start) begin
-      \$263  = cmd[99];
+      \$293  = cmd[99];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$263  = 1'h0;
+          \$293  = 1'h0;
         end
       end
     end
     if (rst) begin
-      \$263  = 1'h0;
+      \$293  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = wbuf;
+    \$294  = wbuf;
     if (start) begin
-      \$264  = 1'h0;
+      \$294  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$264  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$264  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = b_k;
-    if (start) begin
-      \$265  = 17'h00000;
-    end else if (\$9 ) begin
-      \$265  = \$10 [16:0];
-      if (\$11 ) begin
-        \$265  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$265  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = b_cols_left;
-    if (start) begin
-      \$266  = cmd[50:34];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$266  = \$13 [16:0];
-      end
-    end
-    if (rst) begin
-      \$266  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$267  = \$15 ;
-    end else begin
-      \$267  = \$21 ;
-    end
-    if (rst) begin
-      \$267  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$268  = 1'h0;
-    end else if (\$23 ) begin
-      \$268  = \$31 ;
-    end else if (\$24 ) begin
-      \$268  = 1'h1;
-    end else if (step) begin
-      \$268  = \$38 ;
-    end else begin
-      \$268  = \$41 ;
-    end
-    if (rst) begin
-      \$268  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = gap;
-    if (\$42 ) begin
-      \$269  = \$43 [4:0];
-    end
-    if (start) begin
-      \$269  = 5'h17;
-    end else if (step) begin
-      if (last_k) begin
-        \$269  = 5'h00;
-      end
-    end
-    if (rst) begin
-      \$269  = 5'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = step;
-    if (rst) begin
-      \$270  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = \$44 ;
-    if (rst) begin
-      \$271  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = last_k;
-    if (rst) begin
-      \$272  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
-    if (rst) begin
-      \$273  = 8'h00;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = s_valid;
-    if (rst) begin
-      \$274  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = s_first;
-    if (rst) begin
-      \$275  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = s_last;
-    if (rst) begin
-      \$276  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = spad_b_rd_data;
-    if (rst) begin
-      \$277  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278 [7:0] = \$53 ;
-    \$278 [15:8] = \$54 ;
-    \$278 [23:16] = \$55 ;
-    \$278 [31:24] = \$56 ;
-    \$278 [39:32] = \$57 ;
-    \$278 [47:40] = \$58 ;
-    \$278 [55:48] = \$59 ;
-    \$278 [63:56] = \$60 ;
-    if (rst) begin
-      \$278  = 64'h0000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = issuing;
-    if (start) begin
-      \$279  = cmd[99];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$78 ) begin
-            \$279  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$279  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = rbuf;
-    if (start) begin
-      \$280  = 1'h0;
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$280  = \$73 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$280  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = k;
-    if (start) begin
-      \$281  = 17'h00000;
-    end else if (step) begin
-      \$281  = \$63 [16:0];
-      if (last_k) begin
-        \$281  = 17'h00000;
-      end
-    end
-    if (rst) begin
-      \$281  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = a_ptr;
-    if (start) begin
-      \$282  = { 6'h00, cmd[63:51] };
-    end else if (step) begin
-      \$282  = \$64 [18:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$282  = { 6'h00, cmd[63:51] };
-        end
-      end
-    end
-    if (rst) begin
-      \$282  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = rows_c;
-    if (start) begin
-      \$283  = cmd[16:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$283  = \$69 [16:0];
-        if (last_row) begin
-          \$283  = cmd[16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$283  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = cols_c;
-    if (start) begin
-      \$284  = cmd[50:34];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$284  = \$74 [16:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$284  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = c_panel;
-    if (start) begin
-      \$285  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$285  = \$75 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$285  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$286  = c_tile;
-    if (start) begin
-      \$286  = { 7'h00, cmd[75:64] };
-    end else if (step) begin
-      if (last_k) begin
-        \$286  = \$70 [18:0];
-        if (last_row) begin
-          \$286  = \$76 [18:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$286  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$287  = last_k;
-    if (start) begin
-      \$287  = \$61 ;
-    end else if (step) begin
-      \$287  = \$66 ;
-      if (last_k) begin
-        \$287  = \$71 ;
-      end
-    end
-    if (rst) begin
-      \$287  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$288  = last_row;
-    if (start) begin
-      \$288  = \$62 ;
-    end else if (step) begin
-      if (last_k) begin
-        \$288  = \$72 ;
-        if (last_row) begin
-          \$288  = \$77 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$288  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$289  = t_base;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$289  = c_tile;
-      end
-    end
-    if (rst) begin
-      \$289  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$290  = t_cols;
-    if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$290  = \$68 [3:0];
-      end
-    end
-    if (rst) begin
-      \$290  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$291  = d_col;
-    if (\done$73 ) begin
-      \$291  = 4'h1;
-    end else if (drain_busy) begin
-      \$291  = \$79 [3:0];
-    end
-    if (rst) begin
-      \$291  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$292  = d_base;
-    if (\done$73 ) begin
-      \$292  = t_base;
-    end
-    if (rst) begin
-      \$292  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$293  = d_cols;
-    if (\done$73 ) begin
-      \$293  = t_cols;
-    end
-    if (rst) begin
-      \$293  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$294  = drain_busy;
-    if (\done$73 ) begin
-      \$294  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$80 ) begin
-        \$294  = 1'h0;
+        \$294  = \$12 ;
       end
     end
     if (rst) begin
@@ -8800,217 +8514,226 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$295  = \$85 ;
+    \$295  = b_k;
+    if (start) begin
+      \$295  = 17'h00000;
+    end else if (\$9 ) begin
+      \$295  = \$10 [16:0];
+      if (\$11 ) begin
+        \$295  = 17'h00000;
+      end
+    end
     if (rst) begin
-      \$295  = 1'h0;
+      \$295  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$296  = \$86 ;
+    \$296  = b_cols_left;
+    if (start) begin
+      \$296  = cmd[50:34];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$296  = \$13 [16:0];
+      end
+    end
     if (rst) begin
-      \$296  = 1'h0;
+      \$296  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$297  = \$89 [18:0];
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$297  = \$15 ;
+    end else begin
+      \$297  = \$21 ;
+    end
     if (rst) begin
-      \$297  = 19'h00000;
+      \$297  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$298  = col_valid0;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$298  = 1'h0;
+    end else if (\$23 ) begin
+      \$298  = \$31 ;
+    end else if (\$24 ) begin
+      \$298  = 1'h1;
+    end else if (step) begin
+      \$298  = \$38 ;
+    end else begin
+      \$298  = \$41 ;
+    end
     if (rst) begin
       \$298  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$299  = col_busy0;
+    \$299  = gap;
+    if (\$42 ) begin
+      \$299  = \$43 [4:0];
+    end
+    if (start) begin
+      \$299  = 5'h17;
+    end else if (step) begin
+      if (last_k) begin
+        \$299  = 5'h00;
+      end
+    end
     if (rst) begin
-      \$299  = 1'h0;
+      \$299  = 5'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$300  = col_addr0;
+    \$300  = step;
     if (rst) begin
-      \$300  = 19'h00000;
+      \$300  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$301  = col_valid1;
+    \$301  = \$44 ;
     if (rst) begin
       \$301  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$302  = col_busy1;
+    \$302  = last_k;
     if (rst) begin
       \$302  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$303  = col_addr1;
+    \$303  = { \$52 , \$51 , \$50 , \$49 , \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$303  = 19'h00000;
+      \$303  = 8'h00;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$304  = out;
+    \$304  = s_valid;
     if (rst) begin
-      \$304  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$304  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$305  = col_word0;
+    \$305  = s_first;
     if (rst) begin
-      \$305  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$305  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$306  = col_word1;
+    \$306  = s_last;
     if (rst) begin
-      \$306  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$306  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$307  = \$91 [1:0];
+    \$307  = spad_b_rd_data;
     if (rst) begin
-      \$307  = 2'h0;
+      \$307  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$308  = c_q;
-    if (\$93 ) begin
-      \$308  = spad_c_rd_data;
-    end
-    if (\$99 ) begin
-      \$308 [31:0] = 32'd0;
-    end
-    if (\$105 ) begin
-      \$308 [63:32] = 32'd0;
-    end
-    if (\$111 ) begin
-      \$308 [95:64] = 32'd0;
-    end
-    if (\$117 ) begin
-      \$308 [127:96] = 32'd0;
-    end
-    if (\$123 ) begin
-      \$308 [159:128] = 32'd0;
-    end
-    if (\$129 ) begin
-      \$308 [191:160] = 32'd0;
-    end
-    if (\$135 ) begin
-      \$308 [223:192] = 32'd0;
-    end
-    if (\$141 ) begin
-      \$308 [255:224] = 32'd0;
-    end
+    \$308 [7:0] = \$53 ;
+    \$308 [15:8] = \$54 ;
+    \$308 [23:16] = \$55 ;
+    \$308 [31:24] = \$56 ;
+    \$308 [39:32] = \$57 ;
+    \$308 [47:40] = \$58 ;
+    \$308 [55:48] = \$59 ;
+    \$308 [63:56] = \$60 ;
     if (rst) begin
-      \$308  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+      \$308  = 64'h0000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$309  = q_valid;
-    if (\$93 ) begin
-      \$309  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$196 ) begin
+    \$309  = issuing;
+    if (start) begin
+      \$309  = cmd[99];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$78 ) begin
             \$309  = 1'h0;
           end
-    endcase
+        end
+      end
+    end
     if (rst) begin
       \$309  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$310  = storing;
-    if (store_start) begin
-      \$310  = 1'h1;
+    \$310  = rbuf;
+    if (start) begin
+      \$310  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$310  = \$73 ;
+        end
+      end
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$196 ) begin
-            \$310  = 1'h0;
-          end
-    endcase
     if (rst) begin
       \$310  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$311  = s_addr;
-    if (store_start) begin
-      \$311  = { 7'h00, cmd[75:64] };
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$311  = \$149 [18:0];
+    \$311  = k;
+    if (start) begin
+      \$311  = 17'h00000;
+    end else if (step) begin
+      \$311  = \$63 [16:0];
+      if (last_k) begin
+        \$311  = 17'h00000;
       end
     end
     if (rst) begin
-      \$311  = 19'h00000;
+      \$311  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$312  = s_n;
-    if (store_start) begin
-      \$312  = 17'h00000;
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$312  = \$151 [16:0];
-        if (\$161 ) begin
-          \$312  = 17'h00000;
+    \$312  = a_ptr;
+    if (start) begin
+      \$312  = { 6'h00, cmd[63:51] };
+    end else if (step) begin
+      \$312  = \$64 [18:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$312  = { 6'h00, cmd[63:51] };
         end
       end
     end
     if (rst) begin
-      \$312  = 17'h00000;
+      \$312  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$313  = s_rows;
-    if (store_start) begin
+    \$313  = rows_c;
+    if (start) begin
       \$313  = cmd[16:0];
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        if (\$161 ) begin
-          \$313  = \$162 [16:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$313  = \$69 [16:0];
+        if (last_row) begin
+          \$313  = cmd[16:0];
         end
       end
     end
@@ -9020,26 +8743,31 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$314  = s_left;
-    if (store_start) begin
-      \$314  = \$145 [18:0];
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$314  = \$150 [18:0];
+    \$314  = cols_c;
+    if (start) begin
+      \$314  = cmd[50:34];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$314  = \$74 [16:0];
+        end
       end
     end
     if (rst) begin
-      \$314  = 19'h00000;
+      \$314  = 17'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$315  = out_left;
-    if (store_start) begin
-      \$315  = \$146 [18:0];
-    end
-    if (\$163 ) begin
-      \$315  = \$164 [18:0];
+    \$315  = c_panel;
+    if (start) begin
+      \$315  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$315  = \$75 [18:0];
+        end
+      end
     end
     if (rst) begin
       \$315  = 19'h00000;
@@ -9047,224 +8775,720 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$316  = r_valid;
-    if (store_start) begin
-    end else if (\$144 ) begin
-      \$316  = \$147 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$196 ) begin
-            \$316  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$316  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$317  = r_mask;
-    if (store_start) begin
-    end else if (\$144 ) begin
-      if (\$148 ) begin
-        \$317  = { \$159 , \$158 , \$157 , \$156 , \$155 , \$154 , \$153 , \$152  };
+    \$316  = c_tile;
+    if (start) begin
+      \$316  = { 7'h00, cmd[75:64] };
+    end else if (step) begin
+      if (last_k) begin
+        \$316  = \$70 [18:0];
+        if (last_row) begin
+          \$316  = \$76 [18:0];
+        end
       end
     end
     if (rst) begin
-      \$317  = 8'h00;
+      \$316  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$318  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$167 ) begin
-            \$318  = 1'h1;
-          end
-      3'h2:
-          if (\$178 ) begin
-            \$318  = 1'h1;
-          end
-      3'h3:
-          if (\$195 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[101]) begin
-            end else begin
-              \$318  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$196 ) begin
-            \$318  = 1'h1;
-          end
-    endcase
+    \$317  = last_k;
+    if (start) begin
+      \$317  = \$61 ;
+    end else if (step) begin
+      \$317  = \$66 ;
+      if (last_k) begin
+        \$317  = \$71 ;
+      end
+    end
+    if (rst) begin
+      \$317  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$318  = last_row;
+    if (start) begin
+      \$318  = \$62 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$318  = \$72 ;
+        if (last_row) begin
+          \$318  = \$77 ;
+        end
+      end
+    end
     if (rst) begin
       \$318  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$319  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$319  = cmd__payload;
-          end
-    endcase
+    \$319  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$319  = c_tile;
+      end
+    end
     if (rst) begin
-      \$319  = 102'h00000000000000000000000000;
+      \$319  = 19'h00000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$320  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$320  = 1'h0;
-          end
-      3'h1:
-          if (\$167 ) begin
-            \$320  = 1'h1;
-          end
-      3'h2:
-          if (\$178 ) begin
-            \$320  = 1'h1;
-          end
-    endcase
+    \$320  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$320  = \$68 [3:0];
+      end
+    end
     if (rst) begin
-      \$320  = 1'h0;
+      \$320  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$321  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$321  = 3'h0;
-          end
-      3'h1:
-          if (\$167 ) begin
-            \$321  = code;
-          end
-      3'h2:
-          if (\$178 ) begin
-            \$321  = \$183 ;
-          end
-    endcase
+    \$321  = d_col;
+    if (\done$73 ) begin
+      \$321  = 4'h1;
+    end else if (drain_busy) begin
+      \$321  = \$79 [3:0];
+    end
     if (rst) begin
-      \$321  = 3'h0;
+      \$321  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$322  = fsm_state;
+    \$322  = d_base;
+    if (\done$73 ) begin
+      \$322  = t_base;
+    end
+    if (rst) begin
+      \$322  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$323  = d_cols;
+    if (\done$73 ) begin
+      \$323  = t_cols;
+    end
+    if (rst) begin
+      \$323  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$324  = drain_busy;
+    if (\done$73 ) begin
+      \$324  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$80 ) begin
+        \$324  = 1'h0;
+      end
+    end
+    if (rst) begin
+      \$324  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$325  = \$85 ;
+    if (rst) begin
+      \$325  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$326  = \$86 ;
+    if (rst) begin
+      \$326  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$327  = \$89 [18:0];
+    if (rst) begin
+      \$327  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$328  = tile_drained;
+    if (rst) begin
+      \$328  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$329  = col_valid0;
+    if (rst) begin
+      \$329  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$330  = col_busy0;
+    if (rst) begin
+      \$330  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$331  = col_addr0;
+    if (rst) begin
+      \$331  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$332  = col_end0;
+    if (rst) begin
+      \$332  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$333  = col_valid1;
+    if (rst) begin
+      \$333  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$334  = col_busy1;
+    if (rst) begin
+      \$334  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$335  = col_addr1;
+    if (rst) begin
+      \$335  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$336  = col_end1;
+    if (rst) begin
+      \$336  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$337  = tiles_written;
+    if (start) begin
+      \$337  = 34'h000000000;
+    end else if (w_end) begin
+      \$337  = \$90 [33:0];
+    end
+    if (rst) begin
+      \$337  = 34'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$338  = out;
+    if (rst) begin
+      \$338  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$339  = col_word0;
+    if (rst) begin
+      \$339  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$340  = col_word1;
+    if (rst) begin
+      \$340  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$341  = \$92 [1:0];
+    if (rst) begin
+      \$341  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$342  = c_q;
+    if (\$94 ) begin
+      \$342  = spad_c_rd_data;
+    end
+    if (\$100 ) begin
+      \$342 [31:0] = 32'd0;
+    end
+    if (\$106 ) begin
+      \$342 [63:32] = 32'd0;
+    end
+    if (\$112 ) begin
+      \$342 [95:64] = 32'd0;
+    end
+    if (\$118 ) begin
+      \$342 [127:96] = 32'd0;
+    end
+    if (\$124 ) begin
+      \$342 [159:128] = 32'd0;
+    end
+    if (\$130 ) begin
+      \$342 [191:160] = 32'd0;
+    end
+    if (\$136 ) begin
+      \$342 [223:192] = 32'd0;
+    end
+    if (\$142 ) begin
+      \$342 [255:224] = 32'd0;
+    end
+    if (rst) begin
+      \$342  = 256'h0000000000000000000000000000000000000000000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$343  = q_valid;
+    if (\$94 ) begin
+      \$343  = r_valid;
+    end
     casez (fsm_state)
       3'h0:
-          if (cmd__valid) begin
-            \$322  = 3'h1;
-          end
+          /* empty */;
       3'h1:
-          (* full_case = 32'd1 *)
-          if (\$167 ) begin
-            \$322  = 3'h0;
-          end else begin
-            \$322  = 3'h2;
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$209 ) begin
+            \$343  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$343  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$344  = storing;
+    if (store_start) begin
+      \$344  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$209 ) begin
+            \$344  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$344  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$345  = s_addr;
+    if (store_start) begin
+      \$345  = { 7'h00, cmd[75:64] };
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        \$345  = \$152 [18:0];
+      end
+    end
+    if (rst) begin
+      \$345  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$346  = s_n;
+    if (store_start) begin
+      \$346  = 17'h00000;
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        \$346  = \$154 [16:0];
+        if (\$167 ) begin
+          \$346  = 17'h00000;
+        end
+      end
+    end
+    if (rst) begin
+      \$346  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$347  = s_rows;
+    if (store_start) begin
+      \$347  = cmd[16:0];
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        if (\$167 ) begin
+          \$347  = \$168 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$347  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$348  = s_left;
+    if (store_start) begin
+      \$348  = \$146 [18:0];
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        \$348  = \$153 [18:0];
+      end
+    end
+    if (rst) begin
+      \$348  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$349  = out_left;
+    if (store_start) begin
+      \$349  = \$147 [18:0];
+    end
+    if (\$171 ) begin
+      \$349  = \$172 [18:0];
+    end
+    if (rst) begin
+      \$349  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$350  = s_col;
+    if (store_start) begin
+      \$350  = 3'h0;
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        \$350  = \$163 [2:0];
+        if (\$164 ) begin
+          \$350  = 3'h0;
+        end
+        if (\$167 ) begin
+          \$350  = 3'h0;
+        end
+      end
+    end
+    if (rst) begin
+      \$350  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$351  = s_block;
+    if (store_start) begin
+      \$351  = 17'h00000;
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        if (\$167 ) begin
+          \$351  = \$169 [16:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$351  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$352  = s_tile;
+    if (store_start) begin
+      \$352  = 34'h000000000;
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        if (\$164 ) begin
+          \$352  = \$165 [33:0];
+        end
+        if (\$167 ) begin
+          \$352  = { 16'h0000, \$170  };
+        end
+      end
+    end
+    if (rst) begin
+      \$352  = 34'h000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$353  = r_valid;
+    if (store_start) begin
+    end else if (\$145 ) begin
+      \$353  = \$149 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$209 ) begin
+            \$353  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$353  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$354  = r_mask;
+    if (store_start) begin
+    end else if (\$145 ) begin
+      if (\$151 ) begin
+        \$354  = { \$162 , \$161 , \$160 , \$159 , \$158 , \$157 , \$156 , \$155  };
+      end
+    end
+    if (rst) begin
+      \$354  = 8'h00;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$355  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$175 ) begin
+            \$355  = 1'h1;
           end
       3'h2:
-          if (\$178 ) begin
-            \$322  = 3'h0;
-          end else if (\$179 ) begin
-            \$322  = 3'h3;
+          if (\$187 ) begin
+            \$355  = 1'h1;
           end
       3'h3:
-          if (\$195 ) begin
+          if (\$208 ) begin
             (* full_case = 32'd1 *)
             if (cmd[101]) begin
-              \$322  = 3'h4;
             end else begin
-              \$322  = 3'h0;
+              \$355  = 1'h1;
             end
           end
       3'h4:
+          if (\$209 ) begin
+            \$355  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$355  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$356  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$356  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$356  = 102'h00000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$357  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$357  = 1'h0;
+          end
+      3'h1:
+          if (\$175 ) begin
+            \$357  = 1'h1;
+          end
+      3'h2:
+          if (\$187 ) begin
+            \$357  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$357  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$358  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$358  = 3'h0;
+          end
+      3'h1:
+          if (\$175 ) begin
+            \$358  = code;
+          end
+      3'h2:
+          if (\$187 ) begin
+            \$358  = \$192 ;
+          end
+    endcase
+    if (rst) begin
+      \$358  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$359  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$359  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$175 ) begin
+            \$359  = 3'h0;
+          end else begin
+            \$359  = 3'h2;
+          end
+      3'h2:
+          if (\$187 ) begin
+            \$359  = 3'h0;
+          end else if (\$188 ) begin
+            \$359  = 3'h3;
+          end
+      3'h3:
+          if (\$208 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[101]) begin
+              \$359  = 3'h4;
+            end else begin
+              \$359  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$209 ) begin
+            \$359  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$359  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$360  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$360  = cmd[16:0];
+      3'h2:
+          if (\$176 ) begin
+            \$360  = \$177 [16:0];
+          end
+    endcase
+    if (rst) begin
+      \$360  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$361  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$361  = { 1'h0, \$173  };
+      3'h2:
+          if (\$176 ) begin
+            \$361  = \$178 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$361  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$362  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$362  = { 1'h0, \$174  };
+      3'h2:
+          if (\$176 ) begin
+            \$362  = \$179 [18:0];
+          end
+    endcase
+    if (rst) begin
+      \$362  = 19'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$363  = blocks;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$363  = 17'h00001;
+      3'h2:
+          if (\$176 ) begin
+            \$363  = \$180 [16:0];
+          end
+    endcase
+    if (rst) begin
+      \$363  = 17'h00000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$364  = early;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
           if (\$196 ) begin
-            \$322  = 3'h0;
+            \$364  = 1'h1;
+          end
+      3'h4:
+          if (\$209 ) begin
+            \$364  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$322  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$323  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$323  = cmd[16:0];
-      3'h2:
-          if (\$168 ) begin
-            \$323  = \$169 [16:0];
-          end
-    endcase
-    if (rst) begin
-      \$323  = 17'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$324  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$324  = { 1'h0, \$165  };
-      3'h2:
-          if (\$168 ) begin
-            \$324  = \$170 [18:0];
-          end
-    endcase
-    if (rst) begin
-      \$324  = 19'h00000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$325  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$325  = { 1'h0, \$166  };
-      3'h2:
-          if (\$168 ) begin
-            \$325  = \$171 [18:0];
-          end
-    endcase
-    if (rst) begin
-      \$325  = 19'h00000;
+      \$364  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$201 ) begin
-      if (\$202 ) begin
+    end else if (\$214 ) begin
+      if (\$215 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -9308,7 +9532,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$210 ) begin
+      if (\$223 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -9328,11 +9552,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$226 ) begin
+          if (\$251 ) begin
             code = 3'h1;
-          end else if (\$235 ) begin
+          end else if (\$260 ) begin
             code = 3'h2;
-          end else if (\$237 ) begin
+          end else if (\$262 ) begin
             code = 3'h3;
           end
     endcase
@@ -9348,11 +9572,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$249 ) begin
+        begin
+          if (\$266 ) begin
+            store_start = 1'h1;
+          end
+          if (\$278 ) begin
             if (cmd[101]) begin
-              store_start = 1'h1;
+              store_start = \$279 ;
             end
           end
+        end
     endcase
   end
   assign spad_a_rd_en = 1'h1;
@@ -9361,16 +9590,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[11:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$200 [9:0];
-  assign \$signature__data$113  = b_in__payload;
+  assign \$signature__addr$122  = \$213 [9:0];
+  assign \$signature__data$123  = b_in__payload;
   assign port__addr = a_ptr[11:0];
-  assign \port__addr$115  = \$209 [9:0];
-  assign \$signature__addr$118  = w_addr[10:0];
-  assign \$signature__en$119  = w_valid;
+  assign \port__addr$125  = \$222 [9:0];
+  assign \$signature__addr$128  = w_addr[10:0];
+  assign \$signature__en$129  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$128  = \$220 [10:0];
+  assign \port__addr$138  = \$245 [10:0];
   assign \cmd__payload.m  = cmd__payload[16:0];
   assign \cmd__payload.k  = cmd__payload[33:17];
   assign \cmd__payload.n  = cmd__payload[50:34];
@@ -9537,22 +9766,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[5]  = a_in__payload[47:40];
   assign \$signature__data[6]  = a_in__payload[55:48];
   assign \$signature__data[7]  = a_in__payload[63:56];
-  assign \$signature__data$113[0]  = b_in__payload[7:0];
-  assign \$signature__data$113[1]  = b_in__payload[15:8];
-  assign \$signature__data$113[2]  = b_in__payload[23:16];
-  assign \$signature__data$113[3]  = b_in__payload[31:24];
-  assign \$signature__data$113[4]  = b_in__payload[39:32];
-  assign \$signature__data$113[5]  = b_in__payload[47:40];
-  assign \$signature__data$113[6]  = b_in__payload[55:48];
-  assign \$signature__data$113[7]  = b_in__payload[63:56];
-  assign \$signature__data$117[0]  = \$signature__data$117 [31:0];
-  assign \$signature__data$117[1]  = \$signature__data$117 [63:32];
-  assign \$signature__data$117[2]  = \$signature__data$117 [95:64];
-  assign \$signature__data$117[3]  = \$signature__data$117 [127:96];
-  assign \$signature__data$117[4]  = \$signature__data$117 [159:128];
-  assign \$signature__data$117[5]  = \$signature__data$117 [191:160];
-  assign \$signature__data$117[6]  = \$signature__data$117 [223:192];
-  assign \$signature__data$117[7]  = \$signature__data$117 [255:224];
+  assign \$signature__data$123[0]  = b_in__payload[7:0];
+  assign \$signature__data$123[1]  = b_in__payload[15:8];
+  assign \$signature__data$123[2]  = b_in__payload[23:16];
+  assign \$signature__data$123[3]  = b_in__payload[31:24];
+  assign \$signature__data$123[4]  = b_in__payload[39:32];
+  assign \$signature__data$123[5]  = b_in__payload[47:40];
+  assign \$signature__data$123[6]  = b_in__payload[55:48];
+  assign \$signature__data$123[7]  = b_in__payload[63:56];
+  assign \$signature__data$127[0]  = \$signature__data$127 [31:0];
+  assign \$signature__data$127[1]  = \$signature__data$127 [63:32];
+  assign \$signature__data$127[2]  = \$signature__data$127 [95:64];
+  assign \$signature__data$127[3]  = \$signature__data$127 [127:96];
+  assign \$signature__data$127[4]  = \$signature__data$127 [159:128];
+  assign \$signature__data$127[5]  = \$signature__data$127 [191:160];
+  assign \$signature__data$127[6]  = \$signature__data$127 [223:192];
+  assign \$signature__data$127[7]  = \$signature__data$127 [255:224];
   assign \q_rq.mult  = q_rq[15:0];
   assign \q_rq.shift  = q_rq[21:16];
   assign \i__payload[0]  = i__payload[31:0];
@@ -9573,20 +9802,22 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[7]  = c_out__payload[63:56];
   assign q_rq[21:16] = cmd[97:92];
   assign q_rq[15:0] = cmd[91:76];
-  assign \$signature__data$117 [255:224] = \$218 [31:0];
-  assign \$signature__data$117 [223:192] = \$217 [31:0];
-  assign \$signature__data$117 [191:160] = \$216 [31:0];
-  assign \$signature__data$117 [159:128] = \$215 [31:0];
-  assign \$signature__data$117 [127:96] = \$214 [31:0];
-  assign \$signature__data$117 [95:64] = \$213 [31:0];
-  assign \$signature__data$117 [63:32] = \$212 [31:0];
-  assign \$signature__data$117 [31:0] = \$211 [31:0];
-  assign \$256  = \port__data$28 ;
-  assign \$255  = port__data;
-  assign \$194  = 1'h1;
-  assign \$195  = \$193 ;
-  assign \$248  = 1'h1;
-  assign \$249  = \$247 ;
+  assign \$signature__data$127 [255:224] = \$239 [31:0];
+  assign \$signature__data$127 [223:192] = \$237 [31:0];
+  assign \$signature__data$127 [191:160] = \$235 [31:0];
+  assign \$signature__data$127 [159:128] = \$233 [31:0];
+  assign \$signature__data$127 [127:96] = \$231 [31:0];
+  assign \$signature__data$127 [95:64] = \$229 [31:0];
+  assign \$signature__data$127 [63:32] = \$227 [31:0];
+  assign \$signature__data$127 [31:0] = \$225 [31:0];
+  assign \$286  = \port__data$28 ;
+  assign \$285  = port__data;
+  assign \$242  = 1'h1;
+  assign \$243  = \$241 ;
+  assign \$207  = 1'h1;
+  assign \$208  = \$206 ;
+  assign \$277  = 1'h1;
+  assign \$278  = \$276 ;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -28309,8 +28540,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__7(p__7),
     .p__8(p__8),
     .p__9(p__9),
-    .\port$326$0 (mult),
-    .\port$331$0 (i__payload),
+    .\port$359$0 (mult),
+    .\port$364$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -29644,7 +29875,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
+module \nanokpu_gemm.requant.mul (rst, \port$359$0 , \port$364$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, p__8, p__9, p__10, p__11, p__12, p__13, p__14, p__15, clk
 );
   reg \$auto$verilog_backend.cc:2355:dump_module$69  = 0;
   wire [35:0] \$1 ;
@@ -29811,10 +30042,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
   reg [35:0] p__8 = 36'h000000000;
   output [35:0] p__9;
   reg [35:0] p__9 = 36'h000000000;
-  input [15:0] \port$326$0 ;
-  wire [15:0] \port$326$0 ;
-  input [255:0] \port$331$0 ;
-  wire [255:0] \port$331$0 ;
+  input [15:0] \port$359$0 ;
+  wire [15:0] \port$359$0 ;
+  input [255:0] \port$364$0 ;
+  wire [255:0] \port$364$0 ;
   input rst;
   wire rst;
   always @(posedge clk)
@@ -29933,7 +30164,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$27  = b3_r;
     if (en) begin
-      \$27  = { 2'h0, \port$326$0  };
+      \$27  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -29953,7 +30184,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$29  = a4_r;
     if (en) begin
-      \$29  = { 1'h0, \port$331$0 [80:64] };
+      \$29  = { 1'h0, \port$364$0 [80:64] };
     end
     if (rst) begin
       \$29  = 18'h00000;
@@ -29963,7 +30194,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$30  = b4_r;
     if (en) begin
-      \$30  = { 2'h0, \port$326$0  };
+      \$30  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -29983,7 +30214,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$32  = a5_r;
     if (en) begin
-      \$32  = { \port$331$0 [95], \port$331$0 [95], \port$331$0 [95], \port$331$0 [95:81] };
+      \$32  = { \port$364$0 [95], \port$364$0 [95], \port$364$0 [95], \port$364$0 [95:81] };
     end
     if (rst) begin
       \$32  = 18'h00000;
@@ -29993,7 +30224,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$33  = b5_r;
     if (en) begin
-      \$33  = { 2'h0, \port$326$0  };
+      \$33  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$33  = 18'h00000;
@@ -30013,7 +30244,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$35  = a6_r;
     if (en) begin
-      \$35  = { 1'h0, \port$331$0 [112:96] };
+      \$35  = { 1'h0, \port$364$0 [112:96] };
     end
     if (rst) begin
       \$35  = 18'h00000;
@@ -30023,7 +30254,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$36  = b6_r;
     if (en) begin
-      \$36  = { 2'h0, \port$326$0  };
+      \$36  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$36  = 18'h00000;
@@ -30043,7 +30274,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$38  = a7_r;
     if (en) begin
-      \$38  = { \port$331$0 [127], \port$331$0 [127], \port$331$0 [127], \port$331$0 [127:113] };
+      \$38  = { \port$364$0 [127], \port$364$0 [127], \port$364$0 [127], \port$364$0 [127:113] };
     end
     if (rst) begin
       \$38  = 18'h00000;
@@ -30053,7 +30284,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$39  = b7_r;
     if (en) begin
-      \$39  = { 2'h0, \port$326$0  };
+      \$39  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$39  = 18'h00000;
@@ -30073,7 +30304,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$41  = a8_r;
     if (en) begin
-      \$41  = { 1'h0, \port$331$0 [144:128] };
+      \$41  = { 1'h0, \port$364$0 [144:128] };
     end
     if (rst) begin
       \$41  = 18'h00000;
@@ -30083,7 +30314,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$42  = b8_r;
     if (en) begin
-      \$42  = { 2'h0, \port$326$0  };
+      \$42  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$42  = 18'h00000;
@@ -30103,7 +30334,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$44  = a9_r;
     if (en) begin
-      \$44  = { \port$331$0 [159], \port$331$0 [159], \port$331$0 [159], \port$331$0 [159:145] };
+      \$44  = { \port$364$0 [159], \port$364$0 [159], \port$364$0 [159], \port$364$0 [159:145] };
     end
     if (rst) begin
       \$44  = 18'h00000;
@@ -30113,7 +30344,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$45  = b9_r;
     if (en) begin
-      \$45  = { 2'h0, \port$326$0  };
+      \$45  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$45  = 18'h00000;
@@ -30133,7 +30364,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$47  = a10_r;
     if (en) begin
-      \$47  = { 1'h0, \port$331$0 [176:160] };
+      \$47  = { 1'h0, \port$364$0 [176:160] };
     end
     if (rst) begin
       \$47  = 18'h00000;
@@ -30143,7 +30374,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$48  = b10_r;
     if (en) begin
-      \$48  = { 2'h0, \port$326$0  };
+      \$48  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$48  = 18'h00000;
@@ -30163,7 +30394,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$50  = a11_r;
     if (en) begin
-      \$50  = { \port$331$0 [191], \port$331$0 [191], \port$331$0 [191], \port$331$0 [191:177] };
+      \$50  = { \port$364$0 [191], \port$364$0 [191], \port$364$0 [191], \port$364$0 [191:177] };
     end
     if (rst) begin
       \$50  = 18'h00000;
@@ -30173,7 +30404,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$51  = b11_r;
     if (en) begin
-      \$51  = { 2'h0, \port$326$0  };
+      \$51  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$51  = 18'h00000;
@@ -30193,7 +30424,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$53  = a12_r;
     if (en) begin
-      \$53  = { 1'h0, \port$331$0 [208:192] };
+      \$53  = { 1'h0, \port$364$0 [208:192] };
     end
     if (rst) begin
       \$53  = 18'h00000;
@@ -30203,7 +30434,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$54  = b12_r;
     if (en) begin
-      \$54  = { 2'h0, \port$326$0  };
+      \$54  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$54  = 18'h00000;
@@ -30223,7 +30454,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$56  = a13_r;
     if (en) begin
-      \$56  = { \port$331$0 [223], \port$331$0 [223], \port$331$0 [223], \port$331$0 [223:209] };
+      \$56  = { \port$364$0 [223], \port$364$0 [223], \port$364$0 [223], \port$364$0 [223:209] };
     end
     if (rst) begin
       \$56  = 18'h00000;
@@ -30233,7 +30464,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$57  = b13_r;
     if (en) begin
-      \$57  = { 2'h0, \port$326$0  };
+      \$57  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$57  = 18'h00000;
@@ -30253,7 +30484,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$59  = a14_r;
     if (en) begin
-      \$59  = { 1'h0, \port$331$0 [240:224] };
+      \$59  = { 1'h0, \port$364$0 [240:224] };
     end
     if (rst) begin
       \$59  = 18'h00000;
@@ -30263,7 +30494,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$60  = b14_r;
     if (en) begin
-      \$60  = { 2'h0, \port$326$0  };
+      \$60  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$60  = 18'h00000;
@@ -30283,7 +30514,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$62  = a15_r;
     if (en) begin
-      \$62  = { \port$331$0 [255], \port$331$0 [255], \port$331$0 [255], \port$331$0 [255:241] };
+      \$62  = { \port$364$0 [255], \port$364$0 [255], \port$364$0 [255], \port$364$0 [255:241] };
     end
     if (rst) begin
       \$62  = 18'h00000;
@@ -30293,7 +30524,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$63  = b15_r;
     if (en) begin
-      \$63  = { 2'h0, \port$326$0  };
+      \$63  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$63  = 18'h00000;
@@ -30313,7 +30544,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$17  = a0_r;
     if (en) begin
-      \$17  = { 1'h0, \port$331$0 [16:0] };
+      \$17  = { 1'h0, \port$364$0 [16:0] };
     end
     if (rst) begin
       \$17  = 18'h00000;
@@ -30323,7 +30554,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$18  = b0_r;
     if (en) begin
-      \$18  = { 2'h0, \port$326$0  };
+      \$18  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -30343,7 +30574,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$20  = a1_r;
     if (en) begin
-      \$20  = { \port$331$0 [31], \port$331$0 [31], \port$331$0 [31], \port$331$0 [31:17] };
+      \$20  = { \port$364$0 [31], \port$364$0 [31], \port$364$0 [31], \port$364$0 [31:17] };
     end
     if (rst) begin
       \$20  = 18'h00000;
@@ -30353,7 +30584,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$21  = b1_r;
     if (en) begin
-      \$21  = { 2'h0, \port$326$0  };
+      \$21  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -30373,7 +30604,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$23  = a2_r;
     if (en) begin
-      \$23  = { 1'h0, \port$331$0 [48:32] };
+      \$23  = { 1'h0, \port$364$0 [48:32] };
     end
     if (rst) begin
       \$23  = 18'h00000;
@@ -30383,7 +30614,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$24  = b2_r;
     if (en) begin
-      \$24  = { 2'h0, \port$326$0  };
+      \$24  = { 2'h0, \port$359$0  };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -30403,42 +30634,42 @@ module \nanokpu_gemm.requant.mul (rst, \port$326$0 , \port$331$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$69 ) begin end
     \$26  = a3_r;
     if (en) begin
-      \$26  = { \port$331$0 [63], \port$331$0 [63], \port$331$0 [63], \port$331$0 [63:49] };
+      \$26  = { \port$364$0 [63], \port$364$0 [63], \port$364$0 [63], \port$364$0 [63:49] };
     end
     if (rst) begin
       \$26  = 18'h00000;
     end
   end
-  assign a__0 = { 1'h0, \port$331$0 [16:0] };
-  assign b__0 = { 2'h0, \port$326$0  };
-  assign a__1 = { \port$331$0 [31], \port$331$0 [31], \port$331$0 [31], \port$331$0 [31:17] };
-  assign b__1 = { 2'h0, \port$326$0  };
-  assign a__2 = { 1'h0, \port$331$0 [48:32] };
-  assign b__2 = { 2'h0, \port$326$0  };
-  assign a__3 = { \port$331$0 [63], \port$331$0 [63], \port$331$0 [63], \port$331$0 [63:49] };
-  assign b__3 = { 2'h0, \port$326$0  };
-  assign a__4 = { 1'h0, \port$331$0 [80:64] };
-  assign b__4 = { 2'h0, \port$326$0  };
-  assign a__5 = { \port$331$0 [95], \port$331$0 [95], \port$331$0 [95], \port$331$0 [95:81] };
-  assign b__5 = { 2'h0, \port$326$0  };
-  assign a__6 = { 1'h0, \port$331$0 [112:96] };
-  assign b__6 = { 2'h0, \port$326$0  };
-  assign a__7 = { \port$331$0 [127], \port$331$0 [127], \port$331$0 [127], \port$331$0 [127:113] };
-  assign b__7 = { 2'h0, \port$326$0  };
-  assign a__8 = { 1'h0, \port$331$0 [144:128] };
-  assign b__8 = { 2'h0, \port$326$0  };
-  assign a__9 = { \port$331$0 [159], \port$331$0 [159], \port$331$0 [159], \port$331$0 [159:145] };
-  assign b__9 = { 2'h0, \port$326$0  };
-  assign a__10 = { 1'h0, \port$331$0 [176:160] };
-  assign b__10 = { 2'h0, \port$326$0  };
-  assign a__11 = { \port$331$0 [191], \port$331$0 [191], \port$331$0 [191], \port$331$0 [191:177] };
-  assign b__11 = { 2'h0, \port$326$0  };
-  assign a__12 = { 1'h0, \port$331$0 [208:192] };
-  assign b__12 = { 2'h0, \port$326$0  };
-  assign a__13 = { \port$331$0 [223], \port$331$0 [223], \port$331$0 [223], \port$331$0 [223:209] };
-  assign b__13 = { 2'h0, \port$326$0  };
-  assign a__14 = { 1'h0, \port$331$0 [240:224] };
-  assign b__14 = { 2'h0, \port$326$0  };
-  assign a__15 = { \port$331$0 [255], \port$331$0 [255], \port$331$0 [255], \port$331$0 [255:241] };
-  assign b__15 = { 2'h0, \port$326$0  };
+  assign a__0 = { 1'h0, \port$364$0 [16:0] };
+  assign b__0 = { 2'h0, \port$359$0  };
+  assign a__1 = { \port$364$0 [31], \port$364$0 [31], \port$364$0 [31], \port$364$0 [31:17] };
+  assign b__1 = { 2'h0, \port$359$0  };
+  assign a__2 = { 1'h0, \port$364$0 [48:32] };
+  assign b__2 = { 2'h0, \port$359$0  };
+  assign a__3 = { \port$364$0 [63], \port$364$0 [63], \port$364$0 [63], \port$364$0 [63:49] };
+  assign b__3 = { 2'h0, \port$359$0  };
+  assign a__4 = { 1'h0, \port$364$0 [80:64] };
+  assign b__4 = { 2'h0, \port$359$0  };
+  assign a__5 = { \port$364$0 [95], \port$364$0 [95], \port$364$0 [95], \port$364$0 [95:81] };
+  assign b__5 = { 2'h0, \port$359$0  };
+  assign a__6 = { 1'h0, \port$364$0 [112:96] };
+  assign b__6 = { 2'h0, \port$359$0  };
+  assign a__7 = { \port$364$0 [127], \port$364$0 [127], \port$364$0 [127], \port$364$0 [127:113] };
+  assign b__7 = { 2'h0, \port$359$0  };
+  assign a__8 = { 1'h0, \port$364$0 [144:128] };
+  assign b__8 = { 2'h0, \port$359$0  };
+  assign a__9 = { \port$364$0 [159], \port$364$0 [159], \port$364$0 [159], \port$364$0 [159:145] };
+  assign b__9 = { 2'h0, \port$359$0  };
+  assign a__10 = { 1'h0, \port$364$0 [176:160] };
+  assign b__10 = { 2'h0, \port$359$0  };
+  assign a__11 = { \port$364$0 [191], \port$364$0 [191], \port$364$0 [191], \port$364$0 [191:177] };
+  assign b__11 = { 2'h0, \port$359$0  };
+  assign a__12 = { 1'h0, \port$364$0 [208:192] };
+  assign b__12 = { 2'h0, \port$359$0  };
+  assign a__13 = { \port$364$0 [223], \port$364$0 [223], \port$364$0 [223], \port$364$0 [223:209] };
+  assign b__13 = { 2'h0, \port$359$0  };
+  assign a__14 = { 1'h0, \port$364$0 [240:224] };
+  assign b__14 = { 2'h0, \port$359$0  };
+  assign a__15 = { \port$364$0 [255], \port$364$0 [255], \port$364$0 [255], \port$364$0 [255:241] };
+  assign b__15 = { 2'h0, \port$359$0  };
 endmodule

@@ -21,44 +21,44 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$110 ;
   wire \$111 ;
   wire \$112 ;
-  wire [14:0] \$113 ;
+  wire \$113 ;
   wire [14:0] \$114 ;
-  wire \$115 ;
+  wire [14:0] \$115 ;
   wire \$116 ;
-  wire [14:0] \$117 ;
-  wire [14:0] \$118 ;
-  wire [12:0] \$119 ;
+  wire \$117 ;
+  wire \$118 ;
+  wire \$119 ;
   wire \$12 ;
-  wire \$120 ;
-  wire \$121 ;
-  wire \$122 ;
+  wire [14:0] \$120 ;
+  wire [14:0] \$121 ;
+  wire [12:0] \$122 ;
   wire \$123 ;
-  wire [12:0] \$124 ;
+  wire \$124 ;
   wire \$125 ;
-  wire [12:0] \$126 ;
-  wire \$127 ;
-  wire [14:0] \$128 ;
-  wire [12:0] \$129 ;
+  wire \$126 ;
+  wire [2:0] \$127 ;
+  wire \$128 ;
+  wire [24:0] \$129 ;
   wire [12:0] \$13 ;
   wire [12:0] \$130 ;
   wire \$131 ;
-  wire \$132 ;
+  wire [12:0] \$132 ;
   wire [12:0] \$133 ;
-  wire [14:0] \$134 ;
-  wire [14:0] \$135 ;
-  wire \$136 ;
-  wire \$137 ;
-  wire \$138 ;
+  wire [12:0] \$134 ;
+  wire \$135 ;
+  wire [14:0] \$136 ;
+  wire [12:0] \$137 ;
+  wire [12:0] \$138 ;
   wire \$139 ;
   wire \$14 ;
   wire \$140 ;
-  wire \$141 ;
-  wire \$142 ;
-  wire \$143 ;
-  wire \$144 ;
+  wire [12:0] \$141 ;
+  wire [14:0] \$142 ;
+  wire [14:0] \$143 ;
+  wire [12:0] \$144 ;
   wire \$145 ;
   wire \$146 ;
-  wire [2:0] \$147 ;
+  wire \$147 ;
   wire \$148 ;
   wire \$149 ;
   wire \$15 ;
@@ -68,7 +68,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$153 ;
   wire \$154 ;
   wire \$155 ;
-  wire \$156 ;
+  wire [2:0] \$156 ;
   wire \$157 ;
   wire \$158 ;
   wire \$159 ;
@@ -76,8 +76,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$160 ;
   wire \$161 ;
   wire \$162 ;
-  wire [6:0] \$163 ;
-  wire [12:0] \$164 ;
+  wire \$163 ;
+  wire \$164 ;
   wire \$165 ;
   wire \$166 ;
   wire \$167 ;
@@ -86,32 +86,32 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$17 ;
   wire \$170 ;
   wire \$171 ;
-  wire [6:0] \$172 ;
-  wire [12:0] \$173 ;
+  wire \$172 ;
+  wire \$173 ;
   wire \$174 ;
-  wire [24:0] \$175 ;
-  wire [24:0] \$176 ;
-  wire [24:0] \$177 ;
-  wire [24:0] \$178 ;
+  wire \$175 ;
+  wire [6:0] \$176 ;
+  wire [12:0] \$177 ;
+  wire \$178 ;
   wire \$179 ;
   wire [14:0] \$18 ;
-  wire [13:0] \$180 ;
+  wire \$180 ;
   wire \$181 ;
   wire \$182 ;
   wire \$183 ;
   wire \$184 ;
-  wire \$185 ;
-  wire \$186 ;
+  wire [6:0] \$185 ;
+  wire [12:0] \$186 ;
   wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [23:0] \$188 ;
+  wire [24:0] \$189 ;
   wire \$19 ;
-  wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire \$195 ;
+  wire [23:0] \$190 ;
+  wire [24:0] \$191 ;
+  wire [23:0] \$192 ;
+  wire [24:0] \$193 ;
+  wire [23:0] \$194 ;
+  wire [24:0] \$195 ;
   wire \$196 ;
   wire \$197 ;
   wire \$198 ;
@@ -119,7 +119,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$2 ;
   wire \$20 ;
   wire \$200 ;
-  wire \$201 ;
+  wire [13:0] \$201 ;
   wire \$202 ;
   wire \$203 ;
   wire \$204 ;
@@ -134,89 +134,124 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$212 ;
   wire \$213 ;
   wire \$214 ;
-  wire [31:0] \$215 ;
-  wire [31:0] \$216 ;
-  reg [95:0] \$217 ;
-  reg [11:0] \$218 ;
-  reg \$219 ;
+  wire \$215 ;
+  wire \$216 ;
+  wire \$217 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  reg [13:0] \$220 ;
-  reg \$221 ;
-  reg [1:0] \$222 ;
-  reg \$223 ;
-  reg \$224 ;
-  reg [11:0] \$225 ;
-  reg [11:0] \$226 ;
-  reg \$227 ;
-  reg \$228 ;
-  reg [3:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg \$232 ;
-  reg [3:0] \$233 ;
-  reg \$234 ;
-  reg \$235 ;
-  reg \$236 ;
-  reg [31:0] \$237 ;
-  reg [31:0] \$238 ;
-  reg \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  reg \$240 ;
-  reg [11:0] \$241 ;
-  reg [13:0] \$242 ;
-  reg [11:0] \$243 ;
+  wire \$240 ;
+  wire [31:0] \$241 ;
+  wire [31:0] \$242 ;
+  reg [95:0] \$243 ;
   reg [11:0] \$244 ;
-  reg [13:0] \$245 ;
+  reg \$245 ;
   reg [13:0] \$246 ;
   reg \$247 ;
-  reg \$248 ;
-  reg [13:0] \$249 ;
+  reg [1:0] \$248 ;
+  reg \$249 ;
   wire \$25 ;
-  reg [2:0] \$250 ;
-  reg [2:0] \$251 ;
-  reg [13:0] \$252 ;
-  reg [2:0] \$253 ;
+  reg \$250 ;
+  reg [11:0] \$251 ;
+  reg [11:0] \$252 ;
+  reg \$253 ;
   reg \$254 ;
-  reg \$255 ;
+  reg [3:0] \$255 ;
   reg \$256 ;
-  reg [13:0] \$257 ;
+  reg \$257 ;
   reg \$258 ;
-  reg \$259 ;
+  reg [3:0] \$259 ;
   wire \$26 ;
-  reg [13:0] \$260 ;
+  reg \$260 ;
   reg \$261 ;
   reg \$262 ;
-  reg [13:0] \$263 ;
-  reg [95:0] \$264 ;
-  reg [95:0] \$265 ;
-  reg [95:0] \$266 ;
-  reg [1:0] \$267 ;
-  reg [95:0] \$268 ;
-  reg \$269 ;
+  reg [31:0] \$263 ;
+  reg [31:0] \$264 ;
+  reg \$265 ;
+  reg \$266 ;
+  reg [11:0] \$267 ;
+  reg [13:0] \$268 ;
+  reg [11:0] \$269 ;
   wire \$27 ;
-  reg \$270 ;
+  reg [11:0] \$270 ;
   reg [13:0] \$271 ;
-  reg [11:0] \$272 ;
-  reg [11:0] \$273 ;
-  reg [13:0] \$274 ;
+  reg [13:0] \$272 ;
+  reg \$273 ;
+  reg \$274 ;
   reg [13:0] \$275 ;
-  reg \$276 ;
-  reg [3:0] \$277 ;
-  reg \$278 ;
-  reg [79:0] \$279 ;
+  reg [2:0] \$276 ;
+  reg [2:0] \$277 ;
+  reg [13:0] \$278 ;
+  reg [2:0] \$279 ;
   wire \$28 ;
   reg \$280 ;
-  reg [2:0] \$281 ;
-  reg [2:0] \$282 ;
-  reg [11:0] \$283 ;
-  reg [13:0] \$284 ;
-  reg [13:0] \$285 ;
+  reg \$281 ;
+  reg \$282 ;
+  reg [13:0] \$283 ;
+  reg \$284 ;
+  reg \$285 ;
+  reg \$286 ;
+  reg [13:0] \$287 ;
+  reg \$288 ;
+  reg \$289 ;
   wire \$29 ;
+  reg \$290 ;
+  reg [13:0] \$291 ;
+  reg \$292 ;
+  reg [23:0] \$293 ;
+  reg [95:0] \$294 ;
+  reg [95:0] \$295 ;
+  reg [95:0] \$296 ;
+  reg [1:0] \$297 ;
+  reg [95:0] \$298 ;
+  reg \$299 ;
   wire [14:0] \$3 ;
   wire \$30 ;
+  reg \$300 ;
+  reg [13:0] \$301 ;
+  reg [11:0] \$302 ;
+  reg [11:0] \$303 ;
+  reg [13:0] \$304 ;
+  reg [13:0] \$305 ;
+  reg [1:0] \$306 ;
+  reg [11:0] \$307 ;
+  reg [23:0] \$308 ;
+  reg \$309 ;
   wire \$31 ;
+  reg [3:0] \$310 ;
+  reg \$311 ;
+  reg [79:0] \$312 ;
+  reg \$313 ;
+  reg [2:0] \$314 ;
+  reg [2:0] \$315 ;
+  reg [11:0] \$316 ;
+  reg [13:0] \$317 ;
+  reg [13:0] \$318 ;
+  reg [11:0] \$319 ;
   wire \$32 ;
+  reg \$320 ;
   wire \$33 ;
   wire [12:0] \$34 ;
   wire \$35 ;
@@ -271,9 +306,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire [1:0] \$8 ;
   wire [2:0] \$80 ;
   wire [14:0] \$81 ;
-  wire [2:0] \$82 ;
-  wire [3:0] \$83 ;
-  wire \$84 ;
+  wire [24:0] \$82 ;
+  wire [2:0] \$83 ;
+  wire [3:0] \$84 ;
   wire \$85 ;
   wire \$86 ;
   wire \$87 ;
@@ -291,26 +326,26 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   wire \$98 ;
   wire \$99 ;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$112 ;
-  wire [7:0] \$signature__addr$118 ;
+  wire [6:0] \$signature__addr$122 ;
+  wire [7:0] \$signature__addr$128 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$113 ;
-  wire [7:0] \$signature__data$113[0] ;
-  wire [7:0] \$signature__data$113[1] ;
-  wire [7:0] \$signature__data$113[2] ;
-  wire [7:0] \$signature__data$113[3] ;
-  wire [95:0] \$signature__data$117 ;
-  wire [23:0] \$signature__data$117[0] ;
-  wire [23:0] \$signature__data$117[1] ;
-  wire [23:0] \$signature__data$117[2] ;
-  wire [23:0] \$signature__data$117[3] ;
+  wire [31:0] \$signature__data$123 ;
+  wire [7:0] \$signature__data$123[0] ;
+  wire [7:0] \$signature__data$123[1] ;
+  wire [7:0] \$signature__data$123[2] ;
+  wire [7:0] \$signature__data$123[3] ;
+  wire [95:0] \$signature__data$127 ;
+  wire [23:0] \$signature__data$127[0] ;
+  wire [23:0] \$signature__data$127[1] ;
+  wire [23:0] \$signature__data$127[2] ;
+  wire [23:0] \$signature__data$127[3] ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$119 ;
+  wire \$signature__en$129 ;
   wire \$signature__en$54 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
@@ -353,6 +388,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg b_loading = 1'h0;
   reg b_ok = 1'h0;
   wire b_take;
+  reg [11:0] blocks = 12'h000;
   output busy;
   wire busy;
   reg [13:0] c_lim = 14'h0000;
@@ -416,6 +452,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [13:0] col_addr1 = 14'h0000;
   reg col_busy0 = 1'h0;
   reg col_busy1 = 1'h0;
+  reg col_end0 = 1'h0;
+  reg col_end1 = 1'h0;
   reg col_valid0 = 1'h0;
   reg col_valid1 = 1'h0;
   reg [95:0] col_word0 = 96'h000000000000000000000000;
@@ -436,6 +474,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg done = 1'h0;
   wire \done$73 ;
   reg drain_busy = 1'h0;
+  reg early = 1'h0;
   output error;
   reg error = 1'h0;
   (* enum_base_type = "GemmError" *)
@@ -482,8 +521,8 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [13:0] out_left = 14'h0000;
   reg [1:0] pending = 2'h0;
   wire [7:0] port__addr;
-  wire [6:0] \port__addr$115 ;
-  wire [7:0] \port__addr$128 ;
+  wire [6:0] \port__addr$125 ;
+  wire [7:0] \port__addr$138 ;
   wire [31:0] port__data;
   wire [31:0] \port__data$28 ;
   wire [7:0] \port__data$28[0] ;
@@ -525,15 +564,19 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
+  reg [11:0] s_block = 12'h000;
+  reg [1:0] s_col = 2'h0;
   reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [13:0] s_left = 14'h0000;
   reg [3:0] s_mask = 4'h0;
   reg [11:0] s_n = 12'h000;
+  wire s_ok;
   reg [11:0] s_rows = 12'h000;
+  reg [23:0] s_tile = 24'h000000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$122 ;
+  wire [5:0] \shift$132 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -560,9 +603,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   reg [2:0] t_cols = 3'h0;
   reg tile_drained;
   reg tile_issued;
+  reg [23:0] tiles_written = 24'h000000;
   reg valid = 1'h0;
   reg [13:0] w_addr = 14'h0000;
   reg w_busy = 1'h0;
+  reg w_end = 1'h0;
   reg w_valid = 1'h0;
   reg [95:0] w_word = 96'h000000000000000000000000;
   wire [23:0] \w_word[0] ;
@@ -969,9 +1014,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (\$signature__en$54 )
-      spad_b[\$164 [6:0]] <= b_in__payload;
+      spad_b[\$177 [6:0]] <= b_in__payload;
   end
-  assign \port__data$28  = spad_b[\$173 [6:0]];
+  assign \port__data$28  = spad_b[\$186 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [95:0] spad_c [255:0];
   initial begin
@@ -1234,9 +1279,9 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$117 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$127 ;
   end
-  assign \port__data$31  = spad_c[\$180 [7:0]];
+  assign \port__data$31  = spad_c[\$201 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_in__ready;
   assign \$3  = a_wptr + 1'h1;
@@ -1318,289 +1363,332 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$79  = \done$73  ? t_base : d_base;
   assign \$80  = \done$73  ? 3'h0 : d_col;
   assign \$81  = \$79  + \$80 ;
-  assign \$82  = pending + tile_issued;
-  assign \$83  = \$82  - tile_drained;
-  assign \$84  = ~ q_valid;
-  assign \$85  = \$84  | i__ready;
-  assign \$86  = ~ q_valid;
-  assign \$87  = \$86  | i__ready;
-  assign \$88  = ~ r_mask[0];
-  assign \$89  = ~ cmd[78];
-  assign \$90  = storing ? \$88  : \$89 ;
-  assign \$91  = \$87  & \$90 ;
-  assign \$92  = ~ q_valid;
-  assign \$93  = \$92  | i__ready;
-  assign \$94  = ~ r_mask[1];
-  assign \$95  = ~ cmd[78];
-  assign \$96  = storing ? \$94  : \$95 ;
-  assign \$97  = \$93  & \$96 ;
-  assign \$98  = ~ q_valid;
-  assign \$99  = \$98  | i__ready;
-  assign \$100  = ~ r_mask[2];
-  assign \$101  = ~ cmd[78];
-  assign \$102  = storing ? \$100  : \$101 ;
-  assign \$103  = \$99  & \$102 ;
-  assign \$104  = ~ q_valid;
-  assign \$105  = \$104  | i__ready;
-  assign \$106  = ~ r_mask[3];
-  assign \$107  = ~ cmd[78];
-  assign \$108  = storing ? \$106  : \$107 ;
-  assign \$109  = \$105  & \$108 ;
-  assign \$110  = ~ q_valid;
-  assign \$111  = \$110  | i__ready;
-  assign \$112  = storing & \$111 ;
-  assign \$113  = c_lim - cmd[53:45];
+  assign \$82  = tiles_written + 1'h1;
+  assign \$83  = pending + tile_issued;
+  assign \$84  = \$83  - tile_drained;
+  assign \$85  = ~ q_valid;
+  assign \$86  = \$85  | i__ready;
+  assign \$87  = ~ q_valid;
+  assign \$88  = \$87  | i__ready;
+  assign \$89  = ~ r_mask[0];
+  assign \$90  = ~ cmd[78];
+  assign \$91  = storing ? \$89  : \$90 ;
+  assign \$92  = \$88  & \$91 ;
+  assign \$93  = ~ q_valid;
+  assign \$94  = \$93  | i__ready;
+  assign \$95  = ~ r_mask[1];
+  assign \$96  = ~ cmd[78];
+  assign \$97  = storing ? \$95  : \$96 ;
+  assign \$98  = \$94  & \$97 ;
+  assign \$99  = ~ q_valid;
+  assign \$100  = \$99  | i__ready;
+  assign \$101  = ~ r_mask[2];
+  assign \$102  = ~ cmd[78];
+  assign \$103  = storing ? \$101  : \$102 ;
+  assign \$104  = \$100  & \$103 ;
+  assign \$105  = ~ q_valid;
+  assign \$106  = \$105  | i__ready;
+  assign \$107  = ~ r_mask[3];
+  assign \$108  = ~ cmd[78];
+  assign \$109  = storing ? \$107  : \$108 ;
+  assign \$110  = \$106  & \$109 ;
+  assign \$111  = ~ q_valid;
+  assign \$112  = \$111  | i__ready;
+  assign \$113  = storing & \$112 ;
   assign \$114  = c_lim - cmd[53:45];
-  assign \$115  = | s_left;
+  assign \$115  = c_lim - cmd[53:45];
   assign \$116  = | s_left;
-  assign \$117  = s_addr + 1'h1;
-  assign \$118  = s_left - 1'h1;
-  assign \$119  = s_n + 1'h1;
-  assign \$120  = s_rows > 1'h0;
-  assign \$121  = s_rows > 1'h1;
-  assign \$122  = s_rows > 2'h2;
-  assign \$123  = s_rows > 2'h3;
-  assign \$124  = cmd[35:24] - 1'h1;
-  assign \$125  = s_n == \$124 ;
-  assign \$126  = s_rows - 3'h4;
-  assign \$127  = c_out__valid & c_out__ready;
-  assign \$128  = out_left - 1'h1;
-  assign \$129  = cmd[44:36] + cmd[23:12];
-  assign \$130  = cmd[53:45] + cmd[35:24];
-  assign \$131  = | code;
-  assign \$132  = rows_left > 3'h4;
-  assign \$133  = rows_left - 3'h4;
-  assign \$134  = a_lim + cmd[23:12];
-  assign \$135  = c_lim + cmd[35:24];
-  assign \$136  = cmd[76] | cmd[77];
-  assign \$137  = a_lim > 9'h100;
-  assign \$138  = \$136  & \$137 ;
-  assign \$139  = cmd[77] | cmd[79];
-  assign \$140  = c_lim > 9'h100;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = \$138  | \$141 ;
-  assign \$143  = rows_left <= 3'h4;
-  assign \$144  = cmd[76] | cmd[77];
-  assign \$145  = a_lim > 9'h100;
-  assign \$146  = \$144  & \$145 ;
-  assign \$147  = \$146  ? 3'h4 : 3'h5;
-  assign \$148  = start | a_in__ready;
-  assign \$149  = \$148  | b_loading;
-  assign \$150  = \$149  | issuing;
-  assign \$151  = \$150  | drain_busy;
-  assign \$152  = \$151  | col_busy0;
-  assign \$153  = \$152  | col_busy1;
-  assign \$154  = \$153  | w_busy;
-  assign \$155  = ~ \$154 ;
-  assign \$156  = ! pending;
-  assign \$157  = \$155  & \$156 ;
-  assign \$160  = ! out_left;
+  assign \$117  = \$116  & s_ok;
+  assign \$118  = | s_left;
+  assign \$119  = \$118  & s_ok;
+  assign \$120  = s_addr + 1'h1;
+  assign \$121  = s_left - 1'h1;
+  assign \$122  = s_n + 1'h1;
+  assign \$123  = s_rows > 1'h0;
+  assign \$124  = s_rows > 1'h1;
+  assign \$125  = s_rows > 2'h2;
+  assign \$126  = s_rows > 2'h3;
+  assign \$127  = s_col + 1'h1;
+  assign \$128  = s_col == 2'h3;
+  assign \$129  = s_tile + blocks;
+  assign \$130  = cmd[35:24] - 1'h1;
+  assign \$131  = s_n == \$130 ;
+  assign \$132  = s_rows - 3'h4;
+  assign \$133  = s_block + 1'h1;
+  assign \$134  = s_block + 1'h1;
+  assign \$135  = c_out__valid & c_out__ready;
+  assign \$136  = out_left - 1'h1;
+  assign \$137  = cmd[44:36] + cmd[23:12];
+  assign \$138  = cmd[53:45] + cmd[35:24];
+  assign \$139  = | code;
+  assign \$140  = rows_left > 3'h4;
+  assign \$141  = rows_left - 3'h4;
+  assign \$142  = a_lim + cmd[23:12];
+  assign \$143  = c_lim + cmd[35:24];
+  assign \$144  = blocks + 1'h1;
+  assign \$145  = cmd[76] | cmd[77];
+  assign \$146  = a_lim > 9'h100;
+  assign \$147  = \$145  & \$146 ;
+  assign \$148  = cmd[77] | cmd[79];
+  assign \$149  = c_lim > 9'h100;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = \$147  | \$150 ;
+  assign \$152  = rows_left <= 3'h4;
+  assign \$153  = cmd[76] | cmd[77];
+  assign \$154  = a_lim > 9'h100;
+  assign \$155  = \$153  & \$154 ;
+  assign \$156  = \$155  ? 3'h4 : 3'h5;
+  assign \$157  = start & cmd[77];
+  assign \$158  = \$157  & cmd[79];
+  assign \$159  = ~ cmd[78];
+  assign \$160  = \$158  & \$159 ;
+  assign \$161  = start | a_in__ready;
+  assign \$162  = \$161  | b_loading;
+  assign \$163  = \$162  | issuing;
+  assign \$164  = \$163  | drain_busy;
+  assign \$165  = \$164  | col_busy0;
+  assign \$166  = \$165  | col_busy1;
+  assign \$167  = \$166  | w_busy;
+  assign \$168  = ~ \$167 ;
+  assign \$169  = ! pending;
+  assign \$170  = \$168  & \$169 ;
+  assign \$173  = ! out_left;
   assign \$signature__en  = a_in__valid & a_in__ready;
-  assign \$161  = full >> wbuf;
-  assign \$162  = ~ \$161 ;
-  assign b_in__ready = b_loading & \$162 ;
-  assign \$163  = wbuf ? 7'h40 : 7'h00;
-  assign \$164  = \$163  + b_k;
+  assign \$174  = full >> wbuf;
+  assign \$175  = ~ \$174 ;
+  assign b_in__ready = b_loading & \$175 ;
+  assign \$176  = wbuf ? 7'h40 : 7'h00;
+  assign \$177  = \$176  + b_k;
   assign \$signature__en$54  = b_in__valid & b_in__ready;
-  assign \$165  = b_in__valid & b_in__ready;
-  assign \$166  = b_k == k_m1;
-  assign \$167  = issuing & a_ok;
-  assign \$168  = \$167  & b_ok;
-  assign \$169  = ~ last_k;
-  assign \$170  = gap >= 4'ha;
-  assign \$171  = \$169  | \$170 ;
-  assign step = \$168  & \$171 ;
-  assign \$172  = rbuf ? 7'h40 : 7'h00;
-  assign \$173  = \$172  + k;
-  assign \$174  = d_col == 2'h3;
+  assign \$178  = b_in__valid & b_in__ready;
+  assign \$179  = b_k == k_m1;
+  assign \$180  = issuing & a_ok;
+  assign \$181  = \$180  & b_ok;
+  assign \$182  = ~ last_k;
+  assign \$183  = gap >= 4'ha;
+  assign \$184  = \$182  | \$183 ;
+  assign step = \$181  & \$184 ;
+  assign \$185  = rbuf ? 7'h40 : 7'h00;
+  assign \$186  = \$185  + k;
+  assign \$187  = d_col == 2'h3;
   assign shift = \done$73  | drain_busy;
-  assign \$175  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
-  assign \$176  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
-  assign \$177  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
-  assign \$178  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
+  assign \$188  = early ? 24'h000000 : c_q[23:0];
+  assign \$189  = $signed(w_word[23:0]) + $signed(\$188 );
+  assign \$190  = early ? 24'h000000 : c_q[47:24];
+  assign \$191  = $signed(w_word[47:24]) + $signed(\$190 );
+  assign \$192  = early ? 24'h000000 : c_q[71:48];
+  assign \$193  = $signed(w_word[71:48]) + $signed(\$192 );
+  assign \$194  = early ? 24'h000000 : c_q[95:72];
+  assign \$195  = $signed(w_word[95:72]) + $signed(\$194 );
+  assign \$196  = ~ early;
+  assign \$197  = s_tile < tiles_written;
+  assign s_ok = \$196  | \$199 ;
   assign mult = storing ? q_rq[15:0] : rq_mult;
-  assign \shift$122  = storing ? q_rq[21:16] : rq_shift;
+  assign \shift$132  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$179  = ~ storing;
-  assign rq_in__ready = \$179  & i__ready;
+  assign \$200  = ~ storing;
+  assign rq_in__ready = \$200  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$180  = storing ? s_addr : col_addr0;
-  assign \$181  = ~ storing;
-  assign \$182  = ~ q_valid;
-  assign \$183  = \$182  | i__ready;
-  assign spad_c_rd_en = \$181  | \$183 ;
+  assign \$201  = storing ? s_addr : col_addr0;
+  assign \$202  = ~ storing;
+  assign \$203  = ~ q_valid;
+  assign \$204  = \$203  | i__ready;
+  assign spad_c_rd_en = \$202  | \$204 ;
   assign busy = ~ cmd__ready;
-  assign \$184  = cmd[76] | cmd[77];
-  assign \$185  = \$184  | cmd[79];
-  assign \$186  = ~ \$185 ;
-  assign \$187  = ! cmd[11:0];
-  assign \$188  = cmd[76] | cmd[77];
-  assign \$189  = ! cmd[23:12];
-  assign \$190  = \$188  & \$189 ;
-  assign \$191  = \$187  | \$190 ;
-  assign \$192  = cmd[77] | cmd[79];
-  assign \$193  = ! cmd[35:24];
-  assign \$194  = \$192  & \$193 ;
-  assign \$195  = \$191  | \$194 ;
-  assign \$196  = cmd[23:12] > 7'h40;
-  assign \$197  = cmd[77] & \$196 ;
-  assign \$198  = start | a_in__ready;
-  assign \$199  = \$198  | b_loading;
-  assign \$200  = \$199  | issuing;
-  assign \$201  = \$200  | drain_busy;
-  assign \$202  = \$201  | col_busy0;
-  assign \$203  = \$202  | col_busy1;
-  assign \$204  = \$203  | w_busy;
-  assign \$205  = ~ \$204 ;
-  assign \$206  = ! pending;
-  assign \$207  = \$205  & \$206 ;
-  assign \$210  = ! fsm_state;
-  assign \$211  = fsm_state == 1'h1;
-  assign \$212  = fsm_state == 2'h2;
-  assign \$213  = fsm_state == 2'h3;
-  assign \$214  = fsm_state == 3'h4;
+  assign \$205  = cmd[76] | cmd[77];
+  assign \$206  = \$205  | cmd[79];
+  assign \$207  = ~ \$206 ;
+  assign \$208  = ! cmd[11:0];
+  assign \$209  = cmd[76] | cmd[77];
+  assign \$210  = ! cmd[23:12];
+  assign \$211  = \$209  & \$210 ;
+  assign \$212  = \$208  | \$211 ;
+  assign \$213  = cmd[77] | cmd[79];
+  assign \$214  = ! cmd[35:24];
+  assign \$215  = \$213  & \$214 ;
+  assign \$216  = \$212  | \$215 ;
+  assign \$217  = cmd[23:12] > 7'h40;
+  assign \$218  = cmd[77] & \$217 ;
+  assign \$219  = start & cmd[77];
+  assign \$220  = \$219  & cmd[79];
+  assign \$221  = ~ cmd[78];
+  assign \$222  = \$220  & \$221 ;
+  assign \$223  = start | a_in__ready;
+  assign \$224  = \$223  | b_loading;
+  assign \$225  = \$224  | issuing;
+  assign \$226  = \$225  | drain_busy;
+  assign \$227  = \$226  | col_busy0;
+  assign \$228  = \$227  | col_busy1;
+  assign \$229  = \$228  | w_busy;
+  assign \$230  = ~ \$229 ;
+  assign \$231  = ! pending;
+  assign \$232  = \$230  & \$231 ;
+  assign \$235  = ~ early;
+  assign \$236  = ! fsm_state;
+  assign \$237  = fsm_state == 1'h1;
+  assign \$238  = fsm_state == 2'h2;
+  assign \$239  = fsm_state == 2'h3;
+  assign \$240  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$215 ;
+    spad_a_rd_data <= \$241 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$216 ;
+    spad_b_rd_data <= \$242 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$217 ;
+    spad_c_rd_data <= \$243 ;
   always @(posedge clk)
-    k_m1 <= \$218 ;
+    k_m1 <= \$244 ;
   always @(posedge clk)
-    start <= \$219 ;
+    start <= \$245 ;
   always @(posedge clk)
-    a_wptr <= \$220 ;
+    a_wptr <= \$246 ;
   always @(posedge clk)
-    a_in__ready <= \$221 ;
+    a_in__ready <= \$247 ;
   always @(posedge clk)
-    full <= \$222 ;
+    full <= \$248 ;
   always @(posedge clk)
-    b_loading <= \$223 ;
+    b_loading <= \$249 ;
   always @(posedge clk)
-    wbuf <= \$224 ;
+    wbuf <= \$250 ;
   always @(posedge clk)
-    b_k <= \$225 ;
+    b_k <= \$251 ;
   always @(posedge clk)
-    b_cols_left <= \$226 ;
+    b_cols_left <= \$252 ;
   always @(posedge clk)
-    a_ok <= \$227 ;
+    a_ok <= \$253 ;
   always @(posedge clk)
-    b_ok <= \$228 ;
+    b_ok <= \$254 ;
   always @(posedge clk)
-    gap <= \$229 ;
+    gap <= \$255 ;
   always @(posedge clk)
-    s_valid <= \$230 ;
+    s_valid <= \$256 ;
   always @(posedge clk)
-    s_first <= \$231 ;
+    s_first <= \$257 ;
   always @(posedge clk)
-    s_last <= \$232 ;
+    s_last <= \$258 ;
   always @(posedge clk)
-    s_mask <= \$233 ;
+    s_mask <= \$259 ;
   always @(posedge clk)
-    valid <= \$234 ;
+    valid <= \$260 ;
   always @(posedge clk)
-    first <= \$235 ;
+    first <= \$261 ;
   always @(posedge clk)
-    last <= \$236 ;
+    last <= \$262 ;
   always @(posedge clk)
-    b <= \$237 ;
+    b <= \$263 ;
   always @(posedge clk)
-    a <= \$238 ;
+    a <= \$264 ;
   always @(posedge clk)
-    issuing <= \$239 ;
+    issuing <= \$265 ;
   always @(posedge clk)
-    rbuf <= \$240 ;
+    rbuf <= \$266 ;
   always @(posedge clk)
-    k <= \$241 ;
+    k <= \$267 ;
   always @(posedge clk)
-    a_ptr <= \$242 ;
+    a_ptr <= \$268 ;
   always @(posedge clk)
-    rows_c <= \$243 ;
+    rows_c <= \$269 ;
   always @(posedge clk)
-    cols_c <= \$244 ;
+    cols_c <= \$270 ;
   always @(posedge clk)
-    c_panel <= \$245 ;
+    c_panel <= \$271 ;
   always @(posedge clk)
-    c_tile <= \$246 ;
+    c_tile <= \$272 ;
   always @(posedge clk)
-    last_k <= \$247 ;
+    last_k <= \$273 ;
   always @(posedge clk)
-    last_row <= \$248 ;
+    last_row <= \$274 ;
   always @(posedge clk)
-    t_base <= \$249 ;
+    t_base <= \$275 ;
   always @(posedge clk)
-    t_cols <= \$250 ;
+    t_cols <= \$276 ;
   always @(posedge clk)
-    d_col <= \$251 ;
+    d_col <= \$277 ;
   always @(posedge clk)
-    d_base <= \$252 ;
+    d_base <= \$278 ;
   always @(posedge clk)
-    d_cols <= \$253 ;
+    d_cols <= \$279 ;
   always @(posedge clk)
-    drain_busy <= \$254 ;
+    drain_busy <= \$280 ;
   always @(posedge clk)
-    col_valid0 <= \$255 ;
+    col_valid0 <= \$281 ;
   always @(posedge clk)
-    col_busy0 <= \$256 ;
+    col_busy0 <= \$282 ;
   always @(posedge clk)
-    col_addr0 <= \$257 ;
+    col_addr0 <= \$283 ;
   always @(posedge clk)
-    col_valid1 <= \$258 ;
+    col_end0 <= \$284 ;
   always @(posedge clk)
-    col_busy1 <= \$259 ;
+    col_valid1 <= \$285 ;
   always @(posedge clk)
-    col_addr1 <= \$260 ;
+    col_busy1 <= \$286 ;
   always @(posedge clk)
-    w_valid <= \$261 ;
+    col_addr1 <= \$287 ;
   always @(posedge clk)
-    w_busy <= \$262 ;
+    col_end1 <= \$288 ;
   always @(posedge clk)
-    w_addr <= \$263 ;
+    w_valid <= \$289 ;
   always @(posedge clk)
-    col_word0 <= \$264 ;
+    w_busy <= \$290 ;
   always @(posedge clk)
-    col_word1 <= \$265 ;
+    w_addr <= \$291 ;
   always @(posedge clk)
-    w_word <= \$266 ;
+    w_end <= \$292 ;
   always @(posedge clk)
-    pending <= \$267 ;
+    tiles_written <= \$293 ;
   always @(posedge clk)
-    c_q <= \$268 ;
+    col_word0 <= \$294 ;
   always @(posedge clk)
-    q_valid <= \$269 ;
+    col_word1 <= \$295 ;
   always @(posedge clk)
-    storing <= \$270 ;
+    w_word <= \$296 ;
   always @(posedge clk)
-    s_addr <= \$271 ;
+    pending <= \$297 ;
   always @(posedge clk)
-    s_n <= \$272 ;
+    c_q <= \$298 ;
   always @(posedge clk)
-    s_rows <= \$273 ;
+    q_valid <= \$299 ;
   always @(posedge clk)
-    s_left <= \$274 ;
+    storing <= \$300 ;
   always @(posedge clk)
-    out_left <= \$275 ;
+    s_addr <= \$301 ;
   always @(posedge clk)
-    r_valid <= \$276 ;
+    s_n <= \$302 ;
   always @(posedge clk)
-    r_mask <= \$277 ;
+    s_rows <= \$303 ;
   always @(posedge clk)
-    done <= \$278 ;
+    s_left <= \$304 ;
   always @(posedge clk)
-    cmd <= \$279 ;
+    out_left <= \$305 ;
   always @(posedge clk)
-    error <= \$280 ;
+    s_col <= \$306 ;
   always @(posedge clk)
-    error_code <= \$281 ;
+    s_block <= \$307 ;
   always @(posedge clk)
-    fsm_state <= \$282 ;
+    s_tile <= \$308 ;
   always @(posedge clk)
-    rows_left <= \$283 ;
+    r_valid <= \$309 ;
   always @(posedge clk)
-    a_lim <= \$284 ;
+    r_mask <= \$310 ;
   always @(posedge clk)
-    c_lim <= \$285 ;
+    done <= \$311 ;
+  always @(posedge clk)
+    cmd <= \$312 ;
+  always @(posedge clk)
+    error <= \$313 ;
+  always @(posedge clk)
+    error_code <= \$314 ;
+  always @(posedge clk)
+    fsm_state <= \$315 ;
+  always @(posedge clk)
+    rows_left <= \$316 ;
+  always @(posedge clk)
+    a_lim <= \$317 ;
+  always @(posedge clk)
+    c_lim <= \$318 ;
+  always @(posedge clk)
+    blocks <= \$319 ;
+  always @(posedge clk)
+    early <= \$320 ;
   \nanokpu_gemm.array  array (
     .a(a),
     .b(b),
@@ -1623,372 +1711,47 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$122 )
+    .shift(\shift$132 )
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$217  = spad_c_rd_data;
+    \$243  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$217  = \port__data$31 ;
+      \$243  = \port__data$31 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$218  = \$1 [11:0];
-    if (rst) begin
-      \$218  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$219  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          if (\$142 ) begin
-          end else if (\$143 ) begin
-            \$219  = 1'h1;
-          end
-    endcase
-    if (rst) begin
-      \$219  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$220  = a_wptr;
-    if (start) begin
-      \$220  = { 5'h00, cmd[44:36] };
-    end else if (\$2 ) begin
-      \$220  = \$3 [13:0];
-    end
-    if (rst) begin
-      \$220  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$221  = a_in__ready;
-    if (start) begin
-      \$221  = cmd[76];
-    end else if (\$2 ) begin
-      if (\$5 ) begin
-        \$221  = 1'h0;
-      end
-    end
-    if (rst) begin
-      \$221  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$222  = \$8 ;
-    if (rst) begin
-      \$222  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$223  = b_loading;
-    if (start) begin
-      \$223  = cmd[77];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        if (\$14 ) begin
-          \$223  = 1'h0;
-        end
-      end
-    end
-    if (rst) begin
-      \$223  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$224  = wbuf;
-    if (start) begin
-      \$224  = 1'h0;
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$224  = \$12 ;
-      end
-    end
-    if (rst) begin
-      \$224  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$225  = b_k;
-    if (start) begin
-      \$225  = 12'h000;
-    end else if (\$9 ) begin
-      \$225  = \$10 [11:0];
-      if (\$11 ) begin
-        \$225  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$225  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$226  = b_cols_left;
-    if (start) begin
-      \$226  = cmd[35:24];
-    end else if (\$9 ) begin
-      if (\$11 ) begin
-        \$226  = \$13 [11:0];
-      end
-    end
-    if (rst) begin
-      \$226  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$227  = \$15 ;
-    end else begin
-      \$227  = \$21 ;
-    end
-    if (rst) begin
-      \$227  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    (* full_case = 32'd1 *)
-    if (start) begin
-      \$228  = 1'h0;
-    end else if (\$23 ) begin
-      \$228  = \$31 ;
-    end else if (\$24 ) begin
-      \$228  = 1'h1;
-    end else if (step) begin
-      \$228  = \$38 ;
-    end else begin
-      \$228  = \$41 ;
-    end
-    if (rst) begin
-      \$228  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$229  = gap;
-    if (\$42 ) begin
-      \$229  = \$43 [3:0];
-    end
-    if (start) begin
-      \$229  = 4'hb;
-    end else if (step) begin
-      if (last_k) begin
-        \$229  = 4'h0;
-      end
-    end
-    if (rst) begin
-      \$229  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$230  = step;
-    if (rst) begin
-      \$230  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$231  = \$44 ;
-    if (rst) begin
-      \$231  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$232  = last_k;
-    if (rst) begin
-      \$232  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$233  = { \$48 , \$47 , \$46 , \$45  };
-    if (rst) begin
-      \$233  = 4'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$234  = s_valid;
-    if (rst) begin
-      \$234  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$235  = s_first;
-    if (rst) begin
-      \$235  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$236  = s_last;
-    if (rst) begin
-      \$236  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$237  = spad_b_rd_data;
-    if (rst) begin
-      \$237  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$238 [7:0] = \$49 ;
-    \$238 [15:8] = \$50 ;
-    \$238 [23:16] = \$51 ;
-    \$238 [31:24] = \$52 ;
-    if (rst) begin
-      \$238  = 32'd0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$239  = issuing;
-    if (start) begin
-      \$239  = cmd[77];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          if (\$70 ) begin
-            \$239  = 1'h0;
-          end
-        end
-      end
-    end
-    if (rst) begin
-      \$239  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$240  = rbuf;
-    if (start) begin
-      \$240  = 1'h0;
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$240  = \$65 ;
-        end
-      end
-    end
-    if (rst) begin
-      \$240  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$241  = k;
-    if (start) begin
-      \$241  = 12'h000;
-    end else if (step) begin
-      \$241  = \$55 [11:0];
-      if (last_k) begin
-        \$241  = 12'h000;
-      end
-    end
-    if (rst) begin
-      \$241  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$242  = a_ptr;
-    if (start) begin
-      \$242  = { 5'h00, cmd[44:36] };
-    end else if (step) begin
-      \$242  = \$56 [13:0];
-      if (last_k) begin
-        if (last_row) begin
-          \$242  = { 5'h00, cmd[44:36] };
-        end
-      end
-    end
-    if (rst) begin
-      \$242  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$243  = rows_c;
-    if (start) begin
-      \$243  = cmd[11:0];
-    end else if (step) begin
-      if (last_k) begin
-        \$243  = \$61 [11:0];
-        if (last_row) begin
-          \$243  = cmd[11:0];
-        end
-      end
-    end
-    if (rst) begin
-      \$243  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$244  = cols_c;
-    if (start) begin
-      \$244  = cmd[35:24];
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$244  = \$66 [11:0];
-        end
-      end
-    end
+    \$244  = \$1 [11:0];
     if (rst) begin
       \$244  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$245  = c_panel;
-    if (start) begin
-      \$245  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        if (last_row) begin
-          \$245  = \$67 [13:0];
-        end
-      end
-    end
+    \$245  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          if (\$151 ) begin
+          end else if (\$152 ) begin
+            \$245  = 1'h1;
+          end
+    endcase
     if (rst) begin
-      \$245  = 14'h0000;
+      \$245  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$246  = c_tile;
+    \$246  = a_wptr;
     if (start) begin
-      \$246  = { 5'h00, cmd[53:45] };
-    end else if (step) begin
-      if (last_k) begin
-        \$246  = \$62 [13:0];
-        if (last_row) begin
-          \$246  = \$68 [13:0];
-        end
-      end
+      \$246  = { 5'h00, cmd[44:36] };
+    end else if (\$2 ) begin
+      \$246  = \$3 [13:0];
     end
     if (rst) begin
       \$246  = 14'h0000;
@@ -1996,13 +1759,12 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$247  = last_k;
+    \$247  = a_in__ready;
     if (start) begin
-      \$247  = \$53 ;
-    end else if (step) begin
-      \$247  = \$58 ;
-      if (last_k) begin
-        \$247  = \$63 ;
+      \$247  = cmd[76];
+    end else if (\$2 ) begin
+      if (\$5 ) begin
+        \$247  = 1'h0;
       end
     end
     if (rst) begin
@@ -2011,88 +1773,95 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$248  = last_row;
+    \$248  = \$8 ;
+    if (rst) begin
+      \$248  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$249  = b_loading;
     if (start) begin
-      \$248  = \$54 ;
-    end else if (step) begin
-      if (last_k) begin
-        \$248  = \$64 ;
-        if (last_row) begin
-          \$248  = \$69 ;
+      \$249  = cmd[77];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        if (\$14 ) begin
+          \$249  = 1'h0;
         end
       end
     end
     if (rst) begin
-      \$248  = 1'h0;
+      \$249  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$249  = t_base;
+    \$250  = wbuf;
     if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$249  = c_tile;
+      \$250  = 1'h0;
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$250  = \$12 ;
       end
     end
     if (rst) begin
-      \$249  = 14'h0000;
+      \$250  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$250  = t_cols;
+    \$251  = b_k;
     if (start) begin
-    end else if (step) begin
-      if (last_k) begin
-        \$250  = \$60 [2:0];
+      \$251  = 12'h000;
+    end else if (\$9 ) begin
+      \$251  = \$10 [11:0];
+      if (\$11 ) begin
+        \$251  = 12'h000;
       end
     end
     if (rst) begin
-      \$250  = 3'h0;
+      \$251  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$251  = d_col;
-    if (\done$73 ) begin
-      \$251  = 3'h1;
-    end else if (drain_busy) begin
-      \$251  = \$71 [2:0];
+    \$252  = b_cols_left;
+    if (start) begin
+      \$252  = cmd[35:24];
+    end else if (\$9 ) begin
+      if (\$11 ) begin
+        \$252  = \$13 [11:0];
+      end
     end
     if (rst) begin
-      \$251  = 3'h0;
+      \$252  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$252  = d_base;
-    if (\done$73 ) begin
-      \$252  = t_base;
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$253  = \$15 ;
+    end else begin
+      \$253  = \$21 ;
     end
     if (rst) begin
-      \$252  = 14'h0000;
+      \$253  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$253  = d_cols;
-    if (\done$73 ) begin
-      \$253  = t_cols;
-    end
-    if (rst) begin
-      \$253  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$254  = drain_busy;
-    if (\done$73 ) begin
+    (* full_case = 32'd1 *)
+    if (start) begin
+      \$254  = 1'h0;
+    end else if (\$23 ) begin
+      \$254  = \$31 ;
+    end else if (\$24 ) begin
       \$254  = 1'h1;
-    end else if (drain_busy) begin
-      if (\$72 ) begin
-        \$254  = 1'h0;
-      end
+    end else if (step) begin
+      \$254  = \$38 ;
+    end else begin
+      \$254  = \$41 ;
     end
     if (rst) begin
       \$254  = 1'h0;
@@ -2100,173 +1869,196 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$255  = \$77 ;
+    \$255  = gap;
+    if (\$42 ) begin
+      \$255  = \$43 [3:0];
+    end
+    if (start) begin
+      \$255  = 4'hb;
+    end else if (step) begin
+      if (last_k) begin
+        \$255  = 4'h0;
+      end
+    end
     if (rst) begin
-      \$255  = 1'h0;
+      \$255  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$256  = \$78 ;
+    \$256  = step;
     if (rst) begin
       \$256  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$257  = \$81 [13:0];
+    \$257  = \$44 ;
     if (rst) begin
-      \$257  = 14'h0000;
+      \$257  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$258  = col_valid0;
+    \$258  = last_k;
     if (rst) begin
       \$258  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$259  = col_busy0;
+    \$259  = { \$48 , \$47 , \$46 , \$45  };
     if (rst) begin
-      \$259  = 1'h0;
+      \$259  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$260  = col_addr0;
+    \$260  = s_valid;
     if (rst) begin
-      \$260  = 14'h0000;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$261  = col_valid1;
+    \$261  = s_first;
     if (rst) begin
       \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$262  = col_busy1;
+    \$262  = s_last;
     if (rst) begin
       \$262  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$263  = col_addr1;
+    \$263  = spad_b_rd_data;
     if (rst) begin
-      \$263  = 14'h0000;
+      \$263  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$264  = out;
+    \$264 [7:0] = \$49 ;
+    \$264 [15:8] = \$50 ;
+    \$264 [23:16] = \$51 ;
+    \$264 [31:24] = \$52 ;
     if (rst) begin
-      \$264  = 96'h000000000000000000000000;
+      \$264  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$265  = col_word0;
-    if (rst) begin
-      \$265  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$266  = col_word1;
-    if (rst) begin
-      \$266  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$267  = \$83 [1:0];
-    if (rst) begin
-      \$267  = 2'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$268  = c_q;
-    if (\$85 ) begin
-      \$268  = spad_c_rd_data;
-    end
-    if (\$91 ) begin
-      \$268 [23:0] = 24'h000000;
-    end
-    if (\$97 ) begin
-      \$268 [47:24] = 24'h000000;
-    end
-    if (\$103 ) begin
-      \$268 [71:48] = 24'h000000;
-    end
-    if (\$109 ) begin
-      \$268 [95:72] = 24'h000000;
-    end
-    if (rst) begin
-      \$268  = 96'h000000000000000000000000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$269  = q_valid;
-    if (\$85 ) begin
-      \$269  = r_valid;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$160 ) begin
-            \$269  = 1'h0;
+    \$265  = issuing;
+    if (start) begin
+      \$265  = cmd[77];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          if (\$70 ) begin
+            \$265  = 1'h0;
           end
-    endcase
+        end
+      end
+    end
     if (rst) begin
-      \$269  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$270  = storing;
-    if (store_start) begin
-      \$270  = 1'h1;
+    \$266  = rbuf;
+    if (start) begin
+      \$266  = 1'h0;
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$266  = \$65 ;
+        end
+      end
     end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$160 ) begin
-            \$270  = 1'h0;
-          end
-    endcase
     if (rst) begin
-      \$270  = 1'h0;
+      \$266  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$271  = s_addr;
-    if (store_start) begin
+    \$267  = k;
+    if (start) begin
+      \$267  = 12'h000;
+    end else if (step) begin
+      \$267  = \$55 [11:0];
+      if (last_k) begin
+        \$267  = 12'h000;
+      end
+    end
+    if (rst) begin
+      \$267  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$268  = a_ptr;
+    if (start) begin
+      \$268  = { 5'h00, cmd[44:36] };
+    end else if (step) begin
+      \$268  = \$56 [13:0];
+      if (last_k) begin
+        if (last_row) begin
+          \$268  = { 5'h00, cmd[44:36] };
+        end
+      end
+    end
+    if (rst) begin
+      \$268  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$269  = rows_c;
+    if (start) begin
+      \$269  = cmd[11:0];
+    end else if (step) begin
+      if (last_k) begin
+        \$269  = \$61 [11:0];
+        if (last_row) begin
+          \$269  = cmd[11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$269  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$270  = cols_c;
+    if (start) begin
+      \$270  = cmd[35:24];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$270  = \$66 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$270  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$271  = c_panel;
+    if (start) begin
       \$271  = { 5'h00, cmd[53:45] };
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$271  = \$117 [13:0];
+    end else if (step) begin
+      if (last_k) begin
+        if (last_row) begin
+          \$271  = \$67 [13:0];
+        end
       end
     end
     if (rst) begin
@@ -2275,59 +2067,61 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$272  = s_n;
-    if (store_start) begin
-      \$272  = 12'h000;
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$272  = \$119 [11:0];
-        if (\$125 ) begin
-          \$272  = 12'h000;
+    \$272  = c_tile;
+    if (start) begin
+      \$272  = { 5'h00, cmd[53:45] };
+    end else if (step) begin
+      if (last_k) begin
+        \$272  = \$62 [13:0];
+        if (last_row) begin
+          \$272  = \$68 [13:0];
         end
       end
     end
     if (rst) begin
-      \$272  = 12'h000;
+      \$272  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$273  = s_rows;
-    if (store_start) begin
-      \$273  = cmd[11:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        if (\$125 ) begin
-          \$273  = \$126 [11:0];
+    \$273  = last_k;
+    if (start) begin
+      \$273  = \$53 ;
+    end else if (step) begin
+      \$273  = \$58 ;
+      if (last_k) begin
+        \$273  = \$63 ;
+      end
+    end
+    if (rst) begin
+      \$273  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$274  = last_row;
+    if (start) begin
+      \$274  = \$54 ;
+    end else if (step) begin
+      if (last_k) begin
+        \$274  = \$64 ;
+        if (last_row) begin
+          \$274  = \$69 ;
         end
       end
     end
     if (rst) begin
-      \$273  = 12'h000;
+      \$274  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$274  = s_left;
-    if (store_start) begin
-      \$274  = \$113 [13:0];
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$274  = \$118 [13:0];
+    \$275  = t_base;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$275  = c_tile;
       end
-    end
-    if (rst) begin
-      \$274  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$275  = out_left;
-    if (store_start) begin
-      \$275  = \$114 [13:0];
-    end
-    if (\$127 ) begin
-      \$275  = \$128 [13:0];
     end
     if (rst) begin
       \$275  = 14'h0000;
@@ -2335,224 +2129,646 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$276  = r_valid;
-    if (store_start) begin
-    end else if (\$112 ) begin
-      \$276  = \$115 ;
-    end
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          /* empty */;
-      3'h2:
-          /* empty */;
-      3'h3:
-          /* empty */;
-      3'h4:
-          if (\$160 ) begin
-            \$276  = 1'h0;
-          end
-    endcase
-    if (rst) begin
-      \$276  = 1'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$277  = r_mask;
-    if (store_start) begin
-    end else if (\$112 ) begin
-      if (\$116 ) begin
-        \$277  = { \$123 , \$122 , \$121 , \$120  };
+    \$276  = t_cols;
+    if (start) begin
+    end else if (step) begin
+      if (last_k) begin
+        \$276  = \$60 [2:0];
       end
     end
     if (rst) begin
-      \$277  = 4'h0;
+      \$276  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$278  = 1'h0;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          if (\$131 ) begin
-            \$278  = 1'h1;
-          end
-      3'h2:
-          if (\$142 ) begin
-            \$278  = 1'h1;
-          end
-      3'h3:
-          if (\$159 ) begin
-            (* full_case = 32'd1 *)
-            if (cmd[79]) begin
-            end else begin
-              \$278  = 1'h1;
-            end
-          end
-      3'h4:
-          if (\$160 ) begin
-            \$278  = 1'h1;
-          end
-    endcase
+    \$277  = d_col;
+    if (\done$73 ) begin
+      \$277  = 3'h1;
+    end else if (drain_busy) begin
+      \$277  = \$71 [2:0];
+    end
     if (rst) begin
-      \$278  = 1'h0;
+      \$277  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$279  = cmd;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$279  = cmd__payload;
-          end
-    endcase
+    \$278  = d_base;
+    if (\done$73 ) begin
+      \$278  = t_base;
+    end
     if (rst) begin
-      \$279  = 80'h00000000000000000000;
+      \$278  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$280  = error;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$280  = 1'h0;
-          end
-      3'h1:
-          if (\$131 ) begin
-            \$280  = 1'h1;
-          end
-      3'h2:
-          if (\$142 ) begin
-            \$280  = 1'h1;
-          end
-    endcase
+    \$279  = d_cols;
+    if (\done$73 ) begin
+      \$279  = t_cols;
+    end
+    if (rst) begin
+      \$279  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$280  = drain_busy;
+    if (\done$73 ) begin
+      \$280  = 1'h1;
+    end else if (drain_busy) begin
+      if (\$72 ) begin
+        \$280  = 1'h0;
+      end
+    end
     if (rst) begin
       \$280  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$281  = error_code;
-    casez (fsm_state)
-      3'h0:
-          if (cmd__valid) begin
-            \$281  = 3'h0;
-          end
-      3'h1:
-          if (\$131 ) begin
-            \$281  = code;
-          end
-      3'h2:
-          if (\$142 ) begin
-            \$281  = \$147 ;
-          end
-    endcase
+    \$281  = \$77 ;
     if (rst) begin
-      \$281  = 3'h0;
+      \$281  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$282  = fsm_state;
+    \$282  = \$78 ;
+    if (rst) begin
+      \$282  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$283  = \$81 [13:0];
+    if (rst) begin
+      \$283  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$284  = tile_drained;
+    if (rst) begin
+      \$284  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$285  = col_valid0;
+    if (rst) begin
+      \$285  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$286  = col_busy0;
+    if (rst) begin
+      \$286  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$287  = col_addr0;
+    if (rst) begin
+      \$287  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$288  = col_end0;
+    if (rst) begin
+      \$288  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$289  = col_valid1;
+    if (rst) begin
+      \$289  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$290  = col_busy1;
+    if (rst) begin
+      \$290  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$291  = col_addr1;
+    if (rst) begin
+      \$291  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$292  = col_end1;
+    if (rst) begin
+      \$292  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$293  = tiles_written;
+    if (start) begin
+      \$293  = 24'h000000;
+    end else if (w_end) begin
+      \$293  = \$82 [23:0];
+    end
+    if (rst) begin
+      \$293  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$294  = out;
+    if (rst) begin
+      \$294  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$295  = col_word0;
+    if (rst) begin
+      \$295  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$296  = col_word1;
+    if (rst) begin
+      \$296  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$297  = \$84 [1:0];
+    if (rst) begin
+      \$297  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$298  = c_q;
+    if (\$86 ) begin
+      \$298  = spad_c_rd_data;
+    end
+    if (\$92 ) begin
+      \$298 [23:0] = 24'h000000;
+    end
+    if (\$98 ) begin
+      \$298 [47:24] = 24'h000000;
+    end
+    if (\$104 ) begin
+      \$298 [71:48] = 24'h000000;
+    end
+    if (\$110 ) begin
+      \$298 [95:72] = 24'h000000;
+    end
+    if (rst) begin
+      \$298  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$299  = q_valid;
+    if (\$86 ) begin
+      \$299  = r_valid;
+    end
     casez (fsm_state)
       3'h0:
-          if (cmd__valid) begin
-            \$282  = 3'h1;
-          end
+          /* empty */;
       3'h1:
-          (* full_case = 32'd1 *)
-          if (\$131 ) begin
-            \$282  = 3'h0;
-          end else begin
-            \$282  = 3'h2;
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$173 ) begin
+            \$299  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$299  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$300  = storing;
+    if (store_start) begin
+      \$300  = 1'h1;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$173 ) begin
+            \$300  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$300  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$301  = s_addr;
+    if (store_start) begin
+      \$301  = { 5'h00, cmd[53:45] };
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        \$301  = \$120 [13:0];
+      end
+    end
+    if (rst) begin
+      \$301  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$302  = s_n;
+    if (store_start) begin
+      \$302  = 12'h000;
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        \$302  = \$122 [11:0];
+        if (\$131 ) begin
+          \$302  = 12'h000;
+        end
+      end
+    end
+    if (rst) begin
+      \$302  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$303  = s_rows;
+    if (store_start) begin
+      \$303  = cmd[11:0];
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        if (\$131 ) begin
+          \$303  = \$132 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$303  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$304  = s_left;
+    if (store_start) begin
+      \$304  = \$114 [13:0];
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        \$304  = \$121 [13:0];
+      end
+    end
+    if (rst) begin
+      \$304  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$305  = out_left;
+    if (store_start) begin
+      \$305  = \$115 [13:0];
+    end
+    if (\$135 ) begin
+      \$305  = \$136 [13:0];
+    end
+    if (rst) begin
+      \$305  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$306  = s_col;
+    if (store_start) begin
+      \$306  = 2'h0;
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        \$306  = \$127 [1:0];
+        if (\$128 ) begin
+          \$306  = 2'h0;
+        end
+        if (\$131 ) begin
+          \$306  = 2'h0;
+        end
+      end
+    end
+    if (rst) begin
+      \$306  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$307  = s_block;
+    if (store_start) begin
+      \$307  = 12'h000;
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        if (\$131 ) begin
+          \$307  = \$133 [11:0];
+        end
+      end
+    end
+    if (rst) begin
+      \$307  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$308  = s_tile;
+    if (store_start) begin
+      \$308  = 24'h000000;
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        if (\$128 ) begin
+          \$308  = \$129 [23:0];
+        end
+        if (\$131 ) begin
+          \$308  = { 11'h000, \$134  };
+        end
+      end
+    end
+    if (rst) begin
+      \$308  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$309  = r_valid;
+    if (store_start) begin
+    end else if (\$113 ) begin
+      \$309  = \$117 ;
+    end
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
+          /* empty */;
+      3'h4:
+          if (\$173 ) begin
+            \$309  = 1'h0;
+          end
+    endcase
+    if (rst) begin
+      \$309  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$310  = r_mask;
+    if (store_start) begin
+    end else if (\$113 ) begin
+      if (\$119 ) begin
+        \$310  = { \$126 , \$125 , \$124 , \$123  };
+      end
+    end
+    if (rst) begin
+      \$310  = 4'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$311  = 1'h0;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          if (\$139 ) begin
+            \$311  = 1'h1;
           end
       3'h2:
-          if (\$142 ) begin
-            \$282  = 3'h0;
-          end else if (\$143 ) begin
-            \$282  = 3'h3;
+          if (\$151 ) begin
+            \$311  = 1'h1;
           end
       3'h3:
-          if (\$159 ) begin
+          if (\$172 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$282  = 3'h4;
             end else begin
-              \$282  = 3'h0;
+              \$311  = 1'h1;
             end
           end
       3'h4:
+          if (\$173 ) begin
+            \$311  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$311  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$312  = cmd;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$312  = cmd__payload;
+          end
+    endcase
+    if (rst) begin
+      \$312  = 80'h00000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$313  = error;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$313  = 1'h0;
+          end
+      3'h1:
+          if (\$139 ) begin
+            \$313  = 1'h1;
+          end
+      3'h2:
+          if (\$151 ) begin
+            \$313  = 1'h1;
+          end
+    endcase
+    if (rst) begin
+      \$313  = 1'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$314  = error_code;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$314  = 3'h0;
+          end
+      3'h1:
+          if (\$139 ) begin
+            \$314  = code;
+          end
+      3'h2:
+          if (\$151 ) begin
+            \$314  = \$156 ;
+          end
+    endcase
+    if (rst) begin
+      \$314  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$315  = fsm_state;
+    casez (fsm_state)
+      3'h0:
+          if (cmd__valid) begin
+            \$315  = 3'h1;
+          end
+      3'h1:
+          (* full_case = 32'd1 *)
+          if (\$139 ) begin
+            \$315  = 3'h0;
+          end else begin
+            \$315  = 3'h2;
+          end
+      3'h2:
+          if (\$151 ) begin
+            \$315  = 3'h0;
+          end else if (\$152 ) begin
+            \$315  = 3'h3;
+          end
+      3'h3:
+          if (\$172 ) begin
+            (* full_case = 32'd1 *)
+            if (cmd[79]) begin
+              \$315  = 3'h4;
+            end else begin
+              \$315  = 3'h0;
+            end
+          end
+      3'h4:
+          if (\$173 ) begin
+            \$315  = 3'h0;
+          end
+    endcase
+    if (rst) begin
+      \$315  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$316  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$316  = cmd[11:0];
+      3'h2:
+          if (\$140 ) begin
+            \$316  = \$141 [11:0];
+          end
+    endcase
+    if (rst) begin
+      \$316  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$317  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$317  = { 1'h0, \$137  };
+      3'h2:
+          if (\$140 ) begin
+            \$317  = \$142 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$317  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$318  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$318  = { 1'h0, \$138  };
+      3'h2:
+          if (\$140 ) begin
+            \$318  = \$143 [13:0];
+          end
+    endcase
+    if (rst) begin
+      \$318  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$319  = blocks;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$319  = 12'h001;
+      3'h2:
+          if (\$140 ) begin
+            \$319  = \$144 [11:0];
+          end
+    endcase
+    if (rst) begin
+      \$319  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
+    \$320  = early;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
           if (\$160 ) begin
-            \$282  = 3'h0;
+            \$320  = 1'h1;
+          end
+      3'h4:
+          if (\$173 ) begin
+            \$320  = 1'h0;
           end
     endcase
     if (rst) begin
-      \$282  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$283  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$283  = cmd[11:0];
-      3'h2:
-          if (\$132 ) begin
-            \$283  = \$133 [11:0];
-          end
-    endcase
-    if (rst) begin
-      \$283  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$284  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$284  = { 1'h0, \$129  };
-      3'h2:
-          if (\$132 ) begin
-            \$284  = \$134 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$284  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
-    \$285  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$285  = { 1'h0, \$130  };
-      3'h2:
-          if (\$132 ) begin
-            \$285  = \$135 [13:0];
-          end
-    endcase
-    if (rst) begin
-      \$285  = 14'h0000;
+      \$320  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$1 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$165 ) begin
-      if (\$166 ) begin
+    end else if (\$178 ) begin
+      if (\$179 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -2596,7 +2812,7 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
     tile_drained = 1'h0;
     if (\done$73 ) begin
     end else if (drain_busy) begin
-      if (\$174 ) begin
+      if (\$187 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -2616,11 +2832,11 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h0:
           /* empty */;
       3'h1:
-          if (\$186 ) begin
+          if (\$207 ) begin
             code = 3'h1;
-          end else if (\$195 ) begin
+          end else if (\$216 ) begin
             code = 3'h2;
-          end else if (\$197 ) begin
+          end else if (\$218 ) begin
             code = 3'h3;
           end
     endcase
@@ -2636,11 +2852,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
       3'h2:
           /* empty */;
       3'h3:
-          if (\$209 ) begin
+        begin
+          if (\$222 ) begin
+            store_start = 1'h1;
+          end
+          if (\$234 ) begin
             if (cmd[79]) begin
-              store_start = 1'h1;
+              store_start = \$235 ;
             end
           end
+        end
     endcase
   end
   assign spad_a_rd_en = 1'h1;
@@ -2649,16 +2870,16 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign b_take = b_in__ready;
   assign \$signature__addr  = a_wptr[7:0];
   assign \$signature__data  = a_in__payload;
-  assign \$signature__addr$112  = \$164 [6:0];
-  assign \$signature__data$113  = b_in__payload;
+  assign \$signature__addr$122  = \$177 [6:0];
+  assign \$signature__data$123  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$115  = \$173 [6:0];
-  assign \$signature__addr$118  = w_addr[7:0];
-  assign \$signature__en$119  = w_valid;
+  assign \port__addr$125  = \$186 [6:0];
+  assign \$signature__addr$128  = w_addr[7:0];
+  assign \$signature__en$129  = w_valid;
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$128  = \$180 [7:0];
+  assign \port__addr$138  = \$201 [7:0];
   assign \cmd__payload.m  = cmd__payload[11:0];
   assign \cmd__payload.k  = cmd__payload[23:12];
   assign \cmd__payload.n  = cmd__payload[35:24];
@@ -2753,14 +2974,14 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \$signature__data[1]  = a_in__payload[15:8];
   assign \$signature__data[2]  = a_in__payload[23:16];
   assign \$signature__data[3]  = a_in__payload[31:24];
-  assign \$signature__data$113[0]  = b_in__payload[7:0];
-  assign \$signature__data$113[1]  = b_in__payload[15:8];
-  assign \$signature__data$113[2]  = b_in__payload[23:16];
-  assign \$signature__data$113[3]  = b_in__payload[31:24];
-  assign \$signature__data$117[0]  = \$signature__data$117 [23:0];
-  assign \$signature__data$117[1]  = \$signature__data$117 [47:24];
-  assign \$signature__data$117[2]  = \$signature__data$117 [71:48];
-  assign \$signature__data$117[3]  = \$signature__data$117 [95:72];
+  assign \$signature__data$123[0]  = b_in__payload[7:0];
+  assign \$signature__data$123[1]  = b_in__payload[15:8];
+  assign \$signature__data$123[2]  = b_in__payload[23:16];
+  assign \$signature__data$123[3]  = b_in__payload[31:24];
+  assign \$signature__data$127[0]  = \$signature__data$127 [23:0];
+  assign \$signature__data$127[1]  = \$signature__data$127 [47:24];
+  assign \$signature__data$127[2]  = \$signature__data$127 [71:48];
+  assign \$signature__data$127[3]  = \$signature__data$127 [95:72];
   assign \q_rq.mult  = q_rq[15:0];
   assign \q_rq.shift  = q_rq[21:16];
   assign \i__payload[0]  = i__payload[23:0];
@@ -2773,16 +2994,18 @@ module nanokpu_gemm(cmd__valid, a_in__payload, a_in__valid, b_in__payload, b_in_
   assign \o__payload[3]  = c_out__payload[31:24];
   assign q_rq[21:16] = cmd[75:70];
   assign q_rq[15:0] = cmd[69:54];
-  assign \$signature__data$117 [95:72] = \$178 [23:0];
-  assign \$signature__data$117 [71:48] = \$177 [23:0];
-  assign \$signature__data$117 [47:24] = \$176 [23:0];
-  assign \$signature__data$117 [23:0] = \$175 [23:0];
-  assign \$216  = \port__data$28 ;
-  assign \$215  = port__data;
-  assign \$158  = 1'h1;
-  assign \$159  = \$157 ;
-  assign \$208  = 1'h1;
-  assign \$209  = \$207 ;
+  assign \$signature__data$127 [95:72] = \$195 [23:0];
+  assign \$signature__data$127 [71:48] = \$193 [23:0];
+  assign \$signature__data$127 [47:24] = \$191 [23:0];
+  assign \$signature__data$127 [23:0] = \$189 [23:0];
+  assign \$242  = \port__data$28 ;
+  assign \$241  = port__data;
+  assign \$198  = 1'h1;
+  assign \$199  = \$197 ;
+  assign \$171  = 1'h1;
+  assign \$172  = \$170 ;
+  assign \$233  = 1'h1;
+  assign \$234  = \$232 ;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -8292,8 +8515,8 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$278$0 (mult),
-    .\port$283$0 (i__payload),
+    .\port$307$0 (mult),
+    .\port$312$0 (i__payload),
     .rst(rst)
   );
   always @* begin
@@ -9019,7 +9242,7 @@ module \nanokpu_gemm.requant (clk, rst, mult, shift, i__valid, i__payload, advan
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_gemm.requant.mul (rst, \port$307$0 , \port$312$0 , en, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$21  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -9105,10 +9328,10 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$278$0 ;
-  wire [15:0] \port$278$0 ;
-  input [95:0] \port$283$0 ;
-  wire [95:0] \port$283$0 ;
+  input [15:0] \port$307$0 ;
+  wire [15:0] \port$307$0 ;
+  input [95:0] \port$312$0 ;
+  wire [95:0] \port$312$0 ;
   input rst;
   wire rst;
   assign \$1  = $signed(a0_r) * $signed(b0_r);
@@ -9171,7 +9394,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$283$0 [16:0] };
+      \$9  = { 1'h0, \port$312$0 [16:0] };
     end
     if (rst) begin
       \$9  = 18'h00000;
@@ -9181,7 +9404,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$278$0  };
+      \$10  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$10  = 18'h00000;
@@ -9201,7 +9424,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23:17] };
+      \$12  = { \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23:17] };
     end
     if (rst) begin
       \$12  = 18'h00000;
@@ -9211,7 +9434,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$278$0  };
+      \$13  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$13  = 18'h00000;
@@ -9231,7 +9454,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$283$0 [40:24] };
+      \$15  = { 1'h0, \port$312$0 [40:24] };
     end
     if (rst) begin
       \$15  = 18'h00000;
@@ -9241,7 +9464,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$278$0  };
+      \$16  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$16  = 18'h00000;
@@ -9261,7 +9484,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47:41] };
+      \$18  = { \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47:41] };
     end
     if (rst) begin
       \$18  = 18'h00000;
@@ -9271,7 +9494,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$278$0  };
+      \$19  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$19  = 18'h00000;
@@ -9291,7 +9514,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$283$0 [64:48] };
+      \$21  = { 1'h0, \port$312$0 [64:48] };
     end
     if (rst) begin
       \$21  = 18'h00000;
@@ -9301,7 +9524,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$278$0  };
+      \$22  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$22  = 18'h00000;
@@ -9321,7 +9544,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71:65] };
+      \$24  = { \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71:65] };
     end
     if (rst) begin
       \$24  = 18'h00000;
@@ -9331,7 +9554,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$278$0  };
+      \$25  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$25  = 18'h00000;
@@ -9351,7 +9574,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$283$0 [88:72] };
+      \$27  = { 1'h0, \port$312$0 [88:72] };
     end
     if (rst) begin
       \$27  = 18'h00000;
@@ -9361,7 +9584,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$278$0  };
+      \$28  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$28  = 18'h00000;
@@ -9381,7 +9604,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95:89] };
+      \$30  = { \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95:89] };
     end
     if (rst) begin
       \$30  = 18'h00000;
@@ -9391,7 +9614,7 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
     if (\$auto$verilog_backend.cc:2355:dump_module$21 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$278$0  };
+      \$31  = { 2'h0, \port$307$0  };
     end
     if (rst) begin
       \$31  = 18'h00000;
@@ -9407,20 +9630,20 @@ module \nanokpu_gemm.requant.mul (rst, \port$278$0 , \port$283$0 , en, p__0, p__
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$283$0 [16:0] };
-  assign b__0 = { 2'h0, \port$278$0  };
-  assign a__1 = { \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23], \port$283$0 [23:17] };
-  assign b__1 = { 2'h0, \port$278$0  };
-  assign a__2 = { 1'h0, \port$283$0 [40:24] };
-  assign b__2 = { 2'h0, \port$278$0  };
-  assign a__3 = { \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47], \port$283$0 [47:41] };
-  assign b__3 = { 2'h0, \port$278$0  };
-  assign a__4 = { 1'h0, \port$283$0 [64:48] };
-  assign b__4 = { 2'h0, \port$278$0  };
-  assign a__5 = { \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71], \port$283$0 [71:65] };
-  assign b__5 = { 2'h0, \port$278$0  };
-  assign a__6 = { 1'h0, \port$283$0 [88:72] };
-  assign b__6 = { 2'h0, \port$278$0  };
-  assign a__7 = { \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95], \port$283$0 [95:89] };
-  assign b__7 = { 2'h0, \port$278$0  };
+  assign a__0 = { 1'h0, \port$312$0 [16:0] };
+  assign b__0 = { 2'h0, \port$307$0  };
+  assign a__1 = { \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23], \port$312$0 [23:17] };
+  assign b__1 = { 2'h0, \port$307$0  };
+  assign a__2 = { 1'h0, \port$312$0 [40:24] };
+  assign b__2 = { 2'h0, \port$307$0  };
+  assign a__3 = { \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47], \port$312$0 [47:41] };
+  assign b__3 = { 2'h0, \port$307$0  };
+  assign a__4 = { 1'h0, \port$312$0 [64:48] };
+  assign b__4 = { 2'h0, \port$307$0  };
+  assign a__5 = { \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71], \port$312$0 [71:65] };
+  assign b__5 = { 2'h0, \port$307$0  };
+  assign a__6 = { 1'h0, \port$312$0 [88:72] };
+  assign b__6 = { 2'h0, \port$307$0  };
+  assign a__7 = { \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95], \port$312$0 [95:89] };
+  assign b__7 = { 2'h0, \port$307$0  };
 endmodule

@@ -1148,7 +1148,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .error(dma__error),
     .\port$426$0 (\$176 ),
     .\port$444$0 (\$177 ),
-    .\port$6566$254 (cur[269:254]),
+    .\port$6602$254 (cur[269:254]),
     .rd_addr(cur[252:221]),
     .rd_busy(dma__rd_busy),
     .rd_data__payload(m_axi__rdata),
@@ -1372,7 +1372,7 @@ module nanokpu_kpu(s_axil__awprot, s_axil__awvalid, s_axil__wdata, s_axil__wstrb
     .clients__5__wr__upper_en(clients__5__wr__upper_en),
     .clk(clk),
     .\port$2$0 (\$2 ),
-    .\port$6568$0 (running_exec),
+    .\port$6604$0 (running_exec),
     .rst(rst)
   );
   always @* begin
@@ -5257,7 +5257,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_data__payload, bus__rresp, bus__rvalid, clk, rst, rd_start, rd_data__ready, \port$426$0 , bus__arvalid, rd_busy, rd_data__valid, bus__rready, \port$444$0 , bus__awvalid, bus__wvalid, bus__wstrb, bus__wlast
-, wr_data__ready, wr_busy, abort, rd_addr, \port$6566$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
+, wr_data__ready, wr_busy, abort, rd_addr, \port$6602$254 , ar_addr, aw_addr, error, wr_data__payload, wr_start, wr_data__valid, bus__awready);
   reg \$auto$verilog_backend.cc:2355:dump_module$6  = 0;
   wire [13:0] \$1 ;
   wire \$10 ;
@@ -5400,8 +5400,8 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   wire [5:0] \port$426$0 ;
   output [5:0] \port$444$0 ;
   wire [5:0] \port$444$0 ;
-  input [15:0] \port$6566$254 ;
-  wire [15:0] \port$6566$254 ;
+  input [15:0] \port$6602$254 ;
+  wire [15:0] \port$6602$254 ;
   reg [24:0] r_out = 25'h0000000;
   input [31:0] rd_addr;
   wire [31:0] rd_addr;
@@ -5566,7 +5566,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$74  = 24'h000000;
     end else if (\$47 ) begin
-      \$74  = { 8'h00, \port$6566$254  };
+      \$74  = { 8'h00, \port$6602$254  };
     end
     if (rst) begin
       \$74  = 24'h000000;
@@ -5602,7 +5602,7 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
     if (abort) begin
       \$77  = 24'h000000;
     end else if (\$59 ) begin
-      \$77  = { 8'h00, \port$6566$254  };
+      \$77  = { 8'h00, \port$6602$254  };
     end
     if (rst) begin
       \$77  = 24'h000000;
@@ -5647,9 +5647,9 @@ module \nanokpu_kpu.dma (bus__wready, bus__bresp, bus__bvalid, bus__arready, rd_
   assign bus__awlen = { \$23 [5], \$23 [5], \$23  };
   assign bus__wdata = wr_data__payload[31:0];
   assign bus__bready = 1'h1;
-  assign rd_beats = { 8'h00, \port$6566$254  };
+  assign rd_beats = { 8'h00, \port$6602$254  };
   assign wr_addr = rd_addr;
-  assign wr_beats = { 8'h00, \port$6566$254  };
+  assign wr_beats = { 8'h00, \port$6602$254  };
   assign \port$426$0  = \$9 ;
   assign \port$444$0  = \$23 ;
   assign \wr_data__payload.data  = wr_data__payload[31:0];
@@ -9571,9 +9571,9 @@ module \nanokpu_kpu.elementwise (rst, spad__rd1__data, start, unit_rst, ins, rq_
   \nanokpu_kpu.elementwise.skid  skid (
     .clk(clk),
     .level(level),
-    .\port$6073$0 (spad__rd1__data),
-    .\port$7663$0 (\$signal ),
-    .\port$8058$0 (spad__rd0__lanes[31:0]),
+    .\port$6109$0 (spad__rd1__data),
+    .\port$7717$0 (\$signal ),
+    .\port$8112$0 (spad__rd0__lanes[31:0]),
     .r_data(r_data),
     .r_en(r_en),
     .r_rdy(r_rdy),
@@ -13817,7 +13817,7 @@ module \nanokpu_kpu.elementwise.situ.up (rst, port__en, unit_rst, x, y, clk);
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073$0 , unit_rst, \port$7663$0 , level, \port$8058$0 , clk);
+module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6109$0 , unit_rst, \port$7717$0 , level, \port$8112$0 , clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$13  = 0;
   wire \$1 ;
   wire \$10 ;
@@ -13842,12 +13842,12 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   wire consume;
   output [1:0] level;
   reg [1:0] level = 2'h0;
-  input [31:0] \port$6073$0 ;
-  wire [31:0] \port$6073$0 ;
-  input \port$7663$0 ;
-  wire \port$7663$0 ;
-  input [31:0] \port$8058$0 ;
-  wire [31:0] \port$8058$0 ;
+  input [31:0] \port$6109$0 ;
+  wire [31:0] \port$6109$0 ;
+  input \port$7717$0 ;
+  wire \port$7717$0 ;
+  input [31:0] \port$8112$0 ;
+  wire [31:0] \port$8112$0 ;
   (* init = 1'h0 *)
   wire produce;
   output [64:0] r_data;
@@ -13880,7 +13880,7 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   end
   always @(posedge clk) begin
     if (w_port__en)
-      storage[w_port__addr] <= { \port$7663$0 , \port$6073$0 , \port$8058$0  };
+      storage[w_port__addr] <= { \port$7717$0 , \port$6109$0 , \port$8112$0  };
   end
   assign r_data = storage[r_port__addr];
   assign w_rdy = level != 2'h2;
@@ -13951,8 +13951,8 @@ module \nanokpu_kpu.elementwise.skid (rst, r_en, w_en, r_rdy, r_data, \port$6073
   assign w_level = level;
   assign r_level = level;
   assign produce = w_port__addr;
-  assign w_port__data = { \port$7663$0 , \port$6073$0 , \port$8058$0  };
-  assign w_data = { \port$7663$0 , \port$6073$0 , \port$8058$0  };
+  assign w_port__data = { \port$7717$0 , \port$6109$0 , \port$8112$0  };
+  assign w_data = { \port$7717$0 , \port$6109$0 , \port$8112$0  };
   assign consume = r_port__addr;
   assign r_port__data = r_data;
 endmodule
@@ -18149,7 +18149,7 @@ module \nanokpu_kpu.gemm (clk, rst, dma__rd_busy, dma__rd_data__valid, spad__rd1
     .col_wr__addr(t_col[7:0]),
     .col_wr__data(col_wr__data),
     .col_wr__en(col_wr__en),
-    .\done$95 (done),
+    .\done$104 (done),
     .error(\error$93 ),
     .\port$1357$0 (\$412 ),
     .\port$1358$0 (\$413 ),
@@ -19913,7 +19913,7 @@ endmodule
 
 (* generator = "Amaranth" *)
 module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0 , \port$1359$0 , \port$1360$0 , b_take, rq_in__ready, a_in__valid, unit_rst, rq_mult, rq_shift, rq_in__valid, rq_in__payload, c_out__ready, col_wr__data, col_wr__en, cmd__payload, b_in__valid, cmd__valid
-, col_wr__addr, col_en, a_loading, \done$95 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
+, col_wr__addr, col_en, a_loading, \done$104 , error, cmd__ready, c_out__valid, c_out__payload, b_in__payload);
   reg \$auto$verilog_backend.cc:2355:dump_module$19  = 0;
   wire [12:0] \$1 ;
   wire [12:0] \$10 ;
@@ -19934,45 +19934,45 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$113 ;
   wire \$114 ;
   wire \$115 ;
-  wire [14:0] \$116 ;
+  wire \$116 ;
   wire [14:0] \$117 ;
-  wire \$118 ;
+  wire [14:0] \$118 ;
   wire \$119 ;
   wire \$12 ;
-  wire [14:0] \$120 ;
-  wire [14:0] \$121 ;
-  wire [12:0] \$122 ;
-  wire \$123 ;
-  wire \$124 ;
-  wire \$125 ;
+  wire \$120 ;
+  wire \$121 ;
+  wire \$122 ;
+  wire [14:0] \$123 ;
+  wire [14:0] \$124 ;
+  wire [12:0] \$125 ;
   wire \$126 ;
-  wire [12:0] \$127 ;
+  wire \$127 ;
   wire \$128 ;
-  wire [12:0] \$129 ;
+  wire \$129 ;
   wire [12:0] \$13 ;
-  wire \$130 ;
-  wire [14:0] \$131 ;
-  wire [12:0] \$132 ;
+  wire [2:0] \$130 ;
+  wire \$131 ;
+  wire [24:0] \$132 ;
   wire [12:0] \$133 ;
   wire \$134 ;
-  wire \$135 ;
+  wire [12:0] \$135 ;
   wire [12:0] \$136 ;
-  wire [14:0] \$137 ;
-  wire [14:0] \$138 ;
-  wire \$139 ;
+  wire [12:0] \$137 ;
+  wire \$138 ;
+  wire [14:0] \$139 ;
   wire \$14 ;
-  wire \$140 ;
-  wire \$141 ;
+  wire [12:0] \$140 ;
+  wire [12:0] \$141 ;
   wire \$142 ;
   wire \$143 ;
-  wire \$144 ;
-  wire \$145 ;
-  wire \$146 ;
-  wire \$147 ;
+  wire [12:0] \$144 ;
+  wire [14:0] \$145 ;
+  wire [14:0] \$146 ;
+  wire [12:0] \$147 ;
   wire \$148 ;
   wire \$149 ;
   wire \$15 ;
-  wire [2:0] \$150 ;
+  wire \$150 ;
   wire \$151 ;
   wire \$152 ;
   wire \$153 ;
@@ -19981,7 +19981,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$156 ;
   wire \$157 ;
   wire \$158 ;
-  wire \$159 ;
+  wire [2:0] \$159 ;
   wire \$16 ;
   wire \$160 ;
   wire \$161 ;
@@ -19989,8 +19989,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$163 ;
   wire \$164 ;
   wire \$165 ;
-  wire [6:0] \$166 ;
-  wire [12:0] \$167 ;
+  wire \$166 ;
+  wire \$167 ;
   wire \$168 ;
   wire \$169 ;
   wire \$17 ;
@@ -19999,32 +19999,32 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$172 ;
   wire \$173 ;
   wire \$174 ;
-  wire [6:0] \$175 ;
-  wire [12:0] \$176 ;
+  wire \$175 ;
+  wire \$176 ;
   wire \$177 ;
-  wire [24:0] \$178 ;
-  wire [24:0] \$179 ;
+  wire \$178 ;
+  wire [6:0] \$179 ;
   wire [14:0] \$18 ;
-  wire [24:0] \$180 ;
-  wire [24:0] \$181 ;
+  wire [12:0] \$180 ;
+  wire \$181 ;
   wire \$182 ;
-  wire [13:0] \$183 ;
+  wire \$183 ;
   wire \$184 ;
   wire \$185 ;
   wire \$186 ;
   wire \$187 ;
-  wire \$188 ;
-  wire \$189 ;
+  wire [6:0] \$188 ;
+  wire [12:0] \$189 ;
   wire \$19 ;
   wire \$190 ;
-  wire \$191 ;
-  wire \$192 ;
-  wire \$193 ;
-  wire \$194 ;
-  wire \$195 ;
-  wire \$196 ;
-  wire \$197 ;
-  wire \$198 ;
+  wire [23:0] \$191 ;
+  wire [24:0] \$192 ;
+  wire [23:0] \$193 ;
+  wire [24:0] \$194 ;
+  wire [23:0] \$195 ;
+  wire [24:0] \$196 ;
+  wire [23:0] \$197 ;
+  wire [24:0] \$198 ;
   wire \$199 ;
   wire \$2 ;
   wire \$20 ;
@@ -20032,7 +20032,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$201 ;
   wire \$202 ;
   wire \$203 ;
-  wire \$204 ;
+  wire [13:0] \$204 ;
   wire \$205 ;
   wire \$206 ;
   wire \$207 ;
@@ -20047,91 +20047,126 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$215 ;
   wire \$216 ;
   wire \$217 ;
-  wire [31:0] \$218 ;
-  wire [31:0] \$219 ;
+  wire \$218 ;
+  wire \$219 ;
   wire \$22 ;
-  reg [95:0] \$220 ;
-  reg [11:0] \$221 ;
-  reg \$222 ;
-  reg [13:0] \$223 ;
-  reg \$224 ;
-  reg [1:0] \$225 ;
-  reg \$226 ;
-  reg \$227 ;
-  reg [11:0] \$228 ;
-  reg [11:0] \$229 ;
+  wire \$220 ;
+  wire \$221 ;
+  wire \$222 ;
+  wire \$223 ;
+  wire \$224 ;
+  wire \$225 ;
+  wire \$226 ;
+  wire \$227 ;
+  wire \$228 ;
+  wire \$229 ;
   wire \$23 ;
-  reg \$230 ;
-  reg \$231 ;
-  reg [3:0] \$232 ;
-  reg \$233 ;
-  reg \$234 ;
-  reg \$235 ;
-  reg [3:0] \$236 ;
-  reg \$237 ;
-  reg \$238 ;
-  reg \$239 ;
+  wire \$230 ;
+  wire \$231 ;
+  wire \$232 ;
+  wire \$233 ;
+  wire \$234 ;
+  wire \$235 ;
+  wire \$236 ;
+  wire \$237 ;
+  wire \$238 ;
+  wire \$239 ;
   wire \$24 ;
-  reg [31:0] \$240 ;
-  reg [31:0] \$241 ;
-  reg \$242 ;
-  reg \$243 ;
-  reg [11:0] \$244 ;
-  reg [13:0] \$245 ;
-  reg [11:0] \$246 ;
+  wire \$240 ;
+  wire \$241 ;
+  wire \$242 ;
+  wire \$243 ;
+  wire [31:0] \$244 ;
+  wire [31:0] \$245 ;
+  reg [95:0] \$246 ;
   reg [11:0] \$247 ;
-  reg [13:0] \$248 ;
+  reg \$248 ;
   reg [13:0] \$249 ;
   wire \$25 ;
   reg \$250 ;
-  reg \$251 ;
-  reg [13:0] \$252 ;
-  reg [2:0] \$253 ;
-  reg [2:0] \$254 ;
-  reg [13:0] \$255 ;
-  reg [2:0] \$256 ;
+  reg [1:0] \$251 ;
+  reg \$252 ;
+  reg \$253 ;
+  reg [11:0] \$254 ;
+  reg [11:0] \$255 ;
+  reg \$256 ;
   reg \$257 ;
-  reg \$258 ;
+  reg [3:0] \$258 ;
   reg \$259 ;
   wire \$26 ;
-  reg [13:0] \$260 ;
+  reg \$260 ;
   reg \$261 ;
-  reg \$262 ;
-  reg [13:0] \$263 ;
+  reg [3:0] \$262 ;
+  reg \$263 ;
   reg \$264 ;
   reg \$265 ;
-  reg [13:0] \$266 ;
-  reg [95:0] \$267 ;
-  reg [95:0] \$268 ;
-  reg [95:0] \$269 ;
+  reg [31:0] \$266 ;
+  reg [31:0] \$267 ;
+  reg \$268 ;
+  reg \$269 ;
   wire \$27 ;
-  reg [1:0] \$270 ;
-  reg [21:0] \$271 ;
-  reg [21:0] \$272 ;
-  reg [95:0] \$273 ;
-  reg \$274 ;
-  reg \$275 ;
-  reg [13:0] \$276 ;
-  reg [11:0] \$277 ;
-  reg [11:0] \$278 ;
-  reg [13:0] \$279 ;
+  reg [11:0] \$270 ;
+  reg [13:0] \$271 ;
+  reg [11:0] \$272 ;
+  reg [11:0] \$273 ;
+  reg [13:0] \$274 ;
+  reg [13:0] \$275 ;
+  reg \$276 ;
+  reg \$277 ;
+  reg [13:0] \$278 ;
+  reg [2:0] \$279 ;
   wire \$28 ;
-  reg [13:0] \$280 ;
-  reg \$281 ;
-  reg [3:0] \$282 ;
+  reg [2:0] \$280 ;
+  reg [13:0] \$281 ;
+  reg [2:0] \$282 ;
   reg \$283 ;
-  reg [79:0] \$284 ;
+  reg \$284 ;
   reg \$285 ;
-  reg [2:0] \$286 ;
-  reg [2:0] \$287 ;
-  reg [11:0] \$288 ;
-  reg [13:0] \$289 ;
+  reg [13:0] \$286 ;
+  reg \$287 ;
+  reg \$288 ;
+  reg \$289 ;
   wire \$29 ;
   reg [13:0] \$290 ;
+  reg \$291 ;
+  reg \$292 ;
+  reg \$293 ;
+  reg [13:0] \$294 ;
+  reg \$295 ;
+  reg [23:0] \$296 ;
+  reg [95:0] \$297 ;
+  reg [95:0] \$298 ;
+  reg [95:0] \$299 ;
   wire [14:0] \$3 ;
   wire \$30 ;
+  reg [1:0] \$300 ;
+  reg [21:0] \$301 ;
+  reg [21:0] \$302 ;
+  reg [95:0] \$303 ;
+  reg \$304 ;
+  reg \$305 ;
+  reg [13:0] \$306 ;
+  reg [11:0] \$307 ;
+  reg [11:0] \$308 ;
+  reg [13:0] \$309 ;
   wire \$31 ;
+  reg [13:0] \$310 ;
+  reg [1:0] \$311 ;
+  reg [11:0] \$312 ;
+  reg [23:0] \$313 ;
+  reg \$314 ;
+  reg [3:0] \$315 ;
+  reg \$316 ;
+  reg [79:0] \$317 ;
+  reg \$318 ;
+  reg [2:0] \$319 ;
   wire \$32 ;
+  reg [2:0] \$320 ;
+  reg [11:0] \$321 ;
+  reg [13:0] \$322 ;
+  reg [13:0] \$323 ;
+  reg [11:0] \$324 ;
+  reg \$325 ;
   wire \$33 ;
   wire [12:0] \$34 ;
   wire \$35 ;
@@ -20186,12 +20221,12 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire [1:0] \$8 ;
   wire [2:0] \$80 ;
   wire [14:0] \$81 ;
-  wire [2:0] \$82 ;
-  wire [3:0] \$83 ;
-  wire \$84 ;
+  wire [24:0] \$82 ;
+  wire [2:0] \$83 ;
+  wire [3:0] \$84 ;
   wire \$85 ;
-  wire [21:0] \$86 ;
-  wire \$87 ;
+  wire \$86 ;
+  wire [21:0] \$87 ;
   wire \$88 ;
   wire \$89 ;
   wire \$9 ;
@@ -20206,31 +20241,31 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire \$98 ;
   wire \$99 ;
   wire [7:0] \$signature__addr ;
-  wire [6:0] \$signature__addr$110 ;
-  wire [7:0] \$signature__addr$117 ;
-  wire [7:0] \$signature__addr$121 ;
+  wire [6:0] \$signature__addr$120 ;
+  wire [7:0] \$signature__addr$127 ;
+  wire [7:0] \$signature__addr$131 ;
   wire [31:0] \$signature__data ;
-  wire [31:0] \$signature__data$111 ;
-  wire [7:0] \$signature__data$111[0] ;
-  wire [7:0] \$signature__data$111[1] ;
-  wire [7:0] \$signature__data$111[2] ;
-  wire [7:0] \$signature__data$111[3] ;
-  wire [95:0] \$signature__data$116 ;
-  wire [23:0] \$signature__data$116[0] ;
-  wire [23:0] \$signature__data$116[1] ;
-  wire [23:0] \$signature__data$116[2] ;
-  wire [23:0] \$signature__data$116[3] ;
-  wire [21:0] \$signature__data$123 ;
-  wire [15:0] \$signature__data$123.mult ;
-  wire [5:0] \$signature__data$123.shift ;
+  wire [31:0] \$signature__data$121 ;
+  wire [7:0] \$signature__data$121[0] ;
+  wire [7:0] \$signature__data$121[1] ;
+  wire [7:0] \$signature__data$121[2] ;
+  wire [7:0] \$signature__data$121[3] ;
+  wire [95:0] \$signature__data$126 ;
+  wire [23:0] \$signature__data$126[0] ;
+  wire [23:0] \$signature__data$126[1] ;
+  wire [23:0] \$signature__data$126[2] ;
+  wire [23:0] \$signature__data$126[3] ;
+  wire [21:0] \$signature__data$133 ;
+  wire [15:0] \$signature__data$133.mult ;
+  wire [5:0] \$signature__data$133.shift ;
   wire [7:0] \$signature__data[0] ;
   wire [7:0] \$signature__data[1] ;
   wire [7:0] \$signature__data[2] ;
   wire [7:0] \$signature__data[3] ;
   wire \$signature__en ;
   (* init = 1'h0 *)
-  wire \$signature__en$118 ;
-  wire \$signature__en$119 ;
+  wire \$signature__en$128 ;
+  wire \$signature__en$129 ;
   wire \$signature__en$35 ;
   reg [31:0] a = 32'd0;
   wire [7:0] \a[0] ;
@@ -20272,6 +20307,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   reg b_ok = 1'h0;
   output b_take;
   wire b_take;
+  reg [11:0] blocks = 12'h000;
   wire busy;
   reg [13:0] c_lim = 14'h0000;
   output [95:0] c_out__payload;
@@ -20336,6 +20372,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   reg col_busy1 = 1'h0;
   input col_en;
   wire col_en;
+  reg col_end0 = 1'h0;
+  reg col_end1 = 1'h0;
   input col_hold;
   wire col_hold;
   reg [21:0] col_rq_rd_data = 22'h000000;
@@ -20367,9 +20405,10 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   reg [2:0] d_col = 3'h0;
   reg [2:0] d_cols = 3'h0;
   wire done;
-  output \done$95 ;
-  reg \done$95  = 1'h0;
+  output \done$104 ;
+  reg \done$104  = 1'h0;
   reg drain_busy = 1'h0;
+  reg early = 1'h0;
   output error;
   reg error = 1'h0;
   (* enum_base_type = "GemmError" *)
@@ -20423,9 +20462,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   input [7:0] \port$1360$0 ;
   wire [7:0] \port$1360$0 ;
   wire [7:0] port__addr;
-  wire [6:0] \port__addr$114 ;
-  wire [7:0] \port__addr$125 ;
-  wire [7:0] \port__addr$139 ;
+  wire [6:0] \port__addr$124 ;
+  wire [7:0] \port__addr$135 ;
+  wire [7:0] \port__addr$149 ;
   wire [31:0] port__data;
   wire [95:0] \port__data$10 ;
   wire [23:0] \port__data$10[0] ;
@@ -20433,13 +20472,13 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   wire [23:0] \port__data$10[2] ;
   wire [23:0] \port__data$10[3] ;
   wire [31:0] \port__data$7 ;
-  wire [21:0] \port__data$77 ;
-  wire [15:0] \port__data$77.mult ;
-  wire [5:0] \port__data$77.shift ;
   wire [7:0] \port__data$7[0] ;
   wire [7:0] \port__data$7[1] ;
   wire [7:0] \port__data$7[2] ;
   wire [7:0] \port__data$7[3] ;
+  wire [21:0] \port__data$81 ;
+  wire [15:0] \port__data$81.mult ;
+  wire [5:0] \port__data$81.shift ;
   wire [7:0] \port__data[0] ;
   wire [7:0] \port__data[1] ;
   wire [7:0] \port__data[2] ;
@@ -20470,15 +20509,19 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   input rst;
   wire rst;
   reg [13:0] s_addr = 14'h0000;
+  reg [11:0] s_block = 12'h000;
+  reg [1:0] s_col = 2'h0;
   reg s_first = 1'h0;
   reg s_last = 1'h0;
   reg [13:0] s_left = 14'h0000;
   reg [3:0] s_mask = 4'h0;
   reg [11:0] s_n = 12'h000;
+  wire s_ok;
   reg [11:0] s_rows = 12'h000;
+  reg [23:0] s_tile = 24'h000000;
   reg s_valid = 1'h0;
   wire shift;
-  wire [5:0] \shift$128 ;
+  wire [5:0] \shift$138 ;
   reg [31:0] spad_a_rd_data = 32'd0;
   wire [7:0] \spad_a_rd_data[0] ;
   wire [7:0] \spad_a_rd_data[1] ;
@@ -20505,11 +20548,13 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   reg [2:0] t_cols = 3'h0;
   reg tile_drained;
   reg tile_issued;
+  reg [23:0] tiles_written = 24'h000000;
   input unit_rst;
   wire unit_rst;
   reg valid = 1'h0;
   reg [13:0] w_addr = 14'h0000;
   reg w_busy = 1'h0;
+  reg w_end = 1'h0;
   reg w_valid = 1'h0;
   reg [95:0] w_word = 96'h000000000000000000000000;
   wire [23:0] \w_word[0] ;
@@ -20781,7 +20826,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
     if (col_wr__en)
       col_rq[col_wr__addr] <= col_wr__data;
   end
-  assign \port__data$77  = col_rq[s_n[7:0]];
+  assign \port__data$81  = col_rq[s_n[7:0]];
   (* no_rw_check = 32'd1 *)
   reg [31:0] spad_a [255:0];
   initial begin
@@ -21181,9 +21226,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   end
   always @(posedge clk) begin
     if (\$signature__en$35 )
-      spad_b[\$167 [6:0]] <= b_in__payload;
+      spad_b[\$180 [6:0]] <= b_in__payload;
   end
-  assign \port__data$7  = spad_b[\$176 [6:0]];
+  assign \port__data$7  = spad_b[\$189 [6:0]];
   (* no_rw_check = 32'd1 *)
   reg [95:0] spad_c [255:0];
   initial begin
@@ -21446,9 +21491,9 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   end
   always @(posedge clk) begin
     if (w_valid)
-      spad_c[w_addr[7:0]] <= \$signature__data$116 ;
+      spad_c[w_addr[7:0]] <= \$signature__data$126 ;
   end
-  assign \port__data$10  = spad_c[\$183 [7:0]];
+  assign \port__data$10  = spad_c[\$204 [7:0]];
   assign \$1  = cmd[23:12] - 1'h1;
   assign \$2  = a_in__valid & a_loading;
   assign \$3  = a_wptr + 1'h1;
@@ -21530,300 +21575,345 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   assign \$79  = done ? t_base : d_base;
   assign \$80  = done ? 3'h0 : d_col;
   assign \$81  = \$79  + \$80 ;
-  assign \$82  = pending + tile_issued;
-  assign \$83  = \$82  - tile_drained;
-  assign \$84  = ~ q_valid;
-  assign \$85  = \$84  | i__ready;
-  assign \$86  = col_en ? col_rq_rd_data : cmd[75:54];
-  assign \$87  = ~ q_valid;
-  assign \$88  = \$87  | i__ready;
-  assign \$89  = ~ q_valid;
-  assign \$90  = \$89  | i__ready;
-  assign \$91  = ~ r_mask[0];
-  assign \$92  = ~ cmd[78];
-  assign \$93  = storing ? \$91  : \$92 ;
-  assign \$94  = \$90  & \$93 ;
-  assign \$95  = ~ q_valid;
-  assign \$96  = \$95  | i__ready;
-  assign \$97  = ~ r_mask[1];
-  assign \$98  = ~ cmd[78];
-  assign \$99  = storing ? \$97  : \$98 ;
-  assign \$100  = \$96  & \$99 ;
-  assign \$101  = ~ q_valid;
-  assign \$102  = \$101  | i__ready;
-  assign \$103  = ~ r_mask[2];
-  assign \$104  = ~ cmd[78];
-  assign \$105  = storing ? \$103  : \$104 ;
-  assign \$106  = \$102  & \$105 ;
-  assign \$107  = ~ q_valid;
-  assign \$108  = \$107  | i__ready;
-  assign \$109  = ~ r_mask[3];
-  assign \$110  = ~ cmd[78];
-  assign \$111  = storing ? \$109  : \$110 ;
-  assign \$112  = \$108  & \$111 ;
-  assign \$113  = ~ q_valid;
-  assign \$114  = \$113  | i__ready;
-  assign \$115  = storing & \$114 ;
-  assign \$116  = c_lim - cmd[53:45];
+  assign \$82  = tiles_written + 1'h1;
+  assign \$83  = pending + tile_issued;
+  assign \$84  = \$83  - tile_drained;
+  assign \$85  = ~ q_valid;
+  assign \$86  = \$85  | i__ready;
+  assign \$87  = col_en ? col_rq_rd_data : cmd[75:54];
+  assign \$88  = ~ q_valid;
+  assign \$89  = \$88  | i__ready;
+  assign \$90  = ~ q_valid;
+  assign \$91  = \$90  | i__ready;
+  assign \$92  = ~ r_mask[0];
+  assign \$93  = ~ cmd[78];
+  assign \$94  = storing ? \$92  : \$93 ;
+  assign \$95  = \$91  & \$94 ;
+  assign \$96  = ~ q_valid;
+  assign \$97  = \$96  | i__ready;
+  assign \$98  = ~ r_mask[1];
+  assign \$99  = ~ cmd[78];
+  assign \$100  = storing ? \$98  : \$99 ;
+  assign \$101  = \$97  & \$100 ;
+  assign \$102  = ~ q_valid;
+  assign \$103  = \$102  | i__ready;
+  assign \$104  = ~ r_mask[2];
+  assign \$105  = ~ cmd[78];
+  assign \$106  = storing ? \$104  : \$105 ;
+  assign \$107  = \$103  & \$106 ;
+  assign \$108  = ~ q_valid;
+  assign \$109  = \$108  | i__ready;
+  assign \$110  = ~ r_mask[3];
+  assign \$111  = ~ cmd[78];
+  assign \$112  = storing ? \$110  : \$111 ;
+  assign \$113  = \$109  & \$112 ;
+  assign \$114  = ~ q_valid;
+  assign \$115  = \$114  | i__ready;
+  assign \$116  = storing & \$115 ;
   assign \$117  = c_lim - cmd[53:45];
-  assign \$118  = | s_left;
+  assign \$118  = c_lim - cmd[53:45];
   assign \$119  = | s_left;
-  assign \$120  = s_addr + 1'h1;
-  assign \$121  = s_left - 1'h1;
-  assign \$122  = s_n + 1'h1;
-  assign \$123  = s_rows > 1'h0;
-  assign \$124  = s_rows > 1'h1;
-  assign \$125  = s_rows > 2'h2;
-  assign \$126  = s_rows > 2'h3;
-  assign \$127  = cmd[35:24] - 1'h1;
-  assign \$128  = s_n == \$127 ;
-  assign \$129  = s_rows - 3'h4;
-  assign \$130  = c_out__valid & c_out__ready;
-  assign \$131  = out_left - 1'h1;
-  assign \$132  = cmd[44:36] + cmd[23:12];
-  assign \$133  = cmd[53:45] + cmd[35:24];
-  assign \$134  = | code;
-  assign \$135  = rows_left > 3'h4;
-  assign \$136  = rows_left - 3'h4;
-  assign \$137  = a_lim + cmd[23:12];
-  assign \$138  = c_lim + cmd[35:24];
-  assign \$139  = cmd[76] | cmd[77];
-  assign \$140  = a_lim > 9'h100;
-  assign \$141  = \$139  & \$140 ;
-  assign \$142  = cmd[77] | cmd[79];
-  assign \$143  = c_lim > 9'h100;
-  assign \$144  = \$142  & \$143 ;
-  assign \$145  = \$141  | \$144 ;
-  assign \$146  = rows_left <= 3'h4;
-  assign \$147  = cmd[76] | cmd[77];
-  assign \$148  = a_lim > 9'h100;
-  assign \$149  = \$147  & \$148 ;
-  assign \$150  = \$149  ? 3'h4 : 3'h5;
-  assign \$151  = start | a_loading;
-  assign \$152  = \$151  | b_loading;
-  assign \$153  = \$152  | issuing;
-  assign \$154  = \$153  | drain_busy;
-  assign \$155  = \$154  | col_busy0;
-  assign \$156  = \$155  | col_busy1;
-  assign \$157  = \$156  | w_busy;
-  assign \$158  = ~ \$157 ;
-  assign \$159  = ! pending;
-  assign \$160  = \$158  & \$159 ;
-  assign \$161  = ~ col_hold;
-  assign \$162  = \$160  & \$161 ;
-  assign \$163  = ! out_left;
+  assign \$120  = \$119  & s_ok;
+  assign \$121  = | s_left;
+  assign \$122  = \$121  & s_ok;
+  assign \$123  = s_addr + 1'h1;
+  assign \$124  = s_left - 1'h1;
+  assign \$125  = s_n + 1'h1;
+  assign \$126  = s_rows > 1'h0;
+  assign \$127  = s_rows > 1'h1;
+  assign \$128  = s_rows > 2'h2;
+  assign \$129  = s_rows > 2'h3;
+  assign \$130  = s_col + 1'h1;
+  assign \$131  = s_col == 2'h3;
+  assign \$132  = s_tile + blocks;
+  assign \$133  = cmd[35:24] - 1'h1;
+  assign \$134  = s_n == \$133 ;
+  assign \$135  = s_rows - 3'h4;
+  assign \$136  = s_block + 1'h1;
+  assign \$137  = s_block + 1'h1;
+  assign \$138  = c_out__valid & c_out__ready;
+  assign \$139  = out_left - 1'h1;
+  assign \$140  = cmd[44:36] + cmd[23:12];
+  assign \$141  = cmd[53:45] + cmd[35:24];
+  assign \$142  = | code;
+  assign \$143  = rows_left > 3'h4;
+  assign \$144  = rows_left - 3'h4;
+  assign \$145  = a_lim + cmd[23:12];
+  assign \$146  = c_lim + cmd[35:24];
+  assign \$147  = blocks + 1'h1;
+  assign \$148  = cmd[76] | cmd[77];
+  assign \$149  = a_lim > 9'h100;
+  assign \$150  = \$148  & \$149 ;
+  assign \$151  = cmd[77] | cmd[79];
+  assign \$152  = c_lim > 9'h100;
+  assign \$153  = \$151  & \$152 ;
+  assign \$154  = \$150  | \$153 ;
+  assign \$155  = rows_left <= 3'h4;
+  assign \$156  = cmd[76] | cmd[77];
+  assign \$157  = a_lim > 9'h100;
+  assign \$158  = \$156  & \$157 ;
+  assign \$159  = \$158  ? 3'h4 : 3'h5;
+  assign \$160  = start & cmd[77];
+  assign \$161  = \$160  & cmd[79];
+  assign \$162  = ~ cmd[78];
+  assign \$163  = \$161  & \$162 ;
+  assign \$164  = start | a_loading;
+  assign \$165  = \$164  | b_loading;
+  assign \$166  = \$165  | issuing;
+  assign \$167  = \$166  | drain_busy;
+  assign \$168  = \$167  | col_busy0;
+  assign \$169  = \$168  | col_busy1;
+  assign \$170  = \$169  | w_busy;
+  assign \$171  = ~ \$170 ;
+  assign \$172  = ! pending;
+  assign \$173  = \$171  & \$172 ;
+  assign \$174  = ~ col_hold;
+  assign \$175  = \$173  & \$174 ;
+  assign \$176  = ! out_left;
   assign \$signature__en  = a_in__valid & a_loading;
-  assign \$164  = full >> wbuf;
-  assign \$165  = ~ \$164 ;
-  assign b_take = b_loading & \$165 ;
-  assign \$166  = wbuf ? 7'h40 : 7'h00;
-  assign \$167  = \$166  + b_k;
+  assign \$177  = full >> wbuf;
+  assign \$178  = ~ \$177 ;
+  assign b_take = b_loading & \$178 ;
+  assign \$179  = wbuf ? 7'h40 : 7'h00;
+  assign \$180  = \$179  + b_k;
   assign \$signature__en$35  = b_in__valid & b_take;
-  assign \$168  = b_in__valid & b_take;
-  assign \$169  = b_k == k_m1;
-  assign \$170  = issuing & a_ok;
-  assign \$171  = \$170  & b_ok;
-  assign \$172  = ~ last_k;
-  assign \$173  = gap >= 4'ha;
-  assign \$174  = \$172  | \$173 ;
-  assign step = \$171  & \$174 ;
-  assign \$175  = rbuf ? 7'h40 : 7'h00;
-  assign \$176  = \$175  + k;
-  assign \$177  = d_col == 2'h3;
+  assign \$181  = b_in__valid & b_take;
+  assign \$182  = b_k == k_m1;
+  assign \$183  = issuing & a_ok;
+  assign \$184  = \$183  & b_ok;
+  assign \$185  = ~ last_k;
+  assign \$186  = gap >= 4'ha;
+  assign \$187  = \$185  | \$186 ;
+  assign step = \$184  & \$187 ;
+  assign \$188  = rbuf ? 7'h40 : 7'h00;
+  assign \$189  = \$188  + k;
+  assign \$190  = d_col == 2'h3;
   assign shift = done | drain_busy;
-  assign \$178  = $signed(w_word[23:0]) + $signed(c_q[23:0]);
-  assign \$179  = $signed(w_word[47:24]) + $signed(c_q[47:24]);
-  assign \$180  = $signed(w_word[71:48]) + $signed(c_q[71:48]);
-  assign \$181  = $signed(w_word[95:72]) + $signed(c_q[95:72]);
+  assign \$191  = early ? 24'h000000 : c_q[23:0];
+  assign \$192  = $signed(w_word[23:0]) + $signed(\$191 );
+  assign \$193  = early ? 24'h000000 : c_q[47:24];
+  assign \$194  = $signed(w_word[47:24]) + $signed(\$193 );
+  assign \$195  = early ? 24'h000000 : c_q[71:48];
+  assign \$196  = $signed(w_word[71:48]) + $signed(\$195 );
+  assign \$197  = early ? 24'h000000 : c_q[95:72];
+  assign \$198  = $signed(w_word[95:72]) + $signed(\$197 );
+  assign \$199  = ~ early;
+  assign \$200  = s_tile < tiles_written;
+  assign \$201  = ~ col_hold;
+  assign \$202  = \$200  & \$201 ;
+  assign s_ok = \$199  | \$202 ;
   assign mult = storing ? q_rq[15:0] : rq_mult;
-  assign \shift$128  = storing ? q_rq[21:16] : rq_shift;
+  assign \shift$138  = storing ? q_rq[21:16] : rq_shift;
   assign i__valid = storing ? q_valid : rq_in__valid;
-  assign \$182  = ~ storing;
-  assign rq_in__ready = \$182  & i__ready;
+  assign \$203  = ~ storing;
+  assign rq_in__ready = \$203  & i__ready;
   assign i__payload = storing ? c_q : rq_in__payload;
-  assign \$183  = storing ? s_addr : col_addr0;
-  assign \$184  = ~ storing;
-  assign \$185  = ~ q_valid;
-  assign \$186  = \$185  | i__ready;
-  assign spad_c_rd_en = \$184  | \$186 ;
+  assign \$204  = storing ? s_addr : col_addr0;
+  assign \$205  = ~ storing;
+  assign \$206  = ~ q_valid;
+  assign \$207  = \$206  | i__ready;
+  assign spad_c_rd_en = \$205  | \$207 ;
   assign busy = ~ cmd__ready;
-  assign \$187  = cmd[76] | cmd[77];
-  assign \$188  = \$187  | cmd[79];
-  assign \$189  = ~ \$188 ;
-  assign \$190  = ! cmd[11:0];
-  assign \$191  = cmd[76] | cmd[77];
-  assign \$192  = ! cmd[23:12];
-  assign \$193  = \$191  & \$192 ;
-  assign \$194  = \$190  | \$193 ;
-  assign \$195  = cmd[77] | cmd[79];
-  assign \$196  = ! cmd[35:24];
-  assign \$197  = \$195  & \$196 ;
-  assign \$198  = \$194  | \$197 ;
-  assign \$199  = cmd[23:12] > 7'h40;
-  assign \$200  = cmd[77] & \$199 ;
-  assign \$201  = start | a_loading;
-  assign \$202  = \$201  | b_loading;
-  assign \$203  = \$202  | issuing;
-  assign \$204  = \$203  | drain_busy;
-  assign \$205  = \$204  | col_busy0;
-  assign \$206  = \$205  | col_busy1;
-  assign \$207  = \$206  | w_busy;
-  assign \$208  = ~ \$207 ;
-  assign \$209  = ! pending;
-  assign \$210  = \$208  & \$209 ;
-  assign \$211  = ~ col_hold;
-  assign \$212  = \$210  & \$211 ;
-  assign \$213  = ! fsm_state;
-  assign \$214  = fsm_state == 1'h1;
-  assign \$215  = fsm_state == 2'h2;
-  assign \$216  = fsm_state == 2'h3;
-  assign \$217  = fsm_state == 3'h4;
+  assign \$208  = cmd[76] | cmd[77];
+  assign \$209  = \$208  | cmd[79];
+  assign \$210  = ~ \$209 ;
+  assign \$211  = ! cmd[11:0];
+  assign \$212  = cmd[76] | cmd[77];
+  assign \$213  = ! cmd[23:12];
+  assign \$214  = \$212  & \$213 ;
+  assign \$215  = \$211  | \$214 ;
+  assign \$216  = cmd[77] | cmd[79];
+  assign \$217  = ! cmd[35:24];
+  assign \$218  = \$216  & \$217 ;
+  assign \$219  = \$215  | \$218 ;
+  assign \$220  = cmd[23:12] > 7'h40;
+  assign \$221  = cmd[77] & \$220 ;
+  assign \$222  = start & cmd[77];
+  assign \$223  = \$222  & cmd[79];
+  assign \$224  = ~ cmd[78];
+  assign \$225  = \$223  & \$224 ;
+  assign \$226  = start | a_loading;
+  assign \$227  = \$226  | b_loading;
+  assign \$228  = \$227  | issuing;
+  assign \$229  = \$228  | drain_busy;
+  assign \$230  = \$229  | col_busy0;
+  assign \$231  = \$230  | col_busy1;
+  assign \$232  = \$231  | w_busy;
+  assign \$233  = ~ \$232 ;
+  assign \$234  = ! pending;
+  assign \$235  = \$233  & \$234 ;
+  assign \$236  = ~ col_hold;
+  assign \$237  = \$235  & \$236 ;
+  assign \$238  = ~ early;
+  assign \$239  = ! fsm_state;
+  assign \$240  = fsm_state == 1'h1;
+  assign \$241  = fsm_state == 2'h2;
+  assign \$242  = fsm_state == 2'h3;
+  assign \$243  = fsm_state == 3'h4;
   always @(posedge clk)
-    spad_a_rd_data <= \$218 ;
+    spad_a_rd_data <= \$244 ;
   always @(posedge clk)
-    spad_b_rd_data <= \$219 ;
+    spad_b_rd_data <= \$245 ;
   always @(posedge clk)
-    spad_c_rd_data <= \$220 ;
+    spad_c_rd_data <= \$246 ;
   always @(posedge clk)
-    k_m1 <= \$221 ;
+    k_m1 <= \$247 ;
   always @(posedge clk)
-    start <= \$222 ;
+    start <= \$248 ;
   always @(posedge clk)
-    a_wptr <= \$223 ;
+    a_wptr <= \$249 ;
   always @(posedge clk)
-    a_loading <= \$224 ;
+    a_loading <= \$250 ;
   always @(posedge clk)
-    full <= \$225 ;
+    full <= \$251 ;
   always @(posedge clk)
-    b_loading <= \$226 ;
+    b_loading <= \$252 ;
   always @(posedge clk)
-    wbuf <= \$227 ;
+    wbuf <= \$253 ;
   always @(posedge clk)
-    b_k <= \$228 ;
+    b_k <= \$254 ;
   always @(posedge clk)
-    b_cols_left <= \$229 ;
+    b_cols_left <= \$255 ;
   always @(posedge clk)
-    a_ok <= \$230 ;
+    a_ok <= \$256 ;
   always @(posedge clk)
-    b_ok <= \$231 ;
+    b_ok <= \$257 ;
   always @(posedge clk)
-    gap <= \$232 ;
+    gap <= \$258 ;
   always @(posedge clk)
-    s_valid <= \$233 ;
+    s_valid <= \$259 ;
   always @(posedge clk)
-    s_first <= \$234 ;
+    s_first <= \$260 ;
   always @(posedge clk)
-    s_last <= \$235 ;
+    s_last <= \$261 ;
   always @(posedge clk)
-    s_mask <= \$236 ;
+    s_mask <= \$262 ;
   always @(posedge clk)
-    valid <= \$237 ;
+    valid <= \$263 ;
   always @(posedge clk)
-    first <= \$238 ;
+    first <= \$264 ;
   always @(posedge clk)
-    last <= \$239 ;
+    last <= \$265 ;
   always @(posedge clk)
-    b <= \$240 ;
+    b <= \$266 ;
   always @(posedge clk)
-    a <= \$241 ;
+    a <= \$267 ;
   always @(posedge clk)
-    issuing <= \$242 ;
+    issuing <= \$268 ;
   always @(posedge clk)
-    rbuf <= \$243 ;
+    rbuf <= \$269 ;
   always @(posedge clk)
-    k <= \$244 ;
+    k <= \$270 ;
   always @(posedge clk)
-    a_ptr <= \$245 ;
+    a_ptr <= \$271 ;
   always @(posedge clk)
-    rows_c <= \$246 ;
+    rows_c <= \$272 ;
   always @(posedge clk)
-    cols_c <= \$247 ;
+    cols_c <= \$273 ;
   always @(posedge clk)
-    c_panel <= \$248 ;
+    c_panel <= \$274 ;
   always @(posedge clk)
-    c_tile <= \$249 ;
+    c_tile <= \$275 ;
   always @(posedge clk)
-    last_k <= \$250 ;
+    last_k <= \$276 ;
   always @(posedge clk)
-    last_row <= \$251 ;
+    last_row <= \$277 ;
   always @(posedge clk)
-    t_base <= \$252 ;
+    t_base <= \$278 ;
   always @(posedge clk)
-    t_cols <= \$253 ;
+    t_cols <= \$279 ;
   always @(posedge clk)
-    d_col <= \$254 ;
+    d_col <= \$280 ;
   always @(posedge clk)
-    d_base <= \$255 ;
+    d_base <= \$281 ;
   always @(posedge clk)
-    d_cols <= \$256 ;
+    d_cols <= \$282 ;
   always @(posedge clk)
-    drain_busy <= \$257 ;
+    drain_busy <= \$283 ;
   always @(posedge clk)
-    col_valid0 <= \$258 ;
+    col_valid0 <= \$284 ;
   always @(posedge clk)
-    col_busy0 <= \$259 ;
+    col_busy0 <= \$285 ;
   always @(posedge clk)
-    col_addr0 <= \$260 ;
+    col_addr0 <= \$286 ;
   always @(posedge clk)
-    col_valid1 <= \$261 ;
+    col_end0 <= \$287 ;
   always @(posedge clk)
-    col_busy1 <= \$262 ;
+    col_valid1 <= \$288 ;
   always @(posedge clk)
-    col_addr1 <= \$263 ;
+    col_busy1 <= \$289 ;
   always @(posedge clk)
-    w_valid <= \$264 ;
+    col_addr1 <= \$290 ;
   always @(posedge clk)
-    w_busy <= \$265 ;
+    col_end1 <= \$291 ;
   always @(posedge clk)
-    w_addr <= \$266 ;
+    w_valid <= \$292 ;
   always @(posedge clk)
-    col_word0 <= \$267 ;
+    w_busy <= \$293 ;
   always @(posedge clk)
-    col_word1 <= \$268 ;
+    w_addr <= \$294 ;
   always @(posedge clk)
-    w_word <= \$269 ;
+    w_end <= \$295 ;
   always @(posedge clk)
-    pending <= \$270 ;
+    tiles_written <= \$296 ;
   always @(posedge clk)
-    col_rq_rd_data <= \$271 ;
+    col_word0 <= \$297 ;
   always @(posedge clk)
-    q_rq <= \$272 ;
+    col_word1 <= \$298 ;
   always @(posedge clk)
-    c_q <= \$273 ;
+    w_word <= \$299 ;
   always @(posedge clk)
-    q_valid <= \$274 ;
+    pending <= \$300 ;
   always @(posedge clk)
-    storing <= \$275 ;
+    col_rq_rd_data <= \$301 ;
   always @(posedge clk)
-    s_addr <= \$276 ;
+    q_rq <= \$302 ;
   always @(posedge clk)
-    s_n <= \$277 ;
+    c_q <= \$303 ;
   always @(posedge clk)
-    s_rows <= \$278 ;
+    q_valid <= \$304 ;
   always @(posedge clk)
-    s_left <= \$279 ;
+    storing <= \$305 ;
   always @(posedge clk)
-    out_left <= \$280 ;
+    s_addr <= \$306 ;
   always @(posedge clk)
-    r_valid <= \$281 ;
+    s_n <= \$307 ;
   always @(posedge clk)
-    r_mask <= \$282 ;
+    s_rows <= \$308 ;
   always @(posedge clk)
-    \done$95  <= \$283 ;
+    s_left <= \$309 ;
   always @(posedge clk)
-    cmd <= \$284 ;
+    out_left <= \$310 ;
   always @(posedge clk)
-    error <= \$285 ;
+    s_col <= \$311 ;
   always @(posedge clk)
-    error_code <= \$286 ;
+    s_block <= \$312 ;
   always @(posedge clk)
-    fsm_state <= \$287 ;
+    s_tile <= \$313 ;
   always @(posedge clk)
-    rows_left <= \$288 ;
+    r_valid <= \$314 ;
   always @(posedge clk)
-    a_lim <= \$289 ;
+    r_mask <= \$315 ;
   always @(posedge clk)
-    c_lim <= \$290 ;
+    \done$104  <= \$316 ;
+  always @(posedge clk)
+    cmd <= \$317 ;
+  always @(posedge clk)
+    error <= \$318 ;
+  always @(posedge clk)
+    error_code <= \$319 ;
+  always @(posedge clk)
+    fsm_state <= \$320 ;
+  always @(posedge clk)
+    rows_left <= \$321 ;
+  always @(posedge clk)
+    a_lim <= \$322 ;
+  always @(posedge clk)
+    c_lim <= \$323 ;
+  always @(posedge clk)
+    blocks <= \$324 ;
+  always @(posedge clk)
+    early <= \$325 ;
   \nanokpu_kpu.gemm.engine.array  array (
     .a(a),
     .b(b),
@@ -21847,773 +21937,818 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
     .o__ready(c_out__ready),
     .o__valid(c_out__valid),
     .rst(rst),
-    .shift(\shift$128 ),
+    .shift(\shift$138 ),
     .unit_rst(unit_rst)
   );
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$220  = spad_c_rd_data;
+    \$246  = spad_c_rd_data;
     if (spad_c_rd_en) begin
-      \$220  = \port__data$10 ;
+      \$246  = \port__data$10 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$221  = \$1 [11:0];
+    \$247  = \$1 [11:0];
     if (unit_rst) begin
-      \$221  = 12'h000;
+      \$247  = 12'h000;
     end
     if (rst) begin
-      \$221  = 12'h000;
+      \$247  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$222  = 1'h0;
+    \$248  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
           /* empty */;
       3'h2:
-          if (\$145 ) begin
-          end else if (\$146 ) begin
-            \$222  = 1'h1;
+          if (\$154 ) begin
+          end else if (\$155 ) begin
+            \$248  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$222  = 1'h0;
+      \$248  = 1'h0;
     end
     if (rst) begin
-      \$222  = 1'h0;
+      \$248  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$223  = a_wptr;
+    \$249  = a_wptr;
     if (start) begin
-      \$223  = { 5'h00, cmd[44:36] };
+      \$249  = { 5'h00, cmd[44:36] };
     end else if (\$2 ) begin
-      \$223  = \$3 [13:0];
+      \$249  = \$3 [13:0];
     end
     if (unit_rst) begin
-      \$223  = 14'h0000;
+      \$249  = 14'h0000;
     end
     if (rst) begin
-      \$223  = 14'h0000;
+      \$249  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$224  = a_loading;
+    \$250  = a_loading;
     if (start) begin
-      \$224  = cmd[76];
+      \$250  = cmd[76];
     end else if (\$2 ) begin
       if (\$5 ) begin
-        \$224  = 1'h0;
+        \$250  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$224  = 1'h0;
+      \$250  = 1'h0;
     end
     if (rst) begin
-      \$224  = 1'h0;
+      \$250  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$225  = \$8 ;
+    \$251  = \$8 ;
     if (unit_rst) begin
-      \$225  = 2'h0;
+      \$251  = 2'h0;
     end
     if (rst) begin
-      \$225  = 2'h0;
+      \$251  = 2'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$226  = b_loading;
+    \$252  = b_loading;
     if (start) begin
-      \$226  = cmd[77];
+      \$252  = cmd[77];
     end else if (\$9 ) begin
       if (\$11 ) begin
         if (\$14 ) begin
-          \$226  = 1'h0;
+          \$252  = 1'h0;
         end
       end
     end
     if (unit_rst) begin
-      \$226  = 1'h0;
+      \$252  = 1'h0;
     end
     if (rst) begin
-      \$226  = 1'h0;
+      \$252  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$227  = wbuf;
+    \$253  = wbuf;
     if (start) begin
-      \$227  = 1'h0;
+      \$253  = 1'h0;
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$227  = \$12 ;
+        \$253  = \$12 ;
       end
     end
     if (unit_rst) begin
-      \$227  = 1'h0;
+      \$253  = 1'h0;
     end
     if (rst) begin
-      \$227  = 1'h0;
+      \$253  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$228  = b_k;
+    \$254  = b_k;
     if (start) begin
-      \$228  = 12'h000;
+      \$254  = 12'h000;
     end else if (\$9 ) begin
-      \$228  = \$10 [11:0];
+      \$254  = \$10 [11:0];
       if (\$11 ) begin
-        \$228  = 12'h000;
+        \$254  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$228  = 12'h000;
+      \$254  = 12'h000;
     end
     if (rst) begin
-      \$228  = 12'h000;
+      \$254  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$229  = b_cols_left;
+    \$255  = b_cols_left;
     if (start) begin
-      \$229  = cmd[35:24];
+      \$255  = cmd[35:24];
     end else if (\$9 ) begin
       if (\$11 ) begin
-        \$229  = \$13 [11:0];
+        \$255  = \$13 [11:0];
       end
     end
     if (unit_rst) begin
-      \$229  = 12'h000;
+      \$255  = 12'h000;
     end
     if (rst) begin
-      \$229  = 12'h000;
+      \$255  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$230  = \$15 ;
+      \$256  = \$15 ;
     end else begin
-      \$230  = \$21 ;
+      \$256  = \$21 ;
     end
     if (unit_rst) begin
-      \$230  = 1'h0;
+      \$256  = 1'h0;
     end
     if (rst) begin
-      \$230  = 1'h0;
+      \$256  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     (* full_case = 32'd1 *)
     if (start) begin
-      \$231  = 1'h0;
+      \$257  = 1'h0;
     end else if (\$23 ) begin
-      \$231  = \$31 ;
+      \$257  = \$31 ;
     end else if (\$24 ) begin
-      \$231  = 1'h1;
+      \$257  = 1'h1;
     end else if (step) begin
-      \$231  = \$38 ;
+      \$257  = \$38 ;
     end else begin
-      \$231  = \$41 ;
+      \$257  = \$41 ;
     end
     if (unit_rst) begin
-      \$231  = 1'h0;
+      \$257  = 1'h0;
     end
     if (rst) begin
-      \$231  = 1'h0;
+      \$257  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$232  = gap;
+    \$258  = gap;
     if (\$42 ) begin
-      \$232  = \$43 [3:0];
+      \$258  = \$43 [3:0];
     end
     if (start) begin
-      \$232  = 4'hb;
+      \$258  = 4'hb;
     end else if (step) begin
       if (last_k) begin
-        \$232  = 4'h0;
+        \$258  = 4'h0;
       end
     end
     if (unit_rst) begin
-      \$232  = 4'h0;
+      \$258  = 4'h0;
     end
     if (rst) begin
-      \$232  = 4'h0;
+      \$258  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$233  = step;
+    \$259  = step;
     if (unit_rst) begin
-      \$233  = 1'h0;
+      \$259  = 1'h0;
     end
     if (rst) begin
-      \$233  = 1'h0;
+      \$259  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$234  = \$44 ;
+    \$260  = \$44 ;
     if (unit_rst) begin
-      \$234  = 1'h0;
+      \$260  = 1'h0;
     end
     if (rst) begin
-      \$234  = 1'h0;
+      \$260  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$235  = last_k;
+    \$261  = last_k;
     if (unit_rst) begin
-      \$235  = 1'h0;
+      \$261  = 1'h0;
     end
     if (rst) begin
-      \$235  = 1'h0;
+      \$261  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$236  = { \$48 , \$47 , \$46 , \$45  };
+    \$262  = { \$48 , \$47 , \$46 , \$45  };
     if (unit_rst) begin
-      \$236  = 4'h0;
+      \$262  = 4'h0;
     end
     if (rst) begin
-      \$236  = 4'h0;
+      \$262  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$237  = s_valid;
+    \$263  = s_valid;
     if (unit_rst) begin
-      \$237  = 1'h0;
+      \$263  = 1'h0;
     end
     if (rst) begin
-      \$237  = 1'h0;
+      \$263  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$238  = s_first;
+    \$264  = s_first;
     if (unit_rst) begin
-      \$238  = 1'h0;
+      \$264  = 1'h0;
     end
     if (rst) begin
-      \$238  = 1'h0;
+      \$264  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$239  = s_last;
+    \$265  = s_last;
     if (unit_rst) begin
-      \$239  = 1'h0;
+      \$265  = 1'h0;
     end
     if (rst) begin
-      \$239  = 1'h0;
+      \$265  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$240  = spad_b_rd_data;
+    \$266  = spad_b_rd_data;
     if (unit_rst) begin
-      \$240  = 32'd0;
+      \$266  = 32'd0;
     end
     if (rst) begin
-      \$240  = 32'd0;
+      \$266  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$241 [7:0] = \$49 ;
-    \$241 [15:8] = \$50 ;
-    \$241 [23:16] = \$51 ;
-    \$241 [31:24] = \$52 ;
+    \$267 [7:0] = \$49 ;
+    \$267 [15:8] = \$50 ;
+    \$267 [23:16] = \$51 ;
+    \$267 [31:24] = \$52 ;
     if (unit_rst) begin
-      \$241  = 32'd0;
+      \$267  = 32'd0;
     end
     if (rst) begin
-      \$241  = 32'd0;
+      \$267  = 32'd0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$242  = issuing;
+    \$268  = issuing;
     if (start) begin
-      \$242  = cmd[77];
+      \$268  = cmd[77];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
           if (\$70 ) begin
-            \$242  = 1'h0;
+            \$268  = 1'h0;
           end
         end
       end
     end
     if (unit_rst) begin
-      \$242  = 1'h0;
+      \$268  = 1'h0;
     end
     if (rst) begin
-      \$242  = 1'h0;
+      \$268  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$243  = rbuf;
+    \$269  = rbuf;
     if (start) begin
-      \$243  = 1'h0;
+      \$269  = 1'h0;
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$243  = \$65 ;
+          \$269  = \$65 ;
         end
       end
     end
     if (unit_rst) begin
-      \$243  = 1'h0;
+      \$269  = 1'h0;
     end
     if (rst) begin
-      \$243  = 1'h0;
+      \$269  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$244  = k;
+    \$270  = k;
     if (start) begin
-      \$244  = 12'h000;
+      \$270  = 12'h000;
     end else if (step) begin
-      \$244  = \$55 [11:0];
+      \$270  = \$55 [11:0];
       if (last_k) begin
-        \$244  = 12'h000;
+        \$270  = 12'h000;
       end
     end
     if (unit_rst) begin
-      \$244  = 12'h000;
+      \$270  = 12'h000;
     end
     if (rst) begin
-      \$244  = 12'h000;
+      \$270  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$245  = a_ptr;
+    \$271  = a_ptr;
     if (start) begin
-      \$245  = { 5'h00, cmd[44:36] };
+      \$271  = { 5'h00, cmd[44:36] };
     end else if (step) begin
-      \$245  = \$56 [13:0];
+      \$271  = \$56 [13:0];
       if (last_k) begin
         if (last_row) begin
-          \$245  = { 5'h00, cmd[44:36] };
+          \$271  = { 5'h00, cmd[44:36] };
         end
       end
     end
     if (unit_rst) begin
-      \$245  = 14'h0000;
+      \$271  = 14'h0000;
     end
     if (rst) begin
-      \$245  = 14'h0000;
+      \$271  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$246  = rows_c;
+    \$272  = rows_c;
     if (start) begin
-      \$246  = cmd[11:0];
+      \$272  = cmd[11:0];
     end else if (step) begin
       if (last_k) begin
-        \$246  = \$61 [11:0];
+        \$272  = \$61 [11:0];
         if (last_row) begin
-          \$246  = cmd[11:0];
+          \$272  = cmd[11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$246  = 12'h000;
+      \$272  = 12'h000;
     end
     if (rst) begin
-      \$246  = 12'h000;
+      \$272  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$247  = cols_c;
+    \$273  = cols_c;
     if (start) begin
-      \$247  = cmd[35:24];
+      \$273  = cmd[35:24];
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$247  = \$66 [11:0];
+          \$273  = \$66 [11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$247  = 12'h000;
+      \$273  = 12'h000;
     end
     if (rst) begin
-      \$247  = 12'h000;
+      \$273  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$248  = c_panel;
+    \$274  = c_panel;
     if (start) begin
-      \$248  = { 5'h00, cmd[53:45] };
+      \$274  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
         if (last_row) begin
-          \$248  = \$67 [13:0];
+          \$274  = \$67 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$248  = 14'h0000;
+      \$274  = 14'h0000;
     end
     if (rst) begin
-      \$248  = 14'h0000;
+      \$274  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$249  = c_tile;
+    \$275  = c_tile;
     if (start) begin
-      \$249  = { 5'h00, cmd[53:45] };
+      \$275  = { 5'h00, cmd[53:45] };
     end else if (step) begin
       if (last_k) begin
-        \$249  = \$62 [13:0];
+        \$275  = \$62 [13:0];
         if (last_row) begin
-          \$249  = \$68 [13:0];
+          \$275  = \$68 [13:0];
         end
       end
     end
     if (unit_rst) begin
-      \$249  = 14'h0000;
+      \$275  = 14'h0000;
     end
     if (rst) begin
-      \$249  = 14'h0000;
+      \$275  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$250  = last_k;
+    \$276  = last_k;
     if (start) begin
-      \$250  = \$53 ;
+      \$276  = \$53 ;
     end else if (step) begin
-      \$250  = \$58 ;
+      \$276  = \$58 ;
       if (last_k) begin
-        \$250  = \$63 ;
+        \$276  = \$63 ;
       end
     end
     if (unit_rst) begin
-      \$250  = 1'h0;
+      \$276  = 1'h0;
     end
     if (rst) begin
-      \$250  = 1'h0;
+      \$276  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$251  = last_row;
+    \$277  = last_row;
     if (start) begin
-      \$251  = \$54 ;
+      \$277  = \$54 ;
     end else if (step) begin
       if (last_k) begin
-        \$251  = \$64 ;
+        \$277  = \$64 ;
         if (last_row) begin
-          \$251  = \$69 ;
+          \$277  = \$69 ;
         end
       end
     end
     if (unit_rst) begin
-      \$251  = 1'h0;
+      \$277  = 1'h0;
     end
     if (rst) begin
-      \$251  = 1'h0;
+      \$277  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$252  = t_base;
+    \$278  = t_base;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$252  = c_tile;
+        \$278  = c_tile;
       end
     end
     if (unit_rst) begin
-      \$252  = 14'h0000;
+      \$278  = 14'h0000;
     end
     if (rst) begin
-      \$252  = 14'h0000;
+      \$278  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$253  = t_cols;
+    \$279  = t_cols;
     if (start) begin
     end else if (step) begin
       if (last_k) begin
-        \$253  = \$60 [2:0];
+        \$279  = \$60 [2:0];
       end
     end
     if (unit_rst) begin
-      \$253  = 3'h0;
+      \$279  = 3'h0;
     end
     if (rst) begin
-      \$253  = 3'h0;
+      \$279  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$254  = d_col;
+    \$280  = d_col;
     if (done) begin
-      \$254  = 3'h1;
+      \$280  = 3'h1;
     end else if (drain_busy) begin
-      \$254  = \$71 [2:0];
+      \$280  = \$71 [2:0];
     end
     if (unit_rst) begin
-      \$254  = 3'h0;
+      \$280  = 3'h0;
     end
     if (rst) begin
-      \$254  = 3'h0;
+      \$280  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$255  = d_base;
+    \$281  = d_base;
     if (done) begin
-      \$255  = t_base;
+      \$281  = t_base;
     end
     if (unit_rst) begin
-      \$255  = 14'h0000;
+      \$281  = 14'h0000;
     end
     if (rst) begin
-      \$255  = 14'h0000;
+      \$281  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$256  = d_cols;
+    \$282  = d_cols;
     if (done) begin
-      \$256  = t_cols;
+      \$282  = t_cols;
     end
     if (unit_rst) begin
-      \$256  = 3'h0;
+      \$282  = 3'h0;
     end
     if (rst) begin
-      \$256  = 3'h0;
+      \$282  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$257  = drain_busy;
+    \$283  = drain_busy;
     if (done) begin
-      \$257  = 1'h1;
+      \$283  = 1'h1;
     end else if (drain_busy) begin
       if (\$72 ) begin
-        \$257  = 1'h0;
+        \$283  = 1'h0;
       end
     end
     if (unit_rst) begin
-      \$257  = 1'h0;
+      \$283  = 1'h0;
     end
     if (rst) begin
-      \$257  = 1'h0;
+      \$283  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$258  = \$77 ;
+    \$284  = \$77 ;
     if (unit_rst) begin
-      \$258  = 1'h0;
+      \$284  = 1'h0;
     end
     if (rst) begin
-      \$258  = 1'h0;
+      \$284  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$259  = \$78 ;
+    \$285  = \$78 ;
     if (unit_rst) begin
-      \$259  = 1'h0;
+      \$285  = 1'h0;
     end
     if (rst) begin
-      \$259  = 1'h0;
+      \$285  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$260  = \$81 [13:0];
+    \$286  = \$81 [13:0];
     if (unit_rst) begin
-      \$260  = 14'h0000;
+      \$286  = 14'h0000;
     end
     if (rst) begin
-      \$260  = 14'h0000;
+      \$286  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$261  = col_valid0;
+    \$287  = tile_drained;
     if (unit_rst) begin
-      \$261  = 1'h0;
+      \$287  = 1'h0;
     end
     if (rst) begin
-      \$261  = 1'h0;
+      \$287  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$262  = col_busy0;
+    \$288  = col_valid0;
     if (unit_rst) begin
-      \$262  = 1'h0;
+      \$288  = 1'h0;
     end
     if (rst) begin
-      \$262  = 1'h0;
+      \$288  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$263  = col_addr0;
+    \$289  = col_busy0;
     if (unit_rst) begin
-      \$263  = 14'h0000;
+      \$289  = 1'h0;
     end
     if (rst) begin
-      \$263  = 14'h0000;
+      \$289  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$264  = col_valid1;
+    \$290  = col_addr0;
     if (unit_rst) begin
-      \$264  = 1'h0;
+      \$290  = 14'h0000;
     end
     if (rst) begin
-      \$264  = 1'h0;
+      \$290  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$265  = col_busy1;
+    \$291  = col_end0;
     if (unit_rst) begin
-      \$265  = 1'h0;
+      \$291  = 1'h0;
     end
     if (rst) begin
-      \$265  = 1'h0;
+      \$291  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$266  = col_addr1;
+    \$292  = col_valid1;
     if (unit_rst) begin
-      \$266  = 14'h0000;
+      \$292  = 1'h0;
     end
     if (rst) begin
-      \$266  = 14'h0000;
+      \$292  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$267  = out;
+    \$293  = col_busy1;
     if (unit_rst) begin
-      \$267  = 96'h000000000000000000000000;
+      \$293  = 1'h0;
     end
     if (rst) begin
-      \$267  = 96'h000000000000000000000000;
+      \$293  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$268  = col_word0;
+    \$294  = col_addr1;
     if (unit_rst) begin
-      \$268  = 96'h000000000000000000000000;
+      \$294  = 14'h0000;
     end
     if (rst) begin
-      \$268  = 96'h000000000000000000000000;
+      \$294  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$269  = col_word1;
+    \$295  = col_end1;
     if (unit_rst) begin
-      \$269  = 96'h000000000000000000000000;
+      \$295  = 1'h0;
     end
     if (rst) begin
-      \$269  = 96'h000000000000000000000000;
+      \$295  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$270  = \$83 [1:0];
+    \$296  = tiles_written;
+    if (start) begin
+      \$296  = 24'h000000;
+    end else if (w_end) begin
+      \$296  = \$82 [23:0];
+    end
     if (unit_rst) begin
-      \$270  = 2'h0;
+      \$296  = 24'h000000;
     end
     if (rst) begin
-      \$270  = 2'h0;
+      \$296  = 24'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$271  = col_rq_rd_data;
+    \$297  = out;
+    if (unit_rst) begin
+      \$297  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$297  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$298  = col_word0;
+    if (unit_rst) begin
+      \$298  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$298  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$299  = col_word1;
+    if (unit_rst) begin
+      \$299  = 96'h000000000000000000000000;
+    end
+    if (rst) begin
+      \$299  = 96'h000000000000000000000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$300  = \$84 [1:0];
+    if (unit_rst) begin
+      \$300  = 2'h0;
+    end
+    if (rst) begin
+      \$300  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$301  = col_rq_rd_data;
     if (spad_c_rd_en) begin
-      \$271  = \port__data$77 ;
+      \$301  = \port__data$81 ;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$272  = q_rq;
-    if (\$85 ) begin
-      \$272  = \$86 ;
+    \$302  = q_rq;
+    if (\$86 ) begin
+      \$302  = \$87 ;
     end
     if (unit_rst) begin
-      \$272  = 22'h000000;
+      \$302  = 22'h000000;
     end
     if (rst) begin
-      \$272  = 22'h000000;
+      \$302  = 22'h000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$273  = c_q;
-    if (\$88 ) begin
-      \$273  = spad_c_rd_data;
+    \$303  = c_q;
+    if (\$89 ) begin
+      \$303  = spad_c_rd_data;
     end
-    if (\$94 ) begin
-      \$273 [23:0] = 24'h000000;
+    if (\$95 ) begin
+      \$303 [23:0] = 24'h000000;
     end
-    if (\$100 ) begin
-      \$273 [47:24] = 24'h000000;
+    if (\$101 ) begin
+      \$303 [47:24] = 24'h000000;
     end
-    if (\$106 ) begin
-      \$273 [71:48] = 24'h000000;
+    if (\$107 ) begin
+      \$303 [71:48] = 24'h000000;
     end
-    if (\$112 ) begin
-      \$273 [95:72] = 24'h000000;
+    if (\$113 ) begin
+      \$303 [95:72] = 24'h000000;
     end
     if (unit_rst) begin
-      \$273  = 96'h000000000000000000000000;
+      \$303  = 96'h000000000000000000000000;
     end
     if (rst) begin
-      \$273  = 96'h000000000000000000000000;
+      \$303  = 96'h000000000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$274  = q_valid;
-    if (\$88 ) begin
-      \$274  = r_valid;
+    \$304  = q_valid;
+    if (\$89 ) begin
+      \$304  = r_valid;
     end
     casez (fsm_state)
       3'h0:
@@ -22625,22 +22760,22 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
       3'h3:
           /* empty */;
       3'h4:
-          if (\$163 ) begin
-            \$274  = 1'h0;
+          if (\$176 ) begin
+            \$304  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$274  = 1'h0;
+      \$304  = 1'h0;
     end
     if (rst) begin
-      \$274  = 1'h0;
+      \$304  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$275  = storing;
+    \$305  = storing;
     if (store_start) begin
-      \$275  = 1'h1;
+      \$305  = 1'h1;
     end
     casez (fsm_state)
       3'h0:
@@ -22652,112 +22787,176 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
       3'h3:
           /* empty */;
       3'h4:
-          if (\$163 ) begin
-            \$275  = 1'h0;
+          if (\$176 ) begin
+            \$305  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$275  = 1'h0;
+      \$305  = 1'h0;
     end
     if (rst) begin
-      \$275  = 1'h0;
+      \$305  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$276  = s_addr;
+    \$306  = s_addr;
     if (store_start) begin
-      \$276  = { 5'h00, cmd[53:45] };
-    end else if (\$115 ) begin
-      if (\$119 ) begin
-        \$276  = \$120 [13:0];
+      \$306  = { 5'h00, cmd[53:45] };
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        \$306  = \$123 [13:0];
       end
     end
     if (unit_rst) begin
-      \$276  = 14'h0000;
+      \$306  = 14'h0000;
     end
     if (rst) begin
-      \$276  = 14'h0000;
+      \$306  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$277  = s_n;
+    \$307  = s_n;
     if (store_start) begin
-      \$277  = 12'h000;
-    end else if (\$115 ) begin
-      if (\$119 ) begin
-        \$277  = \$122 [11:0];
-        if (\$128 ) begin
-          \$277  = 12'h000;
+      \$307  = 12'h000;
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        \$307  = \$125 [11:0];
+        if (\$134 ) begin
+          \$307  = 12'h000;
         end
       end
     end
     if (unit_rst) begin
-      \$277  = 12'h000;
+      \$307  = 12'h000;
     end
     if (rst) begin
-      \$277  = 12'h000;
+      \$307  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$278  = s_rows;
+    \$308  = s_rows;
     if (store_start) begin
-      \$278  = cmd[11:0];
-    end else if (\$115 ) begin
-      if (\$119 ) begin
-        if (\$128 ) begin
-          \$278  = \$129 [11:0];
+      \$308  = cmd[11:0];
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        if (\$134 ) begin
+          \$308  = \$135 [11:0];
         end
       end
     end
     if (unit_rst) begin
-      \$278  = 12'h000;
+      \$308  = 12'h000;
     end
     if (rst) begin
-      \$278  = 12'h000;
+      \$308  = 12'h000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$279  = s_left;
+    \$309  = s_left;
     if (store_start) begin
-      \$279  = \$116 [13:0];
-    end else if (\$115 ) begin
-      if (\$119 ) begin
-        \$279  = \$121 [13:0];
+      \$309  = \$117 [13:0];
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        \$309  = \$124 [13:0];
       end
     end
     if (unit_rst) begin
-      \$279  = 14'h0000;
+      \$309  = 14'h0000;
     end
     if (rst) begin
-      \$279  = 14'h0000;
+      \$309  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$280  = out_left;
+    \$310  = out_left;
     if (store_start) begin
-      \$280  = \$117 [13:0];
+      \$310  = \$118 [13:0];
     end
-    if (\$130 ) begin
-      \$280  = \$131 [13:0];
+    if (\$138 ) begin
+      \$310  = \$139 [13:0];
     end
     if (unit_rst) begin
-      \$280  = 14'h0000;
+      \$310  = 14'h0000;
     end
     if (rst) begin
-      \$280  = 14'h0000;
+      \$310  = 14'h0000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$281  = r_valid;
+    \$311  = s_col;
     if (store_start) begin
-    end else if (\$115 ) begin
-      \$281  = \$118 ;
+      \$311  = 2'h0;
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        \$311  = \$130 [1:0];
+        if (\$131 ) begin
+          \$311  = 2'h0;
+        end
+        if (\$134 ) begin
+          \$311  = 2'h0;
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$311  = 2'h0;
+    end
+    if (rst) begin
+      \$311  = 2'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$312  = s_block;
+    if (store_start) begin
+      \$312  = 12'h000;
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        if (\$134 ) begin
+          \$312  = \$136 [11:0];
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$312  = 12'h000;
+    end
+    if (rst) begin
+      \$312  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$313  = s_tile;
+    if (store_start) begin
+      \$313  = 24'h000000;
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        if (\$131 ) begin
+          \$313  = \$132 [23:0];
+        end
+        if (\$134 ) begin
+          \$313  = { 11'h000, \$137  };
+        end
+      end
+    end
+    if (unit_rst) begin
+      \$313  = 24'h000000;
+    end
+    if (rst) begin
+      \$313  = 24'h000000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$314  = r_valid;
+    if (store_start) begin
+    end else if (\$116 ) begin
+      \$314  = \$120 ;
     end
     casez (fsm_state)
       3'h0:
@@ -22769,239 +22968,285 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
       3'h3:
           /* empty */;
       3'h4:
-          if (\$163 ) begin
-            \$281  = 1'h0;
+          if (\$176 ) begin
+            \$314  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$281  = 1'h0;
+      \$314  = 1'h0;
     end
     if (rst) begin
-      \$281  = 1'h0;
+      \$314  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$282  = r_mask;
+    \$315  = r_mask;
     if (store_start) begin
-    end else if (\$115 ) begin
-      if (\$119 ) begin
-        \$282  = { \$126 , \$125 , \$124 , \$123  };
+    end else if (\$116 ) begin
+      if (\$122 ) begin
+        \$315  = { \$129 , \$128 , \$127 , \$126  };
       end
     end
     if (unit_rst) begin
-      \$282  = 4'h0;
+      \$315  = 4'h0;
     end
     if (rst) begin
-      \$282  = 4'h0;
+      \$315  = 4'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$283  = 1'h0;
+    \$316  = 1'h0;
     casez (fsm_state)
       3'h0:
           /* empty */;
       3'h1:
-          if (\$134 ) begin
-            \$283  = 1'h1;
+          if (\$142 ) begin
+            \$316  = 1'h1;
           end
       3'h2:
-          if (\$145 ) begin
-            \$283  = 1'h1;
+          if (\$154 ) begin
+            \$316  = 1'h1;
           end
       3'h3:
-          if (\$162 ) begin
+          if (\$175 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
             end else begin
-              \$283  = 1'h1;
+              \$316  = 1'h1;
             end
           end
       3'h4:
-          if (\$163 ) begin
-            \$283  = 1'h1;
+          if (\$176 ) begin
+            \$316  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$283  = 1'h0;
+      \$316  = 1'h0;
     end
     if (rst) begin
-      \$283  = 1'h0;
+      \$316  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$284  = cmd;
+    \$317  = cmd;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$284  = cmd__payload;
+            \$317  = cmd__payload;
           end
     endcase
     if (unit_rst) begin
-      \$284  = 80'h00000000000000000000;
+      \$317  = 80'h00000000000000000000;
     end
     if (rst) begin
-      \$284  = 80'h00000000000000000000;
+      \$317  = 80'h00000000000000000000;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$285  = error;
+    \$318  = error;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$285  = 1'h0;
+            \$318  = 1'h0;
           end
       3'h1:
-          if (\$134 ) begin
-            \$285  = 1'h1;
+          if (\$142 ) begin
+            \$318  = 1'h1;
           end
       3'h2:
-          if (\$145 ) begin
-            \$285  = 1'h1;
+          if (\$154 ) begin
+            \$318  = 1'h1;
           end
     endcase
     if (unit_rst) begin
-      \$285  = 1'h0;
+      \$318  = 1'h0;
     end
     if (rst) begin
-      \$285  = 1'h0;
+      \$318  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$286  = error_code;
+    \$319  = error_code;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$286  = 3'h0;
+            \$319  = 3'h0;
           end
       3'h1:
-          if (\$134 ) begin
-            \$286  = code;
+          if (\$142 ) begin
+            \$319  = code;
           end
       3'h2:
-          if (\$145 ) begin
-            \$286  = \$150 ;
+          if (\$154 ) begin
+            \$319  = \$159 ;
           end
     endcase
     if (unit_rst) begin
-      \$286  = 3'h0;
+      \$319  = 3'h0;
     end
     if (rst) begin
-      \$286  = 3'h0;
+      \$319  = 3'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$287  = fsm_state;
+    \$320  = fsm_state;
     casez (fsm_state)
       3'h0:
           if (cmd__valid) begin
-            \$287  = 3'h1;
+            \$320  = 3'h1;
           end
       3'h1:
           (* full_case = 32'd1 *)
-          if (\$134 ) begin
-            \$287  = 3'h0;
+          if (\$142 ) begin
+            \$320  = 3'h0;
           end else begin
-            \$287  = 3'h2;
+            \$320  = 3'h2;
           end
       3'h2:
-          if (\$145 ) begin
-            \$287  = 3'h0;
-          end else if (\$146 ) begin
-            \$287  = 3'h3;
+          if (\$154 ) begin
+            \$320  = 3'h0;
+          end else if (\$155 ) begin
+            \$320  = 3'h3;
           end
       3'h3:
-          if (\$162 ) begin
+          if (\$175 ) begin
             (* full_case = 32'd1 *)
             if (cmd[79]) begin
-              \$287  = 3'h4;
+              \$320  = 3'h4;
             end else begin
-              \$287  = 3'h0;
+              \$320  = 3'h0;
             end
           end
       3'h4:
+          if (\$176 ) begin
+            \$320  = 3'h0;
+          end
+    endcase
+    if (unit_rst) begin
+      \$320  = 3'h0;
+    end
+    if (rst) begin
+      \$320  = 3'h0;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$321  = rows_left;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$321  = cmd[11:0];
+      3'h2:
+          if (\$143 ) begin
+            \$321  = \$144 [11:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$321  = 12'h000;
+    end
+    if (rst) begin
+      \$321  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$322  = a_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$322  = { 1'h0, \$140  };
+      3'h2:
+          if (\$143 ) begin
+            \$322  = \$145 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$322  = 14'h0000;
+    end
+    if (rst) begin
+      \$322  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$323  = c_lim;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$323  = { 1'h0, \$141  };
+      3'h2:
+          if (\$143 ) begin
+            \$323  = \$146 [13:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$323  = 14'h0000;
+    end
+    if (rst) begin
+      \$323  = 14'h0000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$324  = blocks;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          \$324  = 12'h001;
+      3'h2:
+          if (\$143 ) begin
+            \$324  = \$147 [11:0];
+          end
+    endcase
+    if (unit_rst) begin
+      \$324  = 12'h000;
+    end
+    if (rst) begin
+      \$324  = 12'h000;
+    end
+  end
+  always @* begin
+    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
+    \$325  = early;
+    casez (fsm_state)
+      3'h0:
+          /* empty */;
+      3'h1:
+          /* empty */;
+      3'h2:
+          /* empty */;
+      3'h3:
           if (\$163 ) begin
-            \$287  = 3'h0;
+            \$325  = 1'h1;
+          end
+      3'h4:
+          if (\$176 ) begin
+            \$325  = 1'h0;
           end
     endcase
     if (unit_rst) begin
-      \$287  = 3'h0;
+      \$325  = 1'h0;
     end
     if (rst) begin
-      \$287  = 3'h0;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$288  = rows_left;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$288  = cmd[11:0];
-      3'h2:
-          if (\$135 ) begin
-            \$288  = \$136 [11:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$288  = 12'h000;
-    end
-    if (rst) begin
-      \$288  = 12'h000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$289  = a_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$289  = { 1'h0, \$132  };
-      3'h2:
-          if (\$135 ) begin
-            \$289  = \$137 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$289  = 14'h0000;
-    end
-    if (rst) begin
-      \$289  = 14'h0000;
-    end
-  end
-  always @* begin
-    if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
-    \$290  = c_lim;
-    casez (fsm_state)
-      3'h0:
-          /* empty */;
-      3'h1:
-          \$290  = { 1'h0, \$133  };
-      3'h2:
-          if (\$135 ) begin
-            \$290  = \$138 [13:0];
-          end
-    endcase
-    if (unit_rst) begin
-      \$290  = 14'h0000;
-    end
-    if (rst) begin
-      \$290  = 14'h0000;
+      \$325  = 1'h0;
     end
   end
   always @* begin
     if (\$auto$verilog_backend.cc:2355:dump_module$19 ) begin end
     full_set = 2'h0;
     if (start) begin
-    end else if (\$168 ) begin
-      if (\$169 ) begin
+    end else if (\$181 ) begin
+      if (\$182 ) begin
         (* full_case = 32'd1 *)
         casez (wbuf)
           1'h0:
@@ -23045,7 +23290,7 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
     tile_drained = 1'h0;
     if (done) begin
     end else if (drain_busy) begin
-      if (\$177 ) begin
+      if (\$190 ) begin
         tile_drained = 1'h1;
       end
     end
@@ -23065,11 +23310,11 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
       3'h0:
           /* empty */;
       3'h1:
-          if (\$189 ) begin
+          if (\$210 ) begin
             code = 3'h1;
-          end else if (\$198 ) begin
+          end else if (\$219 ) begin
             code = 3'h2;
-          end else if (\$200 ) begin
+          end else if (\$221 ) begin
             code = 3'h3;
           end
     endcase
@@ -23085,11 +23330,16 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
       3'h2:
           /* empty */;
       3'h3:
-          if (\$212 ) begin
+        begin
+          if (\$225 ) begin
+            store_start = 1'h1;
+          end
+          if (\$237 ) begin
             if (cmd[79]) begin
-              store_start = 1'h1;
+              store_start = \$238 ;
             end
           end
+        end
     endcase
   end
   assign spad_a_rd_en = 1'h1;
@@ -23100,20 +23350,20 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   assign \$signature__data  = { \port$1360$0 , \port$1359$0 , \port$1358$0 , \port$1357$0  };
   assign a_in__payload = { \port$1360$0 , \port$1359$0 , \port$1358$0 , \port$1357$0  };
   assign b_in__ready = b_take;
-  assign \$signature__addr$110  = \$167 [6:0];
-  assign \$signature__data$111  = b_in__payload;
+  assign \$signature__addr$120  = \$180 [6:0];
+  assign \$signature__data$121  = b_in__payload;
   assign port__addr = a_ptr[7:0];
-  assign \port__addr$114  = \$176 [6:0];
-  assign \$signature__addr$117  = w_addr[7:0];
-  assign \$signature__en$118  = w_valid;
-  assign \$signature__en$119  = col_wr__en;
-  assign \$signature__addr$121  = col_wr__addr;
-  assign \$signature__data$123  = col_wr__data;
-  assign \port__addr$125  = s_n[7:0];
+  assign \port__addr$124  = \$189 [6:0];
+  assign \$signature__addr$127  = w_addr[7:0];
+  assign \$signature__en$128  = w_valid;
+  assign \$signature__en$129  = col_wr__en;
+  assign \$signature__addr$131  = col_wr__addr;
+  assign \$signature__data$133  = col_wr__data;
+  assign \port__addr$135  = s_n[7:0];
   assign o__payload = c_out__payload;
   assign o__ready = c_out__ready;
   assign o__valid = c_out__valid;
-  assign \port__addr$139  = \$183 [7:0];
+  assign \port__addr$149  = \$204 [7:0];
   assign \spad_a_rd_data[0]  = spad_a_rd_data[7:0];
   assign \spad_a_rd_data[1]  = spad_a_rd_data[15:8];
   assign \spad_a_rd_data[2]  = spad_a_rd_data[23:16];
@@ -23175,8 +23425,8 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   assign \w_word[3]  = w_word[95:72];
   assign \col_rq_rd_data.mult  = col_rq_rd_data[15:0];
   assign \col_rq_rd_data.shift  = col_rq_rd_data[21:16];
-  assign \port__data$77.mult  = \port__data$77 [15:0];
-  assign \port__data$77.shift  = \port__data$77 [21:16];
+  assign \port__data$81.mult  = \port__data$81 [15:0];
+  assign \port__data$81.shift  = \port__data$81 [21:16];
   assign \q_rq.mult  = q_rq[15:0];
   assign \q_rq.shift  = q_rq[21:16];
   assign \c_q[0]  = c_q[23:0];
@@ -23202,20 +23452,20 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   assign \a_in__payload[1]  = \port$1358$0 ;
   assign \a_in__payload[2]  = \port$1359$0 ;
   assign \a_in__payload[3]  = \port$1360$0 ;
-  assign \$signature__data$111[0]  = b_in__payload[7:0];
-  assign \$signature__data$111[1]  = b_in__payload[15:8];
-  assign \$signature__data$111[2]  = b_in__payload[23:16];
-  assign \$signature__data$111[3]  = b_in__payload[31:24];
+  assign \$signature__data$121[0]  = b_in__payload[7:0];
+  assign \$signature__data$121[1]  = b_in__payload[15:8];
+  assign \$signature__data$121[2]  = b_in__payload[23:16];
+  assign \$signature__data$121[3]  = b_in__payload[31:24];
   assign \b_in__payload[0]  = b_in__payload[7:0];
   assign \b_in__payload[1]  = b_in__payload[15:8];
   assign \b_in__payload[2]  = b_in__payload[23:16];
   assign \b_in__payload[3]  = b_in__payload[31:24];
-  assign \$signature__data$116[0]  = \$signature__data$116 [23:0];
-  assign \$signature__data$116[1]  = \$signature__data$116 [47:24];
-  assign \$signature__data$116[2]  = \$signature__data$116 [71:48];
-  assign \$signature__data$116[3]  = \$signature__data$116 [95:72];
-  assign \$signature__data$123.mult  = col_wr__data[15:0];
-  assign \$signature__data$123.shift  = col_wr__data[21:16];
+  assign \$signature__data$126[0]  = \$signature__data$126 [23:0];
+  assign \$signature__data$126[1]  = \$signature__data$126 [47:24];
+  assign \$signature__data$126[2]  = \$signature__data$126 [71:48];
+  assign \$signature__data$126[3]  = \$signature__data$126 [95:72];
+  assign \$signature__data$133.mult  = col_wr__data[15:0];
+  assign \$signature__data$133.shift  = col_wr__data[21:16];
   assign \col_wr__data.mult  = col_wr__data[15:0];
   assign \col_wr__data.shift  = col_wr__data[21:16];
   assign \i__payload[0]  = i__payload[23:0];
@@ -23234,12 +23484,12 @@ module \nanokpu_kpu.gemm.engine (clk, rst, col_hold, \port$1357$0 , \port$1358$0
   assign \o__payload[1]  = c_out__payload[47:24];
   assign \o__payload[2]  = c_out__payload[71:48];
   assign \o__payload[3]  = c_out__payload[95:72];
-  assign \$signature__data$116 [95:72] = \$181 [23:0];
-  assign \$signature__data$116 [71:48] = \$180 [23:0];
-  assign \$signature__data$116 [47:24] = \$179 [23:0];
-  assign \$signature__data$116 [23:0] = \$178 [23:0];
-  assign \$219  = \port__data$7 ;
-  assign \$218  = port__data;
+  assign \$signature__data$126 [95:72] = \$198 [23:0];
+  assign \$signature__data$126 [71:48] = \$196 [23:0];
+  assign \$signature__data$126 [47:24] = \$194 [23:0];
+  assign \$signature__data$126 [23:0] = \$192 [23:0];
+  assign \$245  = \port__data$7 ;
+  assign \$244  = port__data;
 endmodule
 
 (* generator = "Amaranth" *)
@@ -29422,8 +29672,8 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
     .p__5(p__5),
     .p__6(p__6),
     .p__7(p__7),
-    .\port$1928$0 (mult),
-    .\port$1933$0 (i__payload),
+    .\port$1957$0 (mult),
+    .\port$1962$0 (i__payload),
     .rst(rst),
     .unit_rst(unit_rst)
   );
@@ -30279,7 +30529,7 @@ module \nanokpu_kpu.gemm.engine.requant (rst, mult, shift, i__valid, i__payload,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
+module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1957$0 , \port$1962$0 , en, unit_rst, p__0, p__1, p__2, p__3, p__4, p__5, p__6, p__7, clk);
   reg \$auto$verilog_backend.cc:2355:dump_module$39  = 0;
   wire [35:0] \$1 ;
   reg [17:0] \$10 ;
@@ -30365,10 +30615,10 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
   reg [35:0] p__6 = 36'h000000000;
   output [35:0] p__7;
   reg [35:0] p__7 = 36'h000000000;
-  input [15:0] \port$1928$0 ;
-  wire [15:0] \port$1928$0 ;
-  input [95:0] \port$1933$0 ;
-  wire [95:0] \port$1933$0 ;
+  input [15:0] \port$1957$0 ;
+  wire [15:0] \port$1957$0 ;
+  input [95:0] \port$1962$0 ;
+  wire [95:0] \port$1962$0 ;
   input rst;
   wire rst;
   input unit_rst;
@@ -30433,7 +30683,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$9  = a0_r;
     if (en) begin
-      \$9  = { 1'h0, \port$1933$0 [16:0] };
+      \$9  = { 1'h0, \port$1962$0 [16:0] };
     end
     if (unit_rst) begin
       \$9  = 18'h00000;
@@ -30446,7 +30696,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$10  = b0_r;
     if (en) begin
-      \$10  = { 2'h0, \port$1928$0  };
+      \$10  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$10  = 18'h00000;
@@ -30472,7 +30722,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$12  = a1_r;
     if (en) begin
-      \$12  = { \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23:17] };
+      \$12  = { \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23:17] };
     end
     if (unit_rst) begin
       \$12  = 18'h00000;
@@ -30485,7 +30735,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$13  = b1_r;
     if (en) begin
-      \$13  = { 2'h0, \port$1928$0  };
+      \$13  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$13  = 18'h00000;
@@ -30511,7 +30761,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$15  = a2_r;
     if (en) begin
-      \$15  = { 1'h0, \port$1933$0 [40:24] };
+      \$15  = { 1'h0, \port$1962$0 [40:24] };
     end
     if (unit_rst) begin
       \$15  = 18'h00000;
@@ -30524,7 +30774,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$16  = b2_r;
     if (en) begin
-      \$16  = { 2'h0, \port$1928$0  };
+      \$16  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$16  = 18'h00000;
@@ -30550,7 +30800,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$18  = a3_r;
     if (en) begin
-      \$18  = { \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47:41] };
+      \$18  = { \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47:41] };
     end
     if (unit_rst) begin
       \$18  = 18'h00000;
@@ -30563,7 +30813,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$19  = b3_r;
     if (en) begin
-      \$19  = { 2'h0, \port$1928$0  };
+      \$19  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$19  = 18'h00000;
@@ -30589,7 +30839,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$21  = a4_r;
     if (en) begin
-      \$21  = { 1'h0, \port$1933$0 [64:48] };
+      \$21  = { 1'h0, \port$1962$0 [64:48] };
     end
     if (unit_rst) begin
       \$21  = 18'h00000;
@@ -30602,7 +30852,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$22  = b4_r;
     if (en) begin
-      \$22  = { 2'h0, \port$1928$0  };
+      \$22  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$22  = 18'h00000;
@@ -30628,7 +30878,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$24  = a5_r;
     if (en) begin
-      \$24  = { \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71:65] };
+      \$24  = { \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71:65] };
     end
     if (unit_rst) begin
       \$24  = 18'h00000;
@@ -30641,7 +30891,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$25  = b5_r;
     if (en) begin
-      \$25  = { 2'h0, \port$1928$0  };
+      \$25  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$25  = 18'h00000;
@@ -30667,7 +30917,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$27  = a6_r;
     if (en) begin
-      \$27  = { 1'h0, \port$1933$0 [88:72] };
+      \$27  = { 1'h0, \port$1962$0 [88:72] };
     end
     if (unit_rst) begin
       \$27  = 18'h00000;
@@ -30680,7 +30930,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$28  = b6_r;
     if (en) begin
-      \$28  = { 2'h0, \port$1928$0  };
+      \$28  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$28  = 18'h00000;
@@ -30706,7 +30956,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$30  = a7_r;
     if (en) begin
-      \$30  = { \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95:89] };
+      \$30  = { \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95:89] };
     end
     if (unit_rst) begin
       \$30  = 18'h00000;
@@ -30719,7 +30969,7 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
     if (\$auto$verilog_backend.cc:2355:dump_module$39 ) begin end
     \$31  = b7_r;
     if (en) begin
-      \$31  = { 2'h0, \port$1928$0  };
+      \$31  = { 2'h0, \port$1957$0  };
     end
     if (unit_rst) begin
       \$31  = 18'h00000;
@@ -30741,22 +30991,22 @@ module \nanokpu_kpu.gemm.engine.requant.mul (rst, \port$1928$0 , \port$1933$0 , 
       \$32  = 36'h000000000;
     end
   end
-  assign a__0 = { 1'h0, \port$1933$0 [16:0] };
-  assign b__0 = { 2'h0, \port$1928$0  };
-  assign a__1 = { \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23], \port$1933$0 [23:17] };
-  assign b__1 = { 2'h0, \port$1928$0  };
-  assign a__2 = { 1'h0, \port$1933$0 [40:24] };
-  assign b__2 = { 2'h0, \port$1928$0  };
-  assign a__3 = { \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47], \port$1933$0 [47:41] };
-  assign b__3 = { 2'h0, \port$1928$0  };
-  assign a__4 = { 1'h0, \port$1933$0 [64:48] };
-  assign b__4 = { 2'h0, \port$1928$0  };
-  assign a__5 = { \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71], \port$1933$0 [71:65] };
-  assign b__5 = { 2'h0, \port$1928$0  };
-  assign a__6 = { 1'h0, \port$1933$0 [88:72] };
-  assign b__6 = { 2'h0, \port$1928$0  };
-  assign a__7 = { \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95], \port$1933$0 [95:89] };
-  assign b__7 = { 2'h0, \port$1928$0  };
+  assign a__0 = { 1'h0, \port$1962$0 [16:0] };
+  assign b__0 = { 2'h0, \port$1957$0  };
+  assign a__1 = { \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23], \port$1962$0 [23:17] };
+  assign b__1 = { 2'h0, \port$1957$0  };
+  assign a__2 = { 1'h0, \port$1962$0 [40:24] };
+  assign b__2 = { 2'h0, \port$1957$0  };
+  assign a__3 = { \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47], \port$1962$0 [47:41] };
+  assign b__3 = { 2'h0, \port$1957$0  };
+  assign a__4 = { 1'h0, \port$1962$0 [64:48] };
+  assign b__4 = { 2'h0, \port$1957$0  };
+  assign a__5 = { \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71], \port$1962$0 [71:65] };
+  assign b__5 = { 2'h0, \port$1957$0  };
+  assign a__6 = { 1'h0, \port$1962$0 [88:72] };
+  assign b__6 = { 2'h0, \port$1957$0  };
+  assign a__7 = { \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95], \port$1962$0 [95:89] };
+  assign b__7 = { 2'h0, \port$1957$0  };
 endmodule
 
 (* generator = "Amaranth" *)
@@ -35472,7 +35722,7 @@ module \nanokpu_kpu.router.renorm.divider (rst, start, busy, unit_rst, \den$11 ,
 endmodule
 
 (* generator = "Amaranth" *)
-module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6568$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
+module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd0__addr, clients__0__rd1__addr, clients__0__rd0__en, clients__0__rd1__en, \port$6604$0 , clients__1__wr__addr, clients__1__wr__data, clients__1__wr__en, clients__1__wr__upper, clients__1__wr__upper_en, clients__1__rd0__addr, clients__1__rd0__en, clients__2__rd1__addr, clients__2__rd1__en, clients__2__wr__en, clients__2__wr__addr, clients__2__wr__data, clients__2__wr__upper_en
 , clients__2__wr__upper, clients__2__rd0__addr, clients__2__rd0__en, clients__3__rd0__addr, clients__3__rd1__addr, clients__3__rd0__en, clients__3__rd1__en, clients__3__wr__addr, clients__3__wr__data, clients__3__wr__en, clients__3__wr__upper, clients__3__wr__upper_en, clients__4__rd0__addr, clients__4__rd0__en, clients__4__wr__addr, clients__4__wr__data, clients__4__wr__en, clients__5__wr__addr, clients__5__wr__data, clients__5__wr__en, clients__5__wr__upper
 , clients__5__wr__upper_en, clients__5__rd0__addr, clients__5__rd0__en, clients__5__rd1__addr, clients__5__rd1__en, clients__0__rd0__lanes, clk);
   wire \$1 ;
@@ -35743,8 +35993,8 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire clk;
   input \port$2$0 ;
   wire \port$2$0 ;
-  input [4:0] \port$6568$0 ;
-  wire [4:0] \port$6568$0 ;
+  input [4:0] \port$6604$0 ;
+  wire [4:0] \port$6604$0 ;
   wire [12:0] rd0__addr;
   wire [31:0] rd0__data;
   wire rd0__en;
@@ -35768,81 +36018,81 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
   wire [31:0] \wr__upper[2] ;
   wire [2:0] wr__upper_en;
   assign \$1  = clients__0__rd0__en & \port$2$0 ;
-  assign \$3  = clients__1__rd0__en & \port$6568$0 [0];
+  assign \$3  = clients__1__rd0__en & \port$6604$0 [0];
   assign \$4  = \$2  | \$3 ;
-  assign \$5  = clients__2__rd0__en & \port$6568$0 [1];
+  assign \$5  = clients__2__rd0__en & \port$6604$0 [1];
   assign \$6  = \$4  | \$5 ;
-  assign \$7  = clients__3__rd0__en & \port$6568$0 [2];
+  assign \$7  = clients__3__rd0__en & \port$6604$0 [2];
   assign \$8  = \$6  | \$7 ;
-  assign \$9  = clients__4__rd0__en & \port$6568$0 [3];
+  assign \$9  = clients__4__rd0__en & \port$6604$0 [3];
   assign \$10  = \$8  | \$9 ;
-  assign \$11  = clients__5__rd0__en & \port$6568$0 [4];
+  assign \$11  = clients__5__rd0__en & \port$6604$0 [4];
   assign rd0__en = \$10  | \$11 ;
   assign \$12  = clients__0__rd0__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$14  = clients__1__rd0__addr & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
+  assign \$14  = clients__1__rd0__addr & { \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0] };
   assign \$15  = \$13  | \$14 ;
-  assign \$16  = clients__2__rd0__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$16  = clients__2__rd0__addr & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$17  = \$15  | \$16 ;
-  assign \$18  = clients__3__rd0__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$18  = clients__3__rd0__addr & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$19  = \$17  | \$18 ;
-  assign \$20  = clients__4__rd0__addr & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
+  assign \$20  = clients__4__rd0__addr & { \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3] };
   assign \$21  = \$19  | \$20 ;
-  assign \$22  = clients__5__rd0__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$22  = clients__5__rd0__addr & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign rd0__addr = \$21  | \$22 ;
   assign \$23  = clients__0__rd1__en & \port$2$0 ;
-  assign \$27  = clients__2__rd1__en & \port$6568$0 [1];
+  assign \$27  = clients__2__rd1__en & \port$6604$0 [1];
   assign \$28  = \$26  | \$27 ;
-  assign \$29  = clients__3__rd1__en & \port$6568$0 [2];
+  assign \$29  = clients__3__rd1__en & \port$6604$0 [2];
   assign \$30  = \$28  | \$29 ;
-  assign \$33  = clients__5__rd1__en & \port$6568$0 [4];
+  assign \$33  = clients__5__rd1__en & \port$6604$0 [4];
   assign rd1__en = \$32  | \$33 ;
   assign \$34  = clients__0__rd1__addr & { \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0 , \port$2$0  };
-  assign \$38  = clients__2__rd1__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$38  = clients__2__rd1__addr & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$39  = \$37  | \$38 ;
-  assign \$40  = clients__3__rd1__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$40  = clients__3__rd1__addr & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$41  = \$39  | \$40 ;
-  assign \$44  = clients__5__rd1__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$44  = clients__5__rd1__addr & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign rd1__addr = \$43  | \$44 ;
-  assign \$47  = clients__1__wr__en & \port$6568$0 [0];
-  assign \$49  = clients__2__wr__en & \port$6568$0 [1];
+  assign \$47  = clients__1__wr__en & \port$6604$0 [0];
+  assign \$49  = clients__2__wr__en & \port$6604$0 [1];
   assign \$50  = \$48  | \$49 ;
-  assign \$51  = clients__3__wr__en & \port$6568$0 [2];
+  assign \$51  = clients__3__wr__en & \port$6604$0 [2];
   assign \$52  = \$50  | \$51 ;
-  assign \$53  = clients__4__wr__en & \port$6568$0 [3];
+  assign \$53  = clients__4__wr__en & \port$6604$0 [3];
   assign \$54  = \$52  | \$53 ;
-  assign \$55  = clients__5__wr__en & \port$6568$0 [4];
+  assign \$55  = clients__5__wr__en & \port$6604$0 [4];
   assign wr__en = \$54  | \$55 ;
-  assign \$58  = clients__1__wr__addr & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
-  assign \$60  = clients__2__wr__addr & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$58  = clients__1__wr__addr & { \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0] };
+  assign \$60  = clients__2__wr__addr & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$61  = \$59  | \$60 ;
-  assign \$62  = clients__3__wr__addr & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$62  = clients__3__wr__addr & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$63  = \$61  | \$62 ;
-  assign \$64  = clients__4__wr__addr & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
+  assign \$64  = clients__4__wr__addr & { \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3] };
   assign \$65  = \$63  | \$64 ;
-  assign \$66  = clients__5__wr__addr & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$66  = clients__5__wr__addr & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign wr__addr = \$65  | \$66 ;
-  assign \$69  = clients__1__wr__data & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
-  assign \$71  = clients__2__wr__data & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$69  = clients__1__wr__data & { \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0] };
+  assign \$71  = clients__2__wr__data & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$72  = \$70  | \$71 ;
-  assign \$73  = clients__3__wr__data & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$73  = clients__3__wr__data & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$74  = \$72  | \$73 ;
-  assign \$75  = clients__4__wr__data & { \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3], \port$6568$0 [3] };
+  assign \$75  = clients__4__wr__data & { \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3], \port$6604$0 [3] };
   assign \$76  = \$74  | \$75 ;
-  assign \$77  = clients__5__wr__data & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$77  = clients__5__wr__data & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign wr__data = \$76  | \$77 ;
-  assign \$80  = clients__1__wr__upper & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
-  assign \$82  = clients__2__wr__upper & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$80  = clients__1__wr__upper & { \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0] };
+  assign \$82  = clients__2__wr__upper & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$83  = \$81  | \$82 ;
-  assign \$84  = clients__3__wr__upper & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$84  = clients__3__wr__upper & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$85  = \$83  | \$84 ;
-  assign \$88  = clients__5__wr__upper & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$88  = clients__5__wr__upper & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign wr__upper = \$87  | \$88 ;
-  assign \$91  = clients__1__wr__upper_en & { \port$6568$0 [0], \port$6568$0 [0], \port$6568$0 [0] };
-  assign \$93  = clients__2__wr__upper_en & { \port$6568$0 [1], \port$6568$0 [1], \port$6568$0 [1] };
+  assign \$91  = clients__1__wr__upper_en & { \port$6604$0 [0], \port$6604$0 [0], \port$6604$0 [0] };
+  assign \$93  = clients__2__wr__upper_en & { \port$6604$0 [1], \port$6604$0 [1], \port$6604$0 [1] };
   assign \$94  = \$92  | \$93 ;
-  assign \$95  = clients__3__wr__upper_en & { \port$6568$0 [2], \port$6568$0 [2], \port$6568$0 [2] };
+  assign \$95  = clients__3__wr__upper_en & { \port$6604$0 [2], \port$6604$0 [2], \port$6604$0 [2] };
   assign \$96  = \$94  | \$95 ;
-  assign \$99  = clients__5__wr__upper_en & { \port$6568$0 [4], \port$6568$0 [4], \port$6568$0 [4] };
+  assign \$99  = clients__5__wr__upper_en & { \port$6604$0 [4], \port$6604$0 [4], \port$6604$0 [4] };
   assign wr__upper_en = \$98  | \$99 ;
   \nanokpu_kpu.spad.memory  memory (
     .bank0_rd0_rd_en(rd0__en),
@@ -35859,7 +36109,7 @@ module \nanokpu_kpu.spad (rst, \port$2$0 , clients__0__rd1__data, clients__0__rd
     .wr__upper(wr__upper),
     .wr__upper_en(wr__upper_en)
   );
-  assign select = { \port$6568$0 , \port$2$0  };
+  assign select = { \port$6604$0 , \port$2$0  };
   assign clients__0__rd0__data = clients__0__rd0__lanes[31:0];
   assign rd0__data = clients__0__rd0__lanes[31:0];
   assign clients__1__rd0__data = clients__0__rd0__lanes[31:0];

@@ -46,11 +46,11 @@ def test_gemm_bench(case):
 
 
 def test_gemm_64x256x256_on_8x8_is_exact_and_busy():
-    """The benchmark's headline: cycles equal gemm_cycles and the array is busy >= 90% of
+    """The benchmark's headline: cycles equal gemm_cycles and the array is busy >= 99.9% of
     them (ideal = MACs / 64), loading and storing included."""
     cfg = profile("small")
     cycles = gemm_cycles(cfg, 64, 256, 256)
-    assert 64 * 256 * 256 / 64 / cycles >= 0.90
+    assert 64 * 256 * 256 / 64 / cycles >= 0.999
     run_bench(GemmEngine(cfg), "gemm", "bench_gemm", testcase="test_exact_cycles", seed=3,
               params={"seed": 3, "timing": [[64, 256, 256]]})
 
@@ -66,10 +66,12 @@ def test_command_layout_fields_hold_the_scratchpads():
 
 def test_ideal_cycles_of_the_headline_gemm():
     """64 x 256 x 256 on 8x8: 11 (check) + 1 (first words) + 256 tiles * 256 K steps (K >
-    tile_gap: no gaps) + 28 (tail) + 2048 + 10 (store)."""
+    tile_gap: no gaps) + 28 (tail) + 17 (store: its other 2,040 words went out under the
+    compute; the last tile's 8, read from a cycle before the compute's end, then the
+    requantiser's 6 cycles and 5)."""
     cfg = profile("small")
     assert tile_gap(cfg) == 23
-    assert gemm_cycles(cfg, 64, 256, 256) == 11 + 1 + 256 * 256 + 28 + 2048 + 10
+    assert gemm_cycles(cfg, 64, 256, 256) == 11 + 1 + 256 * 256 + 28 + (-1 + 7) + 6 + 5
 
 
 @pytest.mark.parametrize("name", ["tiny", "small"])
@@ -89,7 +91,8 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
     """The scratchpads' read data is undefined when the row is written in the same cycle
     (``no_rw_check``, ``nanokpu.units.memport.unchecked_read_port``): with the bits of such a read
     inverted, random GEMMs (load, compute, accumulate, store; M = 2 R; a store alone of fewer
-    rows than its region, rows >= M read as 0) under random idle and backpressure stay
+    rows than its region, rows >= M read as 0; a store under the compute over old results)
+    under random idle and backpressure stay
     bit-exact, and such reads do happen (Amaranth simulator)."""
     collisions = {}
 
@@ -110,6 +113,7 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
 
     a1, a3, a4 = rand(2 * R + 1, 6), rand(R, 1), rand(2 * R, 2)
     b1, b2, b3, b4 = rand(6, 2 * C + 1), rand(6, 2 * C + 1), rand(1, 3 * C), rand(2, C + 1)
+    a5, b5 = rand(2 * R, 2), rand(2, C + 1)
     acc1, acc2 = matmul_int(a1, b1, cfg.acc_width), matmul_int(a1, b2, cfg.acc_width)
     acc12 = wrap(acc1 + acc2, cfg.acc_width)
     # (fields, A or None, B, expected requantised result or None); the M = 2 R GEMM's C region
@@ -125,6 +129,9 @@ def test_reads_of_a_row_written_in_the_same_cycle_are_never_used(monkeypatch):
          requantize(acc12[:R + 1], 5, 6, cfg.out_width, cfg.rounding)),
         (dict(m=R, k=1, n=3 * C, a_addr=40, c_addr=40, load_a=1, compute=1, store=1, mult=1, shift=0), a3, b3,
          requantize(matmul_int(a3, b3, cfg.acc_width), 1, 0, cfg.out_width, cfg.rounding)),
+        # the store under the compute over old results (their words wait in scratchpad C's read data)
+        (dict(m=2 * R, k=2, n=C + 1, a_addr=50, c_addr=20, load_a=1, compute=1, store=1, mult=1, shift=0), a5, b5,
+         requantize(matmul_int(a5, b5, cfg.acc_width), 1, 0, cfg.out_width, cfg.rounding)),
     ]
     seen = {name: 0 for name in ("spad_a", "spad_b", "spad_c")}
 

@@ -50,18 +50,15 @@ class GemmFeed(wiring.Component):
     2*expert``. With :data:`~nanokpu.isa.F_RQ_CHANNEL` (and ``width != 0``) the ``n`` table
     entries (``b + 2*(j*E + e)``, :mod:`nanokpu.isa`) are copied into the engine's per-column
     table under the compute, one scratchpad read a cycle on ``rd1`` (2 per entry; the A feed
-    reads on ``rd0`` alone); the engine's store waits for the copy
-    (``col_hold``). The compute outlasts the copy whenever ``tile_gap >= 2*cols``
-    (``ceil(n/cols)`` tiles of at least ``tile_gap`` cycles against ``2*n`` reads: every
-    profile); the hold is the interlock otherwise. With :data:`~nanokpu.isa.F_B_SPAD` (built
-    with ``layer_ops``) the B beats come from the scratchpad instead of the bus: lane ``j`` of
-    beat ``kk`` of panel ``p`` is word ``b + (p*cols + j)*k + kk`` (with :data:`~nanokpu.isa.F_B_T`
-    ``b + kk*n + p*cols + j``), read one a cycle on ``rd1``
-    (a lane past ``n`` takes a cycle without a read), a beat handed to the
-    engine from a register once its last lane is in: ``cols`` cycles a beat while the engine
-    keeps up. A bus error ends the instruction at once
-    with :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with
-    :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
+    reads on ``rd0`` alone); the engine's store, which runs under the compute, reads no
+    result word until the copy is done (``col_hold``), then catches up a word a cycle. With
+    :data:`~nanokpu.isa.F_B_SPAD` (built with ``layer_ops``) the B beats come from the
+    scratchpad instead of the bus: lane ``j`` of beat ``kk`` of panel ``p`` is word ``b +
+    (p*cols + j)*k + kk`` (with :data:`~nanokpu.isa.F_B_T` ``b + kk*n + p*cols + j``), read
+    one a cycle on ``rd1`` (a lane past ``n`` takes a cycle without a read), a beat handed to
+    the engine from a register once its last lane is in: ``cols`` cycles a beat while the
+    engine keeps up. A bus error ends the instruction at once with
+    :attr:`~nanokpu.isa.Err.BUS_ERROR`, an engine error with :attr:`~nanokpu.isa.Err.BAD_SHAPE`.
     """
 
     def __init__(self, cfg: KpuConfig):
