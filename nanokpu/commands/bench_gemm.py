@@ -190,7 +190,10 @@ store = cycles`, exactly; the bench asserts the total against `nanokpu.units.gem
 * **store**: what the store adds after the compute: the `ceil(M/rows) * N` result words go
   through the 6-stage requantiser under the compute, each once its tile is written (a word a
   cycle), so what is left is the last tile's words, any the store had not caught up with, the
-  requantiser's latency and 5 cycles of scratchpad read and handshakes.
+  requantiser's latency and 5 cycles of scratchpad read and handshakes. The store sends the
+  words row block by row block (`c_out`'s order) while the tiles come panel by panel, so
+  with several row blocks and short tiles (the up-projection: `K` = 16 or 128 against `N`
+  words a row block) most of the later row blocks are left for after the compute.
 
 {headline}"""
 
