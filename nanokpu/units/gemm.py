@@ -14,7 +14,7 @@ from nanokpu.units.requant import Requantiser, requant_interval, requant_latency
 from nanokpu.units.systolic import SystolicArray, done_latency, min_tile_cycles
 
 __all__ = ["GemmEngine", "col_rq_layout", "columns_wait_in_array", "tile_gap", "gemm_cycles",
-           "kpu_engine", "store_reads", "store_tail"]
+           "kpu_engine", "store_tail"]
 
 
 def col_rq_layout(cfg: KpuConfig) -> data.StructLayout:
@@ -61,27 +61,18 @@ def gemm_cycles(cfg: KpuConfig, m: int, k: int, n: int, *, store: bool = True) -
 def store_tail(cfg: KpuConfig, m: int, k: int, n: int) -> int:
     """Cycles from the compute's end to ``done`` of a ``compute`` and ``store`` command without
     ``accumulate`` (its store runs under the compute), streams never stalling: the last
-    word's read (:func:`store_reads`), the requantiser's latency, the scratchpad read and its
-    register."""
+    word's read, the requantiser's latency, the scratchpad read and its register. The store
+    reads word ``(b, j)`` (row block ``b``, column ``j``, in that order) once tile ``(j //
+    cols, b)`` is written (tiles are written ``max(k, tile_gap)`` cycles apart, panel by
+    panel, row block by row block) and a requantiser interval after the word before it."""
     mb, nb = -(-m // cfg.rows), -(-n // cfg.cols)
-    return store_reads(cfg, mb, nb, k, n)[-1] + requant_latency(cfg) + 5
-
-
-def store_reads(cfg: KpuConfig, mb: int, nb: int, k: int, n: int) -> list[int]:
-    """When the store under the compute reads each result word, in cycles after the compute's
-    end (the last tile written; negative: before it), streams never stalling: word ``(b, j)``
-    (row block ``b``, column ``j``, in that order) once tile ``(j // cols, b)`` is written
-    (tiles are written ``max(k, tile_gap)`` cycles apart, panel by panel, row block by row
-    block) and a requantiser interval after the word before it."""
     period, interval = max(k, tile_gap(cfg)), requant_interval(cfg)
-    tiles = mb * nb
-    reads, last = [], None
+    last = None     # the last read, in cycles after the compute's end (negative: before it)
     for b in range(mb):
         for j in range(n):
-            ready = _TILE_READY - (tiles - 1 - ((j // cfg.cols) * mb + b)) * period
+            ready = _TILE_READY - (mb * nb - 1 - ((j // cfg.cols) * mb + b)) * period
             last = ready if last is None else max(last + interval, ready)
-            reads.append(last)
-    return reads
+    return last + requant_latency(cfg) + 5
 
 
 def kpu_engine(cfg: KpuConfig, column_rq: bool = False) -> GemmEngine:
